@@ -1,0 +1,184 @@
+"""The vocabulary of xpud: frozen dataclasses shared by every layer.
+
+Units are in the names: ``*_bytes``, ``*_mib``, ``*_pct`` (0-100), ``*_w`` (watts), ``*_c`` (degrees
+Celsius), times are seconds since the epoch (``float``). ``None`` means "the card cannot report this",
+never zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    """How a lease uses cards."""
+
+    XPU = "xpu"  # N whole cards
+    VXPU_HALF = "vxpu-half"
+    VXPU_QUARTER = "vxpu-quarter"
+
+    @property
+    def is_slice(self) -> bool:
+        return self is not Mode.XPU
+
+
+class CardMode(StrEnum):
+    WHOLE = "whole"
+    SLICED = "sliced"
+
+
+class HealthState(StrEnum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+
+
+class LeaseState(StrEnum):
+    ACTIVE = "active"
+    RELEASED = "released"  # released by its holder
+    RECLAIMED = "reclaimed"  # holder vanished; reclaimed after the grace period
+    EVICTED = "evicted"  # taken back by an operator
+
+
+@dataclass(frozen=True)
+class CardInfo:
+    """Static inventory of one card, as the hardware adapter reads it."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    pci_bus_id: str
+    numa_node: int | None = None
+    cpu_affinity: tuple[int, ...] = ()  # CPU ids this card is local to
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    nvlink_active_links: int = 0
+    serial: str | None = None
+    architecture: str | None = None
+
+
+@dataclass(frozen=True)
+class CardSample:
+    """One reading of a card's live values and raw health signals. Every field is optional."""
+
+    timestamp: float
+    lost: bool = False  # the card fell off the bus (NVMLError_GpuIsLost)
+    utilization_gpu_pct: int | None = None
+    utilization_memory_pct: int | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_c: int | None = None
+    temperature_slowdown_c: int | None = None
+    temperature_shutdown_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    performance_state: int | None = None  # 0 (max) .. 15, None when unknown (32)
+    fan_pct: int | None = None
+    ecc_sbe_volatile: int | None = None
+    ecc_dbe_volatile: int | None = None
+    ecc_sbe_aggregate: int | None = None
+    ecc_dbe_aggregate: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_corrected: int | None = None
+    remapped_rows_uncorrected: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    clock_event_reasons: int | None = None  # bitmask, NVML clocks-event reasons
+    pcie_replay_counter: int | None = None
+    nvlink_replay_errors: int | None = None  # summed over links
+    nvlink_recovery_errors: int | None = None
+    nvlink_crc_flit_errors: int | None = None
+    nvlink_crc_data_errors: int | None = None
+    nvlink_links_down: int | None = None  # links expected up but inactive
+    inforom_valid: bool | None = None
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """A slice size: a share of one card's memory and compute."""
+
+    name: str  # "vxpu-half", "vxpu-quarter", ...
+    memory_fraction: float  # 0 < f <= 1
+    compute_pct: int  # active-thread percentage, 1..100
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A slice held by a lease on one card."""
+
+    card_index: int
+    size: str  # SliceSpec.name
+    memory_bytes: int
+    compute_pct: int
+    handle: str = ""  # isolation handle: MIG device UUID, "mps:<card>" or "" (accounting only)
+    placement: int | None = None  # MIG placement start slot, when MIG
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a caller asks for."""
+
+    mode: Mode
+    gpus: int = 1  # whole cards for Mode.XPU; always 1 for slices
+    priority: int = 0  # higher first; FIFO within a priority
+    wait_s: float = 0.0  # how long to queue when it does not fit now (0: fail at once)
+    restartable: bool = False
+    owner_uid: int = -1
+    holder_pid: int | None = None
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: str
+    mode: Mode
+    owner_uid: int
+    cards: tuple[int, ...]  # card indices
+    card_uuids: tuple[str, ...]
+    slices: tuple[Slice, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    priority: int = 0
+    restartable: bool = False
+    holder_pid: int | None = None
+    command: str = ""
+    created: float = 0.0
+    state: LeaseState = LeaseState.ACTIVE
+    restart_count: int = 0
+    mark: str = ""  # set when the daemon needs the holder's attention (e.g. "card 3 unhealthy")
+
+
+@dataclass(frozen=True)
+class CardView:
+    """A card as the scheduler sees it: inventory, mode, holders, free capacity and last sample."""
+
+    info: CardInfo
+    mode: CardMode
+    mode_pinned: bool = False  # an operator fixed the mode; the engine will not switch it
+    drained: bool = False
+    drain_reason: str = ""
+    health_state: HealthState = HealthState.HEALTHY
+    health_score: int = 100
+    whole_lease: str | None = None  # lease holding the whole card
+    slices: tuple[tuple[str, Slice], ...] = ()  # (lease id, slice)
+    free_memory_fraction: float = 1.0  # of the card, for slices
+    free_compute_pct: int = 100
+    sample: CardSample | None = None
+
+    @property
+    def idle(self) -> bool:
+        return self.whole_lease is None and not self.slices
+
+
+@dataclass(frozen=True)
+class QueuedRequest:
+    """A request waiting in the queue, as listings show it."""
+
+    ticket: str
+    request: Request
+    position: int  # 1-based
+    enqueued: float
+    deadline: float
