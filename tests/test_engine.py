@@ -1,0 +1,194 @@
+"""The engine's state machine, driven directly (the daemon tests drive it over gRPC)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from xpud.config import Config
+from xpud.engine import Caller, Engine
+from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
+from xpud.hw.topology import NODE, SINGLE, SYSTEM, Topology
+from xpud.ledger import Ledger
+from xpud.model import CardInfo, CardMode, HealthState, LeaseState, Mode, Request
+
+GIB = 1 << 30
+
+
+def pcie_box() -> Topology:
+    """2 sockets x 2 switches x 2 cards."""
+    def level(i, j):
+        if i // 2 == j // 2:
+            return SINGLE
+        return NODE if i // 4 == j // 4 else SYSTEM
+    return Topology(levels=tuple(tuple(0 if i == j else level(i, j) for j in range(8)) for i in range(8)))
+
+
+def cards(n=8):
+    return [CardInfo(i, f"GPU-{i:04d}", "Fake", 48 * GIB, f"0000:{i:02x}:00.0") for i in range(n)]
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def engine(tmp_path):
+    return Engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
+
+
+def req(mode, gpus=1, **kw):
+    return Request(Mode(mode), gpus=gpus, owner_uid=kw.pop("uid", 1000), **kw)
+
+
+def test_whole_group_prefers_best_connected(engine):
+    lease, _ = engine.try_grant(req("xpu", 2))
+    assert lease.cards in {(0, 1), (2, 3), (4, 5), (6, 7)}
+    lease4, _ = engine.try_grant(req("xpu", 4))
+    assert {c // 4 for c in lease4.cards} == {1 - lease.cards[0] // 4}  # the other, untouched socket
+
+
+def test_slices_fill_sliced_cards_before_converting_whole_ones(engine):
+    got = [engine.try_grant(req("vxpu-quarter"))[0] for _ in range(4)]
+    assert {g.cards for g in got} == {(got[0].cards[0],)}  # four quarters share one card
+    view = engine.card_views()[got[0].cards[0]]
+    assert view.mode is CardMode.SLICED and view.free_memory_fraction == pytest.approx(0)
+    assert view.free_compute_pct == 40
+    fifth = engine.try_grant(req("vxpu-quarter"))[0]
+    assert fifth.cards != got[0].cards
+    assert got[0].env["CUDA_VISIBLE_DEVICES"] == f"GPU-{got[0].cards[0]:04d}"
+    assert got[0].env["XPU_MODE"] == "vxpu-quarter" and got[0].env["XPU_LEASE_ID"] == got[0].id
+
+
+def test_capacity_is_never_exceeded_and_mode_switches_back(engine):
+    leases = []
+    while (g := engine.try_grant(req("vxpu-half"))) is not None:
+        leases.append(g[0])
+    assert len(leases) == 16  # 8 cards x 2 halves
+    assert engine.try_grant(req("xpu", 1)) is None
+    for lease in leases[:2]:
+        engine.release(lease.id, Caller(1000))
+    freed = leases[0].cards[0]
+    if leases[1].cards[0] == freed:  # the card is empty again: a whole-card request may take it
+        whole, _ = engine.try_grant(req("xpu", 1))
+        assert whole.cards == (freed,)
+        assert engine.card_views()[freed].mode is CardMode.WHOLE
+
+
+def test_mode_switch_refused_while_held(engine):
+    lease, _ = engine.try_grant(req("vxpu-half"))
+    with pytest.raises(Conflict, match="holds 1 slice"):
+        engine.set_mode(str(lease.cards[0]), "whole")
+    engine.set_mode("7", "sliced")
+    assert engine.card_views()[7].mode_pinned
+    with pytest.raises(BadRequest):
+        engine.set_mode("7", "diced")
+
+
+def test_wrong_token_and_foreign_release(engine):
+    lease, token = engine.try_grant(req("xpu", 1))
+    with pytest.raises(Forbidden, match="wrong token"):
+        engine.release(lease.id, Caller(1000), "not-the-token")
+    with pytest.raises(Forbidden, match="belongs to uid 1000"):
+        engine.release(lease.id, Caller(1001))
+    assert lease.id in engine.leases
+    engine.release(lease.id[:5], Caller(1001), token)  # the token is enough, a prefix names it
+    assert lease.id not in engine.leases
+
+
+def test_bad_requests(engine):
+    with pytest.raises(BadRequest, match="this host has 8"):
+        engine.try_grant(req("xpu", 9))
+    with pytest.raises(BadRequest, match="part of one card"):
+        engine.try_grant(req("vxpu-half", 2))
+    with pytest.raises(BadRequest, match="priority"):
+        engine.try_grant(req("xpu", 1, priority=1000))
+
+
+def test_drained_and_unhealthy_cards_get_nothing(engine):
+    for i in range(7):
+        engine.drain(str(i), "maintenance")
+    engine.set_health(7, HealthState.UNHEALTHY, 10)
+    assert engine.try_grant(req("xpu", 1)) is None
+    engine.set_health(7, HealthState.DEGRADED, 60)
+    assert engine.try_grant(req("xpu", 1))[0].cards == (7,)  # degraded: used when nothing else fits
+
+
+def test_queue_priority_fifo_and_reservation(engine):
+    async def scenario():
+        big = engine.try_grant(req("xpu", 8))[0]
+        order = []
+
+        async def ask(name, r):
+            lease, _ = await engine.acquire(r)
+            order.append(name)
+            return lease
+
+        t1 = asyncio.create_task(ask("low", req("xpu", 4, wait_s=30)))
+        await asyncio.sleep(0)
+        t2 = asyncio.create_task(ask("high", req("xpu", 4, wait_s=30, priority=5)))
+        t3 = asyncio.create_task(ask("low2", req("xpu", 4, wait_s=30)))
+        await asyncio.sleep(0)
+        assert [q.request.priority for q in engine.queue_view()] == [5, 0, 0]
+        engine.release(big.id, Caller(1000))
+        await asyncio.gather(t1, t2)
+        assert order == ["high", "low"]
+        assert not t3.done() and len(engine.queue_view()) == 1
+        t3.cancel()
+    asyncio.run(scenario())
+    assert engine.queue_view() == []
+
+
+def test_wait_expires_with_a_reason(engine):
+    async def scenario():
+        engine.try_grant(req("xpu", 8))
+        with pytest.raises(NoCapacity, match="waited 0.05 s"):
+            await engine.acquire(req("xpu", 1, wait_s=0.05))
+        with pytest.raises(NoCapacity, match="--wait"):
+            await engine.acquire(req("xpu", 1))
+    asyncio.run(scenario())
+
+
+def test_reaper_reclaims_after_grace(engine):
+    async def scenario():
+        lease, _ = engine.try_grant(req("xpu", 1))
+        q = engine.hold_opened(lease.id)
+        engine.clock.t += 100
+        assert engine.reap() == []  # held: never reclaimed
+        engine.hold_closed(lease.id, q)
+        engine.clock.t += engine.cfg.leases.grace_s - 0.1
+        assert engine.reap() == []
+        engine.clock.t += 0.2
+        assert [x.id for x in engine.reap()] == [lease.id]
+        assert engine.ledger.recent_leases()[0].state is LeaseState.RECLAIMED
+    asyncio.run(scenario())
+
+
+def test_restore_rebuilds_state_from_the_ledger(tmp_path):
+    led = Ledger(tmp_path / "l.sqlite")
+    e1 = Engine(cards(), pcie_box(), Config(), led, clock=Clock())
+    a = e1.try_grant(req("xpu", 2))[0]
+    b = e1.try_grant(req("vxpu-half"))[0]
+    e1.drain("6", "fan")
+    led.close()
+    e2 = Engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
+    restored = e2.restore()
+    assert {x.id for x in restored} == {a.id, b.id}
+    views = e2.card_views()
+    assert all(views[i].whole_lease == a.id for i in a.cards)
+    assert views[b.cards[0]].slices[0][0] == b.id and views[b.cards[0]].mode is CardMode.SLICED
+    assert views[6].drained and views[6].drain_reason == "fan"
+    # nothing is granted twice: the remaining capacity accounts for the restored leases
+    taken = set(a.cards)
+    free = set(range(8)) - taken - {b.cards[0], 6}
+    for _ in range(len(free)):
+        g = e2.try_grant(req("xpu", 1))
+        assert g and not (set(g[0].cards) & taken)
+        taken |= set(g[0].cards)
+    assert taken == set(a.cards) | free
+    assert e2.try_grant(req("xpu", 1)) is None  # card 6 drained, b's card sliced

@@ -1,0 +1,62 @@
+"""The ledger: durable, versioned, committed before the reply."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from xpud.errors import ConfigError
+from xpud.ledger import SCHEMA_VERSION, CardRecord, Ledger
+from xpud.model import Lease, LeaseState, Mode, Slice
+
+
+def _lease(lid="aaaa0001", **kw):
+    base = dict(id=lid, mode=Mode.VXPU_HALF, owner_uid=1000, cards=(2,), card_uuids=("GPU-2",),
+                slices=(Slice(2, "vxpu-half", 40 << 30, 30, "mps:2"),), env={"A": "1"}, created=100.0)
+    base.update(kw)
+    return Lease(**base)
+
+
+def test_grant_is_visible_to_another_connection_at_once(tmp_path):
+    led = Ledger(tmp_path / "l.sqlite")
+    led.insert_lease(_lease(), "tok")
+    other = sqlite3.connect(tmp_path / "l.sqlite")
+    assert other.execute("SELECT id, state FROM leases").fetchall() == [("aaaa0001", "active")]
+    assert led.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_lease_round_trip_and_end(tmp_path):
+    led = Ledger(tmp_path / "l.sqlite")
+    lease = _lease()
+    led.insert_lease(lease, "tok")
+    led.close()
+    led = Ledger(tmp_path / "l.sqlite")
+    assert led.active_leases() == [lease]
+    assert led.token_matches("aaaa0001", "tok") and not led.token_matches("aaaa0001", "tok2")
+    raw = led.db.execute("SELECT token_hash FROM leases").fetchone()[0]
+    assert "tok" not in raw  # only the hash is stored
+    led.end_lease("aaaa0001", LeaseState.RELEASED, "done", when=200.0)
+    assert led.active_leases() == []
+    assert led.recent_leases()[0].state is LeaseState.RELEASED
+    assert led.prune(older_than_days=1, now=200.0 + 2 * 86400) == 1
+
+
+def test_card_records_and_events(tmp_path):
+    led = Ledger(tmp_path / "l.sqlite")
+    led.save_card(CardRecord("GPU-1", "sliced", True, True, "bad fan"))
+    led.save_card(CardRecord("GPU-1", "whole", False, False, ""))
+    assert led.cards() == {"GPU-1": CardRecord("GPU-1", "whole", False, False, "")}
+    led.add_event("drain", "card 1 drained", card=1)
+    led.add_event("grant", "lease x", lease_id="x")
+    assert [e.kind for e in led.events()] == ["drain", "grant"]
+    assert [e.kind for e in led.events(card=1)] == ["drain"]
+
+
+def test_schema_version_and_refuses_a_newer_ledger(tmp_path):
+    led = Ledger(tmp_path / "l.sqlite")
+    assert led.schema_version == SCHEMA_VERSION
+    led.db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    led.close()
+    with pytest.raises(ConfigError, match="newer than this xpud"):
+        Ledger(tmp_path / "l.sqlite")

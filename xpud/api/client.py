@@ -1,0 +1,188 @@
+"""The client used by the CLI, the dashboard and scripts: one object per daemon socket.
+
+It does the peer-credential handshake on ``cred.sock`` (renewing it when it expires), attaches the
+credential to every call, and turns gRPC status codes back into the ``xpud.errors`` classes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+
+from xpud.api.v1 import xpu_pb2 as pb
+from xpud.api.v1 import xpu_pb2_grpc as pbg
+from xpud.auth import METADATA_KEY, handshake
+from xpud.errors import ERROR_CLASSES, Forbidden, Unauthenticated, Unavailable, XpudError
+
+DEFAULT_RUNTIME_DIR = "/run/xpud"
+
+
+def runtime_dir(explicit: str | os.PathLike | None = None) -> Path:
+    return Path(explicit or os.environ.get("XPUD_RUNTIME_DIR") or DEFAULT_RUNTIME_DIR)
+
+
+def to_error(e: grpc.RpcError, where: str) -> XpudError:
+    code = e.code() if hasattr(e, "code") else None
+    detail = (e.details() if hasattr(e, "details") else "") or ""
+    if code in (grpc.StatusCode.UNAVAILABLE, None) and "Socket closed" not in detail:
+        return Unavailable(
+            f"cannot reach xpud at {where}: is the daemon running? (systemctl status xpud; "
+            "or point --runtime-dir / XPUD_RUNTIME_DIR at its sockets)"
+        )
+    cls = ERROR_CLASSES.get(code.name, XpudError) if code else XpudError
+    return cls(detail or str(code))
+
+
+class Client:
+    """A connection to one daemon. ``admin=True`` uses admin.sock (operators only)."""
+
+    def __init__(self, runtime: str | os.PathLike | None = None, admin: bool = False, timeout: float = 15.0):
+        self.runtime_dir = runtime_dir(runtime)
+        self.socket = self.runtime_dir / ("admin.sock" if admin else "xpud.sock")
+        self.cred_socket = self.runtime_dir / "cred.sock"
+        self.timeout = timeout
+        if admin and self.socket.exists() and not os.access(self.socket, os.R_OK | os.W_OK):
+            raise Forbidden(f"{self.socket}: permission denied: operators only (root or the admin group)")
+        self.channel = grpc.insecure_channel(f"unix:{self.socket}")
+        self.node = pbg.NodeStub(self.channel)
+        self.admin = pbg.AdminStub(self.channel) if admin else None
+        self._credential: str | None = None
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+    def _metadata(self, renew: bool = False) -> tuple[tuple[str, str], ...]:
+        with self._lock:
+            if renew or self._credential is None:
+                try:
+                    self._credential = handshake(str(self.cred_socket))["credential"]
+                except (OSError, ValueError, KeyError) as e:
+                    raise Unavailable(
+                        f"cannot reach xpud at {self.cred_socket}: {getattr(e, 'strerror', e)}; "
+                        "is the daemon running? (or set --runtime-dir / XPUD_RUNTIME_DIR)"
+                    ) from None
+            return ((METADATA_KEY, self._credential),)
+
+    def _unary(self, method, request, timeout: float | None = None):
+        for attempt in (0, 1):
+            try:
+                return method(
+                    request, metadata=self._metadata(renew=attempt > 0), timeout=timeout or self.timeout
+                )
+            except grpc.RpcError as e:
+                err = to_error(e, str(self.socket))
+                if isinstance(err, Unauthenticated) and attempt == 0:
+                    continue  # credential expired: renew once
+                raise err from None
+        raise AssertionError("unreachable")
+
+    def _stream(self, method, request, timeout: float | None = None):
+        """Open a server stream (renewing an expired credential once). Returns the call object."""
+        return method(request, metadata=self._metadata(), timeout=timeout)
+
+    def iterate(self, call) -> Iterator:
+        """Iterate a stream call, mapping errors."""
+        try:
+            yield from call
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise to_error(e, str(self.socket)) from None
+
+    # ------------------------------------------------------------------ Node
+    def info(self) -> pb.InfoReply:
+        return self._unary(self.node.Info, pb.InfoRequest())
+
+    def acquire(
+        self,
+        mode: str,
+        gpus: int = 1,
+        priority: int = 0,
+        wait_s: float = 0.0,
+        restartable: bool = False,
+        command: str = "",
+    ):
+        """The Acquire stream call: iterate it (``iterate``) for ``queued`` updates, then ``granted``."""
+        return self._stream(
+            self.node.Acquire,
+            pb.AcquireRequest(
+                mode=mode,
+                gpus=gpus,
+                priority=priority,
+                wait_s=wait_s,
+                restartable=restartable,
+                command=command,
+            ),
+        )
+
+    def acquire_lease(self, mode: str, **kw) -> pb.Granted:
+        """Acquire and return the grant (blocking through the queue)."""
+        for update in self.iterate(self.acquire(mode, **kw)):
+            if update.HasField("granted"):
+                return update.granted
+        raise Unavailable("the daemon closed the Acquire stream without a grant")
+
+    def hold(self, lease_id: str, token: str):
+        return self._stream(self.node.Hold, pb.HoldRequest(lease_id=lease_id, token=token))
+
+    def release(self, lease_id: str, token: str = "") -> pb.Lease:
+        return self._unary(self.node.Release, pb.ReleaseRequest(lease_id=lease_id, token=token)).lease
+
+    def ack_move(self, lease_id: str, token: str) -> pb.Lease:
+        return self._unary(self.node.AckMove, pb.AckMoveRequest(lease_id=lease_id, token=token)).lease
+
+    def cards(self) -> pb.ListCardsReply:
+        return self._unary(self.node.ListCards, pb.ListCardsRequest())
+
+    def leases(self, all: bool = False, limit: int = 0) -> pb.ListLeasesReply:
+        return self._unary(self.node.ListLeases, pb.ListLeasesRequest(all=all, limit=limit))
+
+    def topology(self) -> pb.TopologyReply:
+        return self._unary(self.node.GetTopology, pb.TopologyRequest())
+
+    def health(self, card: str = "", history: int = 0) -> pb.HealthReply:
+        return self._unary(self.node.GetHealth, pb.HealthRequest(card=card, history=history))
+
+    def watch(self, min_interval_s: float = 1.0):
+        return self._stream(self.node.Watch, pb.WatchRequest(min_interval_s=min_interval_s))
+
+    # ------------------------------------------------------------------ Admin
+    def _admin(self):
+        if self.admin is None:
+            raise Forbidden("this action needs the admin socket: connect with admin=True (operators only)")
+        return self.admin
+
+    def drain(self, card: str, reason: str = "") -> pb.Card:
+        return self._unary(self._admin().Drain, pb.DrainRequest(card=card, reason=reason)).card
+
+    def undrain(self, card: str) -> pb.Card:
+        return self._unary(self._admin().Undrain, pb.CardRequest(card=card)).card
+
+    def set_mode(self, card: str, mode: str) -> pb.Card:
+        return self._unary(self._admin().SetCardMode, pb.SetCardModeRequest(card=card, mode=mode)).card
+
+    def evict(self, lease_id: str, reason: str = "") -> pb.Lease:
+        return self._unary(self._admin().Evict, pb.EvictRequest(lease_id=lease_id, reason=reason)).lease
+
+    def inject_fault(self, card: str, kind: str, xid: int = 0) -> str:
+        return self._unary(self._admin().InjectFault, pb.FaultRequest(card=card, kind=kind, xid=xid)).message
+
+    def clear_fault(self, card: str) -> str:
+        return self._unary(self._admin().ClearFault, pb.CardRequest(card=card)).message
+
+    def defrag(self, apply: bool = False, move_budget_pct: float = 0.0) -> pb.DefragReply:
+        return self._unary(
+            self._admin().Defrag, pb.DefragRequest(apply=apply, move_budget_pct=move_budget_pct), timeout=120
+        )

@@ -1,0 +1,96 @@
+"""Model objects -> protocol messages (one place, used by the service)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from xpud.api.v1 import xpu_pb2 as pb
+from xpud.ledger import EventRecord
+from xpud.model import CardSample, CardView, Lease, QueuedRequest, Slice
+
+_SAMPLE_FIELDS = [f.name for f in dataclasses.fields(CardSample)]
+
+
+def sample_pb(s: CardSample | None) -> pb.Sample | None:
+    if s is None:
+        return None
+    return pb.Sample(**{k: v for k in _SAMPLE_FIELDS if (v := getattr(s, k)) is not None})
+
+
+def slice_pb(lease_id: str, s: Slice) -> pb.SliceHeld:
+    return pb.SliceHeld(
+        lease_id=lease_id,
+        size=s.size,
+        memory_bytes=s.memory_bytes,
+        compute_pct=s.compute_pct,
+        handle=s.handle,
+        placement=s.placement,
+    )
+
+
+def card_pb(v: CardView, isolation: str = "") -> pb.Card:
+    i = v.info
+    return pb.Card(
+        index=i.index,
+        uuid=i.uuid,
+        name=i.name,
+        memory_total_bytes=i.memory_total_bytes,
+        pci_bus_id=i.pci_bus_id,
+        numa_node=i.numa_node,
+        mig_capable=i.mig_capable,
+        mig_enabled=i.mig_enabled,
+        mode=v.mode.value,
+        mode_pinned=v.mode_pinned,
+        drained=v.drained,
+        drain_reason=v.drain_reason,
+        health_state=v.health_state.value,
+        health_score=v.health_score,
+        whole_lease=v.whole_lease or "",
+        slices=[slice_pb(lid, s) for lid, s in v.slices],
+        free_memory_fraction=v.free_memory_fraction,
+        free_compute_pct=v.free_compute_pct,
+        sample=sample_pb(v.sample),
+        isolation=isolation,
+        cpu_affinity=list(i.cpu_affinity),
+        nvlink_active_links=i.nvlink_active_links,
+    )
+
+
+def lease_pb(lease: Lease, show_env: bool, held: bool = False) -> pb.Lease:
+    return pb.Lease(
+        id=lease.id,
+        mode=lease.mode.value,
+        owner_uid=lease.owner_uid,
+        cards=list(lease.cards),
+        card_uuids=list(lease.card_uuids),
+        slices=[slice_pb(lease.id, s) for s in lease.slices],
+        env=lease.env if show_env else {},
+        priority=lease.priority,
+        restartable=lease.restartable,
+        holder_pid=lease.holder_pid or 0,
+        command=lease.command,
+        created=lease.created,
+        state=lease.state.value,
+        restart_count=lease.restart_count,
+        mark=lease.mark,
+        held=held,
+    )
+
+
+def queue_pb(q: QueuedRequest) -> pb.QueueEntry:
+    r = q.request
+    return pb.QueueEntry(
+        ticket=q.ticket,
+        mode=r.mode.value,
+        gpus=r.gpus,
+        priority=r.priority,
+        owner_uid=r.owner_uid,
+        command=r.command,
+        position=q.position,
+        enqueued=q.enqueued,
+        deadline=q.deadline,
+    )
+
+
+def event_pb(e: EventRecord) -> pb.Event:
+    return pb.Event(timestamp=e.ts, kind=e.kind, card=e.card, lease_id=e.lease_id, message=e.message)

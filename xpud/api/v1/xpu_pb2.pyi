@@ -1,0 +1,558 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoReply(_message.Message):
+    __slots__ = ("version", "hostname", "backend", "driver_version", "started", "cards", "user_socket", "admin_socket", "config_path", "caller_uid", "caller_is_admin")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    USER_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_PATH_FIELD_NUMBER: _ClassVar[int]
+    CALLER_UID_FIELD_NUMBER: _ClassVar[int]
+    CALLER_IS_ADMIN_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    hostname: str
+    backend: str
+    driver_version: str
+    started: float
+    cards: int
+    user_socket: str
+    admin_socket: str
+    config_path: str
+    caller_uid: int
+    caller_is_admin: bool
+    def __init__(self, version: _Optional[str] = ..., hostname: _Optional[str] = ..., backend: _Optional[str] = ..., driver_version: _Optional[str] = ..., started: _Optional[float] = ..., cards: _Optional[int] = ..., user_socket: _Optional[str] = ..., admin_socket: _Optional[str] = ..., config_path: _Optional[str] = ..., caller_uid: _Optional[int] = ..., caller_is_admin: _Optional[bool] = ...) -> None: ...
+
+class SliceHeld(_message.Message):
+    __slots__ = ("lease_id", "size", "memory_bytes", "compute_pct", "handle", "placement")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    size: str
+    memory_bytes: int
+    compute_pct: int
+    handle: str
+    placement: int
+    def __init__(self, lease_id: _Optional[str] = ..., size: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., compute_pct: _Optional[int] = ..., handle: _Optional[str] = ..., placement: _Optional[int] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("timestamp", "lost", "utilization_gpu_pct", "utilization_memory_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "temperature_slowdown_c", "temperature_shutdown_c", "power_w", "power_limit_w", "performance_state", "fan_pct", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending", "remapped_rows_failure", "clock_event_reasons", "pcie_replay_counter", "nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_links_down", "inforom_valid")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_GPU_PCT_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_MEMORY_PCT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_SLOWDOWN_C_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_SHUTDOWN_C_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    PERFORMANCE_STATE_FIELD_NUMBER: _ClassVar[int]
+    FAN_PCT_FIELD_NUMBER: _ClassVar[int]
+    ECC_SBE_VOLATILE_FIELD_NUMBER: _ClassVar[int]
+    ECC_DBE_VOLATILE_FIELD_NUMBER: _ClassVar[int]
+    ECC_SBE_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    ECC_DBE_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_SBE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_DBE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_PENDING_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_CORRECTED_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_UNCORRECTED_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_EVENT_REASONS_FIELD_NUMBER: _ClassVar[int]
+    PCIE_REPLAY_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_REPLAY_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_RECOVERY_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_CRC_FLIT_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_CRC_DATA_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_LINKS_DOWN_FIELD_NUMBER: _ClassVar[int]
+    INFOROM_VALID_FIELD_NUMBER: _ClassVar[int]
+    timestamp: float
+    lost: bool
+    utilization_gpu_pct: int
+    utilization_memory_pct: int
+    memory_used_bytes: int
+    memory_total_bytes: int
+    temperature_c: int
+    temperature_slowdown_c: int
+    temperature_shutdown_c: int
+    power_w: float
+    power_limit_w: float
+    performance_state: int
+    fan_pct: int
+    ecc_sbe_volatile: int
+    ecc_dbe_volatile: int
+    ecc_sbe_aggregate: int
+    ecc_dbe_aggregate: int
+    retired_pages_sbe: int
+    retired_pages_dbe: int
+    retired_pages_pending: bool
+    remapped_rows_corrected: int
+    remapped_rows_uncorrected: int
+    remapped_rows_pending: bool
+    remapped_rows_failure: bool
+    clock_event_reasons: int
+    pcie_replay_counter: int
+    nvlink_replay_errors: int
+    nvlink_recovery_errors: int
+    nvlink_crc_flit_errors: int
+    nvlink_crc_data_errors: int
+    nvlink_links_down: int
+    inforom_valid: bool
+    def __init__(self, timestamp: _Optional[float] = ..., lost: _Optional[bool] = ..., utilization_gpu_pct: _Optional[int] = ..., utilization_memory_pct: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., temperature_c: _Optional[int] = ..., temperature_slowdown_c: _Optional[int] = ..., temperature_shutdown_c: _Optional[int] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., performance_state: _Optional[int] = ..., fan_pct: _Optional[int] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remapped_rows_corrected: _Optional[int] = ..., remapped_rows_uncorrected: _Optional[int] = ..., remapped_rows_pending: _Optional[bool] = ..., remapped_rows_failure: _Optional[bool] = ..., clock_event_reasons: _Optional[int] = ..., pcie_replay_counter: _Optional[int] = ..., nvlink_replay_errors: _Optional[int] = ..., nvlink_recovery_errors: _Optional[int] = ..., nvlink_crc_flit_errors: _Optional[int] = ..., nvlink_crc_data_errors: _Optional[int] = ..., nvlink_links_down: _Optional[int] = ..., inforom_valid: _Optional[bool] = ...) -> None: ...
+
+class Card(_message.Message):
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "pci_bus_id", "numa_node", "mig_capable", "mig_enabled", "mode", "mode_pinned", "drained", "drain_reason", "health_state", "health_score", "whole_lease", "slices", "free_memory_fraction", "free_compute_pct", "sample", "isolation", "cpu_affinity", "nvlink_active_links")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    NUMA_NODE_FIELD_NUMBER: _ClassVar[int]
+    MIG_CAPABLE_FIELD_NUMBER: _ClassVar[int]
+    MIG_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MODE_PINNED_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_STATE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_SCORE_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_LEASE_FIELD_NUMBER: _ClassVar[int]
+    SLICES_FIELD_NUMBER: _ClassVar[int]
+    FREE_MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    FREE_COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    CPU_AFFINITY_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_ACTIVE_LINKS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    pci_bus_id: str
+    numa_node: int
+    mig_capable: bool
+    mig_enabled: bool
+    mode: str
+    mode_pinned: bool
+    drained: bool
+    drain_reason: str
+    health_state: str
+    health_score: int
+    whole_lease: str
+    slices: _containers.RepeatedCompositeFieldContainer[SliceHeld]
+    free_memory_fraction: float
+    free_compute_pct: int
+    sample: Sample
+    isolation: str
+    cpu_affinity: _containers.RepeatedScalarFieldContainer[int]
+    nvlink_active_links: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., numa_node: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., mode_pinned: _Optional[bool] = ..., drained: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., health_state: _Optional[str] = ..., health_score: _Optional[int] = ..., whole_lease: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., free_memory_fraction: _Optional[float] = ..., free_compute_pct: _Optional[int] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., isolation: _Optional[str] = ..., cpu_affinity: _Optional[_Iterable[int]] = ..., nvlink_active_links: _Optional[int] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("id", "mode", "owner_uid", "cards", "card_uuids", "slices", "env", "priority", "restartable", "holder_pid", "command", "created", "state", "restart_count", "mark", "held")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_UID_FIELD_NUMBER: _ClassVar[int]
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    CARD_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    SLICES_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_PID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MARK_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    mode: str
+    owner_uid: int
+    cards: _containers.RepeatedScalarFieldContainer[int]
+    card_uuids: _containers.RepeatedScalarFieldContainer[str]
+    slices: _containers.RepeatedCompositeFieldContainer[SliceHeld]
+    env: _containers.ScalarMap[str, str]
+    priority: int
+    restartable: bool
+    holder_pid: int
+    command: str
+    created: float
+    state: str
+    restart_count: int
+    mark: str
+    held: bool
+    def __init__(self, id: _Optional[str] = ..., mode: _Optional[str] = ..., owner_uid: _Optional[int] = ..., cards: _Optional[_Iterable[int]] = ..., card_uuids: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., env: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., restartable: _Optional[bool] = ..., holder_pid: _Optional[int] = ..., command: _Optional[str] = ..., created: _Optional[float] = ..., state: _Optional[str] = ..., restart_count: _Optional[int] = ..., mark: _Optional[str] = ..., held: _Optional[bool] = ...) -> None: ...
+
+class QueueEntry(_message.Message):
+    __slots__ = ("ticket", "mode", "gpus", "priority", "owner_uid", "command", "position", "enqueued", "deadline")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    OWNER_UID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    ENQUEUED_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    ticket: str
+    mode: str
+    gpus: int
+    priority: int
+    owner_uid: int
+    command: str
+    position: int
+    enqueued: float
+    deadline: float
+    def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ...) -> None: ...
+
+class AcquireRequest(_message.Message):
+    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    gpus: int
+    priority: int
+    wait_s: float
+    restartable: bool
+    command: str
+    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ...) -> None: ...
+
+class Queued(_message.Message):
+    __slots__ = ("ticket", "position", "queue_length", "deadline")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    ticket: str
+    position: int
+    queue_length: int
+    deadline: float
+    def __init__(self, ticket: _Optional[str] = ..., position: _Optional[int] = ..., queue_length: _Optional[int] = ..., deadline: _Optional[float] = ...) -> None: ...
+
+class Granted(_message.Message):
+    __slots__ = ("lease", "token")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    token: str
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., token: _Optional[str] = ...) -> None: ...
+
+class AcquireUpdate(_message.Message):
+    __slots__ = ("queued", "granted")
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    queued: Queued
+    granted: Granted
+    def __init__(self, queued: _Optional[_Union[Queued, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ...) -> None: ...
+
+class HoldRequest(_message.Message):
+    __slots__ = ("lease_id", "token")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    token: str
+    def __init__(self, lease_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+
+class LeaseEvent(_message.Message):
+    __slots__ = ("kind", "lease_id", "message", "lease", "timestamp")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    lease_id: str
+    message: str
+    lease: Lease
+    timestamp: float
+    def __init__(self, kind: _Optional[str] = ..., lease_id: _Optional[str] = ..., message: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., timestamp: _Optional[float] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("lease_id", "token")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    token: str
+    def __init__(self, lease_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+
+class ReleaseReply(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class AckMoveRequest(_message.Message):
+    __slots__ = ("lease_id", "token")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    token: str
+    def __init__(self, lease_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+
+class AckMoveReply(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class ListCardsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCardsReply(_message.Message):
+    __slots__ = ("cards", "hostname")
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    cards: _containers.RepeatedCompositeFieldContainer[Card]
+    hostname: str
+    def __init__(self, cards: _Optional[_Iterable[_Union[Card, _Mapping]]] = ..., hostname: _Optional[str] = ...) -> None: ...
+
+class ListLeasesRequest(_message.Message):
+    __slots__ = ("all", "limit")
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    all: bool
+    limit: int
+    def __init__(self, all: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListLeasesReply(_message.Message):
+    __slots__ = ("leases", "queue")
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[Lease]
+    queue: _containers.RepeatedCompositeFieldContainer[QueueEntry]
+    def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ...) -> None: ...
+
+class TopologyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TopologyReply(_message.Message):
+    __slots__ = ("size", "labels", "levels", "nvlinks", "bandwidth_gbps", "cards")
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    NVLINKS_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_GBPS_FIELD_NUMBER: _ClassVar[int]
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    size: int
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    levels: _containers.RepeatedScalarFieldContainer[int]
+    nvlinks: _containers.RepeatedScalarFieldContainer[int]
+    bandwidth_gbps: _containers.RepeatedScalarFieldContainer[float]
+    cards: _containers.RepeatedCompositeFieldContainer[Card]
+    def __init__(self, size: _Optional[int] = ..., labels: _Optional[_Iterable[str]] = ..., levels: _Optional[_Iterable[int]] = ..., nvlinks: _Optional[_Iterable[int]] = ..., bandwidth_gbps: _Optional[_Iterable[float]] = ..., cards: _Optional[_Iterable[_Union[Card, _Mapping]]] = ...) -> None: ...
+
+class HealthRequest(_message.Message):
+    __slots__ = ("card", "history")
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    card: str
+    history: int
+    def __init__(self, card: _Optional[str] = ..., history: _Optional[int] = ...) -> None: ...
+
+class Signal(_message.Message):
+    __slots__ = ("name", "value", "threshold", "unit", "status", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: float
+    threshold: float
+    unit: str
+    status: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., threshold: _Optional[float] = ..., unit: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class StateChange(_message.Message):
+    __slots__ = ("timestamp", "from_state", "to_state", "reasons")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    FROM_STATE_FIELD_NUMBER: _ClassVar[int]
+    TO_STATE_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    timestamp: float
+    from_state: str
+    to_state: str
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, timestamp: _Optional[float] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CardHealth(_message.Message):
+    __slots__ = ("index", "uuid", "score", "state", "signals", "history", "reasons", "clear_since")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_SINCE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    score: int
+    state: str
+    signals: _containers.RepeatedCompositeFieldContainer[Signal]
+    history: _containers.RepeatedCompositeFieldContainer[StateChange]
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    clear_since: float
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., score: _Optional[int] = ..., state: _Optional[str] = ..., signals: _Optional[_Iterable[_Union[Signal, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., reasons: _Optional[_Iterable[str]] = ..., clear_since: _Optional[float] = ...) -> None: ...
+
+class HealthReply(_message.Message):
+    __slots__ = ("cards",)
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    cards: _containers.RepeatedCompositeFieldContainer[CardHealth]
+    def __init__(self, cards: _Optional[_Iterable[_Union[CardHealth, _Mapping]]] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("timestamp", "kind", "card", "lease_id", "message")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    timestamp: float
+    kind: str
+    card: int
+    lease_id: str
+    message: str
+    def __init__(self, timestamp: _Optional[float] = ..., kind: _Optional[str] = ..., card: _Optional[int] = ..., lease_id: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("min_interval_s",)
+    MIN_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    min_interval_s: float
+    def __init__(self, min_interval_s: _Optional[float] = ...) -> None: ...
+
+class WatchUpdate(_message.Message):
+    __slots__ = ("cards", "leases", "events")
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    cards: ListCardsReply
+    leases: ListLeasesReply
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    def __init__(self, cards: _Optional[_Union[ListCardsReply, _Mapping]] = ..., leases: _Optional[_Union[ListLeasesReply, _Mapping]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+
+class CardRequest(_message.Message):
+    __slots__ = ("card",)
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    card: str
+    def __init__(self, card: _Optional[str] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("card", "reason")
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    card: str
+    reason: str
+    def __init__(self, card: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetCardModeRequest(_message.Message):
+    __slots__ = ("card", "mode")
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    card: str
+    mode: str
+    def __init__(self, card: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class CardReply(_message.Message):
+    __slots__ = ("card",)
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    card: Card
+    def __init__(self, card: _Optional[_Union[Card, _Mapping]] = ...) -> None: ...
+
+class EvictRequest(_message.Message):
+    __slots__ = ("lease_id", "reason")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    reason: str
+    def __init__(self, lease_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class EvictReply(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class FaultRequest(_message.Message):
+    __slots__ = ("card", "kind", "xid")
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    XID_FIELD_NUMBER: _ClassVar[int]
+    card: str
+    kind: str
+    xid: int
+    def __init__(self, card: _Optional[str] = ..., kind: _Optional[str] = ..., xid: _Optional[int] = ...) -> None: ...
+
+class FaultReply(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    def __init__(self, message: _Optional[str] = ...) -> None: ...
+
+class Move(_message.Message):
+    __slots__ = ("lease_id", "from_cards", "to_cards", "cost", "reason")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_CARDS_FIELD_NUMBER: _ClassVar[int]
+    TO_CARDS_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    from_cards: _containers.RepeatedScalarFieldContainer[int]
+    to_cards: _containers.RepeatedScalarFieldContainer[int]
+    cost: float
+    reason: str
+    def __init__(self, lease_id: _Optional[str] = ..., from_cards: _Optional[_Iterable[int]] = ..., to_cards: _Optional[_Iterable[int]] = ..., cost: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DefragRequest(_message.Message):
+    __slots__ = ("apply", "move_budget_pct")
+    APPLY_FIELD_NUMBER: _ClassVar[int]
+    MOVE_BUDGET_PCT_FIELD_NUMBER: _ClassVar[int]
+    apply: bool
+    move_budget_pct: float
+    def __init__(self, apply: _Optional[bool] = ..., move_budget_pct: _Optional[float] = ...) -> None: ...
+
+class DefragReply(_message.Message):
+    __slots__ = ("moves", "applied", "summary")
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    moves: _containers.RepeatedCompositeFieldContainer[Move]
+    applied: bool
+    summary: str
+    def __init__(self, moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ..., applied: _Optional[bool] = ..., summary: _Optional[str] = ...) -> None: ...

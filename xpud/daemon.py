@@ -1,0 +1,311 @@
+"""The daemon: wires hardware, ledger, engine, credential socket and the two gRPC servers.
+
+``xpud --simulate dgx-h100 --runtime-dir /tmp/x --state-dir /tmp/x`` runs one on simulated hardware;
+under systemd it runs with the defaults (/run/xpud, /var/lib/xpud) and tells systemd READY=1 once
+serving. ``xpud check-hardware`` reads the real driver and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from grpc import aio
+
+from xpud import __version__, config
+from xpud.api.v1 import xpu_pb2_grpc as pbg
+from xpud.auth import CredentialIssuer
+from xpud.engine import Engine
+from xpud.errors import XpudError
+from xpud.jobs import Jobs
+from xpud.ledger import Ledger
+from xpud.service import AdminService, Context, NodeService
+
+log = logging.getLogger("xpud")
+
+USER_SOCKET, ADMIN_SOCKET, CRED_SOCKET = "xpud.sock", "admin.sock", "cred.sock"
+
+
+class StartupError(Exception):
+    """A reason the daemon cannot start, as one line for the operator."""
+
+
+def sd_notify(state: str) -> None:
+    """Tell systemd our state (Type=notify). A no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(addr)
+        s.sendall(state.encode())
+
+
+def open_hardware(cfg: config.Config):
+    """(adapter, fake or None) for the configured backend. Raises StartupError when NVML is missing."""
+    from xpud.hw.nvml import Nvml, NvmlError
+
+    fake = None
+    if cfg.devices.backend == "simulated":
+        from xpud.hw.fakenvml import FakeNvml
+        from xpud.hw.machines import load_machine
+
+        try:
+            fake = FakeNvml(load_machine(cfg.devices.machine), seed=cfg.devices.seed)
+        except XpudError as e:
+            raise StartupError(str(e)) from None
+        except (OSError, ValueError, KeyError) as e:
+            raise StartupError(f"simulated machine {cfg.devices.machine!r}: {e}") from None
+    hw = Nvml(fake)
+    try:
+        hw.open()
+    except NvmlError as e:
+        raise StartupError(f"{e}") from None
+    return hw, fake
+
+
+def _claim_socket(path: Path) -> None:
+    """Remove a stale socket file; refuse if a live daemon answers on it."""
+    if not path.exists():
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            path.unlink()  # stale: left by a daemon that died
+            return
+    raise StartupError(
+        f"{path}: another xpud answers on this socket; stop it, or give this one its own --runtime-dir"
+    )
+
+
+class Daemon:
+    def __init__(self, cfg: config.Config, hw, fake=None):
+        self.cfg = cfg
+        self.hw = hw
+        self.fake = fake
+        self.runtime_dir = cfg.runtime_dir
+        self.state_dir = cfg.state_dir
+        self.ledger: Ledger | None = None
+        self.engine: Engine | None = None
+        self.servers: list[aio.Server] = []
+        self.cred_server: asyncio.AbstractServer | None = None
+        self.jobs: Jobs | None = None
+        self.started = time.time()
+
+    @property
+    def user_socket(self) -> Path:
+        return self.runtime_dir / USER_SOCKET
+
+    @property
+    def admin_socket(self) -> Path:
+        return self.runtime_dir / ADMIN_SOCKET
+
+    @property
+    def cred_socket(self) -> Path:
+        return self.runtime_dir / CRED_SOCKET
+
+    def _isolation(self):
+        from xpud.isolation import backend_for
+
+        return backend_for(self.cfg, self.hw)
+
+    async def start(self) -> None:
+        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        for p in (self.user_socket, self.admin_socket, self.cred_socket):
+            _claim_socket(p)
+        self.ledger = Ledger(self.state_dir / "ledger.sqlite")
+        self.engine = Engine(
+            self.hw.cards(), self.hw.topology(), self.cfg, self.ledger, isolation=self._isolation()
+        )
+        self.engine.restore()
+        issuer = CredentialIssuer(self.cfg.leases.credential_ttl_s, self.cfg.daemon.admin_group)
+        backend = f"simulated:{self.cfg.devices.machine}" if self.fake is not None else "nvml"
+        ctx = Context(
+            self.engine,
+            issuer,
+            fake=self.fake,
+            info={
+                "version": __version__,
+                "hostname": socket.gethostname(),
+                "backend": backend,
+                "driver_version": self.hw.driver_version() or "",
+                "started": self.started,
+                "user_socket": str(self.user_socket),
+                "admin_socket": str(self.admin_socket),
+                "config_path": self.cfg.path,
+            },
+        )
+        self.context = ctx
+        self.cred_server = await issuer.serve(str(self.cred_socket))
+        user = aio.server()
+        pbg.add_NodeServicer_to_server(NodeService(ctx), user)
+        user.add_insecure_port(f"unix:{self.user_socket}")
+        admin = aio.server()
+        pbg.add_NodeServicer_to_server(NodeService(ctx), admin)
+        pbg.add_AdminServicer_to_server(AdminService(ctx), admin)
+        admin.add_insecure_port(f"unix:{self.admin_socket}")
+        for s in (user, admin):
+            await s.start()
+        self.servers = [user, admin]
+        self._set_permissions()
+        self.jobs = Jobs(self.engine, self.hw)
+        self.jobs.start()
+        log.info(
+            "xpud %s serving %d card(s) (%s) on %s",
+            __version__,
+            len(self.engine.cards),
+            backend,
+            self.user_socket,
+        )
+        sd_notify("READY=1\nSTATUS=serving")
+
+    def _set_permissions(self) -> None:
+        os.chmod(self.user_socket, 0o666)  # anyone may connect; lease operations need a token
+        os.chmod(self.cred_socket, 0o666)
+        os.chmod(self.admin_socket, 0o660)
+        if os.geteuid() == 0:
+            with contextlib.suppress(KeyError):
+                os.chown(self.admin_socket, 0, grp.getgrnam(self.cfg.daemon.admin_group).gr_gid)
+
+    async def stop(self) -> None:
+        sd_notify("STOPPING=1")
+        if self.jobs:
+            self.jobs.stop()
+        for s in self.servers:
+            await s.stop(grace=0.5)
+        if self.cred_server:
+            self.cred_server.close()
+        for p in (self.user_socket, self.admin_socket, self.cred_socket):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        if self.ledger:
+            self.ledger.close()
+        with contextlib.suppress(Exception):
+            self.hw.close()
+        log.info("xpud stopped; active leases stay in the ledger and are restored at the next start")
+
+
+async def run_daemon(cfg: config.Config, hw, fake=None) -> None:
+    d = Daemon(cfg, hw, fake)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await d.start()
+    try:
+        await stop.wait()
+    finally:
+        await d.stop()
+
+
+def _setup_logging(level: str) -> None:
+    fmt = (
+        "%(levelname)s %(name)s: %(message)s"
+        if os.environ.get("JOURNAL_STREAM")
+        else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr)
+
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=False, help="xpud: the dual-mode GPU scheduler daemon."
+)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.echo(f"xpud: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.callback(invoke_without_command=True)
+def main_command(
+    ctx: typer.Context,
+    config_path: Annotated[
+        str | None,
+        typer.Option("--config", "-c", help="Config file (default $XPUD_CONFIG or /etc/xpud/xpud.toml)."),
+    ] = None,
+    simulate: Annotated[
+        str | None,
+        typer.Option(
+            help="Run on a simulated machine (a name in etc/machines/ or a description file).",
+            metavar="MACHINE",
+        ),
+    ] = None,
+    runtime_dir: Annotated[str | None, typer.Option(help="Directory for the sockets.")] = None,
+    state_dir: Annotated[str | None, typer.Option(help="Directory for the ledger.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the simulated machine.")] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    """Run the daemon (or a subcommand)."""
+    if version:
+        typer.echo(__version__)
+        raise typer.Exit()
+    try:
+        cfg = config.load(config_path)
+    except XpudError as e:
+        _fail(str(e), 2)
+    if simulate:
+        cfg = cfg.replace("devices", backend="simulated", machine=simulate)
+    if seed is not None:
+        cfg = cfg.replace("devices", seed=seed)
+    if runtime_dir:
+        cfg = cfg.replace("daemon", runtime_dir=str(Path(runtime_dir).absolute()))
+    if state_dir:
+        cfg = cfg.replace("daemon", state_dir=str(Path(state_dir).absolute()))
+    if log_level:
+        if log_level not in ("debug", "info", "warning", "error"):
+            _fail(f"--log-level {log_level!r}: use debug, info, warning or error", 2)
+        cfg = cfg.replace("daemon", log_level=log_level)
+    ctx.obj = cfg
+    if ctx.invoked_subcommand:
+        return
+    _setup_logging(cfg.daemon.log_level)
+    try:
+        hw, fake = open_hardware(cfg)
+        asyncio.run(run_daemon(cfg, hw, fake))
+    except StartupError as e:
+        _fail(str(e))
+    except XpudError as e:
+        _fail(str(e))
+    except PermissionError as e:
+        _fail(
+            f"{e.filename}: permission denied; run as root, or give --runtime-dir and --state-dir "
+            "directories you own"
+        )
+
+
+@app.command("check-hardware")
+def check_hardware_command(
+    ctx: typer.Context,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON record (loadable as a machine description).")
+    ] = False,
+) -> None:
+    """Read the real driver through the adapter (read-only) and report what it sees."""
+    from xpud.hw.check import check_hardware
+
+    cfg = ctx.obj
+    lib = None
+    if cfg is not None and cfg.devices.backend == "simulated":
+        from xpud.hw.fakenvml import FakeNvml
+        from xpud.hw.machines import load_machine
+
+        lib = FakeNvml(load_machine(cfg.devices.machine), seed=cfg.devices.seed)
+    raise typer.Exit(check_hardware(lib, as_json=as_json))
+
+
+def main() -> None:
+    app(prog_name="xpud")

@@ -1,0 +1,63 @@
+"""Periodic work on APScheduler (3.x, on the daemon's asyncio loop): the lease reaper and card sampling.
+
+Hardware reads run in a worker thread so a slow driver call never stalls the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from xpud.engine import Engine
+
+log = logging.getLogger("xpud.jobs")
+
+REAP_INTERVAL_S = 0.25  # a reclaimed lease is back within the grace period plus this
+
+
+class Jobs:
+    def __init__(self, engine: Engine, hw, sample_interval_s: float = 5.0):
+        self.engine = engine
+        self.hw = hw
+        self.sample_interval_s = sample_interval_s
+        self.scheduler: AsyncIOScheduler | None = None
+
+    def start(self) -> None:
+        self.scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
+        opts = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        self.scheduler.add_job(self.reap, "interval", seconds=REAP_INTERVAL_S, id="reap", **opts)
+        self.scheduler.add_job(
+            self.sample,
+            "interval",
+            seconds=self.sample_interval_s,
+            id="sample",
+            next_run_time=datetime.now(),
+            **opts,
+        )
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        if self.scheduler and self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+
+    async def reap(self) -> None:
+        try:
+            for lease in self.engine.reap():
+                log.info("reclaimed lease %s", lease.id)
+        except Exception:
+            log.exception("lease reaper failed")
+
+    async def sample(self) -> None:
+        indices = sorted(self.engine.cards)
+        try:
+            samples = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: [self.hw.sample(i) for i in indices]
+            )
+        except Exception:
+            log.exception("sampling the cards failed")
+            return
+        for i, s in zip(indices, samples, strict=True):
+            self.engine.set_sample(i, s)

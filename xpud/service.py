@@ -1,0 +1,377 @@
+"""gRPC servicers: short methods that check the caller, convert messages and call the engine.
+
+Errors cross the wire as status codes from one table (each ``XpudError`` class has its code); anything
+unexpected is logged and answered INTERNAL, so the daemon never dies on a bad request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from xpud.api import convert
+from xpud.api.v1 import xpu_pb2 as pb
+from xpud.api.v1 import xpu_pb2_grpc as pbg
+from xpud.auth import METADATA_KEY, CredentialIssuer
+from xpud.engine import Caller, Engine
+from xpud.errors import BadRequest, Conflict, Forbidden, XpudError
+from xpud.model import Mode, QueuedRequest, Request
+
+log = logging.getLogger("xpud.service")
+
+
+def _status(e: XpudError) -> grpc.StatusCode:
+    return getattr(grpc.StatusCode, e.code, grpc.StatusCode.UNKNOWN)
+
+
+def unary(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    async def wrapper(self, request, context):
+        try:
+            return await fn(self, request, context)
+        except aio.AbortError:
+            raise
+        except XpudError as e:
+            await context.abort(_status(e), str(e))
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the daemon log"
+            )
+
+    return wrapper
+
+
+def streaming(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    async def wrapper(self, request, context):
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except aio.AbortError:
+            raise
+        except XpudError as e:
+            await context.abort(_status(e), str(e))
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the daemon log"
+            )
+
+    return wrapper
+
+
+@dataclass
+class Context:
+    """What the servicers share: the engine, the credential issuer and facts about this daemon."""
+
+    engine: Engine
+    issuer: CredentialIssuer
+    info: dict[str, Any]
+    fake: Any = None  # the simulated NVML (fault injection is refused without it)
+    health: Any = None  # the health monitor, when running
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def caller(self, context: aio.ServicerContext) -> Caller:
+        md = dict(context.invocation_metadata() or ())
+        return self.issuer.check(md.get(METADATA_KEY))
+
+    def card_msgs(self) -> list[pb.Card]:
+        e = self.engine
+        return [convert.card_pb(v, e.isolation_name(v.info.index)) for v in e.card_views()]
+
+    def lease_msgs(self, caller: Caller) -> list[pb.Lease]:
+        e = self.engine
+        return [
+            convert.lease_pb(le, caller.admin or caller.uid == le.owner_uid, e.is_held(le.id))
+            for le in e.lease_list()
+        ]
+
+    def queue_msgs(self) -> list[pb.QueueEntry]:
+        return [convert.queue_pb(q) for q in self.engine.queue_view()]
+
+
+def _mode(text: str, ctx: Context) -> Mode:
+    try:
+        return Mode(text)
+    except ValueError:
+        sizes = ", ".join(["xpu", *ctx.engine.cfg.slices])
+        raise BadRequest(f"mode {text!r}: use one of {sizes}") from None
+
+
+class NodeService(pbg.NodeServicer):
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    @unary
+    async def Info(self, request, context):
+        caller = self.ctx.caller(context)
+        return pb.InfoReply(
+            **self.ctx.info,
+            cards=len(self.ctx.engine.cards),
+            caller_uid=caller.uid,
+            caller_is_admin=caller.admin,
+        )
+
+    @streaming
+    async def Acquire(self, request, context):
+        caller = self.ctx.caller(context)
+        req = self.ctx.engine.validate(
+            Request(
+                mode=_mode(request.mode, self.ctx),
+                gpus=request.gpus or 1,
+                priority=request.priority,
+                wait_s=request.wait_s,
+                restartable=request.restartable,
+                owner_uid=caller.uid,
+                holder_pid=caller.pid or None,
+                command=request.command,
+            )
+        )
+        updates: asyncio.Queue = asyncio.Queue()
+
+        def on_position(q: QueuedRequest, length: int) -> None:
+            updates.put_nowait(
+                pb.AcquireUpdate(
+                    queued=pb.Queued(
+                        ticket=q.ticket, position=q.position, queue_length=length, deadline=q.deadline
+                    )
+                )
+            )
+
+        task = asyncio.ensure_future(self.ctx.engine.acquire(req, on_position))
+        try:
+            while True:
+                getter = asyncio.ensure_future(updates.get())
+                done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                lease, token = task.result()
+                yield pb.AcquireUpdate(granted=pb.Granted(lease=convert.lease_pb(lease, True), token=token))
+                return
+        finally:
+            if not task.done():
+                task.cancel()  # the caller went away: leave the queue
+
+    @streaming
+    async def Hold(self, request, context):
+        self.ctx.caller(context)
+        e = self.ctx.engine
+        lease = e.leases.get(request.lease_id)
+        if lease is None:
+            raise_not_found(request.lease_id)
+        if not e.ledger.token_matches(lease.id, request.token):
+            raise Forbidden(f"wrong token for lease {lease.id}: Hold needs the token Acquire returned")
+        q = e.hold_opened(lease.id)
+        try:
+            yield pb.LeaseEvent(
+                kind="held",
+                lease_id=lease.id,
+                lease=convert.lease_pb(lease, True, True),
+                message="holding",
+                timestamp=e.clock(),
+            )
+            while True:
+                ev = await q.get()
+                yield pb.LeaseEvent(
+                    kind=ev.kind,
+                    lease_id=ev.lease.id,
+                    message=ev.message,
+                    lease=convert.lease_pb(ev.lease, True, True),
+                    timestamp=ev.timestamp,
+                )
+                if ev.kind == "released":
+                    return
+        finally:
+            e.hold_closed(lease.id, q)
+
+    @unary
+    async def Release(self, request, context):
+        caller = self.ctx.caller(context)
+        lease = self.ctx.engine.release(request.lease_id, caller, request.token)
+        return pb.ReleaseReply(lease=convert.lease_pb(lease, True))
+
+    @unary
+    async def AckMove(self, request, context):
+        self.ctx.caller(context)
+        e = self.ctx.engine
+        lease = e.resolve_lease(request.lease_id)
+        ack = getattr(e, "ack_move", None)
+        if ack is None:
+            raise Conflict(f"no move is pending for lease {lease.id}")
+        return pb.AckMoveReply(lease=convert.lease_pb(ack(lease.id, request.token), True))
+
+    @unary
+    async def ListCards(self, request, context):
+        self.ctx.caller(context)
+        return pb.ListCardsReply(cards=self.ctx.card_msgs(), hostname=self.ctx.info["hostname"])
+
+    @unary
+    async def ListLeases(self, request, context):
+        caller = self.ctx.caller(context)
+        if request.all:
+            e = self.ctx.engine
+            limit = request.limit or 100
+            leases = [
+                convert.lease_pb(le, caller.admin or caller.uid == le.owner_uid, e.is_held(le.id))
+                for le in e.ledger.recent_leases(limit)
+            ]
+        else:
+            leases = self.ctx.lease_msgs(caller)
+        return pb.ListLeasesReply(leases=leases, queue=self.ctx.queue_msgs())
+
+    @unary
+    async def GetTopology(self, request, context):
+        self.ctx.caller(context)
+        t = self.ctx.engine.topology
+        n = t.size
+        cells = [(i, j) for i in range(n) for j in range(n)]
+        return pb.TopologyReply(
+            size=n,
+            labels=[t.label(i, j) for i, j in cells],
+            levels=[t.levels[i][j] for i, j in cells],
+            nvlinks=[t.links(i, j) for i, j in cells],
+            bandwidth_gbps=[0.0 if i == j else t.bandwidth_gbps(i, j) for i, j in cells],
+            cards=self.ctx.card_msgs(),
+        )
+
+    @unary
+    async def GetHealth(self, request, context):
+        self.ctx.caller(context)
+        e = self.ctx.engine
+        cards = [e.resolve_card(request.card)] if request.card else [e.cards[i] for i in sorted(e.cards)]
+        if self.ctx.health is not None:
+            return pb.HealthReply(
+                cards=[self.ctx.health.report_pb(c.info.index, request.history) for c in cards]
+            )
+        return pb.HealthReply(
+            cards=[
+                pb.CardHealth(
+                    index=c.info.index, uuid=c.info.uuid, score=c.health_score, state=c.health_state.value
+                )
+                for c in cards
+            ]
+        )
+
+    @streaming
+    async def Watch(self, request, context):
+        caller = self.ctx.caller(context)
+        e = self.ctx.engine
+        interval = min(max(request.min_interval_s or 1.0, 0.1), 60.0)
+        loop = asyncio.get_running_loop()
+        q = e.watch()
+        try:
+            events = [convert.event_pb(ev) for ev in e.ledger.events(limit=50)]
+            while True:
+                yield pb.WatchUpdate(
+                    cards=pb.ListCardsReply(cards=self.ctx.card_msgs(), hostname=self.ctx.info["hostname"]),
+                    leases=pb.ListLeasesReply(
+                        leases=self.ctx.lease_msgs(caller), queue=self.ctx.queue_msgs()
+                    ),
+                    events=events,
+                )
+                events = []
+                deadline = loop.time() + interval
+                while (remaining := deadline - loop.time()) > 0:
+                    try:
+                        ev = await asyncio.wait_for(q.get(), remaining)
+                    except TimeoutError:
+                        break
+                    if ev is not None:
+                        events.append(convert.event_pb(ev))
+        finally:
+            e.unwatch(q)
+
+
+def raise_not_found(lease_id: str):
+    from xpud.errors import NotFound
+
+    raise NotFound(f"no active lease {lease_id!r}: it was released or reclaimed (see `xpu leases --all`)")
+
+
+FAULT_KINDS = ("xid", "ecc-dbe", "overheat", "nvlink-down", "lost")
+
+
+class AdminService(pbg.AdminServicer):
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def _operator(self, context) -> Caller:
+        caller = self.ctx.caller(context)
+        if not caller.admin:
+            raise Forbidden(f"uid {caller.uid} is not an operator: use root or a member of the admin group")
+        return caller
+
+    def _card(self, view) -> pb.CardReply:
+        return pb.CardReply(card=convert.card_pb(view, self.ctx.engine.isolation_name(view.info.index)))
+
+    @unary
+    async def Drain(self, request, context):
+        self._operator(context)
+        return self._card(self.ctx.engine.drain(request.card, request.reason))
+
+    @unary
+    async def Undrain(self, request, context):
+        self._operator(context)
+        return self._card(self.ctx.engine.undrain(request.card))
+
+    @unary
+    async def SetCardMode(self, request, context):
+        self._operator(context)
+        return self._card(self.ctx.engine.set_mode(request.card, request.mode))
+
+    @unary
+    async def Evict(self, request, context):
+        self._operator(context)
+        return pb.EvictReply(
+            lease=convert.lease_pb(self.ctx.engine.evict(request.lease_id, request.reason), True)
+        )
+
+    @unary
+    async def InjectFault(self, request, context):
+        self._operator(context)
+        fake = self._fake()
+        card = self.ctx.engine.resolve_card(request.card).info.index
+        kind = request.kind
+        if kind == "xid":
+            if request.xid <= 0:
+                raise BadRequest("fault xid needs an XID number, e.g. `xpu fault inject 3 xid 79`")
+            fake.inject_xid(card, request.xid)
+        elif kind == "ecc-dbe":
+            fake.inject_ecc_dbe(card)
+        elif kind == "overheat":
+            fake.set_overheat(card)
+        elif kind == "nvlink-down":
+            fake.nvlink_down(card)
+        elif kind == "lost":
+            fake.lose(card)
+        else:
+            raise BadRequest(f"fault {kind!r}: use one of {', '.join(FAULT_KINDS)}")
+        what = f"xid {request.xid}" if kind == "xid" else kind
+        self.ctx.engine.event("fault", f"fault injected on card {card}: {what}", card=card)
+        return pb.FaultReply(message=f"injected {what} on card {card}")
+
+    @unary
+    async def ClearFault(self, request, context):
+        self._operator(context)
+        fake = self._fake()
+        card = self.ctx.engine.resolve_card(request.card).info.index
+        fake.clear(card)
+        self.ctx.engine.event("fault", f"faults cleared on card {card}", card=card)
+        return pb.FaultReply(message=f"cleared faults on card {card}")
+
+    def _fake(self):
+        if self.ctx.fake is None:
+            raise Conflict("fault injection is refused on real hardware: run the daemon with --simulate")
+        return self.ctx.fake
