@@ -1,0 +1,111 @@
+"""Shared fixtures: real daemons on temp sockets, the real CLI as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from xpud.api.client import Client
+from xpud.errors import XpudError
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def xpu_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XPUD_", "CUDA_", "XPU_"))}
+    env.update(XPUD_RUNTIME_DIR=str(runtime_dir), PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+class DaemonProc:
+    """A real ``xpud --simulate`` subprocess with its own runtime and state directories."""
+
+    def __init__(self, base: Path, machine: str, config: str = "", args: tuple[str, ...] = ()):
+        self.base = base
+        self.machine = machine
+        self.runtime_dir = base / "run"
+        self.state_dir = base / "state"
+        self.config = base / "xpud.toml"
+        self.config.write_text(config)
+        self.args = args
+        self.log = base / "xpud.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True) -> DaemonProc:
+        cmd = [str(BIN / "xpud"), "--config", str(self.config), "--simulate", self.machine, "--runtime-dir",
+               str(self.runtime_dir), "--state-dir", str(self.state_dir), *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
+                                     env=xpu_env(self.runtime_dir))
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"xpud exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                with Client(self.runtime_dir) as c:
+                    c.info()
+                return
+            except XpudError:
+                time.sleep(0.05)
+        raise TimeoutError(f"xpud not ready after {timeout} s: {self.log.read_text()[-2000:]}")
+
+    def client(self, admin: bool = False) -> Client:
+        return Client(self.runtime_dir, admin=admin)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(10)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def xpu(self, *args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "xpu"), *args], env=xpu_env(self.runtime_dir), capture_output=True,
+                              text=True, timeout=timeout, **kw)
+
+    def xpu_popen(self, *args: str, **kw) -> subprocess.Popen:
+        return subprocess.Popen([str(BIN / "xpu"), *args], env=xpu_env(self.runtime_dir), **kw)
+
+
+@pytest.fixture
+def short_tmp():
+    """A short temporary directory (Unix socket paths are limited to 107 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="xpu-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon_factory(short_tmp):
+    made: list[DaemonProc] = []
+
+    def make(machine: str = "pcie-8x-l40s", config: str = "[leases]\ngrace_s = 1.0\n", start: bool = True,
+             name: str = "d", args: tuple[str, ...] = ()) -> DaemonProc:
+        base = short_tmp / f"{name}{len(made)}"
+        base.mkdir()
+        d = DaemonProc(base, machine, config, args)
+        made.append(d)
+        return d.start() if start else d
+
+    yield make
+    for d in made:
+        d.kill(signal.SIGTERM)
+
+
+@pytest.fixture
+def daemon(daemon_factory):
+    return daemon_factory()
