@@ -1,0 +1,1 @@
+"""Package data: the default xpud.toml and simulated machine descriptions (machines/*.toml)."""
