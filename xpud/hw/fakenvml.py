@@ -1,0 +1,1106 @@
+"""A faithful fake of the pynvml surface that ``xpud.hw.nvml`` uses, driven by a machine description.
+
+``FakeNvml(machine)`` has the same function names as the ``pynvml`` module (as methods), takes and
+returns the same things (opaque ctypes handles, pynvml's own ctypes structs, friendly objects, plain
+ints and strs) and raises pynvml's own exception classes, so the adapter runs unchanged over it.
+Nothing here calls the NVML library: pynvml is imported only for its constants, structs and errors.
+
+Values that move (utilisation, temperature, power, memory in use) are pure functions of the seed,
+the card and ``clock()``, so a seed and a clock give the same readings in any call order.
+
+Beyond the pynvml surface (all thread-safe; none needs nvmlInit):
+- processes: ``add_process``, ``remove_process``;
+- faults: ``inject_xid``, ``inject_ecc_sbe``, ``inject_ecc_dbe``, ``set_overheat``, ``nvlink_down``,
+  ``lose``, ``corrupt_inforom``, ``clear`` (faults gone, volatile counters reset), ``reset`` (a GPU
+  reset: also applies a pending MIG mode; refused while processes run);
+- tests: ``fail(name, code, index)`` makes one call fail, ``hide(name)`` makes it missing as in an old
+  binding, ``calls`` counts calls by name, ``mig_layout(index)`` shows the MIG instances.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import threading
+import time
+import uuid as uuidlib
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pynvml as N
+
+from xpud.hw.machines import CardSpec, Machine, MigProfileSpec, load_machine
+
+MIB = 1 << 20
+NO_ID = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of an event or process that concerns the whole card
+_RESERVED_MIB = 512  # framebuffer the driver keeps for itself on an idle card
+_MIG_DEVICE_MIB = 12  # ... and on an idle MIG device
+_ARCH = {
+    name: getattr(N, f"NVML_DEVICE_ARCH_{name.upper()}")
+    for name in ("kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
+}
+_NVLINK_VERSION = {"1.0": 1, "2.0": 2, "2.2": 3, "3.0": 4, "3.1": 5, "4.0": 6, "5.0": 7, "6.0": 8}
+_CI_PROFILE_BY_SLICES = {
+    1: 0,
+    2: 1,
+    3: 2,
+    4: 3,
+    7: 4,
+    8: 5,
+    6: 6,
+}  # slices -> NVML_COMPUTE_INSTANCE_PROFILE_*
+_SUPPORTED_EVENTS = N.nvmlEventTypeXidCriticalError | N.nvmlEventTypePState | N.nvmlEventTypeClock
+_ECC_EVENTS = N.nvmlEventTypeSingleBitEccError | N.nvmlEventTypeDoubleBitEccError
+_LINK_COUNTERS = 4  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
+_FIELD_TOTALS = {  # field id -> per-link counter it sums
+    N.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: N.NVML_NVLINK_ERROR_DL_REPLAY,
+    N.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: N.NVML_NVLINK_ERROR_DL_RECOVERY,
+    N.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: N.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+    N.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: N.NVML_NVLINK_ERROR_DL_CRC_DATA,
+}
+
+
+def _err(code: int) -> N.NVMLError:
+    return N.NVMLError(code)  # pynvml maps the code to its subclass, e.g. NVMLError_InUse
+
+
+# ------------------------------------------------------------------------------------------ card state
+
+
+@dataclass
+class _Proc:
+    pid: int
+    used_bytes: int | None
+    gi: int = NO_ID
+    ci: int = NO_ID
+
+
+@dataclass
+class _Ci:
+    gi: _Gi
+    id: int
+    profile: int  # NVML_COMPUTE_INSTANCE_PROFILE_* (the driver's CI profile ids are the enum values)
+    slices: int
+    start: int
+    mig_index: int
+    uuid: str
+    handle: object = None  # c_nvmlComputeInstance_t
+    device: object = None  # c_nvmlDevice_t of the MIG device
+
+    @property
+    def card(self) -> _Card:
+        return self.gi.card
+
+
+@dataclass
+class _Gi:
+    card: _Card
+    id: int
+    spec: MigProfileSpec
+    start: int
+    cis: dict[int, _Ci] = field(default_factory=dict)
+    handle: object = None  # c_nvmlGpuInstance_t
+
+
+class _Card:
+    """Everything the fake knows about one card, healthy values first."""
+
+    def __init__(self, spec: CardSpec):
+        self.spec, self.model, self.index = spec, spec.model, spec.index
+        self.lost = self.overheat = self.inforom_corrupt = False
+        self.links_up = [True] * spec.nvlink_count
+        self.link_errors = [[0] * _LINK_COUNTERS for _ in range(spec.nvlink_count)]
+        self.ecc = {"sbe_vol": 0, "dbe_vol": 0, "sbe_agg": 0, "dbe_agg": 0}
+        self.retired: dict[int, list[int]] = {0: [], 1: []}  # NVML_PAGE_RETIREMENT_CAUSE_* -> addresses
+        self.retired_pending = False
+        self.rows = [0, 0, 0, 0]  # remapped rows: corrected, uncorrected, pending, failure
+        self.pcie_replays = 0
+        self.compute_mode = N.NVML_COMPUTEMODE_DEFAULT
+        self.mig = self.mig_pending = int(spec.mig_enabled)
+        self.gis: dict[int, _Gi] = {}
+        self.mig_devices: dict[int, _Ci] = {}
+        self.procs: dict[int, _Proc] = {}
+        self.handle: object = None
+
+    def clear_faults(self) -> None:
+        """What a GPU reset puts right: faults gone, volatile counters back to zero."""
+        self.lost = self.overheat = False
+        self.links_up = [True] * self.spec.nvlink_count
+        self.link_errors = [[0] * _LINK_COUNTERS for _ in range(self.spec.nvlink_count)]
+        self.ecc["sbe_vol"] = self.ecc["dbe_vol"] = 0
+        self.pcie_replays = 0
+        self.retired_pending = False
+        self.rows[2] = 0  # the pending remap is applied by the reset
+
+
+@dataclass
+class _EventSet:
+    registered: dict[int, int] = field(default_factory=dict)  # card index -> event mask
+    queue: deque = field(default_factory=deque)
+    freed: bool = False
+
+
+# ---------------------------------------------------------------------------------- deterministic noise
+
+_M64 = (1 << 64) - 1
+
+
+def _hash01(*parts: int) -> float:
+    """A number in [0, 1) that depends only on ``parts`` (splitmix64 finaliser)."""
+    x = 0x9E3779B97F4A7C15
+    for p in parts:
+        x = ((x ^ (p & _M64)) * 0xBF58476D1CE4E5B9) & _M64
+        x ^= x >> 31
+        x = (x * 0x94D049BB133111EB) & _M64
+        x ^= x >> 29
+    return (x >> 11) / float(1 << 53)
+
+
+def _smooth(seed: int, card: int, channel: int, u: float) -> float:
+    """Value noise: random at whole ``u``, smoothly interpolated between, in [0, 1)."""
+    k = math.floor(u)
+    f = u - k
+    f = f * f * (3 - 2 * f)
+    a, b = _hash01(seed, card, channel, k), _hash01(seed, card, channel, k + 1)
+    return a + (b - a) * f
+
+
+# ---------------------------------------------------------------------------------------- the fake
+
+
+def _api(fn: Callable) -> Callable:
+    """Mark a method as part of the pynvml surface: lock, count, check init and failure switches."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def call(self: FakeNvml, *args, **kwargs):
+        with self._lock:
+            self.calls[name] += 1
+            if not self._inits and name not in ("nvmlInit", "nvmlInitWithFlags"):
+                raise _err(N.NVML_ERROR_UNINITIALIZED)
+            for index, code in self._failures.get(name, ()):
+                if index is None or (args and self._card_of(args[0]) == index):  # first arg: handle or index
+                    raise _err(code)
+            return fn(self, *args, **kwargs)
+
+    return call
+
+
+class FakeNvml:
+    """A simulated NVML over one machine. ``clock`` gives seconds (monotonic is fine)."""
+
+    def __init__(
+        self,
+        machine: Machine | str,
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        root: bool = True,
+    ):
+        self.machine = machine if isinstance(machine, Machine) else load_machine(machine)
+        self.seed, self._clock, self.root = seed, clock, root
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._inits = 0
+        self._objects: dict[int, tuple[str, object, object]] = {}  # address -> (kind, object, target)
+        self._sets: list[_EventSet] = []
+        self._failures: dict[str, list[tuple[int | None, int]]] = {}
+        self._serial = 0  # makes MIG device UUIDs differ each time an instance is created
+        self.calls: Counter[str] = Counter()
+        self._cards = [_Card(spec) for spec in self.machine.cards]
+        for card in self._cards:
+            card.handle = self._new_handle(N.c_nvmlDevice_t, "device", card)
+
+    # ------------------------------------------------------------------------------- handles
+
+    def _new_handle(self, ptr_type, kind: str, obj: object):
+        target = ptr_type._type_()  # an opaque struct; its address is the handle's value
+        self._objects[ctypes.addressof(target)] = (kind, obj, target)
+        return ctypes.pointer(target)
+
+    def _drop_handle(self, handle) -> None:
+        self._objects.pop(ctypes.cast(handle, ctypes.c_void_p).value, None)
+
+    def _lookup(self, handle) -> tuple[str, object] | None:
+        try:
+            entry = self._objects.get(ctypes.cast(handle, ctypes.c_void_p).value)
+        except (ctypes.ArgumentError, TypeError):
+            return None
+        return entry[:2] if entry else None
+
+    def _card_of(self, handle) -> int | None:
+        if isinstance(handle, int):
+            return handle  # nvmlDeviceGetHandleByIndex(index)
+        found = self._lookup(handle)
+        if found is None:
+            return None
+        obj = found[1]
+        return obj.index if isinstance(obj, _Card) else getattr(getattr(obj, "card", None), "index", None)
+
+    def _resolve(self, handle, *kinds: str):
+        found = self._lookup(handle)
+        if found is None or found[0] not in kinds:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        _, obj = found
+        card = obj if isinstance(obj, _Card) else obj.card
+        if card.lost:
+            raise _err(N.NVML_ERROR_GPU_IS_LOST)
+        return obj
+
+    def _dev(self, handle) -> _Card:
+        return self._resolve(handle, "device")
+
+    def _dev_or_mig(self, handle) -> _Card | _Ci:
+        return self._resolve(handle, "device", "mig")
+
+    def _need_root(self) -> None:
+        if not self.root:
+            raise _err(N.NVML_ERROR_NO_PERMISSION)
+
+    # ---------------------------------------------------------------------- system and init
+
+    @_api
+    def nvmlInit(self) -> None:
+        self._inits += 1
+
+    @_api
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self._inits += 1
+
+    @_api
+    def nvmlShutdown(self) -> None:
+        self._inits -= 1
+
+    @_api
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.machine.driver_version
+
+    @_api
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return f"12.{self.machine.driver_version}"
+
+    @_api
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        major, _, minor = self.machine.cuda_version.partition(".")
+        return int(major) * 1000 + int(minor or 0) * 10
+
+    nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
+
+    @_api
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self._cards)
+
+    @_api
+    def nvmlDeviceGetHandleByIndex(self, index: int):
+        if not 0 <= index < len(self._cards):
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        card = self._cards[index]
+        if card.lost:
+            raise _err(N.NVML_ERROR_GPU_IS_LOST)
+        return card.handle
+
+    @_api
+    def nvmlDeviceGetIndex(self, handle) -> int:
+        return self._dev(handle).index
+
+    # -------------------------------------------------------------------------------- inventory
+
+    @_api
+    def nvmlDeviceGetUUID(self, handle) -> str:
+        obj = self._dev_or_mig(handle)
+        return obj.uuid if isinstance(obj, _Ci) else obj.spec.uuid
+
+    @_api
+    def nvmlDeviceGetName(self, handle) -> str:
+        obj = self._dev_or_mig(handle)
+        if isinstance(obj, _Ci):
+            return f"{obj.card.model.name} MIG {obj.gi.spec.name}"
+        return obj.model.name
+
+    @_api
+    def nvmlDeviceGetSerial(self, handle) -> str:
+        return self._dev(handle).spec.serial
+
+    @_api
+    def nvmlDeviceGetArchitecture(self, handle) -> int:
+        return _ARCH.get(self._dev(handle).model.architecture, N.NVML_DEVICE_ARCH_UNKNOWN)
+
+    @_api
+    def nvmlDeviceGetPciInfo(self, handle):
+        return self._pci_info(self._dev(handle).spec.bus_id)
+
+    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+
+    @staticmethod
+    def _pci_info(bus_id: str):
+        domain, bus, rest = bus_id.split(":")
+        info = N.nvmlPciInfo_t()
+        info.busId = bus_id.encode()
+        info.busIdLegacy = f"{int(domain, 16) & 0xFFFF:04X}:{bus}:{rest}".encode()
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+        info.pciDeviceId = 0x10DE  # NVIDIA's vendor id in the low half
+        return info
+
+    @_api
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        obj = self._dev_or_mig(handle)
+        mem = N.c_nvmlMemory_t()
+        if isinstance(obj, _Ci):
+            procs = [p for p in obj.card.procs.values() if (p.gi, p.ci) == (obj.gi.id, obj.id)]
+            mem.total = obj.gi.spec.memory_mib * MIB
+            mem.used = min(mem.total, _MIG_DEVICE_MIB * MIB + sum(p.used_bytes or 0 for p in procs))
+        else:
+            mem.total = obj.model.memory_mib * MIB
+            mem.used = min(
+                mem.total, _RESERVED_MIB * MIB + sum(p.used_bytes or 0 for p in obj.procs.values())
+            )
+        mem.free = mem.total - mem.used
+        return mem
+
+    @_api
+    def nvmlDeviceGetCpuAffinity(self, handle, cpuSetSize: int):
+        card = self._dev(handle)
+        m = self.machine
+        cpus = m.numa_cpus[card.spec.numa] if card.spec.numa is not None else range(m.cpu_count)
+        words = (ctypes.c_ulonglong * cpuSetSize)()
+        for cpu in cpus:
+            if cpu // 64 < cpuSetSize:
+                words[cpu // 64] |= 1 << (cpu % 64)
+        return words
+
+    @_api
+    def nvmlDeviceGetMemoryAffinity(self, handle, nodeSetSize: int, scope: int):
+        card = self._dev(handle)
+        if card.spec.numa is None:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        words = (ctypes.c_ulonglong * nodeSetSize)()
+        if card.spec.numa // 64 < nodeSetSize:
+            words[card.spec.numa // 64] = 1 << (card.spec.numa % 64)
+        return words
+
+    @_api
+    def nvmlDeviceGetNumaNodeId(self, handle) -> int:
+        self._dev(handle)
+        raise _err(N.NVML_ERROR_NOT_SUPPORTED)  # only meaningful where GPUs are NUMA nodes (Grace)
+
+    @_api
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle) -> int:
+        return self._dev(handle).model.pcie_gen
+
+    @_api
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle) -> int:
+        return self._dev(handle).model.pcie_width
+
+    @_api
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle) -> int:
+        card = self._dev(handle)
+        return card.model.pcie_gen if card.procs else 1  # idle links train down to save power
+
+    @_api
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle) -> int:
+        return self._dev(handle).model.pcie_width
+
+    @_api
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1, device2) -> int:
+        a, b = self._dev(device1), self._dev(device2)
+        return N.NVML_TOPOLOGY_INTERNAL if a is b else self.machine.level(a.index, b.index)
+
+    # ----------------------------------------------------------------------------------- NVLink
+
+    def _link(self, handle, link: int) -> _Card:
+        card = self._dev(handle)
+        if not card.spec.nvlink_count:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < card.spec.nvlink_count:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        return card
+
+    @_api
+    def nvmlDeviceGetNvLinkState(self, device, link: int) -> int:
+        card = self._link(device, link)
+        return N.NVML_FEATURE_ENABLED if card.links_up[link] else N.NVML_FEATURE_DISABLED
+
+    @_api
+    def nvmlDeviceGetNvLinkVersion(self, device, link: int) -> int:
+        return _NVLINK_VERSION.get(self._link(device, link).model.nvlink_version or "", 0)
+
+    @_api
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle, link: int) -> int:
+        card = self._link(handle, link)
+        peer = link < len(card.spec.nvlink_peers)
+        return N.NVML_NVLINK_DEVICE_TYPE_GPU if peer else N.NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+    @_api
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device, link: int):
+        card = self._link(device, link)
+        peers = card.spec.nvlink_peers
+        if link < len(peers):  # direct links come first, then the links to NVSwitch chips
+            return self._pci_info(self.machine.cards[peers[link]].bus_id)
+        switch = (link - len(peers)) % max(self.machine.nvswitch_count, 1)
+        return self._pci_info(f"00000001:{switch:02X}:00.0")
+
+    @_api
+    def nvmlDeviceGetNvLinkErrorCounter(self, device, link: int, counter: int) -> int:
+        card = self._link(device, link)
+        if counter == N.NVML_NVLINK_ERROR_DL_ECC_DATA:
+            return 0
+        if not 0 <= counter < _LINK_COUNTERS:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        return card.link_errors[link][counter]
+
+    @_api
+    def nvmlDeviceGetFieldValues(self, handle, fieldIds: list):
+        card = self._dev(handle)
+        values = (N.c_nvmlFieldValue_t * len(fieldIds))()
+        n = card.spec.nvlink_count
+        for v, fid in zip(values, fieldIds, strict=True):
+            v.fieldId, v.scopeId = fid if isinstance(fid, tuple) else (fid, 0)
+            v.timestamp = int(self._clock() * 1e6)
+            v.nvmlReturn = N.NVML_SUCCESS
+            if v.fieldId == N.NVML_FI_DEV_NVLINK_LINK_COUNT and n:
+                v.valueType, v.value.uiVal = N.NVML_VALUE_TYPE_UNSIGNED_INT, n
+            elif v.fieldId in _FIELD_TOTALS and n:
+                total = sum(errs[_FIELD_TOTALS[v.fieldId]] for errs in card.link_errors)
+                v.valueType, v.value.ullVal = N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, total
+            elif v.fieldId == N.NVML_FI_DEV_NVLINK_GET_STATE and 0 <= v.scopeId < n:
+                v.valueType, v.value.uiVal = N.NVML_VALUE_TYPE_UNSIGNED_INT, int(card.links_up[v.scopeId])
+            else:
+                v.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    # ----------------------------------------------------------------------------- live values
+
+    def _busy(self, card: _Card) -> bool:
+        return bool(card.procs)
+
+    def _util(self, card: _Card, t: float) -> int:
+        """GPU utilisation %: 40-100 with compute processes on the card, 0-1 without."""
+        n = _smooth(self.seed, card.index, 0, t / 8.0)
+        return round(40 + 60 * n) if self._busy(card) else round(1.5 * n)
+
+    def _temperature(self, card: _Card, t: float) -> int:
+        m = card.model
+        if card.overheat:
+            return (m.temp_slowdown_c or 90) + 3 + round(2 * _smooth(self.seed, card.index, 1, t / 4.0))
+        lagged = sum(self._util(card, t - 5 * k) for k in range(6)) / 6  # heat follows load over ~30 s
+        wobble = 2 * _smooth(self.seed, card.index, 1, t / 4.0) - 1
+        return round(m.temp_idle_c + (m.temp_load_c - m.temp_idle_c) * lagged / 100 + wobble)
+
+    def _power_mw(self, card: _Card, t: float) -> int:
+        m = card.model
+        wobble = (2 * _smooth(self.seed, card.index, 2, t / 2.0) - 1) * 0.02 * m.power_limit_w
+        watts = (
+            m.power_idle_w + (0.92 * m.power_limit_w - m.power_idle_w) * self._util(card, t) / 100 + wobble
+        )
+        return int(min(max(watts, 0.5 * m.power_idle_w), m.power_limit_w) * 1000)
+
+    def _no_util_under_mig(self, handle) -> _Card:
+        obj = self._dev_or_mig(handle)
+        if isinstance(obj, _Ci) or obj.mig:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)  # as on real cards: no utilisation with MIG on
+        return obj
+
+    @_api
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        card = self._no_util_under_mig(handle)
+        util = self._util(card, self._clock())
+        return N.c_nvmlUtilization_t(util, round(util * 0.6))
+
+    @_api
+    def nvmlDeviceGetTemperature(self, handle, sensor: int) -> int:
+        card = self._dev(handle)
+        if sensor != N.NVML_TEMPERATURE_GPU:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        return self._temperature(card, self._clock())
+
+    @_api
+    def nvmlDeviceGetTemperatureThreshold(self, handle, threshold: int) -> int:
+        m = self._dev(handle).model
+        value = {
+            N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: m.temp_slowdown_c,
+            N.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: m.temp_shutdown_c,
+        }.get(threshold)
+        if value is None:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    @_api
+    def nvmlDeviceGetPowerUsage(self, handle) -> int:
+        card = self._dev(handle)
+        return self._power_mw(card, self._clock())
+
+    @_api
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle) -> int:
+        return int(self._dev(handle).model.power_limit_w * 1000)
+
+    nvmlDeviceGetPowerManagementLimit = nvmlDeviceGetEnforcedPowerLimit
+
+    @_api
+    def nvmlDeviceGetPerformanceState(self, handle) -> int:
+        return 0 if self._busy(self._dev(handle)) else 8
+
+    @_api
+    def nvmlDeviceGetFanSpeed(self, handle) -> int:
+        card = self._dev(handle)
+        if not card.model.fan:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        return 30 + self._util(card, self._clock()) // 2
+
+    @_api
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle) -> int:
+        card = self._dev(handle)
+        t = self._clock()
+        reasons = 0
+        if not self._busy(card):
+            reasons |= N.nvmlClocksEventReasonGpuIdle
+        if self._power_mw(card, t) >= 0.9 * card.model.power_limit_w * 1000:
+            reasons |= N.nvmlClocksEventReasonSwPowerCap
+        if card.overheat:
+            reasons |= N.nvmlClocksEventReasonSwThermalSlowdown | N.nvmlClocksEventReasonHwThermalSlowdown
+        return reasons
+
+    nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+    @_api
+    def nvmlDeviceGetPcieReplayCounter(self, handle) -> int:
+        return self._dev(handle).pcie_replays
+
+    @_api
+    def nvmlDeviceValidateInforom(self, handle) -> None:
+        if self._dev(handle).inforom_corrupt:
+            raise _err(N.NVML_ERROR_CORRUPTED_INFOROM)
+
+    @_api
+    def nvmlDeviceGetTotalEccErrors(self, handle, errorType: int, counterType: int) -> int:
+        card = self._dev(handle)
+        if not card.model.ecc:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        kind = "sbe" if errorType == N.NVML_MEMORY_ERROR_TYPE_CORRECTED else "dbe"
+        return card.ecc[f"{kind}_{'vol' if counterType == N.NVML_VOLATILE_ECC else 'agg'}"]
+
+    @_api
+    def nvmlDeviceGetRetiredPages(self, device, sourceFilter: int) -> list[int]:
+        card = self._dev(device)
+        if card.model.memory_errors != "retire":
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        return list(card.retired[sourceFilter])
+
+    @_api
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device) -> int:
+        card = self._dev(device)
+        if card.model.memory_errors != "retire":
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        return int(card.retired_pending)
+
+    @_api
+    def nvmlDeviceGetRemappedRows(self, device) -> tuple[int, int, int, int]:
+        card = self._dev(device)
+        if card.model.memory_errors != "remap" or card.mig:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)  # not reported while MIG is on, as on real cards
+        return tuple(card.rows)
+
+    # ------------------------------------------------------------------ processes, compute mode
+
+    @_api
+    def nvmlDeviceGetComputeRunningProcesses(self, handle) -> list:
+        obj = self._dev_or_mig(handle)
+        if isinstance(obj, _Ci):
+            procs = [p for p in obj.card.procs.values() if (p.gi, p.ci) == (obj.gi.id, obj.id)]
+        else:
+            procs = list(obj.procs.values())
+        return [
+            N.nvmlFriendlyObject(
+                {
+                    "pid": p.pid,
+                    "usedGpuMemory": p.used_bytes,
+                    "gpuInstanceId": p.gi,
+                    "computeInstanceId": p.ci,
+                }
+            )
+            for p in procs
+        ]
+
+    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
+
+    @_api
+    def nvmlDeviceGetComputeMode(self, handle) -> int:
+        return self._dev(handle).compute_mode
+
+    @_api
+    def nvmlDeviceSetComputeMode(self, handle, mode: int) -> None:
+        card = self._dev(handle)
+        self._need_root()
+        if mode not in (
+            N.NVML_COMPUTEMODE_DEFAULT,
+            N.NVML_COMPUTEMODE_PROHIBITED,
+            N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+        ):
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        card.compute_mode = mode
+
+    # ----------------------------------------------------------------------------------- events
+
+    def _set(self, handle) -> _EventSet:
+        found = self._lookup(handle)
+        if found is None or found[0] != "set" or found[1].freed:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        return found[1]
+
+    @_api
+    def nvmlEventSetCreate(self):
+        es = _EventSet()
+        self._sets.append(es)
+        return self._new_handle(N.c_nvmlEventSet_t, "set", es)
+
+    @_api
+    def nvmlDeviceGetSupportedEventTypes(self, handle) -> int:
+        card = self._dev(handle)
+        return _SUPPORTED_EVENTS | (_ECC_EVENTS if card.model.ecc else 0)
+
+    @_api
+    def nvmlDeviceRegisterEvents(self, handle, eventTypes: int, eventSet) -> None:
+        card = self._dev(handle)
+        es = self._set(eventSet)
+        supported = _SUPPORTED_EVENTS | (_ECC_EVENTS if card.model.ecc else 0)
+        if eventTypes & ~supported:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        es.registered[card.index] = es.registered.get(card.index, 0) | eventTypes
+
+    @_api
+    def nvmlEventSetWait(self, eventSet, timeoutms: int):
+        es = self._set(eventSet)
+        deadline = time.monotonic() + timeoutms / 1000.0  # blocking is real time, not the fake clock
+        while not es.queue:
+            left = deadline - time.monotonic()
+            if es.freed:
+                raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+            if left <= 0:
+                raise _err(N.NVML_ERROR_TIMEOUT)
+            self._cond.wait(left)
+        return es.queue.popleft()
+
+    nvmlEventSetWait_v2 = nvmlEventSetWait
+
+    @_api
+    def nvmlEventSetFree(self, eventSet) -> None:
+        es = self._set(eventSet)
+        es.freed = True
+        self._sets.remove(es)
+        self._drop_handle(eventSet)
+        self._cond.notify_all()
+
+    def _post(self, card: _Card, event_type: int, data: int = 0, gi: int = NO_ID, ci: int = NO_ID) -> None:
+        for es in self._sets:
+            if es.registered.get(card.index, 0) & event_type:
+                ev = N.c_nvmlEventData_t()
+                ev.device, ev.eventType, ev.eventData = card.handle, event_type, data
+                ev.gpuInstanceId, ev.computeInstanceId = gi, ci
+                es.queue.append(ev)
+        self._cond.notify_all()
+
+    # ------------------------------------------------------------------------------------- MIG
+
+    def _mig_card(self, handle) -> _Card:
+        card = self._dev(handle)
+        if not card.model.mig_capable:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        return card
+
+    def _profile(self, card: _Card, profile_id: int) -> MigProfileSpec:
+        for p in card.model.mig_profiles:
+            if p.id == profile_id:
+                return p
+        raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+
+    @_api
+    def nvmlDeviceGetMigMode(self, device) -> list[int]:
+        card = self._mig_card(device)
+        return [card.mig, card.mig_pending]
+
+    @_api
+    def nvmlDeviceSetMigMode(self, device, mode: int) -> int:
+        """Sets the pending mode; it takes effect at ``reset(index)``. Returns the activation status."""
+        card = self._mig_card(device)
+        self._need_root()
+        if mode not in (N.NVML_DEVICE_MIG_DISABLE, N.NVML_DEVICE_MIG_ENABLE):
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        if card.procs or card.gis:
+            raise _err(N.NVML_ERROR_IN_USE)
+        card.mig_pending = mode
+        return N.NVML_SUCCESS if mode == card.mig else N.NVML_ERROR_RESET_REQUIRED
+
+    @_api
+    def nvmlDeviceGetMaxMigDeviceCount(self, device) -> int:
+        return self._mig_card(device).model.max_mig_devices
+
+    @_api
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, device, profile: int, version: int = 2):
+        card = self._mig_card(device)
+        spec = next((p for p in card.model.mig_profiles if p.profile == profile), None)
+        if spec is None:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        info = N.c_nvmlGpuInstanceProfileInfo_v2_t() if version == 2 else N.c_nvmlGpuInstanceProfileInfo_t()
+        info.id, info.isP2pSupported, info.sliceCount = spec.id, 1, spec.slices
+        info.instanceCount, info.multiprocessorCount = spec.instances, spec.multiprocessors
+        info.copyEngineCount, info.decoderCount, info.memorySizeMB = spec.slices, spec.slices, spec.memory_mib
+        if version == 2:
+            info.version, info.name = 2, f"MIG {spec.name}".encode()
+        return info
+
+    @staticmethod
+    def _in(ref) -> object:
+        """What a ``pointer(x)``, ``byref(x)`` or plain ``x`` refers to (ctypes values may be falsy)."""
+        if hasattr(ref, "contents"):
+            return ref.contents
+        return ref._obj if hasattr(ref, "_obj") else ref
+
+    def _out(self, ref, value: int) -> None:
+        """Write an out-parameter passed as ``pointer(c_uint)``, ``byref(c_uint)`` or a ``c_uint``."""
+        self._in(ref).value = value
+
+    @_api
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, device, profileId: int, placementsRef, countRef
+    ) -> int:
+        spec = self._profile(self._mig_card(device), profileId)
+        if placementsRef is not None:
+            if len(placementsRef) < len(spec.placements):
+                raise _err(N.NVML_ERROR_INSUFFICIENT_SIZE)
+            for slot, start in zip(placementsRef, spec.placements, strict=False):
+                slot.start, slot.size = start, spec.placement_size
+        self._out(countRef, len(spec.placements))
+        return N.NVML_SUCCESS
+
+    def _mig_on(self, device) -> _Card:
+        card = self._mig_card(device)
+        if not card.mig:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        return card
+
+    @_api
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, device, profileId: int, placement):
+        card = self._mig_on(device)
+        self._need_root()
+        spec = self._profile(card, profileId)
+        want = self._in(placement)
+        start, size = want.start, want.size
+        if start not in spec.placements or size != spec.placement_size:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        taken = {s for gi in card.gis.values() for s in range(gi.start, gi.start + gi.spec.placement_size)}
+        same = sum(gi.spec.id == spec.id for gi in card.gis.values())
+        slices = sum(gi.spec.slices for gi in card.gis.values())
+        if taken & set(range(start, start + size)) or same >= spec.instances or slices + spec.slices > 7:
+            raise _err(N.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        # The driver numbers a whole-card instance 0 and the others from 1 up.
+        gi_id = 0 if size == 8 else min(set(range(1, 16)) - set(card.gis))
+        gi = _Gi(card, gi_id, spec, start)
+        gi.handle = self._new_handle(N.c_nvmlGpuInstance_t, "gi", gi)
+        card.gis[gi_id] = gi
+        return gi.handle
+
+    @_api
+    def nvmlDeviceGetGpuInstances(self, device, profileId: int, gpuInstancesRef, countRef) -> int:
+        card = self._mig_on(device)
+        self._profile(card, profileId)
+        found = [gi for gi in sorted(card.gis.values(), key=lambda g: g.id) if gi.spec.id == profileId]
+        if len(found) > len(gpuInstancesRef):
+            raise _err(N.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, gi in enumerate(found):
+            gpuInstancesRef[i] = gi.handle
+        self._out(countRef, len(found))
+        return N.NVML_SUCCESS
+
+    @_api
+    def nvmlDeviceGetGpuInstanceById(self, device, gpuInstanceId: int):
+        card = self._mig_on(device)
+        if gpuInstanceId not in card.gis:
+            raise _err(N.NVML_ERROR_NOT_FOUND)
+        return card.gis[gpuInstanceId].handle
+
+    @_api
+    def nvmlGpuInstanceGetInfo(self, gpuInstance):
+        gi: _Gi = self._resolve(gpuInstance, "gi")
+        info = N.c_nvmlGpuInstanceInfo_t()
+        info.device, info.id, info.profileId = gi.card.handle, gi.id, gi.spec.id
+        info.placement.start, info.placement.size = gi.start, gi.spec.placement_size
+        return info
+
+    def _ci_slices(self, gi: _Gi) -> dict[int, int]:
+        """CI profile enum -> compute slices, for the shapes that fit in this GPU instance."""
+        return {
+            e: s for s, e in _CI_PROFILE_BY_SLICES.items() if s <= gi.spec.slices and s in (1, 2, 3, 4, 7)
+        }
+
+    @_api
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, device, profile: int, engProfile: int, version: int = 2
+    ):
+        gi: _Gi = self._resolve(device, "gi")
+        shapes = self._ci_slices(gi)
+        if profile not in shapes or engProfile != N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        s = shapes[profile]
+        info = (
+            N.c_nvmlComputeInstanceProfileInfo_v2_t()
+            if version == 2
+            else N.c_nvmlComputeInstanceProfileInfo_t()
+        )
+        info.id, info.sliceCount, info.instanceCount = profile, s, gi.spec.slices // s
+        info.multiprocessorCount = gi.spec.multiprocessors * s // gi.spec.slices
+        if version == 2:
+            shape = gi.spec.name if s == gi.spec.slices else f"{s}c.{gi.spec.name}"
+            info.version, info.name = 2, f"MIG {shape}".encode()
+        return info
+
+    @_api
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance, profileId: int):
+        gi: _Gi = self._resolve(gpuInstance, "gi")
+        self._need_root()
+        shapes = self._ci_slices(gi)
+        if profileId not in shapes:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        card, s = gi.card, shapes[profileId]
+        used = sum(ci.slices for ci in gi.cis.values())
+        free_index = sorted(set(range(card.model.max_mig_devices)) - set(card.mig_devices))
+        if used + s > gi.spec.slices or not free_index:
+            raise _err(N.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        self._serial += 1
+        ci_id = min(set(range(8)) - set(gi.cis))
+        mig_uuid = (
+            f"MIG-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'{card.spec.uuid}/{gi.id}/{ci_id}/{self._serial}')}"
+        )
+        ci = _Ci(gi, ci_id, profileId, s, used, free_index[0], mig_uuid)
+        ci.handle = self._new_handle(N.c_nvmlComputeInstance_t, "ci", ci)
+        ci.device = self._new_handle(N.c_nvmlDevice_t, "mig", ci)
+        gi.cis[ci_id] = ci
+        card.mig_devices[ci.mig_index] = ci
+        return ci.handle
+
+    @_api
+    def nvmlGpuInstanceGetComputeInstances(self, gpuInstance, profileId: int, computeInstancesRef, countRef):
+        gi: _Gi = self._resolve(gpuInstance, "gi")
+        found = [ci for ci in sorted(gi.cis.values(), key=lambda c: c.id) if ci.profile == profileId]
+        if len(found) > len(computeInstancesRef):
+            raise _err(N.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, ci in enumerate(found):
+            computeInstancesRef[i] = ci.handle
+        self._out(countRef, len(found))
+        return N.NVML_SUCCESS
+
+    @_api
+    def nvmlComputeInstanceGetInfo(self, computeInstance):
+        ci: _Ci = self._resolve(computeInstance, "ci")
+        info = N.c_nvmlComputeInstanceInfo_t()
+        info.device, info.gpuInstance, info.id, info.profileId = (
+            ci.card.handle,
+            ci.gi.handle,
+            ci.id,
+            ci.profile,
+        )
+        info.placement.start, info.placement.size = ci.start, ci.slices
+        return info
+
+    @_api
+    def nvmlComputeInstanceDestroy(self, computeInstance) -> None:
+        ci: _Ci = self._resolve(computeInstance, "ci")
+        self._need_root()
+        if any((p.gi, p.ci) == (ci.gi.id, ci.id) for p in ci.card.procs.values()):
+            raise _err(N.NVML_ERROR_IN_USE)
+        del ci.gi.cis[ci.id]
+        del ci.card.mig_devices[ci.mig_index]
+        self._drop_handle(ci.handle)
+        self._drop_handle(ci.device)
+
+    @_api
+    def nvmlGpuInstanceDestroy(self, gpuInstance) -> None:
+        gi: _Gi = self._resolve(gpuInstance, "gi")
+        self._need_root()
+        if gi.cis or any(p.gi == gi.id for p in gi.card.procs.values()):
+            raise _err(N.NVML_ERROR_IN_USE)
+        del gi.card.gis[gi.id]
+        self._drop_handle(gi.handle)
+
+    @_api
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device, index: int):
+        card = self._mig_card(device)
+        if not 0 <= index < card.model.max_mig_devices:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        if index not in card.mig_devices:
+            raise _err(N.NVML_ERROR_NOT_FOUND)  # a hole: enumerations must skip it, not stop
+        return card.mig_devices[index].device
+
+    def _mig_dev(self, handle) -> _Ci:
+        obj = self._dev_or_mig(handle)
+        if not isinstance(obj, _Ci):
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        return obj
+
+    @_api
+    def nvmlDeviceIsMigDeviceHandle(self, device) -> int:
+        return int(isinstance(self._dev_or_mig(device), _Ci))
+
+    @_api
+    def nvmlDeviceGetGpuInstanceId(self, device) -> int:
+        return self._mig_dev(device).gi.id
+
+    @_api
+    def nvmlDeviceGetComputeInstanceId(self, device) -> int:
+        return self._mig_dev(device).id
+
+    @_api
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice):
+        return self._mig_dev(migDevice).card.handle
+
+    # ---------------------------------------------------------------- beyond pynvml: processes
+
+    def add_process(
+        self,
+        index: int,
+        pid: int,
+        used_bytes: int | None = 1 << 30,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+    ) -> None:
+        """Attach a compute process to a card or to a MIG instance (by default its first compute instance)."""
+        with self._lock:
+            card = self._cards[index]
+            gi = ci = NO_ID
+            if gpu_instance_id is not None:
+                if gpu_instance_id not in card.gis or not card.gis[gpu_instance_id].cis:
+                    raise ValueError(
+                        f"card {index} has no GPU instance {gpu_instance_id} with a compute instance"
+                    )
+                gi = gpu_instance_id
+                ci = min(card.gis[gi].cis) if compute_instance_id is None else compute_instance_id
+            card.procs[pid] = _Proc(pid, used_bytes, gi, ci)
+
+    def remove_process(self, index: int, pid: int) -> None:
+        with self._lock:
+            self._cards[index].procs.pop(pid, None)
+
+    # -------------------------------------------------------------------- beyond pynvml: faults
+
+    def inject_xid(
+        self, index: int, xid: int, gpu_instance_id: int = NO_ID, compute_instance_id: int = NO_ID
+    ) -> None:
+        """Queue an XID event; XID 79 (fallen off the bus) also makes the card lost."""
+        with self._lock:
+            card = self._cards[index]
+            self._post(card, N.nvmlEventTypeXidCriticalError, xid, gpu_instance_id, compute_instance_id)
+            if xid == 79:
+                card.lost = True
+
+    def inject_ecc_sbe(self, index: int, count: int = 1) -> None:
+        """Corrected (single-bit) errors: counters up and an event."""
+        with self._lock:
+            card = self._cards[index]
+            card.ecc["sbe_vol"] += count
+            card.ecc["sbe_agg"] += count
+            card.rows[0] += card.model.memory_errors == "remap"
+            self._post(card, N.nvmlEventTypeSingleBitEccError, count)
+
+    def inject_ecc_dbe(self, index: int) -> None:
+        """An uncorrectable error: counters up, a remap (or page retirement) pending, DBE event + XID 48."""
+        with self._lock:
+            card = self._cards[index]
+            card.ecc["dbe_vol"] += 1
+            card.ecc["dbe_agg"] += 1
+            if card.model.memory_errors == "remap":
+                card.rows[1] += 1
+                card.rows[2] = 1
+            elif card.model.memory_errors == "retire":
+                card.retired[N.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR].append(
+                    0x1000 * (1 + card.ecc["dbe_agg"])
+                )
+                card.retired_pending = True
+            self._post(card, N.nvmlEventTypeDoubleBitEccError, 1)
+            self._post(card, N.nvmlEventTypeXidCriticalError, 48)
+
+    def set_overheat(self, index: int, on: bool = True) -> None:
+        """Temperature above the slowdown threshold, thermal clock-event reasons set."""
+        with self._lock:
+            self._cards[index].overheat = on
+
+    def nvlink_down(self, index: int, links: list[int] | None = None) -> None:
+        """Take links (default: all) down; their replay/recovery/CRC counters go up."""
+        with self._lock:
+            card = self._cards[index]
+            for link in range(card.spec.nvlink_count) if links is None else links:
+                card.links_up[link] = False
+                errs = card.link_errors[link]
+                errs[N.NVML_NVLINK_ERROR_DL_REPLAY] += 12
+                errs[N.NVML_NVLINK_ERROR_DL_RECOVERY] += 1
+                errs[N.NVML_NVLINK_ERROR_DL_CRC_FLIT] += 40
+                errs[N.NVML_NVLINK_ERROR_DL_CRC_DATA] += 3
+
+    def lose(self, index: int) -> None:
+        """The card falls off the bus: every call on its handles raises NVMLError_GpuIsLost."""
+        with self._lock:
+            self._cards[index].lost = True
+
+    def corrupt_inforom(self, index: int) -> None:
+        with self._lock:
+            self._cards[index].inforom_corrupt = True
+
+    def clear(self, index: int) -> None:
+        """Back to healthy values, as after a GPU reset: volatile counters zero, aggregate ones kept."""
+        with self._lock:
+            card = self._cards[index]
+            card.clear_faults()
+            card.inforom_corrupt = False
+
+    def reset(self, index: int) -> None:
+        """A GPU reset: refused while processes run; applies a pending MIG mode and clears faults."""
+        with self._lock:
+            card = self._cards[index]
+            if card.procs:
+                raise _err(N.NVML_ERROR_IN_USE)
+            card.mig = card.mig_pending
+            self.clear(index)
+
+    # ---------------------------------------------------------------------- beyond pynvml: tests
+
+    def fail(self, name: str, code: int = N.NVML_ERROR_NOT_SUPPORTED, index: int | None = None) -> None:
+        """Make the pynvml function ``name`` raise ``NVMLError(code)`` (for one card, or for all)."""
+        if not callable(getattr(type(self), name, None)):
+            raise AttributeError(f"FakeNvml has no {name}")
+        with self._lock:
+            self._failures.setdefault(name, []).append((index, code))
+
+    def unfail(self, name: str | None = None) -> None:
+        with self._lock:
+            self._failures.pop(name, None) if name else self._failures.clear()
+
+    def hide(self, name: str) -> None:
+        """Make ``name`` missing, as in an old binding (the adapter finds ``None`` there)."""
+        setattr(self, name, None)
+
+    def mig_layout(self, index: int) -> list[dict]:
+        """The card's GPU instances by start slot: id, profile id and name, start, size, CIs and UUIDs."""
+        with self._lock:
+            card = self._cards[index]
+            return [
+                {
+                    "gpu_instance_id": gi.id,
+                    "profile_id": gi.spec.id,
+                    "name": gi.spec.name,
+                    "start": gi.start,
+                    "size": gi.spec.placement_size,
+                    "compute_instances": sorted(gi.cis),
+                    "uuids": [gi.cis[c].uuid for c in sorted(gi.cis)],
+                }
+                for gi in sorted(card.gis.values(), key=lambda g: g.start)
+            ]
+
+    def card_state(self, index: int) -> _Card:
+        """The fake's own record of a card (read it; change it only through the methods above)."""
+        return self._cards[index]
+
+
+# The same constants, structs and exception classes as the pynvml module, so ``fake.NVML_...`` works too.
+for _name in dir(N):
+    if _name.startswith(("NVML_", "nvmlEventType", "nvmlClocks", "NVMLError", "c_nvml")) and not hasattr(
+        FakeNvml, _name
+    ):
+        setattr(FakeNvml, _name, getattr(N, _name))
