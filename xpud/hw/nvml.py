@@ -1,0 +1,945 @@
+"""The hardware adapter: the only module that calls NVML (the ``pynvml`` module of nvidia-ml-py).
+
+``Nvml(lib)`` reads inventory, topology and health samples, drives MIG and compute modes, and waits
+for hardware events. ``lib`` is the real ``pynvml`` module or a ``FakeNvml`` (same surface).
+
+Every NVML call goes through ``Nvml._call``: "not supported" (and a function missing from an old
+binding) becomes ``None``; bytes become str; a lost card raises ``NvmlGpuLost`` (which ``sample`` turns
+into a lost sample); any other NVML error either raises a one-line ``NvmlError`` (``strict=True``: calls
+whose failure the caller must know about) or is recorded in ``Nvml.errors`` and read as ``None``.
+
+Units: bytes, watts, degrees Celsius, GB/s; times are seconds since the epoch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import pynvml
+
+from xpud.hw.topology import SYSTEM, Topology
+from xpud.model import CardInfo, CardSample
+
+log = logging.getLogger("xpud.hw.nvml")
+
+MIB = 1 << 20
+NO_ID = 0xFFFFFFFF  # instance id meaning "the whole card" in events and process lists
+ARCHITECTURES = {
+    getattr(pynvml, n): n.removeprefix("NVML_DEVICE_ARCH_").lower()
+    for n in dir(pynvml)
+    if n.startswith("NVML_DEVICE_ARCH_") and n != "NVML_DEVICE_ARCH_UNKNOWN"
+}
+COMPUTE_MODES = {"DEFAULT": 0, "EXCLUSIVE_THREAD": 1, "PROHIBITED": 2, "EXCLUSIVE_PROCESS": 3}
+_CODE_NAMES = {getattr(pynvml, n): n for n in dir(pynvml) if n.startswith("NVML_ERROR_")}
+# One-direction GB/s of one NVLink link by NVML_NVLINK_VERSION_* (P100 20, V100..H100 25, B200 50).
+_NVLINK_GBPS = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 25.0, 6: 25.0, 7: 50.0}
+# Raw GB/s per PCIe lane by generation; a link delivers about 80 % of it (Gen4 x16 ~ 25 GB/s).
+_PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+_EVENT_KINDS = {
+    pynvml.nvmlEventTypeXidCriticalError: "xid",
+    pynvml.nvmlEventTypeSingleBitEccError: "ecc-sbe",
+    pynvml.nvmlEventTypeDoubleBitEccError: "ecc-dbe",
+    pynvml.nvmlEventTypePState: "pstate",
+    pynvml.nvmlEventTypeClock: "clock",
+    pynvml.nvmlEventTypePowerSourceChange: "power-source",
+}
+_EVENT_MASK = (
+    pynvml.nvmlEventTypeXidCriticalError
+    | pynvml.nvmlEventTypeSingleBitEccError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+)
+_NVLINK_TOTALS = (  # CardSample field, NVML field id (summed over links), per-link counter (fallback)
+    (
+        "nvlink_replay_errors",
+        pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+        pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+    ),
+    (
+        "nvlink_recovery_errors",
+        pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+        pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+    ),
+    (
+        "nvlink_crc_flit_errors",
+        pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+        pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+    ),
+    (
+        "nvlink_crc_data_errors",
+        pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+        pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+    ),
+)
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+class NvmlError(RuntimeError):
+    """An NVML call failed; the message is one line. ``code`` is the NVML_ERROR_* value, if any."""
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        self.code = code
+
+
+class NvmlUnavailable(NvmlError):
+    """NVML cannot be used at all (no library, no driver); the message says what to do."""
+
+
+class NvmlGpuLost(NvmlError):
+    """The card fell off the bus (NVML_ERROR_GPU_IS_LOST)."""
+
+
+class NvmlNotSupported(NvmlError):
+    """The card, driver or binding cannot do this."""
+
+
+class NvmlInUse(NvmlError):
+    """Processes or instances still use what was to be changed (NVML_ERROR_IN_USE)."""
+
+
+class NvmlInsufficientResources(NvmlError):
+    """No room: e.g. a MIG placement overlaps an existing instance (NVML_ERROR_INSUFFICIENT_RESOURCES)."""
+
+
+class NvmlNoPermission(NvmlError):
+    """The operation needs root (NVML_ERROR_NO_PERMISSION)."""
+
+
+class NvmlNotFound(NvmlError):
+    """No such object, e.g. GPU instance id (NVML_ERROR_NOT_FOUND)."""
+
+
+_TYPED = {
+    pynvml.NVML_ERROR_GPU_IS_LOST: (NvmlGpuLost, ""),
+    pynvml.NVML_ERROR_NOT_SUPPORTED: (NvmlNotSupported, ""),
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: (NvmlNotSupported, ": the driver is older than the binding"),
+    pynvml.NVML_ERROR_IN_USE: (NvmlInUse, ": processes or instances still use it"),
+    pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: (NvmlInsufficientResources, ""),
+    pynvml.NVML_ERROR_NO_PERMISSION: (NvmlNoPermission, ": run as root"),
+    pynvml.NVML_ERROR_NOT_FOUND: (NvmlNotFound, ""),
+}
+_ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+def _error(name: str, card: int | None, e: pynvml.NVMLError) -> NvmlError:
+    code = getattr(e, "value", None)
+    code_name = _CODE_NAMES.get(code, f"NVML error {code}")
+    cls, hint = _TYPED.get(code, (NvmlError, ""))
+    where = f" on card {card}" if card is not None else ""
+    reason = code_name.removeprefix("NVML_ERROR_").replace("_", " ").lower()
+    return cls(f"{name}{where}: {reason}{hint} ({code_name})", code)
+
+
+def _unavailable(e: BaseException) -> NvmlUnavailable:
+    code = getattr(e, "value", None)
+    why = {
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "NVML not found (libnvidia-ml.so.1): install the NVIDIA driver",
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "NVIDIA driver not loaded: load it (`modprobe nvidia`)",
+        pynvml.NVML_ERROR_NO_PERMISSION: "no permission to open the NVIDIA devices (/dev/nvidia*)",
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "NVML and kernel driver versions differ: reboot",
+    }.get(code, f"NVML failed to start ({_CODE_NAMES.get(code, e)})")
+    return NvmlUnavailable(f"{why}, or run `xpud --simulate dgx-h100`", code)
+
+
+# -------------------------------------------------------------------------------------------- types
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A GPU-instance profile a card offers."""
+
+    profile: int  # NVML_GPU_INSTANCE_PROFILE_* enum value (what you ask NVML about)
+    id: int  # the driver's profile id (what create/list take); differs from the enum value
+    name: str  # "3g.40gb"
+    slice_count: int  # compute slices (of 7 on A100/H100)
+    memory_slices: int  # memory slices (of 8) one instance covers
+    memory_bytes: int
+    max_instances: int
+    multiprocessors: int
+    placements: tuple[tuple[int, int], ...]  # possible (start, size), in memory slices
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """An existing GPU instance with its compute instances and their MIG device UUIDs."""
+
+    card_index: int
+    gpu_instance_id: int
+    profile_id: int  # driver's profile id
+    name: str | None  # profile name, "3g.40gb"
+    start: int  # placement, memory slices
+    size: int
+    memory_bytes: int | None
+    compute_instance_ids: tuple[int, ...] = ()
+    device_uuids: tuple[str, ...] = ()  # "MIG-<uuid>", aligned with compute_instance_ids
+
+    @property
+    def uuid(self) -> str | None:
+        """The MIG device UUID a child process gets (first compute instance)."""
+        return self.device_uuids[0] if self.device_uuids else None
+
+
+@dataclass(frozen=True)
+class HwEvent:
+    card_index: int  # -1 when the event's device is unknown to this adapter
+    kind: str  # "xid", "ecc-sbe", "ecc-dbe", "pstate", "clock", "power-source" or "event-0x..."
+    xid: int | None = None
+    gpu_instance_id: int | None = None  # None: the whole card
+    compute_instance_id: int | None = None
+    timestamp: float = 0.0
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """One NVLink link of a card, as NVML describes it."""
+
+    link: int
+    active: bool | None
+    remote: str  # "gpu", "switch", "npu" or "unknown"
+    remote_bus_id: str | None
+    remote_index: int | None  # card index when the far end is one of this host's cards
+    version: int | None  # NVML_NVLINK_VERSION_*
+
+
+def _decode(value):
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def norm_bus_id(bus_id: str) -> str:
+    """NVML bus id with an 8-digit domain, upper case: ``0000:1b:00.0`` -> ``00000000:1B:00.0``."""
+    domain, _, rest = bus_id.strip().rpartition(":")
+    domain, _, bus = domain.rpartition(":") if domain.count(":") else ("0", "", domain)
+    return f"{int(domain or '0', 16):08X}:{bus.upper()}:{rest.upper()}"
+
+
+def _field(fv) -> int | float | None:
+    """Value of one nvmlFieldValue_t, or None when NVML could not read it."""
+    if fv.nvmlReturn != pynvml.NVML_SUCCESS:
+        return None
+    member = {
+        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+    }.get(fv.valueType, "ullVal")
+    return getattr(fv.value, member)
+
+
+def _bits(words) -> tuple[int, ...]:
+    """Set bits of an array of 64-bit words (CPU or NUMA masks), lowest first."""
+    return tuple(w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1)
+
+
+def _handle_key(handle) -> int | None:
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return id(handle)
+
+
+# ------------------------------------------------------------------------------------------ adapter
+
+
+class Nvml:
+    """NVML for one host. ``lib``: the ``pynvml`` module (default) or a ``FakeNvml``.
+
+    ``sysfs`` is where NUMA nodes of PCI devices are looked up when NVML cannot say; it defaults to
+    ``/sys`` for the real library and to nothing for a fake (whose machine is not this host).
+    """
+
+    def __init__(self, lib=None, *, sysfs: str | None = "default"):
+        self._lib = pynvml if lib is None else lib
+        self._sysfs = ("/sys" if lib is None else None) if sysfs == "default" else sysfs
+        self._lock = threading.Lock()
+        self._open = False
+        self._count = 0
+        self._handles: dict[int, object] = {}
+        self._info: dict[int, CardInfo] = {}
+        self._link_count: dict[int, int] = {}
+        self._thresholds: dict[int, tuple[int | None, int | None]] = {}
+        self._profiles: dict[int, list[MigProfile]] = {}
+        self._missing: set[str] = set()
+        self._logged: set[tuple] = set()
+        self.errors: deque[str] = deque(maxlen=200)  # NVML errors read as None, newest last
+
+    # ------------------------------------------------------------------------------- calls
+
+    def _call(
+        self,
+        name: str | tuple[str, ...],
+        *args,
+        card: int | None = None,
+        strict: bool = False,
+        absent: tuple[int, ...] = (),
+    ):
+        """Call ``lib.<name>(*args)`` (the first of several names the binding has).
+
+        NotSupported, FunctionNotFound, a missing function and the codes in ``absent`` give None
+        (with ``strict``, NotSupported raises NvmlNotSupported). GPU_IS_LOST raises NvmlGpuLost. Other
+        errors raise with ``strict``; otherwise they are recorded in ``errors`` and give None.
+        """
+        names = (name,) if isinstance(name, str) else name
+        fn = next((f for f in (getattr(self._lib, n, None) for n in names) if callable(f)), None)
+        if fn is None:
+            if names[0] not in self._missing:
+                self._missing.add(names[0])
+                log.info("%s is not in this NVML binding; reading it as unsupported", names[0])
+            if strict:
+                raise NvmlNotSupported(f"{names[0]}: not in this NVML binding (upgrade nvidia-ml-py)")
+            return None
+        try:
+            return _decode(fn(*args))
+        except pynvml.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code in absent or (code in _ABSENT and not strict):
+                return None
+            err = _error(names[0], card, e)
+            if strict or isinstance(err, NvmlGpuLost):
+                raise err from None
+            self._record(err, names[0], card)
+            return None
+
+    def _record(self, err: NvmlError, name: str, card: int | None) -> None:
+        self.errors.append(str(err))
+        if (name, card, err.code) not in self._logged:  # once per call, card and code: samples run at 1 Hz
+            self._logged.add((name, card, err.code))
+            log.warning("%s", err)
+
+    def _handle(self, index: int):
+        h = self._handles.get(index)
+        if h is None:
+            self._ensure_open()
+            if not 0 <= index < self._count:
+                raise NvmlError(f"no card {index}: this host has {self._count}")
+            h = self._call("nvmlDeviceGetHandleByIndex", index, card=index, strict=True)
+            self._handles[index] = h
+        return h
+
+    # ---------------------------------------------------------------------------- lifecycle
+
+    def open(self) -> None:
+        """Start NVML. Raises NvmlUnavailable, with what to do, when there is no driver or library."""
+        with self._lock:
+            if self._open:
+                return
+            try:
+                self._lib.nvmlInit()  # not through _call: its failures get their own message
+            except pynvml.NVMLError as e:
+                raise _unavailable(e) from None
+            except OSError as e:  # a broken libnvidia-ml.so
+                raise NvmlUnavailable(
+                    f"NVML could not be loaded ({e}): reinstall the NVIDIA driver, "
+                    "or run `xpud --simulate dgx-h100`"
+                ) from None
+            self._open = True
+            self._count = self._call("nvmlDeviceGetCount", strict=True)
+
+    def _ensure_open(self) -> None:
+        if not self._open:
+            self.open()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._open:
+                self._open = False
+                self._handles.clear()
+                self._call("nvmlShutdown")
+
+    def __enter__(self) -> Nvml:
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def driver_version(self) -> str | None:
+        """The kernel driver version, e.g. "550.90.07"."""
+        self._ensure_open()
+        return self._call("nvmlSystemGetDriverVersion")
+
+    def cuda_version(self) -> str | None:
+        """The CUDA version the driver supports, e.g. "12.4"."""
+        self._ensure_open()
+        v = self._call(("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"))
+        return None if v is None else f"{v // 1000}.{v % 1000 // 10}"
+
+    def card_count(self) -> int:
+        self._ensure_open()
+        return self._count
+
+    # ---------------------------------------------------------------------------- inventory
+
+    def cards(self) -> list[CardInfo]:
+        """Inventory of every card, in NVML index order."""
+        return [self.card_info(i) for i in range(self.card_count())]
+
+    def card_info(self, index: int) -> CardInfo:
+        """One card's inventory. A card lost before it was ever read shows as name "(lost)"."""
+        try:
+            h = self._handle(index)
+            uuid = self._call("nvmlDeviceGetUUID", h, card=index, strict=True)
+            name = self._call("nvmlDeviceGetName", h, card=index, strict=True)
+            memory = self._call("nvmlDeviceGetMemoryInfo", h, card=index, strict=True)
+            bus_id = norm_bus_id(
+                _decode(self._call("nvmlDeviceGetPciInfo", h, card=index, strict=True).busId)
+            )
+            cpus = self._cpu_affinity(index, h)
+            mig = self._call("nvmlDeviceGetMigMode", h, card=index)
+            links = self._nvlink_count(index, h)
+            states = [self._call("nvmlDeviceGetNvLinkState", h, link, card=index) for link in range(links)]
+            arch = self._call("nvmlDeviceGetArchitecture", h, card=index)
+            info = CardInfo(
+                index=index,
+                uuid=uuid,
+                name=name,
+                memory_total_bytes=int(memory.total),
+                pci_bus_id=bus_id,
+                numa_node=self._numa(index, h, bus_id, cpus),
+                cpu_affinity=cpus,
+                mig_capable=mig is not None,
+                mig_enabled=bool(mig and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
+                nvlink_active_links=sum(s == pynvml.NVML_FEATURE_ENABLED for s in states),
+                serial=self._call("nvmlDeviceGetSerial", h, card=index),
+                architecture=None if arch is None else ARCHITECTURES.get(arch, "unknown"),
+            )
+        except NvmlGpuLost:
+            return self._info.get(index) or CardInfo(index, "", "(lost)", 0, "")
+        self._info[index] = info
+        return info
+
+    def _cpu_affinity(self, index: int, h) -> tuple[int, ...]:
+        # ceil(ncpu/64) words; ask for at least 1024 CPUs' worth: a container or a simulated machine may
+        # see fewer CPUs than the machine has, and extra words cost nothing.
+        words = math.ceil(max(os.cpu_count() or 1, 1024) / 64)
+        mask = self._call("nvmlDeviceGetCpuAffinity", h, words, card=index)
+        return () if mask is None else _bits(mask)
+
+    def _numa(self, index: int, h, bus_id: str, cpus: tuple[int, ...]) -> int | None:
+        """NUMA node: NVML's memory affinity, else sysfs for the PCI device, else the node of its CPUs."""
+        mask = self._call("nvmlDeviceGetMemoryAffinity", h, 1, pynvml.NVML_AFFINITY_SCOPE_NODE, card=index)
+        nodes = _bits(mask) if mask is not None else ()
+        if len(nodes) == 1:
+            return nodes[0]
+        if self._sysfs is None:
+            return None
+        domain, rest = bus_id.split(":", 1)
+        node_file = Path(self._sysfs, "bus/pci/devices", f"{int(domain, 16):04x}:{rest.lower()}", "numa_node")
+        try:
+            node = int(node_file.read_text())
+            if node >= 0:
+                return node
+        except (OSError, ValueError):
+            pass
+        from xpud.hw.machines import parse_cpulist  # only on real hosts without NUMA info in NVML
+
+        for path in sorted(Path(self._sysfs, "devices/system/node").glob("node[0-9]*")):
+            try:
+                if cpus and set(cpus) <= set(parse_cpulist((path / "cpulist").read_text())):
+                    return int(path.name[4:])
+            except (OSError, ValueError):
+                continue
+        return None
+
+    # ----------------------------------------------------------------------------- topology
+
+    def _nvlink_count(self, index: int, h) -> int:
+        """Links the card has (active or not); 0 without NVLink."""
+        if index in self._link_count:
+            return self._link_count[index]
+        fv = self._call("nvmlDeviceGetFieldValues", h, [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT], card=index)
+        n = _field(fv[0]) if fv is not None else None
+        if n is None:  # older drivers: probe links until NVML says there is no such link
+            n = 0
+            while (
+                n < pynvml.NVML_NVLINK_MAX_LINKS
+                and self._call(
+                    "nvmlDeviceGetNvLinkState", h, n, card=index, absent=(pynvml.NVML_ERROR_INVALID_ARGUMENT,)
+                )
+                is not None
+            ):
+                n += 1
+        self._link_count[index] = int(n)
+        return int(n)
+
+    def nvlinks(self, index: int) -> list[NvLink]:
+        """Every NVLink link of a card: state, what is at the far end, version."""
+        h = self._handle(index)
+        if not self._info:
+            self.cards()  # to recognise our own cards at the far end of a link
+        by_bus = {info.pci_bus_id: info.index for info in self._info.values()}
+        out = []
+        for link in range(self._nvlink_count(index, h)):
+            state = self._call("nvmlDeviceGetNvLinkState", h, link, card=index)
+            kind = self._call("nvmlDeviceGetNvLinkRemoteDeviceType", h, link, card=index)
+            pci = self._call("nvmlDeviceGetNvLinkRemotePciInfo", h, link, card=index)
+            bus = norm_bus_id(_decode(pci.busId)) if pci is not None else None
+            remote = {
+                pynvml.NVML_NVLINK_DEVICE_TYPE_GPU: "gpu",
+                pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH: "switch",
+                pynvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU: "npu",
+            }.get(kind, "unknown")
+            if kind is None and bus in by_bus:
+                remote = "gpu"  # old drivers cannot say; a bus id of one of our cards can
+            out.append(
+                NvLink(
+                    link,
+                    None if state is None else state == pynvml.NVML_FEATURE_ENABLED,
+                    remote,
+                    bus,
+                    by_bus.get(bus) if remote == "gpu" else None,
+                    self._call("nvmlDeviceGetNvLinkVersion", h, link, card=index),
+                )
+            )
+        return out
+
+    def pcie_link(self, index: int) -> tuple[int | None, int | None]:
+        """Maximum PCIe generation and width of the card's link (what it trains to under load)."""
+        h = self._handle(index)
+        return (
+            self._call("nvmlDeviceGetMaxPcieLinkGeneration", h, card=index),
+            self._call("nvmlDeviceGetMaxPcieLinkWidth", h, card=index),
+        )
+
+    def topology(self) -> Topology:
+        """Levels, NVLink link counts (direct, and through NVSwitch), NUMA nodes, link speeds."""
+        infos = self.cards()
+        n = len(infos)
+        levels = [[0] * n for _ in range(n)]
+        for i in range(n):
+            for j in range(i + 1, n):
+                try:
+                    level = self._call(
+                        "nvmlDeviceGetTopologyCommonAncestor", self._handle(i), self._handle(j), card=i
+                    )
+                except NvmlGpuLost:
+                    level = None
+                levels[i][j] = levels[j][i] = SYSTEM if level is None else level  # unknown: assume the worst
+        direct = [[0] * n for _ in range(n)]
+        switch_links = [0] * n
+        versions: list[int] = []
+        pcie: list[float] = []
+        for i in range(n):
+            try:
+                links = self.nvlinks(i)
+            except NvmlGpuLost:
+                continue
+            for link in links:
+                if link.active and link.remote_index is not None:
+                    direct[i][link.remote_index] += 1
+                elif link.active and link.remote == "switch":
+                    switch_links[i] += 1
+                if link.active and link.version:
+                    versions.append(link.version)
+            gen, width = self.pcie_link(i)
+            if gen in _PCIE_LANE_GBPS and width:
+                pcie.append(round(_PCIE_LANE_GBPS[gen] * width * 0.8, 1))
+        nvlinks = [
+            [
+                0 if i == j else max(direct[i][j], direct[j][i]) + min(switch_links[i], switch_links[j])
+                for j in range(n)
+            ]
+            for i in range(n)
+        ]
+        return Topology(
+            levels=tuple(map(tuple, levels)),
+            nvlinks=tuple(map(tuple, nvlinks)) if any(map(any, nvlinks)) else (),
+            numa=tuple(info.numa_node for info in infos),
+            nvlink_gbps_per_link=_NVLINK_GBPS.get(min(versions), 25.0) if versions else 25.0,
+            pcie_gbps=min(pcie) if pcie else 25.0,
+        )
+
+    # ------------------------------------------------------------------------------- health
+
+    def sample(self, index: int) -> CardSample:
+        """Live values and raw health signals of one card; a lost card gives ``CardSample(lost=True)``."""
+        now = time.time()
+        try:
+            return self._sample(index, now)
+        except NvmlGpuLost:
+            return CardSample(timestamp=now, lost=True)
+
+    def _sample(self, index: int, now: float) -> CardSample:
+        h = self._handle(index)
+
+        def q(name, *args):
+            return self._call(name, *args, card=index)
+
+        util = q("nvmlDeviceGetUtilizationRates", h)
+        mem = q("nvmlDeviceGetMemoryInfo", h)
+        power, limit = q("nvmlDeviceGetPowerUsage", h), q("nvmlDeviceGetEnforcedPowerLimit", h)
+        pstate = q("nvmlDeviceGetPerformanceState", h)
+        if None in self._thresholds.get(index, (None,)):  # fixed per board: read until known
+            self._thresholds[index] = (
+                q("nvmlDeviceGetTemperatureThreshold", h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+                q("nvmlDeviceGetTemperatureThreshold", h, pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+            )
+        slowdown, shutdown = self._thresholds[index]
+        corrected, uncorrected = (
+            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        )
+        sbe_pages = q(
+            "nvmlDeviceGetRetiredPages", h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+        )
+        dbe_pages = q("nvmlDeviceGetRetiredPages", h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+        pages_pending = q("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        rows = q("nvmlDeviceGetRemappedRows", h) or (None, None, None, None)
+        return CardSample(
+            timestamp=now,
+            utilization_gpu_pct=None if util is None else int(util.gpu),
+            utilization_memory_pct=None if util is None else int(util.memory),
+            memory_used_bytes=None if mem is None else int(mem.used),
+            memory_total_bytes=None if mem is None else int(mem.total),
+            temperature_c=q("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU),
+            temperature_slowdown_c=slowdown,
+            temperature_shutdown_c=shutdown,
+            power_w=None if power is None else power / 1000.0,
+            power_limit_w=None if limit is None else limit / 1000.0,
+            performance_state=None if pstate is None or pstate > 15 else pstate,
+            fan_pct=q("nvmlDeviceGetFanSpeed", h),
+            ecc_sbe_volatile=q("nvmlDeviceGetTotalEccErrors", h, corrected, pynvml.NVML_VOLATILE_ECC),
+            ecc_dbe_volatile=q("nvmlDeviceGetTotalEccErrors", h, uncorrected, pynvml.NVML_VOLATILE_ECC),
+            ecc_sbe_aggregate=q("nvmlDeviceGetTotalEccErrors", h, corrected, pynvml.NVML_AGGREGATE_ECC),
+            ecc_dbe_aggregate=q("nvmlDeviceGetTotalEccErrors", h, uncorrected, pynvml.NVML_AGGREGATE_ECC),
+            retired_pages_sbe=None if sbe_pages is None else len(sbe_pages),
+            retired_pages_dbe=None if dbe_pages is None else len(dbe_pages),
+            retired_pages_pending=None if pages_pending is None else bool(pages_pending),
+            remapped_rows_corrected=rows[0],
+            remapped_rows_uncorrected=rows[1],
+            remapped_rows_pending=None if rows[2] is None else bool(rows[2]),
+            remapped_rows_failure=None if rows[3] is None else bool(rows[3]),
+            clock_event_reasons=q(
+                ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"), h
+            ),
+            pcie_replay_counter=q("nvmlDeviceGetPcieReplayCounter", h),
+            inforom_valid=self._inforom_valid(index, h),
+            **self._nvlink_health(index, h),
+        )
+
+    def _inforom_valid(self, index: int, h) -> bool | None:
+        try:
+            self._call("nvmlDeviceValidateInforom", h, card=index, strict=True)
+            return True
+        except NvmlNotSupported:
+            return None
+        except NvmlGpuLost:
+            raise
+        except NvmlError as e:
+            if e.code == pynvml.NVML_ERROR_CORRUPTED_INFOROM:
+                return False
+            self._record(e, "nvmlDeviceValidateInforom", index)
+            return None
+
+    def _nvlink_health(self, index: int, h) -> dict:
+        """NVLink error totals and links down, in one NVML call when the driver has the fields."""
+        links = self._nvlink_count(index, h)
+        if not links:
+            return {}
+        ids = [fid for _, fid, _ in _NVLINK_TOTALS] + [
+            (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, k) for k in range(links)
+        ]
+        fv = self._call("nvmlDeviceGetFieldValues", h, ids, card=index)
+        values = [_field(v) for v in fv] if fv is not None else [None] * len(ids)
+        out = {}
+        for (key, _, counter), total in zip(_NVLINK_TOTALS, values, strict=False):
+            if total is None:  # sum the per-link counters instead (costs a call per link)
+                per_link = [
+                    self._call("nvmlDeviceGetNvLinkErrorCounter", h, k, counter, card=index)
+                    for k in range(links)
+                ]
+                total = None if None in per_link else sum(per_link)
+            out[key] = None if total is None else int(total)
+        states = values[len(_NVLINK_TOTALS) :]
+        if None in states:
+            states = [self._call("nvmlDeviceGetNvLinkState", h, k, card=index) for k in range(links)]
+        out["nvlink_links_down"] = (
+            None if None in states else sum(s != pynvml.NVML_FEATURE_ENABLED for s in states)
+        )
+        return out
+
+    # ------------------------------------------------------------------- processes, compute mode
+
+    def processes(self, index: int) -> list[tuple[int, int | None]]:
+        """Compute processes on a card: (pid, used device memory in bytes or None). [] if unsupported."""
+        procs = self._call("nvmlDeviceGetComputeRunningProcesses", self._handle(index), card=index)
+        return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in procs or ()]
+
+    def compute_mode(self, index: int) -> str | None:
+        """ "DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED" (or "EXCLUSIVE_THREAD"); None if unknown."""
+        mode = self._call("nvmlDeviceGetComputeMode", self._handle(index), card=index)
+        return next((k for k, v in COMPUTE_MODES.items() if v == mode), None)
+
+    def set_compute_mode(self, index: int, mode: str | int) -> None:
+        """Set the compute mode by name ("EXCLUSIVE_PROCESS", "DEFAULT") or NVML value. Needs root."""
+        value = COMPUTE_MODES[mode.upper()] if isinstance(mode, str) else int(mode)
+        self._call("nvmlDeviceSetComputeMode", self._handle(index), value, card=index, strict=True)
+
+    # -------------------------------------------------------------------------------------- MIG
+
+    def mig_mode(self, index: int) -> tuple[int, int] | None:
+        """(current, pending) MIG mode, 1 = enabled; None for a card without MIG."""
+        mode = self._call("nvmlDeviceGetMigMode", self._handle(index), card=index)
+        return None if mode is None else (int(mode[0]), int(mode[1]))
+
+    def mig_profiles(self, index: int) -> list[MigProfile]:
+        """The GPU-instance profiles the card offers (none without MIG), with their placements."""
+        if index in self._profiles:
+            return self._profiles[index]
+        h = self._handle(index)
+        out = []
+        for enum in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", h, enum, card=index)
+            if info is None:
+                continue
+            count = ctypes.c_uint(0)
+            self._call(
+                "nvmlDeviceGetGpuInstancePossiblePlacements",
+                h,
+                info.id,
+                None,
+                ctypes.pointer(count),
+                card=index,
+            )
+            slots = (pynvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+            ok = self._call(
+                "nvmlDeviceGetGpuInstancePossiblePlacements",
+                h,
+                info.id,
+                slots,
+                ctypes.pointer(count),
+                card=index,
+            )
+            placements = tuple((p.start, p.size) for p in slots[: count.value]) if ok is not None else ()
+            name = _decode(getattr(info, "name", "")) or f"profile-{info.id}"
+            out.append(
+                MigProfile(
+                    profile=enum,
+                    id=int(info.id),
+                    name=name.removeprefix("MIG "),
+                    slice_count=int(info.sliceCount),
+                    memory_slices=placements[0][1] if placements else 0,
+                    memory_bytes=int(info.memorySizeMB) * MIB,
+                    max_instances=int(info.instanceCount),
+                    multiprocessors=int(info.multiprocessorCount),
+                    placements=placements,
+                )
+            )
+        if out:  # profiles are fixed per board; an empty answer may be transient
+            self._profiles[index] = out
+        return out
+
+    def mig_instances(self, index: int) -> list[MigInstance]:
+        """The card's GPU instances (by start slot) with compute instances and MIG device UUIDs."""
+        mode = self.mig_mode(index)
+        if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        h = self._handle(index)
+        devices: dict[int, list[tuple[int, str]]] = {}  # gi id -> [(ci id, MIG uuid)]
+        for k in range(self._call("nvmlDeviceGetMaxMigDeviceCount", h, card=index) or 0):
+            mh = self._call(
+                "nvmlDeviceGetMigDeviceHandleByIndex", h, k, card=index, absent=(pynvml.NVML_ERROR_NOT_FOUND,)
+            )  # holes: skip, do not stop
+            if mh is None:
+                continue
+            gi = self._call("nvmlDeviceGetGpuInstanceId", mh, card=index)
+            ci = self._call("nvmlDeviceGetComputeInstanceId", mh, card=index)
+            uuid = self._call("nvmlDeviceGetUUID", mh, card=index)
+            if None not in (gi, ci, uuid):
+                devices.setdefault(gi, []).append((ci, uuid))
+        out = []
+        for prof in self.mig_profiles(index):
+            count = ctypes.c_uint(0)
+            handles = (pynvml.c_nvmlGpuInstance_t * max(prof.max_instances, 1))()
+            if (
+                self._call(
+                    "nvmlDeviceGetGpuInstances", h, prof.id, handles, ctypes.pointer(count), card=index
+                )
+                is None
+            ):
+                continue
+            for gih in handles[: count.value]:
+                info = self._call("nvmlGpuInstanceGetInfo", gih, card=index)
+                if info is not None:
+                    cis = sorted(devices.get(info.id, []))
+                    out.append(
+                        MigInstance(
+                            index,
+                            int(info.id),
+                            int(info.profileId),
+                            prof.name,
+                            int(info.placement.start),
+                            int(info.placement.size),
+                            prof.memory_bytes,
+                            tuple(c for c, _ in cis),
+                            tuple(u for _, u in cis),
+                        )
+                    )
+        return sorted(out, key=lambda m: (m.start, m.gpu_instance_id))
+
+    def create_mig_instance(self, index: int, profile_id: int, start: int) -> MigInstance:
+        """Create a GPU instance of driver profile ``profile_id`` at slot ``start``, and one compute instance
+        over all of it. Raises NvmlInsufficientResources (overlap, no room), NvmlNotSupported (MIG off),
+        NvmlNoPermission (not root) or NvmlError."""
+        h = self._handle(index)
+        prof = next((p for p in self.mig_profiles(index) if p.id == profile_id), None)
+        if prof is None:
+            raise NvmlNotSupported(f"card {index} has no MIG profile id {profile_id}")
+        size = next((s for st, s in prof.placements if st == start), None)
+        if size is None:
+            where = ", ".join(str(st) for st, _ in prof.placements)
+            raise NvmlError(
+                f"card {index}: profile {prof.name} cannot start at slot {start} (possible: {where})"
+            )
+        placement = pynvml.c_nvmlGpuInstancePlacement_t(start, size)
+        gi = self._call(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            h,
+            profile_id,
+            ctypes.pointer(placement),
+            card=index,
+            strict=True,
+        )
+        try:
+            ci_profile = self._full_ci_profile(index, gi, prof.slice_count)
+            self._call("nvmlGpuInstanceCreateComputeInstance", gi, ci_profile, card=index, strict=True)
+        except NvmlError:
+            self._call("nvmlGpuInstanceDestroy", gi, card=index)  # do not leave a half-made instance
+            raise
+        gi_id = self._call("nvmlGpuInstanceGetInfo", gi, card=index, strict=True).id
+        return next(m for m in self.mig_instances(index) if m.gpu_instance_id == gi_id)
+
+    def _full_ci_profile(self, index: int, gi, slices: int) -> int:
+        """Driver id of the compute-instance profile that spans the whole GPU instance."""
+        for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            info = self._call(
+                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                gi,
+                enum,
+                pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                card=index,
+            )
+            if info is not None and info.sliceCount == slices:
+                return int(info.id)
+        raise NvmlNotSupported(f"card {index}: no compute-instance profile spans {slices} slices")
+
+    def destroy_mig_instance(self, index: int, gpu_instance_id: int) -> None:
+        """Destroy a GPU instance and its compute instances (those first). Raises NvmlInUse while
+        processes use it, NvmlNotFound when there is no such instance."""
+        h = self._handle(index)
+        gi = self._call("nvmlDeviceGetGpuInstanceById", h, gpu_instance_id, card=index, strict=True)
+        for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            info = self._call(
+                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                gi,
+                enum,
+                pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                card=index,
+            )
+            if info is None:
+                continue
+            count = ctypes.c_uint(0)
+            cis = (pynvml.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
+            self._call(
+                "nvmlGpuInstanceGetComputeInstances",
+                gi,
+                info.id,
+                cis,
+                ctypes.pointer(count),
+                card=index,
+                strict=True,
+            )
+            for ci in cis[: count.value]:
+                self._call("nvmlComputeInstanceDestroy", ci, card=index, strict=True)
+        self._call("nvmlGpuInstanceDestroy", gi, card=index, strict=True)
+
+    def set_mig_mode(self, index: int, enabled: bool) -> bool:
+        """Request MIG on or off (root; the card must be idle). True when a GPU reset must follow.
+
+        Changes the card's whole personality: only the operator's explicit reconfigure may call this.
+        """
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+        status = self._call("nvmlDeviceSetMigMode", self._handle(index), mode, card=index, strict=True)
+        self._info.pop(index, None)
+        return status not in (None, pynvml.NVML_SUCCESS)
+
+    # ----------------------------------------------------------------------------------- events
+
+    def event_waiter(self, indices: list[int] | None = None) -> EventWaiter:
+        """Register XID and ECC events of the given cards (default: all) on a new event set."""
+        return EventWaiter(self, list(range(self.card_count())) if indices is None else list(indices))
+
+
+class EventWaiter:
+    """Blocks for hardware events of some cards. ``wait`` on one thread, ``close`` from any."""
+
+    def __init__(self, nvml: Nvml, indices: list[int]):
+        self._nvml = nvml
+        self._closed = False
+        self.registered: dict[int, list[str]] = {}  # card -> event kinds it will report
+        self.unregistered: dict[int, NvmlError] = {}  # card -> why not (NvmlNotSupported: cannot)
+        self._set = nvml._call("nvmlEventSetCreate", strict=True)
+        self._by_handle: dict[int | None, int] = {}
+        for index in indices:
+            try:
+                h = nvml._handle(index)
+                supported = nvml._call("nvmlDeviceGetSupportedEventTypes", h, card=index, strict=True)
+                mask = _EVENT_MASK & supported
+                if not mask:
+                    raise NvmlNotSupported("no XID or ECC events on this card")
+                nvml._call("nvmlDeviceRegisterEvents", h, mask, self._set, card=index, strict=True)
+            except NvmlError as e:
+                self.unregistered[index] = e
+                continue
+            self._by_handle[_handle_key(h)] = index
+            self.registered[index] = [k for t, k in _EVENT_KINDS.items() if mask & t]
+
+    def wait(self, timeout_ms: int) -> list[HwEvent]:
+        """Events that arrive within ``timeout_ms`` (all that are queued once one arrives); [] on timeout.
+        Raises NvmlError when NVML fails for another reason (the caller should back off)."""
+        out: list[HwEvent] = []
+        timeout = int(timeout_ms)
+        while not self._closed and len(out) < 64:
+            try:
+                ev = self._nvml._call(
+                    "nvmlEventSetWait", self._set, timeout, strict=True, absent=(pynvml.NVML_ERROR_TIMEOUT,)
+                )
+            except NvmlError:
+                if self._closed:
+                    break
+                raise
+            if ev is None:
+                break
+            out.append(self._event(ev))
+            timeout = 0  # drain what is already queued, without waiting again
+        return out
+
+    def _event(self, ev) -> HwEvent:
+        index = self._by_handle.get(_handle_key(ev.device), -1)
+        kind = _EVENT_KINDS.get(ev.eventType, f"event-0x{ev.eventType:x}")
+        gi, ci = int(ev.gpuInstanceId), int(ev.computeInstanceId)
+        return HwEvent(
+            index,
+            kind,
+            int(ev.eventData) if kind == "xid" else None,
+            None if gi == NO_ID else gi,
+            None if ci == NO_ID else ci,
+            time.time(),
+        )
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._nvml._call("nvmlEventSetFree", self._set)
