@@ -84,11 +84,14 @@ class Topology:
         return self.bottleneck_gbps(group) if len(group) > 1 else float("inf")
 
     def pair_score(self, group: tuple[int, ...] | list[int]) -> int:
-        """NVIDIA's pair-score of a group: sum over pairs of 100 per NVLink link, else a PCIe score."""
+        """NVIDIA's pair-score of a group: sum over pairs of 100 per NVLink link plus a PCIe score.
+
+        As in go-gpuallocator, a pair's PCIe link and its NVLinks both count, so between NVLink pairs of
+        equal width the PCIe path still decides (on a DGX: the same PCIe switch, then the same socket).
+        """
         total = 0
         for a, b in combinations(group, 2):
-            n = self.links(a, b)
-            total += n * _PAIR_SCORE_NVLINK if n else _PAIR_SCORE_PCIE.get(self.levels[a][b], 10)
+            total += self.links(a, b) * _PAIR_SCORE_NVLINK + _PAIR_SCORE_PCIE.get(self.levels[a][b], 10)
         return total
 
 
