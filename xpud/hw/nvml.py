@@ -344,8 +344,12 @@ class Nvml:
                     f"NVML could not be loaded ({e}): reinstall the NVIDIA driver, "
                     "or run `xpud --simulate dgx-h100`"
                 ) from None
+            try:
+                self._count = self._call("nvmlDeviceGetCount", strict=True)
+            except NvmlError:
+                self._call("nvmlShutdown")
+                raise
             self._open = True
-            self._count = self._call("nvmlDeviceGetCount", strict=True)
 
     def _ensure_open(self) -> None:
         if not self._open:
@@ -890,6 +894,7 @@ class EventWaiter:
         self._closed = False
         self.registered: dict[int, list[str]] = {}  # card -> event kinds it will report
         self.unregistered: dict[int, NvmlError] = {}  # card -> why not (NvmlNotSupported: cannot)
+        nvml._ensure_open()
         self._set = nvml._call("nvmlEventSetCreate", strict=True)
         self._by_handle: dict[int | None, int] = {}
         for index in indices:
