@@ -96,6 +96,25 @@ def test_sample_degrades_per_call(machine, calls, absent, code):
         assert any(calls[-1] in e or calls[0] in e for e in broken.errors)
 
 
+def test_unsupported_link_counters_are_not_asked_for_again():
+    broken, _ = pair("dgx-h100")
+    broken._lib.fail("nvmlDeviceGetFieldValues")
+    broken._lib.fail("nvmlDeviceGetNvLinkErrorCounter")
+    broken.sample(0)
+    broken._lib.calls.clear()
+    assert broken.sample(0).nvlink_replay_errors is None
+    assert broken._lib.calls["nvmlDeviceGetNvLinkErrorCounter"] == 0
+
+
+def test_failing_link_counters_are_retried():
+    broken, twin = pair("dgx-h100")
+    broken._lib.fail("nvmlDeviceGetFieldValues")
+    broken._lib.fail("nvmlDeviceGetNvLinkErrorCounter", pynvml.NVML_ERROR_UNKNOWN)
+    assert broken.sample(0).nvlink_replay_errors is None
+    broken._lib.unfail("nvmlDeviceGetNvLinkErrorCounter")
+    assert broken.sample(0).nvlink_replay_errors == twin.sample(0).nvlink_replay_errors == 0
+
+
 def test_a_failure_on_one_card_leaves_the_others_alone():
     broken, twin = pair("dgx-h100")
     broken._lib.fail("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_UNKNOWN, index=3)

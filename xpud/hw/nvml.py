@@ -129,6 +129,7 @@ _TYPED = {
     pynvml.NVML_ERROR_NOT_FOUND: (NvmlNotFound, ""),
 }
 _ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+_NONE = object()  # "not supported", where the caller must tell it from a failed read
 
 
 def _error(name: str, card: int | None, e: pynvml.NVMLError) -> NvmlError:
@@ -270,6 +271,7 @@ class Nvml:
         self._info: dict[int, CardInfo] = {}
         self._link_count: dict[int, int] = {}
         self._thresholds: dict[int, tuple[int | None, int | None]] = {}
+        self._no_link_counters: set[tuple[int, str]] = set()  # (card, signal) neither way can read
         self._profiles: dict[int, list[MigProfile]] = {}
         self._missing: set[str] = set()
         self._logged: set[tuple] = set()
@@ -284,12 +286,13 @@ class Nvml:
         card: int | None = None,
         strict: bool = False,
         absent: tuple[int, ...] = (),
+        unsupported=None,
     ):
         """Call ``lib.<name>(*args)`` (the first of several names the binding has).
 
-        NotSupported, FunctionNotFound, a missing function and the codes in ``absent`` give None
-        (with ``strict``, NotSupported raises NvmlNotSupported). GPU_IS_LOST raises NvmlGpuLost. Other
-        errors raise with ``strict``; otherwise they are recorded in ``errors`` and give None.
+        NotSupported, FunctionNotFound and a missing function give ``unsupported`` (None); with ``strict``
+        they raise NvmlNotSupported. The codes in ``absent`` give None. GPU_IS_LOST raises NvmlGpuLost.
+        Other errors raise with ``strict``; otherwise they are recorded in ``errors`` and give None.
         """
         names = (name,) if isinstance(name, str) else name
         fn = next((f for f in (getattr(self._lib, n, None) for n in names) if callable(f)), None)
@@ -299,13 +302,15 @@ class Nvml:
                 log.info("%s is not in this NVML binding; reading it as unsupported", names[0])
             if strict:
                 raise NvmlNotSupported(f"{names[0]}: not in this NVML binding (upgrade nvidia-ml-py)")
-            return None
+            return unsupported
         try:
             return _decode(fn(*args))
         except pynvml.NVMLError as e:
             code = getattr(e, "value", None)
-            if code in absent or (code in _ABSENT and not strict):
+            if code in absent:
                 return None
+            if code in _ABSENT and not strict:
+                return unsupported
             err = _error(names[0], card, e)
             if strict or isinstance(err, NvmlGpuLost):
                 raise err from None
@@ -659,12 +664,17 @@ class Nvml:
         values = [_field(v) for v in fv] if fv is not None else [None] * len(ids)
         out = {}
         for (key, _, counter), total in zip(_NVLINK_TOTALS, values, strict=False):
-            if total is None:  # sum the per-link counters instead (costs a call per link)
+            if total is None and (index, key) not in self._no_link_counters:
+                # Sum the per-link counters instead: a call per link, so remember when they cannot be read.
                 per_link = [
-                    self._call("nvmlDeviceGetNvLinkErrorCounter", h, k, counter, card=index)
+                    self._call(
+                        "nvmlDeviceGetNvLinkErrorCounter", h, k, counter, card=index, unsupported=_NONE
+                    )
                     for k in range(links)
                 ]
-                total = None if None in per_link else sum(per_link)
+                if _NONE in per_link:
+                    self._no_link_counters.add((index, key))
+                total = None if None in per_link or _NONE in per_link else sum(per_link)
             out[key] = None if total is None else int(total)
         states = values[len(_NVLINK_TOTALS) :]
         if None in states:
