@@ -34,6 +34,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from itertools import combinations
 from pathlib import Path
 
@@ -252,6 +253,59 @@ def markdown(rows: list[dict], lat: dict) -> str:
     return "\n".join(lines)
 
 
+def irregular_hosts(seed: int, count: int) -> list[tuple[str, Topology]]:
+    """8-card hosts whose links do not follow the PCIe tree, where pair sums and bottlenecks can differ.
+
+    ``dgx-a100, NVLink degraded``: one or two cards have lost some or all of their NVLinks.
+    ``pcie-8x + NVLink bridges``: the L40S-shaped PCIe box with 4-link bridges joining most pairs of a
+    random pairing of its cards (a bridge joins neighbouring slots, which need not share a PCIe switch
+    or even a socket).
+    """
+    rng = random.Random(seed)
+    dgx, box = machine_topology("dgx-a100"), machine_topology("pcie-8x-l40s")
+    out = []
+    for i in range(count):
+        nv = [[0 if a == b else 12 for b in range(8)] for a in range(8)]
+        if i % 2 == 0:
+            for card in rng.sample(range(8), rng.randint(1, 2)):
+                left = rng.choice([0, 4, 8])
+                for b in range(8):
+                    if b != card:
+                        nv[card][b] = nv[b][card] = min(nv[card][b], left)
+            out.append(("dgx-a100, NVLink degraded", replace(dgx, nvlinks=tuple(map(tuple, nv)))))
+        else:
+            nv = [[0] * 8 for _ in range(8)]
+            cards = rng.sample(range(8), 8)
+            for a, b in zip(cards[::2], cards[1::2], strict=True):
+                if rng.random() < 0.75:
+                    nv[a][b] = nv[b][a] = 4
+            out.append(("pcie-8x + NVLink bridges", replace(box, nvlinks=tuple(map(tuple, nv)))))
+    return out
+
+
+def irregular(seed: int = 0, count: int = 400) -> list[dict]:
+    """Single decisions on random free sets of irregular hosts: how often each policy's group has a
+    lower modelled bus bandwidth than the best possible, and by how much on average."""
+    rng = random.Random(seed)
+    hits: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for shape, topo in irregular_hosts(seed, count):
+        free = sorted(rng.sample(range(8), rng.randint(2, 8)))
+        n = rng.randint(2, len(free))
+        best = max(topo.busbw_gbps(g) for g in combinations(free, n))
+        for p, policy in POLICIES.items():
+            hits[(shape, p)].append(topo.busbw_gbps(policy(topo, free, n)) / best)
+    return [
+        {
+            "shape": shape,
+            "policy": p,
+            "decisions": len(r),
+            "below_best_pct": round(100 * sum(x < 1 - 1e-9 for x in r) / len(r), 1),
+            "mean_of_best_pct": round(100 * statistics.fmean(r), 2),
+        }
+        for (shape, p), r in hits.items()
+    ]
+
+
 def _tree_host(cards: int) -> Topology:
     """A tree-shaped PCIe host of any size: 2 cards per switch, 2 switches per bridge, 2 per socket."""
 
@@ -357,6 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n### {name} ({out['placed']} jobs placed, {out['dropped']} dropped)\n")
         print(markdown(out["rows"], out["decision_latency"]))
     if not args.mix:
+        rows = result["irregular"] = irregular()
+        print("\n### single decisions on irregular hosts (share of the best possible bus bandwidth)\n")
+        print("| host shape | policy | decisions | below best % | mean % of best |\n|---|---|---|---|---|")
+        for r in rows:
+            cells = (r["shape"], r["policy"], r["decisions"], r["below_best_pct"], r["mean_of_best_pct"])
+            print("| " + " | ".join(map(str, cells)) + " |")
         rows = result["speed"] = speed()
         print("\n### best_group decision time (random free sets)\n")
         print("| host | cards | mean ms | p99 ms |\n|---|---|---|---|")

@@ -294,7 +294,8 @@ def _link_stats(order: _LinkOrder, group: Sequence[int]) -> tuple[int, int]:
     """(slowest-link rank, minus the number of pairs at that rank): larger is better."""
     if len(group) < 2:
         return order.top, 0
-    sub = order.rank[np.ix_(group, group)]
+    g = np.asarray(group)
+    sub = order.rank[g[:, None], g]
     low = int(sub.min())
     return low, -int((sub == low).sum())
 
@@ -309,7 +310,8 @@ def _improve(order: _LinkOrder, group: tuple[int, ...], pool: Sequence[int]) -> 
         for pos in range(len(current) if len(outside) else 0):
             rest = current[:pos] + current[pos + 1 :]
             # The swapped-in card's worst link to the others bounds the new slowest link.
-            new_low = np.minimum(order.rank[np.ix_(outside, rest)].min(axis=1), _link_stats(order, rest)[0])
+            worst_to_rest = order.rank[outside[:, None], np.asarray(rest)].min(axis=1)
+            new_low = np.minimum(worst_to_rest, _link_stats(order, rest)[0])
             if new_low.max() < stats[0]:
                 continue
             for c in outside[new_low == new_low.max()][:_SWAP_TIES]:
