@@ -350,6 +350,14 @@ def test_slice_respects_pinned_drained_and_avoid():
     assert choose_slice_card([whole(0, avoid=True), whole(1, idle=False)], 0.25, 15) == 0
 
 
+def test_slice_counts_whole_cards_the_caller_names():
+    # The engine marks a pinned whole card unusable for slices; it is still free for whole-card groups.
+    topo = pcie_box()
+    caps = [CardCapacity(i, sliced=False, idle=i > 1, usable=i > 1 and i != 4) for i in ALL]
+    assert choose_slice_card(caps, 0.25, 15, topo) == 5  # looks like 4 is gone: 5 seems an orphan
+    assert choose_slice_card(caps, 0.25, 15, topo, free_whole=range(2, 8)) == 2  # socket 1 stays whole
+
+
 def test_slice_health_breaks_ties_and_none_when_nothing_fits():
     topo = pcie_box()
     cards = [whole(i, health_score=90 if i == 0 else 100) for i in ALL]

@@ -441,6 +441,8 @@ def choose_slice_card(
     memory_fraction: float,
     compute_pct: int,
     topo: Topology | None = None,
+    *,
+    free_whole: Collection[int] | None = None,
 ) -> int | None:
     """The card a new slice goes to, or ``None`` when no card can take it.
 
@@ -449,6 +451,10 @@ def choose_slice_card(
     cards stay whole; otherwise an idle whole card that no operator pinned is converted: the one whose
     loss leaves the free whole cards the best groups (``free_quality``). Degraded cards (``avoid``) are
     used only when nothing else fits; health scores, then lowest indices, break ties.
+
+    ``free_whole``: the cards whole-card groups could use now, when the caller knows better than
+    ``cards`` (e.g. it marks pinned whole cards unusable for slices); default: the usable, idle, whole
+    cards in ``cards``.
     """
     eps = 1e-9
     for avoid in (False, True):
@@ -479,15 +485,17 @@ def choose_slice_card(
             if c.usable and not c.sliced and c.idle and not c.mode_pinned and c.avoid == avoid
         ]
         if convertible:
-            return _least_harmful(cards, convertible, topo).index
+            if free_whole is None:
+                free_whole = [c.index for c in cards if c.usable and not c.sliced and c.idle]
+            return _least_harmful(sorted(set(free_whole)), convertible, topo).index
     return None
 
 
 def _least_harmful(
-    cards: Sequence[CardCapacity], convertible: Sequence[CardCapacity], topo: Topology | None
+    free_whole: Sequence[int], convertible: Sequence[CardCapacity], topo: Topology | None
 ) -> CardCapacity:
-    """The convertible card whose loss hurts the free whole-card groups least."""
-    free_whole = sorted(c.index for c in cards if c.usable and not c.sliced and c.idle)
+    """The convertible card whose loss hurts the free whole-card groups (``free_whole``) least."""
+    free_whole = sorted(set(free_whole) | {c.index for c in convertible})
     fallback = {c.index: (0.0, 0.0) for c in convertible}
     if topo is None or len(free_whole) < 3 or max(free_whole) >= topo.size:
         harm = fallback
