@@ -20,6 +20,7 @@ from xpud.hw.topology import Topology
 from xpud.isolation.base import Accounting, Isolation, used_shares
 from xpud.ledger import CardRecord, EventRecord, Ledger
 from xpud.model import (
+    Caller,
     CardInfo,
     CardMode,
     CardSample,
@@ -63,16 +64,6 @@ class CardState:
 
     def record(self) -> CardRecord:
         return CardRecord(self.info.uuid, self.mode.value, self.pinned, self.drained, self.drain_reason)
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is calling, as the credential handshake proved it."""
-
-    uid: int
-    pid: int = 0
-    gid: int = -1
-    admin: bool = False
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,14 @@ from itertools import combinations
 # NVML_TOPOLOGY_* values (fixed by NVML's header).
 INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM = 0, 10, 20, 30, 40, 50
 
-LEVEL_LABELS = {INTERNAL: "BRD", SINGLE: "PIX", MULTIPLE: "PXB", HOSTBRIDGE: "PHB", NODE: "NODE", SYSTEM: "SYS"}
+LEVEL_LABELS = {
+    INTERNAL: "BRD", SINGLE: "PIX", MULTIPLE: "PXB", HOSTBRIDGE: "PHB", NODE: "NODE", SYSTEM: "SYS",
+}
 LEVEL_MEANING = {
     "X": "Self",
     "SYS": "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
-    "NODE": "Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node",
+    "NODE": "Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a "
+    "NUMA node",
     "PHB": "Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
     "PXB": "Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)",
     "PIX": "Connection traversing at most a single PCIe bridge",
