@@ -54,7 +54,8 @@ class DaemonProc:
             *self.args,
         ]
         with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=xpu_env(self.runtime_dir))
+            env = xpu_env(self.runtime_dir)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         if wait:
             self.wait_ready()
         return self
