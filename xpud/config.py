@@ -67,6 +67,20 @@ class CardsSection:
         "Memory per card kept out of slices for the driver and context (MiB); 0 = the backend's estimate.",
         min=0,
     )
+    mig_switch: str = _key(
+        "idle",
+        "Whether xpud switches MIG on and off: idle = on idle cards as slice and whole-card demand move "
+        "(with a GPU reset where the driver needs one); never = the operator sets MIG modes.",
+        choices=("idle", "never"),
+    )
+    mig_idle_keep_s: float = _key(
+        30.0,
+        "Seconds a released, empty MIG instance is kept for reuse by a slice of its size; 0 = destroy.",
+        min=0.0,
+    )
+    mig_profiles_file: str = _key(
+        "", "Which MIG profiles serve each slice size, per card model; empty = xpud's etc/mig-profiles.toml."
+    )
 
 
 @dataclass(frozen=True)

@@ -735,6 +735,26 @@ class Nvml:
                     )
         return sorted(out, key=lambda m: (m.start, m.gpu_instance_id))
 
+    def mig_processes(self, index: int) -> dict[int, list[int]]:
+        """Compute processes per GPU instance on a MIG-enabled card: {GPU instance id: [pid, ...]}, read
+        through each MIG device (what NVML documents for MIG). {} when MIG is off. Raises NvmlError when a
+        list cannot be read: the caller must not take an unreadable instance for an empty one."""
+        mode = self.mig_mode(index)
+        if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return {}
+        h = self._handle(index)
+        out: dict[int, list[int]] = {}
+        for k in range(self._call("nvmlDeviceGetMaxMigDeviceCount", h, card=index) or 0):
+            mh = self._call(
+                "nvmlDeviceGetMigDeviceHandleByIndex", h, k, card=index, absent=(pynvml.NVML_ERROR_NOT_FOUND,)
+            )
+            if mh is None:
+                continue
+            gi = self._call("nvmlDeviceGetGpuInstanceId", mh, card=index, strict=True)
+            procs = self._call("nvmlDeviceGetComputeRunningProcesses", mh, card=index, strict=True)
+            out.setdefault(int(gi), []).extend(int(p.pid) for p in procs or ())
+        return out
+
     def create_mig_instance(self, index: int, profile_id: int, start: int) -> MigInstance:
         """Create a GPU instance of driver profile ``profile_id`` at slot ``start``, and one compute instance
         over all of it. Raises NvmlInsufficientResources (overlap, no room), NvmlNotSupported (MIG off),

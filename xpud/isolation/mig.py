@@ -1,0 +1,392 @@
+"""MIG slices: a GPU instance (with one compute instance over all of it) per slice, at a chosen place.
+
+Sizes map to profiles through the profile map (``mig_map``); where an instance goes is the pure choice of
+``xpud.placement.mig.choose``; this module reads the card, applies the choice and keeps the books.
+
+Modes. A card with MIG on cannot do whole-card CUDA work across cards (no P2P, no NVLink collectives over
+MIG devices), so a MIG card is sliced exactly when MIG is on. With ``[cards] mig_switch = "idle"`` (the
+default) xpud switches MIG on when the engine turns an idle whole card into a sliced one, and off when it
+gives an idle sliced card back to whole-card work: ``nvmlDeviceSetMigMode``, then, when the driver says a
+reset is needed, ``nvidia-smi --gpu-reset -i <bus id>`` through the runner, then a check that the mode
+took. Never while any process runs on the card or any instance is in use (``switch_blocker``; the engine
+asks before it chooses a card). Hysteresis comes from the engine: slices go to already-sliced cards first
+and whole-card work to whole cards first, so a card changes mode only when demand of the other kind finds
+no card in the right mode, never back and forth by itself. A switch blocks the daemon for as long as the
+reset takes (seconds on real boards). With ``mig_switch = "never"`` xpud leaves MIG modes to the operator
+(e.g. mig-parted): a card with MIG on serves only slices, one with MIG off only whole-card work (under
+``isolation = "auto"`` its slices use MPS instead).
+
+Idle instances. A released instance with no process left in it stays, idle, for ``[cards]
+mig_idle_keep_s`` seconds (0: destroyed at once): a new slice of a size it serves reuses it when that
+leaves as much room as creating one elsewhere (creating and destroying instances takes time on real
+cards). The chooser destroys idle instances that are in the way of a request; the periodic ``tidy``
+destroys those kept too long; all go when the card leaves sliced mode. An instance in which processes
+still run after its release is never reused: it is destroyed once they are gone.
+
+Start-up (``reconcile``): instances the ledger's leases hold are adopted; instances nobody holds are
+destroyed when no process runs in them and left alone (their space blocked, retried by ``tidy``) when
+processes do; leases whose instance is gone are reported lost (the engine reclaims them).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from xpud.errors import Conflict, NoCapacity
+from xpud.hw.types import MigInstance, NvmlError, NvmlInsufficientResources, NvmlInUse, NvmlNotFound
+from xpud.isolation.base import Reconciled
+from xpud.isolation.mig_map import ProfileMap, geometry, profiles_for
+from xpud.isolation.runner import Runner, check
+from xpud.model import CardInfo, CardMode, Slice, SliceSpec
+from xpud.placement.mig import Geometry, Instance, choose
+
+log = logging.getLogger("xpud.isolation.mig")
+
+RECHECK_S = 5.0  # how often tidy looks again at instances blocked by processes
+
+
+@dataclass
+class _Gi:
+    """Our record of one GPU instance on the card."""
+
+    info: MigInstance
+    lease: str | None = None  # the lease holding it
+    idle_since: float | None = None  # kept idle for reuse since (clock seconds)
+    blocked: str = ""  # why it is neither held nor free: processes run in it
+
+    @property
+    def busy(self) -> bool:
+        return self.lease is not None or bool(self.blocked)
+
+
+class MigIsolation:
+    """MIG for one card."""
+
+    name = "mig"
+    reserved_bytes = 0  # instances' sizes already exclude the driver's reservation
+
+    def __init__(
+        self,
+        card: CardInfo,
+        hw,
+        runner: Runner,
+        table: ProfileMap,
+        slices: Mapping[str, SliceSpec],
+        switch: str = "idle",
+        idle_keep_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.card = card
+        self.index = card.index
+        self.hw = hw
+        self.runner = runner
+        self.table = table
+        self.slices = dict(slices)
+        self.switch = switch
+        self.idle_keep_s = idle_keep_s
+        self.clock = clock
+        self._gis: dict[int, _Gi] = {}  # GPU instance id -> record
+        self._geom: Geometry | None = None
+        self._map: dict[str, tuple[int, ...]] = {}
+        self._next_recheck = 0.0
+
+    # ------------------------------------------------------------------------------ reading
+    def mapping(self) -> tuple[Geometry | None, dict[str, tuple[int, ...]]]:
+        """The card's geometry and slice size -> profile ids (None, {} when the card lists no profiles)."""
+        if self._geom is None:
+            profiles = self.hw.mig_profiles(self.index)
+            if profiles:
+                self._geom = geometry(profiles)
+                self._map = profiles_for(self.card.name, self._geom, self.slices, self.table)
+        return self._geom, self._map
+
+    def mig_on(self) -> bool:
+        mode = self.hw.mig_mode(self.index)
+        return mode is not None and mode[0] == 1
+
+    def _layout(self) -> list[Instance]:
+        return [Instance(g.info.profile_id, g.info.start, g.busy, gi) for gi, g in self._gis.items()]
+
+    def _sizes(self) -> list[tuple[int, ...]]:
+        return [ids for ids in self._map.values() if ids]
+
+    def _processes(self, gi: int) -> list[int] | None:
+        """PIDs running in a GPU instance; None when they cannot be read."""
+        try:
+            return self.hw.mig_processes(self.index).get(gi, [])
+        except NvmlError as e:
+            log.warning("card %d: cannot read the processes of GPU instance %d: %s", self.index, gi, e)
+            return None
+
+    def instances(self) -> dict[int, tuple[str | None, str]]:
+        """GPU instance id -> (holding lease or None, state: "held", "idle" or "blocked: ...")."""
+        return {
+            gi: (g.lease, "held" if g.lease else f"blocked: {g.blocked}" if g.blocked else "idle")
+            for gi, g in self._gis.items()
+        }
+
+    # ------------------------------------------------------------------------------- fitting
+    def fits(self, card: CardInfo, held: Sequence[Slice], spec: SliceSpec, owner_uid: int = -1) -> bool:
+        return not self.why_not(card, held, spec, owner_uid, room=True)
+
+    def why_not(self, card, held, spec, owner_uid=-1, room: bool = False) -> str:
+        """The reason ``spec`` does not fit ("" when it does). Lack of room is a reason only with ``room``."""
+        mode = self.hw.mig_mode(self.index)
+        if mode is None:
+            return f"card {self.index} ({self.card.name}) has no MIG"
+        geom, mapping = self.mapping()
+        if geom is not None and not mapping.get(spec.name):
+            return f"card {self.index} ({self.card.name}): no MIG profile serves {spec.name}"
+        if mode[0] != 1:
+            return self.switch_blocker(card, True)
+        if geom is None:
+            return f"card {self.index}: MIG is on but the card lists no profiles"
+        if choose(geom, self._layout(), mapping[spec.name], self._sizes()) is None:
+            return f"card {self.index}: no room for {spec.name} beside {self._summary()}" if room else ""
+        return ""
+
+    def _summary(self) -> str:
+        geom = self._geom
+        parts = [
+            f"{geom.profile(g.info.profile_id).name}@{g.info.start}"
+            f"({'held' if g.lease else 'blocked' if g.blocked else 'idle'})"
+            for g in sorted(self._gis.values(), key=lambda g: g.info.start)
+        ]
+        return ", ".join(parts) or "nothing"
+
+    # ------------------------------------------------------------------------- slices
+    def prepare(self, card, held, spec, lease_id, owner_uid):
+        if not self.mig_on():
+            self.enter_sliced(card)
+        geom, mapping = self.mapping()
+        wanted = mapping.get(spec.name) if geom else None
+        if not wanted:
+            raise NoCapacity(f"card {self.index} ({card.name}): no MIG profile serves {spec.name}")
+        inst = None
+        for _attempt in range(3):
+            plan = choose(geom, self._layout(), wanted, self._sizes())
+            if plan is None:
+                raise NoCapacity(f"card {self.index}: no room for {spec.name} beside {self._summary()}")
+            try:
+                inst = self._apply(plan)
+                break
+            except (NvmlInUse, NvmlInsufficientResources, NvmlNotFound) as e:
+                # The card differs from our books (an instance in use, or made by someone else): re-read.
+                log.warning("card %d: %s; reading the card again", self.index, e)
+                self._sync()
+            except NvmlError as e:
+                raise Conflict(f"card {self.index}: cannot create a MIG instance: {e}") from None
+        if inst is None or inst.uuid is None:
+            raise NoCapacity(f"card {self.index}: MIG instances could not be created for {spec.name}")
+        g = self._gis[inst.gpu_instance_id]
+        g.lease, g.idle_since = lease_id, None
+        prof = geom.profile(inst.profile_id)
+        mem = inst.memory_bytes or prof.memory_bytes
+        pct = round(100 * prof.compute / geom.compute_slices)
+        s = Slice(self.index, spec.name, mem, pct, handle=inst.uuid, placement=inst.start)
+        env = {
+            "CUDA_VISIBLE_DEVICES": inst.uuid,
+            "XPU_MEMORY_LIMIT_BYTES": str(mem),
+            "XPU_COMPUTE_PCT": str(pct),
+            "XPU_MIG_PROFILE": prof.name,
+        }
+        return s, env
+
+    def _apply(self, plan) -> MigInstance:
+        for d in plan.destroy:
+            self._destroy(d.key)
+        if plan.reuse is not None:
+            return self._gis[plan.reuse.key].info
+        inst = self.hw.create_mig_instance(self.index, plan.profile, plan.start)
+        self._gis[inst.gpu_instance_id] = _Gi(inst)
+        log.info("card %d: created MIG %s at %d (%s)", self.index, inst.name, inst.start, inst.uuid)
+        return inst
+
+    def _destroy(self, gi: int) -> None:
+        try:
+            self.hw.destroy_mig_instance(self.index, gi)
+        except NvmlNotFound:
+            pass  # already gone
+        except NvmlInUse:
+            self._gis[gi].blocked = "processes still run in it"
+            self._gis[gi].idle_since = None
+            raise
+        self._gis.pop(gi, None)
+
+    def _by_uuid(self, uuid: str) -> int | None:
+        return next((gi for gi, g in self._gis.items() if uuid in g.info.device_uuids), None)
+
+    def teardown(self, card, s) -> None:
+        gi = self._by_uuid(s.handle)
+        if gi is None:
+            log.warning("card %d: MIG device %s was already gone at release", self.index, s.handle)
+            return
+        g = self._gis[gi]
+        g.lease = None
+        pids = self._processes(gi)
+        if pids:
+            g.blocked = f"released with processes {', '.join(map(str, pids))} still in it"
+            log.warning("card %d: GPU instance %d %s; destroyed once they exit", self.index, gi, g.blocked)
+            return
+        if pids == [] and self.idle_keep_s > 0:
+            g.idle_since = self.clock()  # kept for reuse
+            return
+        try:
+            self._destroy(gi)
+        except NvmlInUse:
+            log.warning("card %d: GPU instance %d in use at release; destroyed once free", self.index, gi)
+        except NvmlError as e:
+            g.blocked = f"could not be destroyed: {e}"
+            raise Conflict(f"card {self.index}: releasing GPU instance {gi} failed: {e}") from None
+
+    def tidy(self, now: float | None = None) -> list[str]:
+        """Destroy idle instances kept longer than ``mig_idle_keep_s`` and blocked ones whose processes
+        are gone (checked every RECHECK_S). Returns one line per destroyed instance."""
+        now = self.clock() if now is None else now
+        done = []
+        recheck = now >= self._next_recheck
+        if recheck:
+            self._next_recheck = now + RECHECK_S
+        for gi, g in list(self._gis.items()):
+            if g.lease is not None:
+                continue
+            expired = g.idle_since is not None and now - g.idle_since >= self.idle_keep_s
+            freed = bool(g.blocked) and recheck and self._processes(gi) == []
+            if expired or freed:
+                try:
+                    self._destroy(gi)
+                    done.append(
+                        f"card {self.index}: destroyed {'idle' if expired else 'freed'} instance {gi}"
+                    )
+                except NvmlError as e:
+                    log.warning("card %d: destroying GPU instance %d failed: %s", self.index, gi, e)
+        return done
+
+    # -------------------------------------------------------------------------------- modes
+    def switch_blocker(self, card, sliced: bool) -> str:
+        on = self.mig_on()
+        if sliced == on:
+            return ""
+        if self.switch == "never":
+            return (
+                f'card {self.index}: MIG is {"on" if on else "off"} and [cards] mig_switch = "never" '
+                "(the operator sets MIG modes)"
+            )
+        busy = [gi for gi, g in self._gis.items() if g.busy]
+        if busy:
+            return f"card {self.index}: MIG instances {', '.join(map(str, busy))} are in use"
+        procs = self.hw.processes(self.index)
+        if procs:
+            pids = ", ".join(str(p) for p, _ in procs[:5])
+            return (
+                f"card {self.index}: {len(procs)} process(es) run on it (pid {pids}); "
+                "MIG switches only on an idle card"
+            )
+        return ""
+
+    def enter_sliced(self, card) -> None:
+        if self.mig_on():
+            return
+        blocker = self.switch_blocker(card, True)
+        if blocker:
+            raise Conflict(blocker)
+        self._set_mig(True)
+
+    def leave_sliced(self, card) -> None:
+        if not self.mig_on():
+            return
+        blocker = self.switch_blocker(card, False)
+        if blocker:
+            raise Conflict(blocker)
+        for gi in list(self._gis):
+            try:
+                self._destroy(gi)
+            except NvmlError as e:
+                raise Conflict(f"card {self.index}: cannot destroy GPU instance {gi}: {e}") from None
+        self._sync()
+        if self._gis:
+            raise Conflict(f"card {self.index}: MIG instances remain ({self._summary()}); MIG stays on")
+        self._set_mig(False)
+
+    def _set_mig(self, enabled: bool) -> None:
+        word = "on" if enabled else "off"
+        try:
+            reset = self.hw.set_mig_mode(self.index, enabled)
+        except NvmlError as e:
+            raise Conflict(f"card {self.index}: cannot switch MIG {word}: {e}") from None
+        if reset:
+            check(self.runner.run(["nvidia-smi", "--gpu-reset", "-i", self.card.pci_bus_id], timeout_s=120))
+        mode = self.hw.mig_mode(self.index)
+        if mode is None or mode[0] != int(enabled):
+            raise Conflict(
+                f"card {self.index}: MIG is still {'off' if enabled else 'on'} after the switch "
+                f"(current, pending = {mode}); reset the GPU (`nvidia-smi -r -i {self.card.pci_bus_id}`)"
+            )
+        self._gis.clear()
+        self._sync()
+        log.info("card %d: MIG switched %s", self.index, word)
+
+    def _sync(self) -> None:
+        """Bring our books in line with the card: add instances we did not know of, drop vanished ones."""
+        found = {m.gpu_instance_id: m for m in self.hw.mig_instances(self.index)}
+        for gi in list(self._gis):
+            if gi not in found:
+                if self._gis[gi].lease:
+                    log.error(
+                        "card %d: GPU instance %d of lease %s vanished", self.index, gi, self._gis[gi].lease
+                    )
+                del self._gis[gi]
+        for gi, m in found.items():
+            if gi in self._gis:
+                self._gis[gi].info = m
+            else:
+                self._gis[gi] = _Gi(m, blocked="found on the card, not made by this xpud")
+
+    # ----------------------------------------------------------------------------- start-up
+    def reconcile(self, card, mode: CardMode, held) -> Reconciled:
+        self._gis.clear()
+        notes: list[str] = []
+        if not self.mig_on():
+            lost = [h.lease_id for h in held]
+            notes += [f"card {self.index}: MIG is off; the MIG slice of lease {lid} is gone" for lid in lost]
+            return Reconciled(CardMode.WHOLE, lost, notes)
+        self.mapping()
+        try:
+            procs = self.hw.mig_processes(self.index)
+        except NvmlError as e:
+            procs = None
+            notes.append(f"card {self.index}: cannot read processes per MIG instance ({e}); touching none")
+        held_by_uuid = {h.slice.handle: h for h in held}
+        seen = set()
+        for m in self.hw.mig_instances(self.index):
+            h = next((held_by_uuid[u] for u in m.device_uuids if u in held_by_uuid), None)
+            if h is not None:
+                self._gis[m.gpu_instance_id] = _Gi(m, lease=h.lease_id)
+                seen.add(h.lease_id)
+                notes.append(f"card {self.index}: adopted MIG {m.name}@{m.start} of lease {h.lease_id}")
+            elif procs is None or procs.get(m.gpu_instance_id):
+                pids = ", ".join(map(str, (procs or {}).get(m.gpu_instance_id, []))) or "unknown"
+                self._gis[m.gpu_instance_id] = _Gi(m, blocked=f"found at start-up with processes ({pids})")
+                notes.append(
+                    f"card {self.index}: MIG {m.name}@{m.start} has processes ({pids}) and no lease; "
+                    "left alone, its space blocked until they exit"
+                )
+            else:
+                try:
+                    self.hw.destroy_mig_instance(self.index, m.gpu_instance_id)
+                    notes.append(f"card {self.index}: destroyed orphaned MIG {m.name}@{m.start}")
+                except NvmlError as e:
+                    self._gis[m.gpu_instance_id] = _Gi(m, blocked=f"orphan that could not be destroyed: {e}")
+                    notes.append(f"card {self.index}: orphaned MIG {m.name}@{m.start} not destroyed: {e}")
+        lost = [h.lease_id for h in held if h.lease_id not in seen]
+        notes += [f"card {self.index}: the MIG instance of lease {lid} is gone" for lid in lost]
+        if seen or any(g.blocked for g in self._gis.values()):
+            return Reconciled(CardMode.SLICED, lost, notes)
+        if mode is CardMode.WHOLE and not self.switch_blocker(card, False):
+            self._set_mig(False)  # MIG on with nothing in it, on a card the ledger has whole
+            notes.append(f"card {self.index}: MIG was on with nothing in it; switched off (card whole)")
+            return Reconciled(CardMode.WHOLE, lost, notes)
+        return Reconciled(CardMode.SLICED, lost, notes)

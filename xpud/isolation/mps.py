@@ -1,0 +1,203 @@
+"""MPS slices: one MPS control daemon per card, per-client limits in the child's environment.
+
+Life of a card under MPS (facts: ../shared/REFERENCE.md, MPS):
+
+- The card enters sliced mode (``enter_sliced``, or the first ``prepare``): its compute mode is saved and
+  set to EXCLUSIVE_PROCESS (so only the MPS server runs work on it), then a control daemon starts with its
+  own pipe and log directories, ``<runtime dir>/mps/<card index>/{pipe,log}``, and
+  ``CUDA_VISIBLE_DEVICES=<card UUID>``.
+- Each slice's child gets ``CUDA_VISIBLE_DEVICES=<card UUID>``, ``CUDA_MPS_PIPE_DIRECTORY`` and its limits:
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<pct>`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M``. The
+  memory limit names device 0: the index *as the client sees it*, which is the only card it sees (limits
+  keyed by UUID were seen to be ignored).
+- When the card's last slice ends, its MPS server is shut down (forced: no lease remains, so any client
+  still attached is a leftover), which frees the server's memory and lets another user's server start.
+- The card leaves sliced mode (``leave_sliced``): the control daemon quits and the saved compute mode is
+  restored. The saved mode lives in a file beside the pipe directory, so a restart after a crash restores
+  it too.
+
+One server uid at a time: MPS runs one server per card for one uid; a client of another uid waits until
+that server's clients are done. xpud makes this a placement rule instead of a hidden wait: a card whose
+MPS slices belong to uid A takes no slice for uid B (``fits`` says no, ``why_not`` says why). B's request
+goes to another card, or waits in the queue, and its error or queue message names the reason. The
+control daemon runs as root (xpud's own uid), so it can start the server for whichever user comes.
+
+Limits are set in the client's environment: they bound well-behaved programs (allocations beyond the
+limit fail; CUDA >= 11.5), not a hostile user, who can change their own environment. MIG is the hard
+isolation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from xpud.errors import Conflict
+from xpud.hw.types import NvmlError
+from xpud.isolation.base import Held, Reconciled, shares_fit, usable_memory
+from xpud.isolation.runner import Runner, check
+from xpud.model import CardInfo, CardMode, Slice, SliceSpec
+
+log = logging.getLogger("xpud.isolation.mps")
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
+MAX_CLIENTS = 48  # clients per card since Volta
+# Left out of slices when [cards] reserved_memory_mib = 0: the driver's own reservation (~512 MiB on an
+# idle card) plus the MPS server's context (~300-500 MiB, unverified), rounded up.
+RESERVED_ESTIMATE = 1024 << 20
+MIB = 1 << 20
+
+
+class MpsIsolation:
+    """MPS for one card."""
+
+    name = "mps"
+
+    def __init__(self, card: CardInfo, hw, runner: Runner, runtime_dir: Path, reserved_bytes: int = 0):
+        self.card = card
+        self.hw = hw
+        self.runner = runner
+        self.reserved_bytes = reserved_bytes or RESERVED_ESTIMATE
+        self.base = Path(runtime_dir) / "mps" / str(card.index)
+        self.pipe_dir = self.base / "pipe"
+        self.log_dir = self.base / "log"
+        self._saved_mode = self.base / "compute-mode"  # the mode to restore when MPS stops
+        self._owners: dict[str, int] = {}  # lease id -> uid of its slice on this card
+
+    # ---------------------------------------------------------------------------- control daemon
+    def _env(self) -> dict[str, str]:
+        return {
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
+            "CUDA_VISIBLE_DEVICES": self.card.uuid,
+        }
+
+    def _control(self, *commands: str):
+        return self.runner.run([MPS_CONTROL], env=self._env(), input="".join(f"{c}\n" for c in commands))
+
+    def running(self) -> bool:
+        """Whether this card's control daemon answers."""
+        return self._control("get_server_list").ok
+
+    def servers(self) -> list[int]:
+        """PIDs of the MPS servers the control daemon runs now ([] when it does not run)."""
+        done = self._control("get_server_list")
+        return [int(x) for x in done.lines() if x.isdigit()] if done.ok else []
+
+    def _start(self) -> None:
+        if self.running():
+            return
+        for d in (self.pipe_dir, self.log_dir):
+            d.mkdir(parents=True, exist_ok=True)
+            d.chmod(0o755)  # clients of every user find the pipe; only root writes here
+        try:
+            mode = self.hw.compute_mode(self.card.index) or "DEFAULT"
+            if not self._saved_mode.exists():
+                self._saved_mode.write_text(f"{mode}\n")
+            if mode != "EXCLUSIVE_PROCESS":
+                self.hw.set_compute_mode(self.card.index, "EXCLUSIVE_PROCESS")
+        except NvmlError as e:
+            raise Conflict(f"card {self.card.index}: cannot set EXCLUSIVE_PROCESS for MPS: {e}") from None
+        check(self.runner.run([MPS_CONTROL, "-d"], env=self._env(), detach=True))
+        log.info("card %d: MPS control daemon started (pipe %s)", self.card.index, self.pipe_dir)
+
+    def _stop(self) -> None:
+        if self.running():
+            check(self._control("quit"))
+            log.info("card %d: MPS control daemon stopped", self.card.index)
+        self._restore_compute_mode()
+
+    def _restore_compute_mode(self) -> None:
+        if not self._saved_mode.exists():
+            return
+        mode = self._saved_mode.read_text().strip() or "DEFAULT"
+        try:
+            self.hw.set_compute_mode(self.card.index, mode)
+        except NvmlError as e:
+            raise Conflict(f"card {self.card.index}: cannot restore compute mode {mode}: {e}") from None
+        self._saved_mode.unlink()
+
+    def _shutdown_servers(self) -> None:
+        for pid in self.servers():
+            check(self._control(f"shutdown_server {pid} -f"))
+
+    # ------------------------------------------------------------------------------- Isolation
+    def fits(self, card: CardInfo, held: Sequence[Slice], spec: SliceSpec, owner_uid: int = -1) -> bool:
+        return (
+            len(held) < MAX_CLIENTS
+            and shares_fit(held, card, self.reserved_bytes, spec)
+            and not self._other_user(owner_uid)
+        )
+
+    def why_not(self, card, held, spec, owner_uid=-1) -> str:
+        other = self._other_user(owner_uid)
+        if other is not None:
+            return (
+                f"card {card.index}'s MPS server serves uid {other} (one user per MPS server): "
+                "it takes your slice once that user's slices there end"
+            )
+        if len(held) >= MAX_CLIENTS:
+            return f"card {card.index} has {MAX_CLIENTS} MPS clients, the most MPS allows"
+        return ""
+
+    def _other_user(self, owner_uid: int) -> int | None:
+        uids = set(self._owners.values())
+        return next(iter(uids)) if owner_uid >= 0 and uids and uids != {owner_uid} else None
+
+    def prepare(self, card, held, spec, lease_id, owner_uid):
+        self._start()
+        mem_mib = int(usable_memory(card, self.reserved_bytes) * spec.memory_fraction) // MIB
+        s = Slice(
+            card.index, spec.name, mem_mib * MIB, spec.compute_pct, handle=f"mps:{card.index}:{lease_id}"
+        )
+        self._owners[lease_id] = owner_uid
+        env = {
+            "CUDA_VISIBLE_DEVICES": card.uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(spec.compute_pct),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mem_mib}M",
+            "XPU_MEMORY_LIMIT_BYTES": str(s.memory_bytes),
+            "XPU_COMPUTE_PCT": str(spec.compute_pct),
+        }
+        return s, env
+
+    def teardown(self, card, s) -> None:
+        self._owners.pop(s.handle.rpartition(":")[2], None)
+        if not self._owners:
+            self._shutdown_servers()
+
+    def enter_sliced(self, card) -> None:
+        self._start()
+
+    def leave_sliced(self, card) -> None:
+        self._owners.clear()
+        self._stop()
+
+    def switch_blocker(self, card, sliced: bool) -> str:
+        return ""
+
+    def reconcile(self, card, mode: CardMode, held: Sequence[Held]) -> Reconciled:
+        self._owners = {h.lease_id: h.owner_uid for h in held}
+        notes = []
+        running = self.running()
+        if held or mode is CardMode.SLICED:
+            if not running:
+                self._start()
+                notes.append(f"card {card.index}: MPS control daemon started again for its slices")
+            elif not held and self.servers():
+                self._shutdown_servers()
+                notes.append(f"card {card.index}: MPS server without slices shut down")
+            else:
+                notes.append(f"card {card.index}: MPS control daemon adopted")
+            return Reconciled(CardMode.SLICED, [], notes)
+        if running:
+            self._stop()
+            notes.append(f"card {card.index}: orphaned MPS control daemon stopped, compute mode restored")
+        elif self._saved_mode.exists():
+            self._restore_compute_mode()
+            notes.append(f"card {card.index}: compute mode restored after MPS")
+        return Reconciled(mode, [], notes)
+
+    def tidy(self, now: float) -> list[str]:
+        return []
