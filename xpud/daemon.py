@@ -103,6 +103,7 @@ class Daemon:
         self.cred_server: asyncio.AbstractServer | None = None
         self.jobs: Jobs | None = None
         self.started = time.time()
+        self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
     @property
     def user_socket(self) -> Path:
@@ -116,10 +117,19 @@ class Daemon:
     def cred_socket(self) -> Path:
         return self.runtime_dir / CRED_SOCKET
 
+    def _tools(self):
+        if self.fake is not None:
+            from xpud.isolation.faketools import FakeNvidiaTools
+
+            return FakeNvidiaTools(self.fake)
+        from xpud.isolation.runner import CommandRunner
+
+        return CommandRunner()
+
     def _isolation(self):
         from xpud.isolation import backend_for
 
-        return backend_for(self.cfg, self.hw)
+        return backend_for(self.cfg, self.hw, self.tools)
 
     async def start(self) -> None:
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
@@ -300,14 +310,17 @@ def check_hardware_command(
     """Read the real driver through the adapter (read-only) and report what it sees."""
     from xpud.hw.check import check_hardware
 
-    cfg = ctx.obj
+    cfg = ctx.obj or config.Config()
     lib = None
-    if cfg is not None and cfg.devices.backend == "simulated":
+    if cfg.devices.backend == "simulated":
         from xpud.hw.fakenvml import FakeNvml
         from xpud.hw.machines import load_machine
 
         lib = FakeNvml(load_machine(cfg.devices.machine), seed=cfg.devices.seed)
-    raise typer.Exit(check_hardware(lib, as_json=as_json))
+    code = check_hardware(
+        lib, as_json=as_json, slices=cfg.slices, profile_map=cfg.cards.mig_profiles_file or None
+    )
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from xpud.config import Config
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound
 from xpud.hw.topology import Topology
-from xpud.isolation.base import Accounting, Isolation, used_shares
+from xpud.isolation.base import Accounting, Held, Isolation, used_shares
 from xpud.ledger import CardRecord, EventRecord, Ledger
 from xpud.model import (
     Caller,
@@ -137,7 +137,30 @@ class Engine:
             restored.append(lease)
         if restored:
             self.event("restore", f"restored {len(restored)} active lease(s) from the ledger")
-        return restored
+        self._reconcile()
+        return [lease for lease in restored if lease.id in self.leases]
+
+    def _reconcile(self) -> None:
+        """Compare each card's isolation on the hardware (MIG instances, MPS daemons) with the ledger:
+        the backend adopts what matches and cleans up orphans; leases whose slice is gone are reclaimed."""
+        lost: dict[str, str] = {}
+        for i, c in sorted(self.cards.items()):
+            held = [Held(lid, self.leases[lid].owner_uid, s) for lid, s in sorted(c.slices.items())]
+            try:
+                found = self._backends[i].reconcile(c.info, c.mode, held)
+            except Exception as e:  # one card's trouble must not stop the daemon: say so and go on
+                log.exception("reconciling card %d failed", i)
+                self.event("error", f"card {i}: reconciling its isolation failed: {e}", card=i)
+                continue
+            for note in found.notes:
+                self.event("reconcile", note, card=i)
+            for lid in found.lost:
+                lost[lid] = f"its slice on card {i} is gone from the hardware (found at start-up)"
+            if c.whole_lease is None and found.mode is not c.mode and not set(c.slices) - set(found.lost):
+                c.mode = found.mode
+                self.ledger.save_card(c.record())
+        for lid, why in lost.items():
+            self.reclaim(lid, why)
 
     def card_views(self) -> list[CardView]:
         return [self._view(c) for c in sorted(self.cards.values(), key=lambda c: c.info.index)]
@@ -233,7 +256,7 @@ class Engine:
         )
 
     def _reserved(self, card: CardInfo) -> int:
-        return self.cfg.cards.reserved_memory_mib * (1 << 20)
+        return self._backends[card.index].reserved_bytes  # [cards] reserved_memory_mib, or its estimate
 
     def _whole_candidates(self, keep_whole_only: bool) -> list[int]:
         out = []
@@ -242,6 +265,8 @@ class Engine:
                 continue
             if c.mode is CardMode.SLICED and (c.pinned or keep_whole_only):
                 continue
+            if c.mode is CardMode.SLICED and self._backends[c.info.index].switch_blocker(c.info, False):
+                continue  # e.g. MIG cannot be switched off now
             if c.mode is CardMode.WHOLE or not c.pinned:
                 out.append(c.info.index)
         return out
@@ -277,7 +302,7 @@ class Engine:
             feasible = (
                 c.usable
                 and convertible
-                and self._backends[c.info.index].fits(c.info, list(c.slices.values()), spec)
+                and self._backends[c.info.index].fits(c.info, list(c.slices.values()), spec, req.owner_uid)
             )
             caps.append(replace(self._capacity(c), usable=feasible))
         # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks.
@@ -308,14 +333,26 @@ class Engine:
         }
         slices: tuple[Slice, ...] = ()
         if req.mode is Mode.XPU:
+            for i in cards:  # an idle sliced card goes back to whole: MIG off, MPS stopped
+                if self.cards[i].mode is CardMode.SLICED:
+                    self._backends[i].leave_sliced(self.cards[i].info)
             env = {"CUDA_VISIBLE_DEVICES": ",".join(c.uuid for c in infos)}
         else:
             card = self.cards[cards[0]]
             spec = self.cfg.slices[req.mode.value]
             backend = self._backends[card.info.index]
-            if card.mode is CardMode.WHOLE:
+            entered = card.mode is CardMode.WHOLE
+            if entered:
                 backend.enter_sliced(card.info)
-            s, env = backend.prepare(card.info, list(card.slices.values()), spec, lease_id, req.owner_uid)
+            try:
+                s, env = backend.prepare(card.info, list(card.slices.values()), spec, lease_id, req.owner_uid)
+            except Exception:
+                if entered:  # leave the card as it was, so the engine's mode stays true
+                    try:
+                        backend.leave_sliced(card.info)
+                    except Exception as e:
+                        log.error("card %d: switching back after a failed slice: %s", card.info.index, e)
+                raise
             slices = (s,)
         lease = Lease(
             id=lease_id,
@@ -400,7 +437,16 @@ class Engine:
                 f"{req.gpus} whole card(s) asked, {free} free of {len(usable)} usable "
                 f"({len(self.cards) - len(usable)} drained or unhealthy)"
             )
-        return f"no card has room for a {req.mode} slice ({len(usable)} usable card(s), see `xpu ls`)"
+        spec = self.cfg.slices.get(req.mode.value)
+        reasons = []
+        for c in usable:
+            why = spec and self._backends[c.info.index].why_not(
+                c.info, list(c.slices.values()), spec, req.owner_uid
+            )
+            if why and why not in reasons:
+                reasons.append(why)
+        detail = f"; {'; '.join(reasons[:3])}" if reasons else ""
+        return f"no card has room for a {req.mode} slice ({len(usable)} usable card(s), see `xpu ls`){detail}"
 
     def pump(self) -> None:
         """Grant waiting requests that now fit, in priority order (FIFO within a priority).
@@ -505,7 +551,21 @@ class Engine:
         for lid, since in list(self.unheld_since.items()):
             if now - since >= grace and lid in self.leases:
                 out.append(self.reclaim(lid, f"holder gone for {now - since:.1f} s (grace {grace:g} s)"))
+        self._tidy_isolation()
         return [x for x in out if x]
+
+    def _tidy_isolation(self) -> None:
+        """Backend upkeep (idle MIG instances kept too long, instances freed by their processes)."""
+        freed = False
+        for i, backend in self._backends.items():
+            try:
+                for note in backend.tidy(time.monotonic()):
+                    log.info("%s", note)
+                    freed = True
+            except Exception:
+                log.exception("isolation upkeep on card %d failed", i)
+        if freed:
+            self.pump()
 
     def _notify(self, lease: Lease, kind: str, message: str) -> None:
         ev = LeaseEvent(kind, lease, message, self.clock())

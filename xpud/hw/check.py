@@ -14,20 +14,31 @@ import json
 import re
 import sys
 import time
+from collections.abc import Mapping
 from typing import TextIO
 
 from xpud.hw.machines import ARCHITECTURES, format_cpulist
 from xpud.hw.nvml import MIB, MigProfile, Nvml, NvmlError, NvmlNotSupported, NvmlUnavailable
 from xpud.hw.topology import LEVEL_MEANING, Topology
-from xpud.model import CardInfo, CardSample
+from xpud.errors import XpudError
+from xpud.model import CardInfo, CardSample, SliceSpec
 
 _NVLINK_VERSIONS = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0", 8: "6.0"}
 
 
-def check_hardware(lib=None, out: TextIO = sys.stdout, as_json: bool = False) -> int:
+def check_hardware(
+    lib=None,
+    out: TextIO = sys.stdout,
+    as_json: bool = False,
+    slices: Mapping[str, SliceSpec] | None = None,
+    profile_map: str | None = None,
+) -> int:
     """Probe the hardware through the adapter (``lib``: pynvml by default, or a FakeNvml) and print a
     report, or with ``as_json`` a machine description. Changes nothing. Returns 0, 1 when some NVML call
-    failed (each is listed), or 2 when NVML is not usable at all."""
+    failed (each is listed), or 2 when NVML is not usable at all.
+
+    ``slices`` (default: the default slice sizes) and ``profile_map`` (a MIG profile map file; default
+    xpud's own) give the MIG mapping the report shows: the profiles xpud would use for each size."""
     nvml = Nvml(lib)
     try:
         nvml.open()
@@ -38,6 +49,7 @@ def check_hardware(lib=None, out: TextIO = sys.stdout, as_json: bool = False) ->
         report = _probe(nvml)
     finally:
         nvml.close()
+    report["mig_mapping"] = _mig_mapping(report, slices, profile_map)
     problems = report["problems"] + [e for e in nvml.errors if e not in report["problems"]]
     if as_json:
         record = _description(report)
@@ -46,6 +58,29 @@ def check_hardware(lib=None, out: TextIO = sys.stdout, as_json: bool = False) ->
     else:
         _print_report(report, problems, out)
     return 1 if problems else 0
+
+
+def _mig_mapping(report: dict, slices, profile_map) -> dict[str, dict[str, tuple[list[str], str]]]:
+    """Card model -> slice size -> (profile names xpud would use, "map" or "derived"). Pure: it reads only
+    the profiles already probed."""
+    from xpud.config import DEFAULT_SLICES
+    from xpud.isolation import mig_map
+
+    try:
+        table = mig_map.load(profile_map)
+    except XpudError as e:
+        report["problems"].append(f"MIG profile map: {e}")
+        table = {}
+    out = {}
+    for c, profiles in zip(report["cards"], report["mig_profiles"], strict=True):
+        if profiles and c.name not in out:
+            geom = mig_map.geometry(profiles)
+            ids = mig_map.profiles_for(c.name, geom, slices or DEFAULT_SLICES, table)
+            out[c.name] = {
+                size: ([geom.profile(i).name for i in chosen], mig_map.source(c.name, size, table))
+                for size, chosen in ids.items()
+            }
+    return out
 
 
 def _probe(nvml: Nvml) -> dict:
@@ -149,6 +184,8 @@ def _print_report(report: dict, problems: list[str], out: TextIO) -> None:
                 starts = ",".join(str(s) for s, _ in pr.placements)
                 shape = f"{pr.name:<12} id {pr.id:<3} enum {pr.profile:<3}"
                 p(f"        profile {shape} x{pr.max_instances}  at {starts}")
+            for size, (names, source) in report["mig_mapping"].get(c.name, {}).items():
+                p(f"        xpud uses {size:<13} -> {', '.join(names) or 'none'}  ({source})")
         for m in instances:
             cis = ",".join(map(str, m.compute_instance_ids))
             where = f"{m.name} at {m.start}+{m.size}"
@@ -258,6 +295,10 @@ def _description(report: dict) -> dict:
             "time": time.time(),
             "samples": [dataclasses.asdict(s) for s in report["samples"]],
             "mig_instances": [[dataclasses.asdict(m) for m in ms] for ms in report["mig_instances"]],
+            "mig_mapping": {
+                model: {size: names for size, (names, _) in sizes.items()}
+                for model, sizes in report["mig_mapping"].items()
+            },
             "events": {str(i): {"registered": k, "error": e} for i, (k, e) in report["events"].items()},
         },
     }
