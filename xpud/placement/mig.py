@@ -46,11 +46,15 @@ class Geometry:
     memory_slots: int = 8
     compute_slices: int = 7
 
+    @functools.cached_property
+    def _by_id(self) -> dict[int, Profile]:
+        return {p.id: p for p in self.profiles}
+
     def profile(self, profile_id: int) -> Profile:
-        for p in self.profiles:
-            if p.id == profile_id:
-                return p
-        raise KeyError(f"no MIG profile id {profile_id} in this geometry")
+        try:
+            return self._by_id[profile_id]
+        except KeyError:
+            raise KeyError(f"no MIG profile id {profile_id} in this geometry") from None
 
     def by_name(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -82,15 +86,15 @@ Placed = tuple[int, int]  # (profile id, start slot)
 
 def valid(geom: Geometry, layout: Iterable[Placed]) -> bool:
     """Whether these instances can coexist on one card (start slots, overlap, counts, compute)."""
-    used: set[int] = set()
+    used = 0  # memory slots as a bit mask
     counts: dict[int, int] = {}
     compute = 0
     for pid, start in layout:
         p = geom.profile(pid)
-        if start not in p.starts:
+        if start not in p.starts or start + p.size > geom.memory_slots:
             return False
-        slots = set(range(start, start + p.size))
-        if used & slots or max(slots) >= geom.memory_slots:
+        slots = ((1 << p.size) - 1) << start
+        if used & slots:
             return False
         used |= slots
         counts[pid] = counts.get(pid, 0) + 1
@@ -164,11 +168,30 @@ def choose(
     for inst in idle:
         if inst.profile in rank:
             offer([*busy, (inst.profile, inst.start)], {"reuse": inst}, True, 0, inst.profile, inst.start)
-    for n in range(len(idle) + 1):
-        for gone in itertools.combinations(idle, n):
-            kept = [(i.profile, i.start) for i in idle if i not in gone]
-            for pid in wanted:
-                for start in geom.profile(pid).starts:
-                    if valid(geom, [*busy, *kept, (pid, start)]):
-                        offer([*busy, (pid, start)], {"destroy": tuple(gone)}, False, n, pid, start)
+    for pid in wanted:
+        for start in geom.profile(pid).starts:
+            gone = _fewest_in_the_way(geom, busy, idle, (pid, start))
+            if gone is not None:
+                offer([*busy, (pid, start)], {"destroy": gone}, False, len(gone), pid, start)
     return None if best is None else best[1]
+
+
+def _fewest_in_the_way(
+    geom: Geometry, busy: list[Placed], idle: list[Instance], new: Placed
+) -> tuple[Instance, ...] | None:
+    """The fewest idle instances to destroy so that ``new`` fits (None: it cannot, even with all gone)."""
+    if not valid(geom, [*busy, new]):
+        return None  # every rule is monotone: destroying idle instances cannot help
+    p = geom.profile(new[0])
+    slots = set(range(new[1], new[1] + p.size))
+    overlapping = tuple(
+        i for i in idle if slots & set(range(i.start, i.start + geom.profile(i.profile).size))
+    )
+    rest = [i for i in idle if i not in overlapping]
+    # The overlapping ones must go; more only when the compute or count limits say so (rare).
+    for n in range(len(rest) + 1):
+        for more in itertools.combinations(rest, n):
+            kept = [(i.profile, i.start) for i in rest if i not in more]
+            if valid(geom, [*busy, *kept, new]):
+                return overlapping + more
+    return None  # unreachable: with all idle gone it is valid
