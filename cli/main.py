@@ -74,8 +74,9 @@ def client(admin: bool = False) -> Client:
 @handled
 def run(
     command: Annotated[
-        list[str], typer.Argument(help="The command and its arguments (after --).", show_default=False)
-    ],
+        list[str] | None,
+        typer.Argument(help="The command and its arguments (after --).", show_default=False),
+    ] = None,
     mode: Annotated[
         str,
         typer.Option(
@@ -106,22 +107,32 @@ def run(
     kill_grace: Annotated[
         float, typer.Option(help="Seconds between a forwarded signal and SIGKILL.", min=0)
     ] = 10.0,
+    json_env: Annotated[
+        bool,
+        typer.Option(
+            "--json-env",
+            help="Run nothing: print the lease's environment as one JSON line, hold the lease until "
+            "stdin closes or a signal comes, then release (for other launchers).",
+        ),
+    ] = False,
 ) -> None:
-    """Lease, run COMMAND with the lease's environment, pass its exit code on, release."""
+    """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release."""
+    from xpu_cli.child import die_like
     from xpu_cli.run import run as run_leased
 
     with client() as c:
-        code = run_leased(
+        outcome = run_leased(
             c,
-            list(command),
+            list(command or []),
             mode=mode,
             gpus=gpus,
             wait_s=wait,
             priority=priority,
             restartable=restartable,
             kill_grace_s=kill_grace,
+            json_env=json_env,
         )
-    raise typer.Exit(code)
+    raise typer.Exit(die_like(outcome))
 
 
 # ---------------------------------------------------------------------------------------------- listings

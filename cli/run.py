@@ -1,84 +1,186 @@
-"""`xpu run`: lease, hold, run the command with the lease's environment, pass its exit code on, release.
+"""`xpu run`: lease, hold, run the command with the lease's environment, pass its outcome on, release.
 
-The child runs in its own process group. SIGINT, SIGTERM and SIGHUP sent to the wrapper go to that
-group; if the child is still alive ``--kill-grace`` seconds later it gets SIGKILL. On a terminal the
-child's group becomes the foreground group, so Ctrl-C, Ctrl-Z and reading stdin behave as if the command
-ran directly. The exit code is the child's (128 + signal number when a signal ended it). If the wrapper
-itself is killed, the child gets SIGKILL too (PR_SET_PDEATHSIG) and the daemon reclaims the lease after
-its grace period.
+One stream carries everything: the Acquire request (``hold=True``) yields queue positions, then the grant,
+then goes on as the lease's Hold stream (move, revoke, mark, released events). A thread reads it and, if it
+breaks after the grant (the daemon restarts), keeps the lease held through new Hold streams. The main
+thread sleeps on one self-pipe that signals, SIGCHLD and that thread all poke.
+
+- Queueing (``--wait``): on a terminal the position in the queue, the time waited and the time left are
+  shown on one line, redrawn every second; otherwise a line is printed when the position changes (at most
+  every 5 s). A signal while queued (Ctrl-C) leaves the queue and ends the wrapper by that signal.
+- Running: see ``xpu_cli.child``. The wrapper ends as the command ended: the same exit code, or death by
+  the same signal (a shell shows 128 + n), after releasing the lease.
+- ``--restartable``: on a ``move`` event the command is stopped (SIGTERM, SIGKILL after the grace), the
+  move acknowledged (the daemon answers with the new placement) and the command started again with the
+  new environment; ``XPU_RESTART_COUNT`` counts the restarts.
+- ``--json-env``: no command; once granted, one line of JSON (lease id, mode, cards, environment) goes to
+  stdout, and the wrapper keeps holding the lease until its stdin reaches end of file or it gets SIGINT,
+  SIGTERM or SIGHUP; then it releases the lease and exits 0. If the daemon ends the lease first, it says
+  so on stderr and exits 1 (its stdout closes: a launcher reading it sees end of file). For launchers:
+  ``coproc xpu run -m vxpu-half --json-env``, read one line, start the work with that environment, and
+  close the coprocess's stdin when the work is done.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import json
 import os
 import queue
+import select
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
 
 import grpc
+from xpu_cli.child import FORWARDED, Child, Outcome, StartFailed, controlling_tty, inherited_ignored
 
-from xpud.api.client import Client
-from xpud.errors import NoCapacity, NotFound, XpudError
-
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1
+from xpud.api.client import Client, to_error
+from xpud.errors import BadRequest, Unavailable, XpudError
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec: a syscall, nothing else
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def _say(msg: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"xpu: {msg}\n")
+        sys.stderr.flush()
 
 
-class Holder(threading.Thread):
-    """Keeps the lease's Hold stream open (reconnecting across daemon restarts); queues its events."""
+class Wakeup:
+    """A self-pipe the main thread sleeps on; signals (``set_wakeup_fd``) and the stream thread poke it."""
 
-    def __init__(self, client: Client, lease_id: str, token: str, first_call=None, reconnect_s=120.0):
-        super().__init__(daemon=True, name="xpu-hold")
-        self.client, self.lease_id, self.token = client, lease_id, token
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+
+    def poke(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self.w, b"\0")
+
+    def wait(self, timeout: float | None, extra: tuple[int, ...] = ()) -> list[int]:
+        """Sleep until poked, ``timeout`` seconds (None: no limit) or one of ``extra`` is readable.
+        Returns the readable ``extra`` descriptors."""
+        ready, _, _ = select.select([self.r, *extra], [], [], timeout)
+        if self.r in ready:
+            with contextlib.suppress(OSError):
+                while os.read(self.r, 4096):
+                    pass
+        return [fd for fd in ready if fd != self.r]
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
+class Signals:
+    """While active: forwarded signals are recorded for the main loop (not acted on where they land),
+    SIGCHLD wakes the loop, and SIGTTOU is ignored (we write to and hand over the terminal from the
+    background). Signals inherited as ignored stay ignored."""
+
+    def __init__(self, wake: Wakeup):
+        self.wake = wake
+        self.received: list[int] = []
+        self._old: dict[int, object] = {}
+        self._old_fd = -1
+
+    def __enter__(self) -> Signals:
+        for s in FORWARDED:
+            if not inherited_ignored(s):
+                self._old[s] = signal.signal(s, self._record)
+        self._old[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
+        self._old[signal.SIGTTOU] = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        self._old_fd = signal.set_wakeup_fd(self.wake.w, warn_on_full_buffer=False)
+        return self
+
+    def _record(self, sig: int, _frame) -> None:
+        self.received.append(sig)
+
+    def pop(self) -> list[int]:
+        out, self.received[:] = list(self.received), []
+        return out
+
+    def __exit__(self, *exc) -> None:
+        signal.set_wakeup_fd(self._old_fd)
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+class LeaseStream(threading.Thread):
+    """Reads the Acquire stream into ``events`` (kind, payload), then keeps the lease held.
+
+    Kinds: "queued" (pb.Queued), "granted" (pb.Granted), "error" (an XpudError: no grant), then the lease's
+    events ("held", "move", "revoke", "mark", "released": pb.LeaseEvent) and "lost" (str: the daemon
+    stayed unreachable, or no longer knows the lease).
+    """
+
+    def __init__(self, client: Client, request: dict, wake: Wakeup, reconnect_s: float = 120.0):
+        super().__init__(daemon=True, name="xpu-lease")
+        self.client, self.request, self.wake = client, request, wake
         self.reconnect_s = reconnect_s
         self.events: queue.Queue = queue.Queue()
         self._stopping = threading.Event()
-        self._call = first_call  # the Acquire stream, which goes on as the hold
+        self._call = None
 
-    def _consume(self, call, unwrap: bool) -> bool:
-        """Queue the stream's events; True when the lease ended (stop reconnecting)."""
-        for item in call:
-            ev = item.event if unwrap else item
-            if unwrap and not item.HasField("event"):
-                continue
-            self.events.put((ev.kind, ev))
-            if ev.kind == "released":
-                return True
-        return False
+    def _put(self, kind: str, payload) -> None:
+        self.events.put((kind, payload))
+        self.wake.poke()
+
+    def next(self):
+        """The next (kind, payload), or None."""
+        try:
+            return self.events.get_nowait()
+        except queue.Empty:
+            return None
 
     def run(self) -> None:
-        backoff, lost_since = 0.1, None
-        first = self._call
+        granted = None
+        try:
+            self._call = self.client.acquire(**self.request, hold=True)
+            for update in self._call:
+                if update.HasField("queued"):
+                    self._put("queued", update.queued)
+                elif update.HasField("granted"):
+                    granted = update.granted
+                    self._put("granted", granted)
+                elif update.HasField("event"):
+                    self._put(update.event.kind, update.event)
+                    if update.event.kind == "released":
+                        return
+        except grpc.RpcError as e:
+            if self._stopping.is_set():
+                return
+            if granted is None:
+                self._put("error", to_error(e, str(self.client.socket)))
+                return
+        except XpudError as e:  # the credential handshake failed: no daemon
+            self._put("error", e)
+            return
+        if granted is None:
+            if not self._stopping.is_set():
+                self._put("error", Unavailable("the daemon ended the request without a grant"))
+            return
+        self._hold(granted.lease.id, granted.token)
+
+    def _hold(self, lease_id: str, token: str) -> None:
+        """The Acquire stream broke after the grant: hold through Hold streams, reconnecting."""
+        backoff, lost_since = 0.1, time.monotonic()
         while not self._stopping.is_set():
             try:
-                if first is not None:
-                    call, first = first, None
-                    if self._consume(call, unwrap=True):
+                self._call = self.client.hold(lease_id, token)
+                for ev in self._call:
+                    lost_since = None
+                    self._put(ev.kind, ev)
+                    if ev.kind == "released":
                         return
-                else:
-                    self._call = self.client.hold(self.lease_id, self.token)
-                    if self._consume(self._call, unwrap=False):
-                        return
-                backoff, lost_since = 0.1, None
             except grpc.RpcError as e:
                 if self._stopping.is_set():
                     return
-                code = e.code()
-                if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
-                    self.events.put(("lost", e.details()))
+                if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+                    self._put("lost", e.details())
                     return
-                if code == grpc.StatusCode.UNAUTHENTICATED:
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                     with contextlib.suppress(XpudError):
                         self.client._metadata(renew=True)
             except XpudError:  # the handshake failed: the daemon is down or restarting; keep trying
@@ -86,7 +188,7 @@ class Holder(threading.Thread):
                     return
             lost_since = lost_since or time.monotonic()
             if time.monotonic() - lost_since > self.reconnect_s:
-                self.events.put(("lost", f"the daemon was unreachable for {self.reconnect_s:g} s"))
+                self._put("lost", f"the daemon was unreachable for {self.reconnect_s:g} s")
                 return
             self._stopping.wait(backoff)
             backoff = min(backoff * 2, 1.0)
@@ -97,115 +199,178 @@ class Holder(threading.Thread):
             self._call.cancel()
 
 
-class Child:
-    """The supervised command: own process group, signal forwarding, escalation, terminal hand-off."""
+class Progress:
+    """The queue position while a request waits (stderr)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], kill_grace_s: float):
-        self.kill_grace_s = kill_grace_s
-        self._tty = None
-        self.proc = subprocess.Popen(argv, env=env, process_group=0, preexec_fn=_die_with_parent)
-        self._escalate_at: float | None = None
-        self._give_terminal(self.proc.pid)
+    def __init__(self, what: str):
+        self.what = what
+        self.tty = sys.stderr.isatty()
+        self.started = time.monotonic()
+        self.q = None
+        self.shown = False
+        self._printed: tuple[int, float] | None = None  # (position, when), without a terminal
 
-    def _give_terminal(self, pgrp: int) -> None:
-        try:
-            fd = sys.stdin.fileno()
-            if not os.isatty(fd):
-                return
-            if self._tty is None and os.tcgetpgrp(fd) != os.getpgrp():
-                return  # we run in the background: leave the terminal alone
-        except (OSError, ValueError):
+    @property
+    def interval(self) -> float | None:
+        return 1.0 if self.tty and self.q is not None else None
+
+    def update(self, q) -> None:
+        self.q = q
+        self.show()
+
+    def show(self) -> None:
+        q = self.q
+        if q is None:
             return
-        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # we may write to the tty from the background
-        try:
-            os.tcsetpgrp(fd, pgrp)
-            self._tty = fd
-        except OSError:
-            pass
-        finally:
-            signal.signal(signal.SIGTTOU, old)
-
-    def restore_terminal(self) -> None:
-        if self._tty is not None:
-            self._give_terminal(os.getpgrp())
-            self._tty = None
-
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
-        if self._escalate_at is None:
-            self._escalate_at = time.monotonic() + self.kill_grace_s
-
-    def stop(self) -> int:
-        """SIGTERM the group, SIGKILL after the grace; wait. Returns the exit code."""
-        if self.proc.poll() is None:
-            self.signal(signal.SIGTERM)
-        while self.poll(0.05) is None:
-            pass
-        return self.exit_code()
-
-    def poll(self, timeout: float) -> int | None:
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            if self._escalate_at is not None and time.monotonic() >= self._escalate_at:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-            return None
-        self.restore_terminal()
-        # The leader is gone; make sure nothing of its group outlives it once we were asked to stop.
-        if self._escalate_at is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        return self.proc.returncode
-
-    def exit_code(self) -> int:
-        rc = self.proc.returncode
-        return 128 - rc if rc is not None and rc < 0 else (rc or 0)
-
-
-def _say(msg: str) -> None:
-    sys.stderr.write(f"xpu: {msg}\n")
-    sys.stderr.flush()
-
-
-def _wait_for_grant(
-    client: Client, mode: str, gpus: int, wait_s: float, priority: int, restartable: bool, command: str
-):
-    """Acquire with hold: returns (grant, the stream call, which goes on as the lease's hold)."""
-    tty = sys.stderr.isatty()
-    shown = False
-    call = client.acquire(
-        mode, gpus=gpus, priority=priority, wait_s=wait_s, restartable=restartable, command=command, hold=True
-    )
-    try:
-        for update in client.iterate(call):
-            if update.HasField("granted"):
-                if shown and tty:
-                    sys.stderr.write("\r\033[K")
-                return update.granted, call
-            if not update.HasField("queued"):
-                continue
-            q = update.queued
-            left = max(0, q.deadline - time.time())
-            line = f"queued: position {q.position} of {q.queue_length}, giving up in {left:.0f} s"
-            if tty:
-                sys.stderr.write(f"\r\033[K{line}")
+        waited = time.monotonic() - self.started
+        left = max(0.0, q.deadline - time.time())
+        line = (
+            f"queued for {self.what}: position {q.position} of {q.queue_length}, "
+            f"waited {waited:.0f} s, giving up in {left:.0f} s"
+        )
+        if self.tty:
+            with contextlib.suppress(OSError):
+                sys.stderr.write(f"\r\033[Kxpu: {line}")
                 sys.stderr.flush()
-            elif not shown:
-                _say(line)
-            shown = True
-    except KeyboardInterrupt:
-        call.cancel()
-        if tty:
-            sys.stderr.write("\n")
-        raise
-    raise NoCapacity("the daemon ended the request without a grant")
+            self.shown = True
+        elif self._printed is None or (
+            q.position != self._printed[0] and time.monotonic() - self._printed[1] >= 5.0
+        ):
+            _say(line)
+            self._printed = (q.position, time.monotonic())
+
+    def clear(self) -> None:
+        if self.tty and self.shown:
+            with contextlib.suppress(OSError):
+                sys.stderr.write("\r\033[K")
+                sys.stderr.flush()
+            self.shown = False
 
 
-def env_for(lease) -> dict[str, str]:
+def _wait_for_grant(stream: LeaseStream, signals: Signals, wake: Wakeup, what: str):
+    """The grant (pb.Granted), or the Outcome of a signal that ended the wait. Raises the daemon's error."""
+    progress = Progress(what)
+    while True:
+        for sig in signals.pop():
+            stream.stop()
+            progress.clear()
+            return Outcome(128 + sig, sig)
+        item = stream.next()
+        if item is None:
+            wake.wait(progress.interval)
+            if progress.tty:
+                progress.show()
+            continue
+        kind, payload = item
+        if kind == "queued":
+            progress.update(payload)
+        elif kind == "granted":
+            progress.clear()
+            return payload
+        elif kind == "error":
+            progress.clear()
+            raise payload
+
+
+def env_for(lease, restarts: int = 0) -> dict[str, str]:
+    """The command's environment: ours, the lease's, and the restart count."""
     env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
-    return {**env, **dict(lease.env), "XPU_RESTART_COUNT": str(lease.restart_count)}
+    count = max(int(lease.restart_count), restarts)
+    return {**env, **dict(lease.env), "XPU_RESTART_COUNT": str(count)}
+
+
+def _supervise(
+    client: Client,
+    stream: LeaseStream,
+    signals: Signals,
+    wake: Wakeup,
+    grant,
+    argv: list[str],
+    kill_grace_s: float,
+) -> Outcome:
+    lease, token = grant.lease, grant.token
+    tty = controlling_tty()
+    restarts = 0
+    try:
+        child = Child(argv, env_for(lease), kill_grace_s, tty)
+        while True:
+            for sig in signals.pop():
+                child.signal(sig)
+            outcome = child.reap()
+            if outcome is not None:
+                return outcome
+            item = stream.next()
+            if item is None:
+                wake.wait(min(max(child.seconds_to_escalation() or 1.0, 0.01), 1.0))
+                continue
+            kind, ev = item
+            if kind == "move" and lease.restartable:
+                _say(f"lease {lease.id} is moving ({ev.message}); stopping the command")
+                child.stop(wake)
+                try:
+                    lease = client.ack_move(lease.id, token)
+                except XpudError as e:
+                    _say(f"the move of lease {lease.id} failed: {e}")
+                    return Outcome(1)
+                restarts += 1
+                where = ",".join(map(str, lease.cards))
+                _say(f"restarting the command on card {where} (restart {restarts})")
+                child = Child(argv, env_for(lease, restarts), kill_grace_s, tty)
+            elif kind == "move":
+                _say(f"lease {lease.id}: the daemon asked to move it, but it is not --restartable")
+            elif kind in ("revoke", "released", "lost"):
+                msg = ev if isinstance(ev, str) else ev.message
+                _say(f"lease {lease.id} ended by the daemon ({msg}); stopping the command")
+                return child.stop(wake)
+            elif kind == "mark":
+                _say(f"lease {lease.id}: {ev.message}")
+    except StartFailed as e:
+        _say(str(e))
+        return Outcome(e.code)
+    finally:
+        if tty is not None:
+            os.close(tty)
+
+
+def _hold_for_launcher(stream: LeaseStream, signals: Signals, wake: Wakeup, grant) -> int:
+    """--json-env: print the environment, hold until stdin closes or a signal; 0, or 1 if the daemon
+    ended the lease."""
+    lease = grant.lease
+    record = {
+        "lease_id": lease.id,
+        "mode": lease.mode,
+        "cards": list(lease.cards),
+        "env": {**dict(lease.env), "XPU_RESTART_COUNT": str(lease.restart_count)},
+    }
+    with contextlib.suppress(OSError):
+        sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
+        sys.stdout.flush()
+    try:
+        stdin: tuple[int, ...] = (0,) if os.fstat(0) else ()
+    except OSError:
+        stdin = ()
+    while True:
+        if signals.pop():
+            return 0
+        item = stream.next()
+        if item is not None:
+            kind, ev = item
+            if kind in ("revoke", "released", "lost"):
+                _say(f"lease {lease.id} ended by the daemon ({ev if isinstance(ev, str) else ev.message})")
+                return 1
+            if kind in ("mark", "move"):
+                _say(f"lease {lease.id}: {ev.message}")
+            continue
+        if not stdin:
+            wake.wait(None)
+            continue
+        if 0 in wake.wait(None, stdin):
+            try:
+                data = os.read(0, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                return 0
 
 
 def run(
@@ -217,71 +382,42 @@ def run(
     priority: int = 0,
     restartable: bool = False,
     kill_grace_s: float = 10.0,
-) -> int:
-    """Lease, run ``argv`` under supervision, release. Returns the exit code to pass on."""
-    if not argv:
-        raise NotFound("no command given: xpu run --mode MODE -- COMMAND [ARGS...]")
-    grant, call = _wait_for_grant(client, mode, gpus, wait_s, priority, restartable, shlex.join(argv))
-    lease, token = grant.lease, grant.token
-    holder = Holder(client, lease.id, token, first_call=call)
-    holder.start()
+    json_env: bool = False,
+) -> Outcome:
+    """Lease, run ``argv`` under supervision (or hold for another launcher with ``json_env``), release.
+    Returns how the command ended (``xpu_cli.child.die_like`` ends the wrapper the same way)."""
+    if json_env and argv:
+        raise BadRequest("--json-env prints the environment for another launcher: give no command")
+    if json_env and restartable:
+        raise BadRequest("--json-env cannot be --restartable: xpu cannot restart another launcher's work")
+    if not json_env and not argv:
+        raise BadRequest("no command given: xpu run --mode MODE -- COMMAND [ARGS...] (or --json-env)")
+    request = dict(
+        mode=mode,
+        gpus=gpus,
+        priority=priority,
+        wait_s=wait_s,
+        restartable=restartable,
+        command=shlex.join(argv) if argv else "(xpu run --json-env)",
+    )
+    wake = Wakeup()
     try:
-        return _supervise(client, holder, lease, token, argv, kill_grace_s)
-    finally:
-        holder.stop()
-        with contextlib.suppress(XpudError):
-            client.release(lease.id, token)
-
-
-def _start(argv: list[str], lease, kill_grace_s: float) -> Child:
-    try:
-        return Child(argv, env_for(lease), kill_grace_s)
-    except FileNotFoundError:
-        raise _StartFailed(127, f"{argv[0]}: command not found") from None
-    except PermissionError:
-        raise _StartFailed(126, f"{argv[0]}: permission denied") from None
-
-
-class _StartFailed(Exception):
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-def _supervise(
-    client: Client, holder: Holder, lease, token: str, argv: list[str], kill_grace_s: float
-) -> int:
-    try:
-        child = _start(argv, lease, kill_grace_s)
-    except _StartFailed as e:
-        _say(str(e))
-        return e.code
-    received: list[int] = []
-    previous = {s: signal.signal(s, lambda sig, _f: received.append(sig)) for s in FORWARDED}
-    try:
-        while True:
-            while received:
-                child.signal(received.pop(0))
-            if child.poll(0.05) is not None:
-                return child.exit_code()
+        with Signals(wake) as signals:
+            stream = LeaseStream(client, request, wake)
+            stream.start()
+            grant = None
             try:
-                kind, ev = holder.events.get_nowait()
-            except queue.Empty:
-                continue
-            if kind == "move" and lease.restartable:
-                _say(f"lease {lease.id} is moving: {ev.message}; restarting the command")
-                child.stop()
-                lease = client.ack_move(lease.id, token)
-                child = _start(argv, lease, kill_grace_s)
-            elif kind in ("revoke", "released", "lost"):
-                msg = ev if isinstance(ev, str) else ev.message
-                _say(f"lease {lease.id} ended by the daemon ({msg}); stopping the command")
-                return child.stop()
-            elif kind == "mark":
-                _say(f"lease {lease.id}: {ev.message}")
-    except _StartFailed as e:
-        _say(str(e))
-        return e.code
+                got = _wait_for_grant(stream, signals, wake, mode if mode != "xpu" else f"{gpus} card(s)")
+                if isinstance(got, Outcome):
+                    return got
+                grant = got
+                if json_env:
+                    return Outcome(_hold_for_launcher(stream, signals, wake, grant))
+                return _supervise(client, stream, signals, wake, grant, argv, kill_grace_s)
+            finally:
+                stream.stop()
+                if grant is not None:
+                    with contextlib.suppress(XpudError):
+                        client.release(grant.lease.id, grant.token)
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        wake.close()
