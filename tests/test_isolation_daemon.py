@@ -1,0 +1,295 @@
+"""Isolation through a real daemon: mixed quarter/half/whole demand on simulated MIG (dgx-h100) and MPS
+(pcie-8x-l40s) hosts, every grant's isolation handle checked against the fake hardware after every step;
+the one-user-per-MPS-server rule; reconciliation at restart; check-hardware's MIG mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+import random
+
+import pytest
+
+from tests.inproc import InProcDaemon
+from xpud.api.client import Client
+from xpud.errors import NoCapacity
+from xpud.hw.check import check_hardware
+from xpud.hw.fakenvml import FakeNvml
+from xpud.model import Caller, Mode, Request
+
+CONFIG = "[leases]\ngrace_s = 120.0\n[cards]\nmig_idle_keep_s = {keep}\n"
+_pids = itertools.count(7_000_000)
+
+
+@pytest.fixture
+def inproc(short_tmp):
+    made = []
+
+    def make(machine, config_text="", fake=None, name="d"):
+        base = short_tmp / f"{name}{len(made)}"
+        base.mkdir()
+        d = InProcDaemon(base, machine, config_text, fake)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.stop()
+
+
+def snapshot(d):
+    """Leases and per-card backend state, read on the daemon's loop."""
+
+    def read():
+        e = d.engine
+        return (
+            [(lease, lease.slices) for lease in e.leases.values()],
+            {i: (c.mode.value, sorted(c.slices), c.whole_lease) for i, c in e.cards.items()},
+            {i: getattr(e._backends[i], "instances", lambda: {})() for i in e.cards},
+        )
+
+    return d.call(read)
+
+
+def check_mig(d, keep: float) -> None:
+    """Every lease's isolation is real on the fake cards; nothing overlaps; nothing leaks."""
+    leases, cards, books = snapshot(d)
+    fake = d.fake
+    held_uuids = {}
+    for lease, slices in leases:
+        if lease.mode is Mode.XPU:
+            for i in lease.cards:
+                assert fake.card_state(i).mig == 0, f"whole lease {lease.id} on card {i} with MIG on"
+                assert fake.mig_layout(i) == []
+            continue
+        (s,) = slices
+        assert fake.card_state(s.card_index).mig == 1
+        inst = [g for g in fake.mig_layout(s.card_index) if s.handle in g["uuids"]]
+        assert len(inst) == 1, f"lease {lease.id}: {s.handle} is not a MIG device of card {s.card_index}"
+        assert inst[0]["start"] == s.placement and inst[0]["name"] == lease.env["XPU_MIG_PROFILE"]
+        assert lease.env["CUDA_VISIBLE_DEVICES"] == s.handle
+        assert s.handle not in held_uuids, "two leases share a MIG device"
+        held_uuids[s.handle] = lease.id
+    for i in range(len(cards)):
+        layout = fake.mig_layout(i)
+        slots = [x for g in layout for x in range(g["start"], g["start"] + g["size"])]
+        assert len(slots) == len(set(slots)), f"card {i}: instances overlap"
+        for g in layout:
+            owner = next((held_uuids[u] for u in g["uuids"] if u in held_uuids), None)
+            state = books[i].get(g["gpu_instance_id"], (None, "unknown"))
+            if owner is None:
+                assert keep > 0 and state == (None, "idle"), f"card {i}: leaked instance {g} ({state})"
+            else:
+                assert state == (owner, "held")
+        mode, slices, _whole = cards[i]
+        if mode == "whole":
+            assert fake.card_state(i).mig == 0 and not slices
+        elif slices:
+            assert fake.card_state(i).mig == 1
+
+
+def check_mps(d, clients: dict[str, tuple[str, int]]) -> None:
+    leases, cards, _ = snapshot(d)
+    tools, nvml = d.tools, d.hw
+    daemons = tools.snapshot()
+    usable = {}
+    for lease, slices in leases:
+        if lease.mode is Mode.XPU:
+            for i in lease.cards:
+                assert nvml.compute_mode(i) == "DEFAULT"
+            continue
+        (s,) = slices
+        pipe = lease.env["CUDA_MPS_PIPE_DIRECTORY"]
+        assert pipe == str(d.runtime_dir / "mps" / str(s.card_index) / "pipe")
+        assert pipe in daemons, f"lease {lease.id}: no MPS control daemon on {pipe}"
+        assert daemons[pipe]["devices"] == lease.env["CUDA_VISIBLE_DEVICES"] == lease.card_uuids[0]
+        assert nvml.compute_mode(s.card_index) == "EXCLUSIVE_PROCESS"
+        limit = lease.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]
+        assert limit == f"0={s.memory_bytes >> 20}M"
+        usable[s.card_index] = usable.get(s.card_index, 0) + s.memory_bytes
+    for i, (mode, slices, _) in cards.items():
+        pipe = str(d.runtime_dir / "mps" / str(i) / "pipe")
+        if mode == "whole":
+            assert pipe not in daemons and nvml.compute_mode(i) == "DEFAULT"
+        if not slices and pipe in daemons:
+            assert daemons[pipe]["servers"] == {}, f"card {i}: MPS server without slices"
+        card_total = nvml.card_info(i).memory_total_bytes
+        assert usable.get(i, 0) <= card_total - (1 << 30)
+    connected = {lid for lid, _ in clients.values()}
+    assert connected <= {lease.id for lease, _ in leases}
+
+
+def mixed_demand(d, steps: int, seed: int, on_grant=None, on_release=None, check=None) -> dict:
+    rng = random.Random(seed)
+    held, counts = [], {"granted": 0, "refused": 0, "released": 0}
+    with Client(d.runtime_dir) as c:
+        for _ in range(steps):
+            if held and rng.random() < 0.4:
+                g = held.pop(rng.randrange(len(held)))
+                if on_release:
+                    on_release(g)
+                c.release(g.lease.id, g.token)
+                counts["released"] += 1
+            else:
+                mode = rng.choice(["vxpu-quarter", "vxpu-quarter", "vxpu-half", "xpu"])
+                gpus = rng.choice([1, 1, 2]) if mode == "xpu" else 1
+                try:
+                    g = c.acquire_lease(mode, gpus=gpus)
+                except NoCapacity:
+                    counts["refused"] += 1
+                else:
+                    held.append(g)
+                    counts["granted"] += 1
+                    if on_grant:
+                        on_grant(g)
+            check()
+        for g in held:
+            if on_release:
+                on_release(g)
+            c.release(g.lease.id, g.token)
+        check()
+    return counts
+
+
+@pytest.mark.parametrize("keep", [0.0, 600.0])
+def test_mixed_demand_on_mig_cards_matches_the_fake_hardware_after_every_step(inproc, keep):
+    d = inproc("dgx-h100", CONFIG.format(keep=keep))
+    with Client(d.runtime_dir) as c:
+        # Fill every card with slices, free them, then take all eight whole: every card switches back.
+        quarters = [c.acquire_lease("vxpu-quarter") for _ in range(8 * 4)]
+        with pytest.raises(NoCapacity, match="no card has room for a vxpu-quarter"):
+            c.acquire_lease("vxpu-quarter")
+        check_mig(d, keep)
+        assert all(d.fake.card_state(i).mig == 1 for i in range(8))
+        for g in quarters:
+            c.release(g.lease.id, g.token)
+        check_mig(d, keep)
+        whole = c.acquire_lease("xpu", gpus=8)
+        check_mig(d, keep)
+        assert all(d.fake.card_state(i).mig == 0 and d.fake.mig_layout(i) == [] for i in range(8))
+        c.release(whole.lease.id, whole.token)
+    counts = mixed_demand(d, 160, seed=int(keep) + 1, check=lambda: check_mig(d, keep))
+    assert counts["granted"] > 60 and counts["released"] > 40
+    resets = [argv for argv, _, _ in d.tools.calls if argv[:2] == ("nvidia-smi", "--gpu-reset")]
+    assert len(resets) >= 16  # on and off on every card at least once
+
+
+def test_mixed_demand_on_mps_cards_matches_the_simulated_control_daemons(inproc):
+    d = inproc("pcie-8x-l40s", CONFIG.format(keep=0))
+    clients: dict[str, tuple[str, int]] = {}  # lease id -> (pipe, client pid)
+
+    def started(g):  # the child starts CUDA: it connects to its card's MPS server
+        if g.lease.mode != "xpu":
+            pid = next(_pids)
+            pipe = g.lease.env["CUDA_MPS_PIPE_DIRECTORY"]
+            assert d.tools.connect(pipe, pid, uid=1000) == "served"
+            clients[g.lease.id] = (pipe, pid)
+
+    def ended(g):
+        if g.lease.id in clients:
+            pipe, pid = clients.pop(g.lease.id)
+            d.tools.disconnect(pipe, pid)
+
+    counts = mixed_demand(d, 160, seed=7, on_grant=started, on_release=ended, check=lambda: check_mps(d, {}))
+    assert counts["granted"] > 60
+    assert all(snap["servers"] == {} for snap in d.tools.snapshot().values())
+
+
+def test_a_second_user_s_mps_slice_goes_to_another_card_or_waits_with_the_reason(inproc):
+    d = inproc("workstation-2x", CONFIG.format(keep=0))
+
+    def grant(uid):
+        return d.call(lambda: d.engine.try_grant(Request(Mode.VXPU_QUARTER, owner_uid=uid)))
+
+    a, _ = grant(1000)
+    b, _ = grant(1001)
+    assert a.cards != b.cards  # one user per card's MPS server
+    assert grant(1000)[0].cards == a.cards and grant(1001)[0].cards == b.cards
+    assert grant(1002) is None
+    with pytest.raises(NoCapacity, match=r"card \d's MPS server serves uid 100[01]"):
+        d.call_async(d.engine.acquire(Request(Mode.VXPU_QUARTER, owner_uid=1002)))
+    waiter = asyncio.run_coroutine_threadsafe(
+        d.engine.acquire(Request(Mode.VXPU_QUARTER, owner_uid=1002, wait_s=30)), d.loop
+    )
+    admin = Caller(uid=0, admin=True)
+    for lease in d.call(lambda: [x for x in d.engine.leases.values() if x.owner_uid == 1000]):
+        assert not waiter.done()
+        d.call(d.engine.release, lease.id, admin)
+    got, _ = waiter.result(10)
+    assert got.cards == a.cards
+
+
+def test_restart_adopts_mig_instances_destroys_orphans_and_reclaims_lost_slices(inproc):
+    d1 = inproc("dgx-h100", CONFIG.format(keep=0), name="a")
+    with Client(d1.runtime_dir) as c:
+        kept = [c.acquire_lease("vxpu-half"), c.acquire_lease("vxpu-quarter")]
+        doomed = c.acquire_lease("vxpu-half")
+    fake = d1.fake
+    d1.stop()
+    # While xpud is down: someone leaves an empty instance on card 5, and the doomed lease's instance
+    # vanishes (destroyed by hand).
+    d1.hw.open()
+    d1.hw.set_mig_mode(5, True)
+    fake.reset(5)
+    d1.hw.create_mig_instance(5, 14, 0)
+    doomed_card = doomed.lease.cards[0]
+    gi = next(
+        g["gpu_instance_id"]
+        for g in fake.mig_layout(doomed_card)
+        if doomed.lease.slices[0].handle in g["uuids"]
+    )
+    d1.hw.destroy_mig_instance(doomed_card, gi)
+    d1.hw.close()
+    d2 = InProcDaemon(d1.runtime_dir.parent, "dgx-h100", CONFIG.format(keep=0), fake=fake)
+    try:
+        with Client(d2.runtime_dir) as c:
+            active = {x.id for x in c.leases().leases}
+            assert active == {g.lease.id for g in kept}
+            ended = {x.id: x.state for x in c.leases(all=True).leases}
+            assert ended[doomed.lease.id] == "reclaimed"
+        assert fake.mig_layout(5) == [] and fake.card_state(5).mig == 0  # orphan destroyed, card back whole
+        check_mig(d2, 0)
+        events = d2.call(lambda: [e.message for e in d2.engine.ledger.events(limit=50)])
+        assert any("adopted MIG 3g.40gb" in m for m in events)
+        assert any("destroyed orphaned MIG 2g.20gb@0" in m for m in events)
+        assert any(f"the MIG instance of lease {doomed.lease.id} is gone" in m for m in events)
+        with Client(d2.runtime_dir) as c:
+            for g in kept:
+                c.release(g.lease.id, g.token)
+        check_mig(d2, 0)
+        assert all(fake.mig_layout(i) == [] for i in range(8))
+    finally:
+        d2.stop()
+
+
+def test_cards_with_stray_processes_are_not_switched(inproc):
+    d = inproc("dgx-h100", CONFIG.format(keep=0))
+    for i in range(1, 8):
+        d.fake.add_process(i, 100 + i)  # someone runs CUDA outside xpud on cards 1..7
+    with Client(d.runtime_dir) as c:
+        halves = [c.acquire_lease("vxpu-half") for _ in range(2)]
+        assert {g.lease.cards[0] for g in halves} == {0}  # only card 0 may switch MIG on
+        with pytest.raises(NoCapacity, match=r"card \d: 1 process\(es\) run on it \(pid 10\d\)"):
+            c.acquire_lease("vxpu-half")
+        for g in halves:
+            c.release(g.lease.id, g.token)
+        d.fake.add_process(0, 100)  # now card 0 (sliced, idle, MIG on) has a stray process too
+        with pytest.raises(NoCapacity):
+            c.acquire_lease("xpu", gpus=8)  # card 0 cannot switch MIG off under it
+        d.fake.remove_process(0, 100)
+        whole = c.acquire_lease("xpu", gpus=8)
+        assert d.fake.card_state(0).mig == 0
+        c.release(whole.lease.id, whole.token)
+
+
+@pytest.mark.parametrize(("machine", "expect"), [("dgx-h100", "2g.20gb, 1g.20gb"), ("hgx-h200", "2g.35gb")])
+def test_check_hardware_reports_the_mig_mapping_read_only(machine, expect):
+    fake = FakeNvml(machine)
+    out = io.StringIO()
+    assert check_hardware(fake, out=out) == 0
+    text = out.getvalue()
+    assert "xpud uses vxpu-quarter  -> " + expect in text and "(map)" in text
+    assert not [
+        n for n in fake.calls if n.startswith(("nvmlDeviceSet", "nvmlDeviceCreate", "nvmlGpuInstance"))
+    ]
