@@ -229,9 +229,10 @@ def die_like(outcome: Outcome) -> int:
         sys.stderr.flush()
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
             signal.signal(outcome.signal, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [outcome.signal])
-            os.kill(os.getpid(), outcome.signal)
-            time.sleep(0.1)  # delivery is immediate for ourselves; this is belt and braces
+        os.kill(os.getpid(), outcome.signal)
+        time.sleep(0.1)  # delivery to ourselves is immediate; this is belt and braces
     return outcome.code

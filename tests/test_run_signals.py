@@ -1,0 +1,218 @@
+"""`xpu run` supervision: signals passed on to the command's group, SIGKILL after the grace, nothing left of
+the group after the end, and on a terminal: Ctrl-C, reading, Ctrl-Z and `fg`, the queue position line."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import signal
+import subprocess
+import sys
+import termios
+import time
+
+import pytest
+
+from tests.conftest import BIN, xpu_env
+
+XPU = str(BIN / "xpu")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_until(pred, timeout=10.0, step=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    raise AssertionError(f"condition not met in {timeout} s")
+
+
+def start(daemon, script: str, *opts: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [XPU, "run", "-m", "vxpu-quarter", *opts, "--", "sh", "-c", script],
+        env=xpu_env(daemon.runtime_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
+
+
+TRAPPER = 'trap "echo got-{name}; exit {code}" {name}; echo ready; while :; do sleep 0.05; done'
+
+
+@pytest.mark.parametrize(
+    ("sig", "code"), [(signal.SIGTERM, 41), (signal.SIGINT, 42), (signal.SIGHUP, 43), (signal.SIGUSR1, 44)]
+)
+def test_signals_to_the_wrapper_reach_the_command(daemon, sig, code):
+    name = sig.name.removeprefix("SIG")
+    p = start(daemon, TRAPPER.format(name=name, code=code))
+    assert p.stdout.readline() == b"ready\n"
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=20)
+    assert (p.returncode, out) == (code, f"got-{name}\n".encode()), err
+
+
+def test_a_command_that_ignores_sigterm_gets_sigkill_after_the_grace(daemon):
+    p = start(daemon, 'trap "" TERM; echo ready; while :; do sleep 0.05; done', "--kill-grace", "0.6")
+    assert p.stdout.readline() == b"ready\n"
+    t = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    p.wait(20)
+    took = time.monotonic() - t
+    assert p.returncode == -signal.SIGKILL and 0.6 <= took < 2.0, took
+    with daemon.client() as c:
+        assert list(c.leases().leases) == []
+
+
+def test_nothing_of_the_command_s_group_outlives_it(daemon):
+    p = start(daemon, "sleep 300 & echo $!; sleep 300 & echo $!; exit 5")
+    out, _ = p.communicate(timeout=20)
+    assert p.returncode == 5
+    pids = [int(x) for x in out.split()]
+    wait_until(lambda: not any(alive(x) for x in pids), timeout=3)
+
+
+def test_a_killed_wrapper_takes_the_whole_group_with_it(daemon):
+    p = start(daemon, "sleep 300 & echo $!; echo $$; wait")
+    grandchild, child = int(p.stdout.readline()), int(p.stdout.readline())
+    assert alive(child) and alive(grandchild)
+    p.kill()
+    p.wait()
+    # the child by PR_SET_PDEATHSIG, the grandchild by the guard (it had no parent death signal)
+    wait_until(lambda: not alive(child) and not alive(grandchild), timeout=3)
+
+
+# ------------------------------------------------------------------------------------- a terminal
+class Terminal:
+    """The wrapper as the session leader of a new pseudo-terminal, as a login shell would start it."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        self.master, slave = os.openpty()
+
+        def take_tty() -> None:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            preexec_fn=take_tty,
+        )
+        os.close(slave)
+        self.seen = b""
+
+    def expect(self, text: bytes, timeout: float = 15.0) -> bytes:
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{text!r} not seen; got {self.seen!r}")
+            r, _, _ = select.select([self.master], [], [], left)
+            if r:
+                try:
+                    self.seen += os.read(self.master, 4096)
+                except OSError:  # the other side closed
+                    raise AssertionError(f"{text!r} not seen; got {self.seen!r}") from None
+        return self.seen
+
+    def send(self, data: bytes) -> None:
+        os.write(self.master, data)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+
+@pytest.fixture
+def terminal():
+    made = []
+
+    def make(argv, env):
+        t = Terminal(argv, env)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.close()
+
+
+# The commands on the terminal are Python, not sh: dash vforks for each command, and a terminal signal that
+# lands between its vfork and exec is lost (Ctrl-C) or hangs the shell in vfork (Ctrl-Z), with or without
+# xpu in between.
+PY_INT = (
+    "import signal, sys, time\n"
+    "def bye(*_):\n"
+    "    print('got-int', flush=True)\n"
+    "    sys.exit(EXIT)\n"
+    "signal.signal(signal.SIGINT, bye)\n"
+    "print('ready', flush=True)\n"
+)
+
+
+def test_ctrl_c_and_reading_the_terminal_reach_the_command_directly(daemon, terminal):
+    code = PY_INT.replace("EXIT", "5") + "print('read:' + input(), flush=True)\ntime.sleep(300)\n"
+    argv = [XPU, "run", "-m", "vxpu-quarter", "--", sys.executable, "-c", code]
+    t = terminal(argv, xpu_env(daemon.runtime_dir))
+    t.expect(b"ready")
+    t.send(b"hello\n")  # the command reads the terminal: it is the foreground group (no SIGTTIN stop)
+    t.expect(b"read:hello")
+    t.send(b"\x03")  # Ctrl-C: the terminal signals the foreground group, the command's
+    t.expect(b"got-int")
+    assert t.proc.wait(15) == 5
+
+
+def test_ctrl_z_stops_wrapper_and_command_and_continue_resumes_both(daemon, terminal):
+    code = PY_INT.replace("EXIT", "6") + "time.sleep(300)\n"
+    argv = [XPU, "run", "-m", "vxpu-quarter", "--", sys.executable, "-c", code]
+    t = terminal(argv, xpu_env(daemon.runtime_dir))
+    t.expect(b"ready")
+    t.send(b"\x1a")  # Ctrl-Z
+    _, status = os.waitpid(t.proc.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status)  # a job-control shell would now show "Stopped"
+    os.killpg(t.proc.pid, signal.SIGCONT)  # `fg`: the wrapper's group continues; it resumes the command
+    time.sleep(0.3)
+    t.send(b"\x03")
+    t.expect(b"got-int")
+    assert t.proc.wait(15) == 6
+
+
+def test_the_queue_position_is_shown_on_a_terminal(daemon, terminal):
+    with daemon.client() as c:
+        g = c.acquire_lease("xpu", gpus=8)
+        t = terminal(
+            [XPU, "run", "-m", "vxpu-half", "--wait", "60", "--", "echo", "ran"], xpu_env(daemon.runtime_dir)
+        )
+        t.expect(b"queued for vxpu-half: position 1 of 1")
+        t.expect(b"waited 1 s")  # redrawn every second
+        c.release(g.lease.id, g.token)
+    t.expect(b"ran")
+    assert t.proc.wait(15) == 0
+    assert b"\r\x1b[K" in t.seen  # the line was cleared before the command ran
+
+
+def test_queue_progress_without_a_terminal_and_ctrl_c_while_queued(daemon):
+    with daemon.client() as c:
+        g = c.acquire_lease("xpu", gpus=8)
+        p = start(daemon, "echo ran", "--wait", "60")
+        line = p.stderr.readline()
+        assert line.startswith(b"xpu: queued for vxpu-quarter: position 1 of 1"), line
+        p.send_signal(signal.SIGINT)  # leave the queue, end as interrupted
+        assert p.wait(15) == -signal.SIGINT
+        wait_until(lambda: list(c.leases().queue) == [], timeout=5)
+        c.release(g.lease.id, g.token)
