@@ -9,9 +9,10 @@
 - File descriptors the wrapper inherited (``3<file``) are passed on; its own are not.
 - When the command ends, whatever is left of its process group is killed: nothing started under the lease
   outlives it. If the wrapper itself dies, even by SIGKILL, the command gets SIGKILL from the kernel
-  (PR_SET_PDEATHSIG) and a guard (a tiny ``/bin/sh`` that waits for the end of a pipe only the wrapper
-  holds) kills the rest of the group, so the slice's MIG instance or MPS client is free when the daemon
-  reclaims the lease.
+  (PR_SET_PDEATHSIG) and a guard kills the rest of the group, so the slice's MIG instance or MPS client is
+  free when the daemon reclaims the lease. The guard is a tiny ``/bin/sh``, started first, that leads the
+  process group the command then joins; it ignores the usual signals and waits for the end of a pipe only
+  the wrapper holds. So the group is never unguarded, not even while the command starts.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ except (OSError, AttributeError):
 # Dispositions as the wrapper inherited them (Python turns an inherited SIG_DFL for SIGINT into its
 # KeyboardInterrupt handler, which means "default" here).
 INHERITED = {s: signal.getsignal(s) for s in (*FORWARDED, signal.SIGTTOU, signal.SIGTTIN, signal.SIGTSTP)}
-_GUARD = 'trap "" INT TERM HUP QUIT TSTP USR1 USR2; read -r _; kill -s KILL -- "-$1" 2>/dev/null; exit 0'
+_GUARD = 'trap "" INT TERM HUP QUIT TSTP USR1 USR2; read -r _; kill -s KILL -- "-$$" 2>/dev/null; exit 0'
 
 
 def inherited_ignored(sig: int) -> bool:
@@ -98,6 +99,8 @@ class Child:
         self._escalate_at: float | None = None
         self.outcome: Outcome | None = None
         parent = os.getpid()
+        self._guard = self._start_guard()
+        self.pgid = self._guard[0].pid if self._guard else 0  # 0: a group of its own (no /bin/sh)
 
         def setup() -> None:  # in the child between fork and exec: syscalls only, nothing that locks
             if _prctl is not None:
@@ -107,35 +110,38 @@ class Child:
             if tty is not None:
                 # Take the terminal ourselves too (as shells do), so we never read it from the background.
                 with contextlib.suppress(OSError):
-                    os.tcsetpgrp(tty, os.getpid())
+                    os.tcsetpgrp(tty, os.getpgrp())
             # SIG_IGN survives exec: give the command the dispositions the wrapper inherited.
             for s in (signal.SIGTTOU, signal.SIGTTIN, signal.SIGTSTP):
                 signal.signal(s, signal.SIG_IGN if inherited_ignored(s) else signal.SIG_DFL)
 
         try:
             self.proc = subprocess.Popen(
-                argv, env=env, process_group=0, preexec_fn=setup, pass_fds=_inherited_fds()
+                argv, env=env, process_group=self.pgid, preexec_fn=setup, pass_fds=_inherited_fds()
             )
-        except FileNotFoundError:
-            raise StartFailed(127, f"{argv[0]}: command not found") from None
-        except (PermissionError, IsADirectoryError):
-            raise StartFailed(126, f"{argv[0]}: permission denied") from None
         except OSError as e:
+            self._finish()
+            if isinstance(e, FileNotFoundError):
+                raise StartFailed(127, f"{argv[0]}: command not found") from None
+            if isinstance(e, PermissionError | IsADirectoryError):
+                raise StartFailed(126, f"{argv[0]}: permission denied") from None
             raise StartFailed(126, f"{argv[0]}: {e.strerror}") from None
         self.pid = self.proc.pid
-        self._give_terminal(self.pid)
-        self._guard = self._start_guard()
+        self.pgid = self.pgid or self.pid
+        self._give_terminal(self.pgid)
 
-    def _start_guard(self):
-        """A /bin/sh that kills our group when the wrapper is gone (its stdin hits end of file)."""
+    @staticmethod
+    def _start_guard():
+        """The group's leader: a /bin/sh that SIGKILLs the group when the wrapper is gone (its stdin, a
+        pipe only we hold, reaches end of file). None when it cannot start."""
         r, w = os.pipe()
         try:
             guard = subprocess.Popen(
-                ["/bin/sh", "-c", _GUARD, "xpu-guard", str(self.pid)],
+                ["/bin/sh", "-c", _GUARD, "xpu-guard"],
                 stdin=r,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                process_group=0,  # a signal to the wrapper's group (or the terminal's) must not reach it
+                process_group=0,  # a group of its own, which the command joins
             )
         except OSError:
             os.close(w)
@@ -154,7 +160,7 @@ class Child:
     def signal(self, sig: int) -> None:
         """Pass ``sig`` to the command's group; a termination signal starts the SIGKILL countdown."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
+            os.killpg(self.pgid, sig)
         if sig in TERMINATING and self._escalate_at is None:
             self._escalate_at = time.monotonic() + self.kill_grace_s
 
@@ -173,7 +179,7 @@ class Child:
         if pid == 0:
             if self._escalate_at is not None and time.monotonic() >= self._escalate_at:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.pid, signal.SIGKILL)
+                    os.killpg(self.pgid, signal.SIGKILL)
             return None
         if os.WIFSTOPPED(status):
             self._mirror_stop()
@@ -193,18 +199,19 @@ class Child:
         # ... continued (fg or bg): hand the terminal back if we are in the foreground again.
         with contextlib.suppress(OSError):
             if os.tcgetpgrp(self.tty) == os.getpgrp():
-                self._give_terminal(self.pid)
+                self._give_terminal(self.pgid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGCONT)
+            os.killpg(self.pgid, signal.SIGCONT)
 
     def _finish(self) -> None:
-        """The command ended: kill what is left of its group, take the terminal back, dismiss the guard."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
+        """The command ended: kill what is left of its group (the guard too), take the terminal back."""
+        if self.pgid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pgid, signal.SIGKILL)
         self._give_terminal(os.getpgrp())
         if self._guard is not None:
             guard, w = self._guard
-            os.close(w)  # the guard wakes, finds the group empty, and exits
+            os.close(w)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 guard.wait(1.0)
             self._guard = None

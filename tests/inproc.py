@@ -54,5 +54,14 @@ class InProcDaemon:
     def stop(self) -> None:
         if self.thread.is_alive():
             self.call_async(self.daemon.stop())
+
+            async def settle():  # let cancelled streams finish before the loop goes
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            self.call_async(settle())
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)
+            self.loop.close()

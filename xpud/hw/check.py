@@ -17,10 +17,10 @@ import time
 from collections.abc import Mapping
 from typing import TextIO
 
+from xpud.errors import XpudError
 from xpud.hw.machines import ARCHITECTURES, format_cpulist
 from xpud.hw.nvml import MIB, MigProfile, Nvml, NvmlError, NvmlNotSupported, NvmlUnavailable
 from xpud.hw.topology import LEVEL_MEANING, Topology
-from xpud.errors import XpudError
 from xpud.model import CardInfo, CardSample, SliceSpec
 
 _NVLINK_VERSIONS = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0", 8: "6.0"}
