@@ -256,23 +256,16 @@ class Engine:
         if reserve_whole:
             return None
         scores = {i: c.health_score for i, c in self.cards.items()}
-        for allow_degraded in (False, True):
+        degraded = [i for i, c in self.cards.items() if c.health_state is HealthState.DEGRADED]
+        whole, anyfree = self._whole_candidates(True, exclude), self._whole_candidates(False, exclude)
+        g_whole = best_group(self.topology, whole, req.gpus, scores, avoid=degraded)
+        g_any = best_group(self.topology, anyfree, req.gpus, scores, avoid=degraded)
+        if g_whole and (not g_any or self._group_key(g_whole, degraded) <= self._group_key(g_any, degraded)):
+            return g_whole  # as good without switching an (empty) sliced card back to whole
+        return g_any
 
-            def ok(i: int, allow=allow_degraded) -> bool:
-                return allow or self.cards[i].health_state is not HealthState.DEGRADED
-
-            whole = [i for i in self._whole_candidates(True, exclude) if ok(i)]
-            anyfree = [i for i in self._whole_candidates(False, exclude) if ok(i)]
-            g_whole = best_group(self.topology, whole, req.gpus, scores)
-            g_any = best_group(self.topology, anyfree, req.gpus, scores)
-            if g_whole and (
-                not g_any
-                or self.topology.allreduce_seconds(g_whole) <= self.topology.allreduce_seconds(g_any) + 1e-12
-            ):
-                return g_whole  # as good without switching an (empty) sliced card back
-            if g_any:
-                return g_any
-        return None
+    def _group_key(self, group: tuple[int, ...], degraded: list[int]) -> tuple[int, float]:
+        return sum(i in degraded for i in group), round(self.topology.allreduce_seconds(group), 12)
 
     def _place_slice(
         self, req: Request, reserve_whole: bool, exclude: frozenset[int] = frozenset()
@@ -289,8 +282,10 @@ class Engine:
                 and self._backends[c.info.index].fits(c.info, list(c.slices.values()), spec)
             )
             caps.append(replace(self._capacity(c), usable=feasible))
-        # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks.
-        return choose_slice_card(caps, 0.0, 0, self.topology)
+        # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks. The whole-card
+        # pool (for the harm a conversion does) includes pinned and reserved idle whole cards.
+        pool = self._whole_candidates(True)
+        return choose_slice_card(caps, 0.0, 0, self.topology, free_whole=pool)
 
     def _fit(
         self, req: Request, reserve_whole: bool = False, exclude: frozenset[int] = frozenset()
