@@ -229,6 +229,7 @@ class CardHealth:
     _counters: dict[str, _Counter] = field(default_factory=dict)
     _crc_high_at: float | None = None
     _crc_rate: float | None = None
+    _crc_high_rate: float = 0.0
     _pcie: deque = field(default_factory=deque)  # (time, counter) over the last minute
     _since: dict[int, float | None] = field(default_factory=lambda: {0: None, 1: None, 2: None})
 
@@ -249,7 +250,7 @@ class CardHealth:
         if crc is not None and prev_crc is not None and prev is not None and now > prev.timestamp:
             self._crc_rate = max(0, crc - prev_crc) / (now - prev.timestamp)
             if self._crc_rate >= self.cfg.nvlink_crc_fail_per_s:
-                self._crc_high_at = now
+                self._crc_high_at, self._crc_high_rate = now, self._crc_rate
         if sample.pcie_replay_counter is not None:
             self._pcie.append((now, sample.pcie_replay_counter))
             while len(self._pcie) > 1 and self._pcie[1][0] <= now - 60.0:
@@ -481,7 +482,9 @@ class CardHealth:
                     c.nvlink_crc_fail_per_s,
                     "per s",
                     FAIL if high else OK,
-                    f"NVLink CRC errors reached {c.nvlink_crc_fail_per_s:g}/s" if high else "",
+                    f"NVLink CRC errors at {self._crc_high_rate:.0f}/s (fails at {c.nvlink_crc_fail_per_s:g})"
+                    if high
+                    else "",
                 )
             )
 
