@@ -41,7 +41,7 @@ def test_an_xid_reaches_the_loop_within_a_second_and_stop_is_prompt(tmp_path):
 
     async def main():
         monitor.start()
-        assert all(ch.xid_events for ch in monitor.cards.values())
+        assert all(ch.memory.xid_events for ch in monitor.cards.values())
         sent = time.monotonic()
         fake.inject_xid(4, 119)  # GSP error: fails the card, and only an event can tell
         await until(lambda: engine.cards[4].health_state is HealthState.UNHEALTHY)

@@ -8,17 +8,9 @@ import pytest
 
 from xpud.config import HealthSection
 from xpud.hw.fakenvml import FakeNvml
-from xpud.hw.health import (
-    ABSENT,
-    FAIL,
-    INFO,
-    OK,
-    WARN,
-    CardHealth,
-    memory_fragmentation,
-    xid_class,
-)
+from xpud.hw.health import CardHealth
 from xpud.hw.nvml import Nvml
+from xpud.hw.signals import ABSENT, FAIL, INFO, OK, WARN, memory_fragmentation, xid_class
 from xpud.model import CardSample, HealthState, Slice
 
 H, D, U = HealthState.HEALTHY, HealthState.DEGRADED, HealthState.UNHEALTHY

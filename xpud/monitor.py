@@ -5,8 +5,8 @@ Two inputs, one judge:
   asyncio loop (``call_soon_threadsafe``), so a fault is judged within milliseconds, not at the next poll;
 - the APScheduler sample job (``xpud.jobs``) polls every card every ``[health] poll_interval_s`` in a
   worker thread and calls ``on_samples`` on the loop.
-Both feed ``xpud.hw.health.CardHealth`` (pure), one per card, which answers a report and, at times, a state
-change. Everything below runs on the loop, like the engine.
+Both feed ``xpud.hw.health.CardHealth`` (pure, over ``xpud.hw.signals``), one per card, which answers a
+report and, at times, a state change. Everything below runs on the loop, like the engine.
 
 What a state change does:
 - any: recorded in the ledger (``health_changes``, with its reasons) and the event log, before acting;
@@ -148,13 +148,13 @@ class HealthMonitor:
         try:
             waiter = self.hw.event_waiter(indices)
             for i, ch in self.cards.items():
-                ch.xid_events = i in waiter.registered
+                ch.memory.xid_events = i in waiter.registered
             for i, why in waiter.unregistered.items():
                 log.warning("card %d reports no XID/ECC events (%s): relying on polling", i, why)
         except NvmlError as e:
             log.warning("cannot wait for NVML events (%s): relying on polling", e)
             for ch in self.cards.values():
-                ch.xid_events = False
+                ch.memory.xid_events = False
             return
         loop = self._loop
         self.thread = EventThread(
