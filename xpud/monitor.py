@@ -33,15 +33,8 @@ from xpud.api.v1 import xpu_pb2 as pb
 from xpud.config import Config
 from xpud.engine import Engine
 from xpud.errors import Conflict, NoCapacity
-from xpud.hw.health import (
-    BANDS,
-    CardHealth,
-    HealthReport,
-    StateChange,
-    memory_fragmentation,
-    xid_class,
-    xid_text,
-)
+from xpud.hw.health import BANDS, CardHealth, HealthReport, StateChange
+from xpud.hw.signals import memory_fragmentation, xid_class, xid_text
 from xpud.hw.types import HwEvent, NvmlError
 from xpud.ledger import HealthChangeRecord
 from xpud.model import CardSample, HealthState
