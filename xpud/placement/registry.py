@@ -16,6 +16,7 @@ from xpud.placement.policies import (
     Policy,
     RandomFit,
 )
+from xpud.placement.qlearn import QRule
 
 DEFAULT_POLICY = "xpud"
 
@@ -30,11 +31,12 @@ DESCRIPTIONS: dict[str, tuple[str, bool]] = {
     "fgd-online": ("FGD with the mix learned from arrivals", False),
     "whole-only": ("every GPU task takes whole cards (single-mode), best-fit", False),
     "xpud": ("ours: FGD measure online + CPU/memory stranding + card fill look-ahead", False),
+    "xpud-q": ("Q-learning picks a rule per request class (trained on seeds 0-5 first)", False),
 }
 POLICY_NAMES: tuple[str, ...] = tuple(DESCRIPTIONS)
 
 
-def make_policy(name: str, trace: Sequence[Demand] = ()) -> Policy:
+def make_policy(name: str, trace: Sequence[Demand] = (), qtable=None) -> Policy:
     """A fresh policy. ``trace``: the whole task list, read only by policies that know the mix in advance."""
     makers: dict[str, Callable[[], Policy]] = {
         "random": RandomFit,
@@ -46,6 +48,7 @@ def make_policy(name: str, trace: Sequence[Demand] = ()) -> Policy:
         "fgd-online": lambda: _named(FGD(None), "fgd-online"),
         "whole-only": lambda: _named(BestFit(), "whole-only"),
         "xpud": FragAware,
+        "xpud-q": lambda: QRule(qtable),
     }
     if name not in makers:
         raise ValueError(f"unknown policy {name!r}: choose from {', '.join(POLICY_NAMES)} or all")

@@ -60,10 +60,11 @@ class SimReport:
 _WORKER: dict = {}
 
 
-def _init_worker(hosts: list[Host], tasks: list[Demand]) -> None:
+def _init_worker(hosts: list[Host], tasks: list[Demand], qtable=None) -> None:
     _WORKER["hosts"] = hosts
     _WORKER["tasks"] = tasks
     _WORKER["state"] = ClusterState(hosts)
+    _WORKER["qtable"] = qtable
 
 
 def _job(args: tuple[str, int, SimConfig]) -> ReplayResult:
@@ -79,7 +80,8 @@ def _job(args: tuple[str, int, SimConfig]) -> ReplayResult:
 
         whole = cfg.move_whole if cfg.move_whole is not None else cfg.move_budget_pct > 1.0
         mover = Defragmenter(budget_pct=cfg.move_budget_pct, move_whole=whole, seed=seed)
-    res = replay(state, seq, make_policy(name, tasks), seed=seed, rounding=rounding, mover=mover)
+    policy = make_policy(name, tasks, _WORKER.get("qtable"))
+    res = replay(state, seq, policy, seed=seed, rounding=rounding, mover=mover)
     res.policy = name
     return res
 
@@ -95,15 +97,23 @@ def run(
     workers = cfg.workers or min(len(jobs), os.cpu_count() or 1)
     results: dict[tuple[str, int], ReplayResult] = {}
     say = progress or (lambda _msg: None)
+    qtable = None
+    if "xpud-q" in cfg.policies:
+        from xpud.placement.qlearn import TRAIN_SEEDS, train
+
+        capacity = ClusterState(hosts).total_gpu_milli
+        seeds = [s for s in TRAIN_SEEDS if s not in cfg.seeds]
+        say(f"training xpud-q on seeds {seeds} ...")
+        qtable = train(hosts, [arrivals(tasks, capacity, s, cfg.ratio) for s in seeds])
     if workers <= 1:
-        _init_worker(hosts, tasks)
+        _init_worker(hosts, tasks, qtable)
         for n, job in enumerate(jobs, 1):
             r = _job(job)
             results[(r.policy, r.seed)] = r
             say(_line(n, len(jobs), r))
     else:
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(hosts, tasks)) as pool:
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(hosts, tasks, qtable)) as pool:
             for n, r in enumerate(pool.imap_unordered(_job, jobs), 1):
                 results[(r.policy, r.seed)] = r
                 say(_line(n, len(jobs), r))
