@@ -144,6 +144,7 @@ class XpuTop(App[None]):
         self._cluster_box: Mailbox[HostSummary] = Mailbox(limit=100_000)
         self._stop = threading.Event()
         self._placed_focus = False
+        self.refreshes = 0  # batches of updates applied (one screen refresh each)
 
     @property
     def operator(self) -> bool:
@@ -152,22 +153,28 @@ class XpuTop(App[None]):
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
-        yield Static(id="status")
-        with TabbedContent(initial="host"):
+        # The views are kept as attributes: ``query_one`` searches the active screen, a dialog at times.
+        self.status = Static(id="status")
+        self.tabs = TabbedContent(initial="host")
+        self.host_view = HostView(id="host-view")
+        self.leases_view = LeasesView(self.owner, self.clock, self.localtime, id="leases-view")
+        self.event_log = EventLog(self.localtime, id="event-log")
+        self.cluster_view = ClusterView(self.clock, max(5.0, 3 * self.interval_s), id="cluster-view")
+        yield self.status
+        with self.tabs:
             with TabPane("1 Host", id="host"):
-                yield HostView(id="host-view")
+                yield self.host_view
             with TabPane("2 Leases", id="leases"):
-                yield LeasesView(self.owner, self.clock, self.localtime, id="leases-view")
+                yield self.leases_view
             with TabPane("3 Events", id="events"):
-                yield EventLog(self.localtime, id="event-log")
+                yield self.event_log
             if self.cluster is not None:
                 with TabPane("4 Cluster", id="cluster"):
-                    yield ClusterView(
-                        self.clock, stale_after_s=max(5.0, 3 * self.interval_s), id="cluster-view"
-                    )
+                    yield self.cluster_view
         yield Footer()
 
-    def on_mount(self) -> None:
+    def on_ready(self) -> None:
+        # Start the streams once the screen is mounted: their first message builds the tiles.
         self._show_status()
         self._follow_host()
         if self.cluster is not None:
@@ -220,7 +227,7 @@ class XpuTop(App[None]):
         self.info = message.info
         self.connection = "live"
         groups = groups_from_topology(message.topology) if message.topology else None
-        self.query_one(HostView).set_topology(groups)
+        self.host_view.set_topology(groups)
         self._show_status()
         self.refresh_bindings()
 
@@ -235,18 +242,19 @@ class XpuTop(App[None]):
         added = []
         for update in batch:
             added += self.state.apply(update)
+        self.refreshes += 1
         self.connection = "live"
-        self.query_one(HostView).show(self.state)
-        self.query_one(LeasesView).show(self.state)
-        self.query_one(EventLog).add(added)
+        self.host_view.show(self.state)
+        self.leases_view.show(self.state)
+        self.event_log.add(added)
         self._show_status()
-        if not self._placed_focus and self.query_one(TabbedContent).active == "host":
+        if not self._placed_focus and self.tabs.active == "host":
             # Start on the first card tile (not the tab bar) so the card keys work at once.
             self._placed_focus = True
-            self.call_after_refresh(self._focus_view, "host")
+            self.call_after_refresh(self._initial_focus)
 
     def on_xpu_top_cluster_ready(self, message: ClusterReady) -> None:
-        self.query_one(ClusterView).update_hosts(self._cluster_box.take())
+        self.cluster_view.update_hosts(self._cluster_box.take())
 
     def on_xpu_top_action_finished(self, message: ActionFinished) -> None:
         self.actions_done.append((message.ok, message.text))
@@ -264,6 +272,8 @@ class XpuTop(App[None]):
         self.selected_lease = message.lease_id
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        # Focus the view's main widget once its pane is shown, so its keys work at once.
+        self.call_after_refresh(self._focus_view, event.pane.id)
         self.refresh_bindings()
 
     # ------------------------------------------------------------------ status line
@@ -289,38 +299,44 @@ class XpuTop(App[None]):
         text.append(f" · {len(s.leases)} leases · {len(s.queue)} queued")
         if self.info:
             text.append(f" · {self.info.backend}", style="dim")
-        self.query_one("#status", Static).update(text)
+        self.status.update(text)
 
     # ------------------------------------------------------------------ navigation
     def action_view(self, name: str) -> None:
-        tabs = self.query_one(TabbedContent)
+        tabs = self.tabs
         if name == "cluster" and self.cluster is None:
             self.notify("no cluster view: start with `xpu top --host DIR --host DIR ...`", severity="warning")
             return
-        tabs.active = name
-        self._focus_view(name)
+        tabs.active = name  # TabActivated then moves the focus into the view
+
+    def _initial_focus(self) -> None:
+        self._focus_view("host")
 
     def _focus_view(self, name: str) -> None:
+        # Only into the view on show: focusing a widget of a hidden pane switches the tabs to it, and two
+        # late calls would then switch back and forth for ever.
+        if self.tabs.active != name:
+            return
         if name == "host":
             tile = None
             if self.selected_card is not None:
-                tile = next((t for t in self.query(CardTile) if t.card.index == self.selected_card), None)
-            tile = tile or self.query_one(HostView).first_tile()
+                tile = self.host_view.tiles.get(self.selected_card)
+            tile = tile or self.host_view.first_tile()
             if tile:
                 tile.focus()
         elif name == "leases":
-            self.query_one("#lease-table", DataTable).focus()
+            self.leases_view.query_one("#lease-table", DataTable).focus()
         elif name == "events":
-            self.query_one(EventLog).focus()
+            self.event_log.focus()
         elif name == "cluster":
-            self.query_one("#cluster-table", DataTable).focus()
+            self.cluster_view.query_one("#cluster-table", DataTable).focus()
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.operator))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # In the cluster view letters filter the table; the card and lease keys act on this host only.
-        in_cluster = self.cluster is not None and self.query_one(TabbedContent).active == "cluster"
+        in_cluster = self.cluster is not None and self.tabs.active == "cluster"
         return not (action in OPERATOR_ACTIONS and in_cluster)
 
     # ------------------------------------------------------------------ operator actions
@@ -413,7 +429,7 @@ class XpuTop(App[None]):
         )
 
     def _lease_for_action(self) -> pb.Lease | None:
-        tab = self.query_one(TabbedContent).active
+        tab = self.tabs.active
         if tab == "leases":
             lease = self.state.lease(self.selected_lease) if self.selected_lease else None
             if lease is None:

@@ -163,9 +163,14 @@ class CardTile(Widget, can_focus=True):
         # The arrow marks the selected tile on terminals without colour.
         mark = "▶ " if (self.has_focus if focused is None else focused) else ""
         self.border_title = f"{mark}GPU {self.card.index} · {name}"
-        self.set_class(self.card.health_state == "degraded", "-degraded")
-        self.set_class(self.card.health_state == "unhealthy", "-unhealthy")
-        self.set_class(self.card.drained, "-drained")
+        # Only on a change: every class change restyles the widget, and this runs at each update.
+        for flag, name in (
+            (self.card.health_state == "degraded", "-degraded"),
+            (self.card.health_state == "unhealthy", "-unhealthy"),
+            (self.card.drained, "-drained"),
+        ):
+            if flag != self.has_class(name):
+                self.set_class(flag, name)
 
     def render(self) -> Text:
         return Text("\n").join(tile_lines(self.card, self.history, self.content_size.width))

@@ -88,12 +88,15 @@ class LeasesView(Vertical):
         detail.border_title = "details"
         yield detail
         queue = DataTable(id="queue-table", cursor_type="row", show_cursor=False)
+        queue.can_focus = False  # read-only: the focus belongs to the lease table
         queue.border_title = "queue"
         yield queue
 
     def on_resize(self) -> None:
         # Wide terminals show the details beside the tables instead of between them.
-        self.set_class(self.size.width >= 150, "-wide")
+        wide = self.size.width >= 150
+        if wide != self.has_class("-wide"):
+            self.set_class(wide, "-wide")
 
     def on_mount(self) -> None:
         self.query_one("#lease-table", DataTable).add_columns(*LEASE_COLUMNS)
