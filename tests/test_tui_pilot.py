@@ -110,14 +110,20 @@ def card(client: Client, index: int):
     return next(c for c in client.cards().cards if c.index == index)
 
 
-async def select_card(pilot, app: XpuTop, index: int) -> None:
-    """Walk to a card's tile with the arrow keys, as an operator would."""
+async def select_card(pilot, app: XpuTop, index: int, walk: bool = False) -> None:
+    """Select a card's tile: by walking there with the arrow keys as an operator would (``walk``), or
+    by focusing it (quicker: every key press waits for the app to settle)."""
     await until(pilot, lambda: app.selected_card is not None, what="the first tile focused")
+    if not walk:
+        app.host_view.tiles[index].focus()
     for _ in range(30):
         if app.selected_card == index:
             return
-        await pilot.press("right" if app.selected_card < index else "left")
-    raise AssertionError(f"could not walk to card {index}")
+        if walk:
+            await pilot.press("right" if app.selected_card < index else "left")
+        else:
+            await pilot.pause(0.02)
+    raise AssertionError(f"could not select card {index}")
 
 
 # --------------------------------------------------------------------------------------- operator keys
@@ -127,7 +133,7 @@ async def test_d_then_y_drains_the_selected_card(daemons):
     with d.client(admin=True) as c:
         app = XpuTop(c, interval_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
-            await select_card(pilot, app, 3)
+            await select_card(pilot, app, 3, walk=True)
             await pilot.press("d")
             assert isinstance(app.screen, ConfirmScreen)
             await pilot.press("y")

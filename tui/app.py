@@ -296,7 +296,7 @@ class XpuTop(App[None]):
         drained = sum(c.drained for c in s.cards)
         if drained:
             text.append(f" ⊘{drained}", style="yellow")
-        text.append(f" · {len(s.leases)} leases · {len(s.queue)} queued")
+        text.append(f" · {len(s.leases)} lease{'s' if len(s.leases) != 1 else ''} · {len(s.queue)} queued")
         if self.info:
             text.append(f" · {self.info.backend}", style="dim")
         self.status.update(text)
@@ -307,6 +307,11 @@ class XpuTop(App[None]):
         if name == "cluster" and self.cluster is None:
             self.notify("no cluster view: start with `xpu top --host DIR --host DIR ...`", severity="warning")
             return
+        if tabs.active == name:
+            return
+        # Let go of the focus first: when a focused widget is hidden Textual focuses its neighbour,
+        # which (in the pane being hidden) would switch the tabs straight back.
+        self.set_focus(None)
         tabs.active = name  # TabActivated then moves the focus into the view
 
     def _initial_focus(self) -> None:

@@ -74,7 +74,9 @@ class ClusterView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Input(
-            placeholder="filter: domain, host, stale, down, degraded, unhealthy, free", id="cluster-filter"
+            placeholder="filter: domain, host, stale, down, degraded, unhealthy, free",
+            id="cluster-filter",
+            select_on_focus=False,  # typing on the table moves here: keep the letter just typed
         )
         yield Static("no hosts yet", id="cluster-summary")
         yield DataTable(id="cluster-table", cursor_type="row", zebra_stripes=True)
