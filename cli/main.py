@@ -15,6 +15,7 @@ from xpud.errors import XpudError
 
 app = typer.Typer(
     add_completion=False,
+    pretty_exceptions_enable=False,
     no_args_is_help=True,
     rich_markup_mode=None,
     help="xpu: lease whole GPUs (xpu) or isolated slices (vxpu-*) from xpud, and look after them.",

@@ -38,24 +38,39 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec: a sy
 class Holder(threading.Thread):
     """Keeps the lease's Hold stream open (reconnecting across daemon restarts); queues its events."""
 
-    def __init__(self, client: Client, lease_id: str, token: str, reconnect_s: float = 120.0):
+    def __init__(self, client: Client, lease_id: str, token: str, first_call=None, reconnect_s=120.0):
         super().__init__(daemon=True, name="xpu-hold")
         self.client, self.lease_id, self.token = client, lease_id, token
         self.reconnect_s = reconnect_s
         self.events: queue.Queue = queue.Queue()
         self._stopping = threading.Event()
-        self._call = None
+        self._call = first_call  # the Acquire stream, which goes on as the hold
+
+    def _consume(self, call, unwrap: bool) -> bool:
+        """Queue the stream's events; True when the lease ended (stop reconnecting)."""
+        for item in call:
+            ev = item.event if unwrap else item
+            if unwrap and not item.HasField("event"):
+                continue
+            self.events.put((ev.kind, ev))
+            if ev.kind == "released":
+                return True
+        return False
 
     def run(self) -> None:
         backoff, lost_since = 0.1, None
+        first = self._call
         while not self._stopping.is_set():
             try:
-                self._call = self.client.hold(self.lease_id, self.token)
-                for ev in self._call:
-                    backoff, lost_since = 0.1, None
-                    self.events.put((ev.kind, ev))
-                    if ev.kind == "released":
+                if first is not None:
+                    call, first = first, None
+                    if self._consume(call, unwrap=True):
                         return
+                else:
+                    self._call = self.client.hold(self.lease_id, self.token)
+                    if self._consume(self._call, unwrap=False):
+                        return
+                backoff, lost_since = 0.1, None
             except grpc.RpcError as e:
                 if self._stopping.is_set():
                     return
@@ -157,17 +172,20 @@ def _say(msg: str) -> None:
 def _wait_for_grant(
     client: Client, mode: str, gpus: int, wait_s: float, priority: int, restartable: bool, command: str
 ):
+    """Acquire with hold: returns (grant, the stream call, which goes on as the lease's hold)."""
     tty = sys.stderr.isatty()
     shown = False
     call = client.acquire(
-        mode, gpus=gpus, priority=priority, wait_s=wait_s, restartable=restartable, command=command
+        mode, gpus=gpus, priority=priority, wait_s=wait_s, restartable=restartable, command=command, hold=True
     )
     try:
         for update in client.iterate(call):
             if update.HasField("granted"):
                 if shown and tty:
                     sys.stderr.write("\r\033[K")
-                return update.granted
+                return update.granted, call
+            if not update.HasField("queued"):
+                continue
             q = update.queued
             left = max(0, q.deadline - time.time())
             line = f"queued: position {q.position} of {q.queue_length}, giving up in {left:.0f} s"
@@ -186,7 +204,8 @@ def _wait_for_grant(
 
 
 def env_for(lease) -> dict[str, str]:
-    return {**os.environ, **dict(lease.env), "XPU_RESTART_COUNT": str(lease.restart_count)}
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    return {**env, **dict(lease.env), "XPU_RESTART_COUNT": str(lease.restart_count)}
 
 
 def run(
@@ -202,9 +221,9 @@ def run(
     """Lease, run ``argv`` under supervision, release. Returns the exit code to pass on."""
     if not argv:
         raise NotFound("no command given: xpu run --mode MODE -- COMMAND [ARGS...]")
-    grant = _wait_for_grant(client, mode, gpus, wait_s, priority, restartable, shlex.join(argv))
+    grant, call = _wait_for_grant(client, mode, gpus, wait_s, priority, restartable, shlex.join(argv))
     lease, token = grant.lease, grant.token
-    holder = Holder(client, lease.id, token)
+    holder = Holder(client, lease.id, token, first_call=call)
     holder.start()
     try:
         return _supervise(client, holder, lease, token, argv, kill_grace_s)

@@ -41,10 +41,21 @@ class DaemonProc:
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait: bool = True) -> DaemonProc:
-        cmd = [str(BIN / "xpud"), "--config", str(self.config), "--simulate", self.machine, "--runtime-dir",
-               str(self.runtime_dir), "--state-dir", str(self.state_dir), *self.args]
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
-                                     env=xpu_env(self.runtime_dir))
+        cmd = [
+            str(BIN / "xpud"),
+            "--config",
+            str(self.config),
+            "--simulate",
+            self.machine,
+            "--runtime-dir",
+            str(self.runtime_dir),
+            "--state-dir",
+            str(self.state_dir),
+            *self.args,
+        ]
+        with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
+            env = xpu_env(self.runtime_dir)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         if wait:
             self.wait_ready()
         return self
@@ -74,8 +85,14 @@ class DaemonProc:
         return self.proc is not None and self.proc.poll() is None
 
     def xpu(self, *args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "xpu"), *args], env=xpu_env(self.runtime_dir), capture_output=True,
-                              text=True, timeout=timeout, **kw)
+        return subprocess.run(
+            [str(BIN / "xpu"), *args],
+            env=xpu_env(self.runtime_dir),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **kw,
+        )
 
     def xpu_popen(self, *args: str, **kw) -> subprocess.Popen:
         return subprocess.Popen([str(BIN / "xpu"), *args], env=xpu_env(self.runtime_dir), **kw)
@@ -93,8 +110,13 @@ def short_tmp():
 def daemon_factory(short_tmp):
     made: list[DaemonProc] = []
 
-    def make(machine: str = "pcie-8x-l40s", config: str = "[leases]\ngrace_s = 1.0\n", start: bool = True,
-             name: str = "d", args: tuple[str, ...] = ()) -> DaemonProc:
+    def make(
+        machine: str = "pcie-8x-l40s",
+        config: str = "[leases]\ngrace_s = 30.0\n",
+        start: bool = True,
+        name: str = "d",
+        args: tuple[str, ...] = (),
+    ) -> DaemonProc:
         base = short_tmp / f"{name}{len(made)}"
         base.mkdir()
         d = DaemonProc(base, machine, config, args)

@@ -61,8 +61,10 @@ def test_invalid_toml_is_refused():
 
 
 def test_slices_are_configurable_and_new_sizes_can_be_added():
-    cfg = config.parse("[slices.vxpu-half]\ncompute_pct = 40\n[slices.vxpu-eighth]\n"
-                       "memory_fraction = 0.125\ncompute_pct = 8\n")
+    cfg = config.parse(
+        "[slices.vxpu-half]\ncompute_pct = 40\n[slices.vxpu-eighth]\n"
+        "memory_fraction = 0.125\ncompute_pct = 8\n"
+    )
     assert cfg.slices["vxpu-half"].compute_pct == 40
     assert cfg.slices["vxpu-half"].memory_fraction == 0.5
     assert cfg.slices["vxpu-eighth"].memory_fraction == 0.125
@@ -85,6 +87,8 @@ def test_missing_explicit_file_is_an_error(tmp_path):
 
 
 def test_round_trip_through_tomli_w():
-    cfg = config.parse("[leases]\ngrace_s = 3.5\n[slices.vxpu-eighth]\nmemory_fraction = 0.125\ncompute_pct = 8\n")
+    cfg = config.parse(
+        "[leases]\ngrace_s = 3.5\n[slices.vxpu-eighth]\nmemory_fraction = 0.125\ncompute_pct = 8\n"
+    )
     again = config.parse(config.dumps(cfg))
     assert again.leases == cfg.leases and again.slices == cfg.slices

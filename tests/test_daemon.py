@@ -33,8 +33,15 @@ def active_leases(d):
 
 
 def test_run_passes_environment_and_exit_code(daemon):
-    out = daemon.xpu("run", "--mode", "vxpu-half", "--", "sh", "-c",
-                     'echo "$XPU_LEASE_ID|$XPU_MODE|$CUDA_VISIBLE_DEVICES"; exit 7')
+    out = daemon.xpu(
+        "run",
+        "--mode",
+        "vxpu-half",
+        "--",
+        "sh",
+        "-c",
+        'echo "$XPU_LEASE_ID|$XPU_MODE|$CUDA_VISIBLE_DEVICES"; exit 7',
+    )
     assert out.returncode == 7, out.stderr
     lease_id, mode, cvd = out.stdout.strip().split("|")
     assert mode == "vxpu-half" and lease_id
@@ -48,10 +55,26 @@ def test_run_passes_environment_and_exit_code(daemon):
 
 def test_64_concurrent_quarters_never_exceed_capacity(daemon, short_tmp):
     log = short_tmp / "jobs.log"
-    script = ('echo "$CUDA_VISIBLE_DEVICES start $(date +%s.%N)" >> {log}; sleep 0.4; '
-              'echo "$CUDA_VISIBLE_DEVICES end $(date +%s.%N)" >> {log}').format(log=log)
-    procs = [daemon.xpu_popen("run", "--mode", "vxpu-quarter", "--wait", "300", "--", "sh", "-c", script,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(64)]
+    script = (
+        f'echo "$CUDA_VISIBLE_DEVICES start $(date +%s.%N)" >> {log}; sleep 0.4; '
+        f'echo "$CUDA_VISIBLE_DEVICES end $(date +%s.%N)" >> {log}'
+    )
+    procs = [
+        daemon.xpu_popen(
+            "run",
+            "--mode",
+            "vxpu-quarter",
+            "--wait",
+            "300",
+            "--",
+            "sh",
+            "-c",
+            script,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(64)
+    ]
     seen_max = defaultdict(float)
     with daemon.client() as c:
         while any(p.poll() is None for p in procs):
@@ -76,9 +99,12 @@ def test_64_concurrent_quarters_never_exceed_capacity(daemon, short_tmp):
     assert active_leases(daemon) == []
 
 
-@pytest.mark.parametrize(("machine", "expect"), [
-    ("pcie-8x-l40s", [{0, 1, 2, 3}, {4, 5, 6, 7}]),  # one socket, two switches
-])
+@pytest.mark.parametrize(
+    ("machine", "expect"),
+    [
+        ("pcie-8x-l40s", [{0, 1, 2, 3}, {4, 5, 6, 7}]),  # one socket, two switches
+    ],
+)
 def test_four_card_lease_gets_the_best_connected_group(daemon_factory, machine, expect):
     d = daemon_factory(machine)
     with d.client() as c:
@@ -104,7 +130,8 @@ def test_four_cards_on_dgx_a100_are_nvlinked_and_socket_local(daemon_factory):
         assert len(numa) == 1
 
 
-def test_killed_wrapper_lease_is_reclaimed_after_grace(daemon, short_tmp):
+def test_killed_wrapper_lease_is_reclaimed_after_grace(daemon_factory, short_tmp):
+    daemon = daemon_factory(config="[leases]\ngrace_s = 1.0\n")
     pidfile = short_tmp / "child.pid"
     p = daemon.xpu_popen("run", "--mode", "xpu", "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 60")
     lease = wait_until(lambda: [x for x in active_leases(daemon) if x.held])[0]
@@ -119,7 +146,7 @@ def test_killed_wrapper_lease_is_reclaimed_after_grace(daemon, short_tmp):
     wait_until(lambda: active_leases(daemon) == [], timeout=5)
     assert time.monotonic() - killed_at < 1.0 + 1.0  # grace + 1 s
     with daemon.client() as c:
-        ended = [x for x in c.leases(all=True).leases if x.id == lease.id][0]
+        ended = next(x for x in c.leases(all=True).leases if x.id == lease.id)
     assert ended.state == "reclaimed"
 
 
@@ -229,19 +256,43 @@ def test_calls_without_a_credential_are_refused(daemon):
 
 def test_bad_config_is_refused_with_file_line_and_key(daemon_factory):
     d = daemon_factory(config="[leases]\n\ngrace = 3\n", start=False)
-    r = subprocess.run([str(BIN / "xpud"), "--config", str(d.config), "--simulate", "dgx-h100", "--runtime-dir",
-                        str(d.runtime_dir), "--state-dir", str(d.state_dir)], capture_output=True, text=True,
-                       timeout=30, env=xpu_env(d.runtime_dir))
+    r = subprocess.run(
+        [
+            str(BIN / "xpud"),
+            "--config",
+            str(d.config),
+            "--simulate",
+            "dgx-h100",
+            "--runtime-dir",
+            str(d.runtime_dir),
+            "--state-dir",
+            str(d.state_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=xpu_env(d.runtime_dir),
+    )
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"xpud: {d.config}:3: [leases] grace: unknown key (did you mean 'grace_s'?); "
-                                "etc/xpud.toml lists every key")
+    assert r.stderr.strip() == (
+        f"xpud: {d.config}:3: [leases] grace: unknown key (did you mean 'grace_s'?); "
+        "etc/xpud.toml lists every key"
+    )
 
 
 def test_without_nvml_and_without_simulate_the_daemon_explains(short_tmp):
-    if any(os.path.exists(p) for p in ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib64/libnvidia-ml.so.1")):
+    if any(
+        os.path.exists(p)
+        for p in ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib64/libnvidia-ml.so.1")
+    ):
         pytest.skip("this machine has an NVIDIA driver")
-    r = subprocess.run([str(BIN / "xpud"), "--runtime-dir", str(short_tmp / "r"), "--state-dir", str(short_tmp / "s")],
-                       capture_output=True, text=True, timeout=30, env=xpu_env(short_tmp / "r"))
+    r = subprocess.run(
+        [str(BIN / "xpud"), "--runtime-dir", str(short_tmp / "r"), "--state-dir", str(short_tmp / "s")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=xpu_env(short_tmp / "r"),
+    )
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "NVML" in lines[0] and "--simulate" in lines[0], r.stderr
@@ -252,17 +303,40 @@ def test_two_daemons_side_by_side_and_a_second_on_the_same_socket_is_refused(dae
     b = daemon_factory("pcie-8x-l40s")
     assert len(json.loads(a.xpu("ls", "--json").stdout)) == 2
     assert len(json.loads(b.xpu("ls", "--json").stdout)) == 8
-    r = subprocess.run([str(BIN / "xpud"), "--simulate", "dgx-h100", "--runtime-dir", str(a.runtime_dir),
-                        "--state-dir", str(a.base / "other")], capture_output=True, text=True, timeout=30,
-                       env=xpu_env(a.runtime_dir))
+    r = subprocess.run(
+        [
+            str(BIN / "xpud"),
+            "--simulate",
+            "dgx-h100",
+            "--runtime-dir",
+            str(a.runtime_dir),
+            "--state-dir",
+            str(a.base / "other"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=xpu_env(a.runtime_dir),
+    )
     assert r.returncode == 1 and "another xpud answers" in r.stderr
 
 
 def test_queue_is_visible_and_wait_expires(daemon):
     with daemon.client() as c:
         g = c.acquire_lease("xpu", gpus=8)
-        p = daemon.xpu_popen("run", "--mode", "xpu", "--gpus", "2", "--wait", "30", "--", "true",
-                             stderr=subprocess.PIPE, text=True)
+        p = daemon.xpu_popen(
+            "run",
+            "--mode",
+            "xpu",
+            "--gpus",
+            "2",
+            "--wait",
+            "30",
+            "--",
+            "true",
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         q = wait_until(lambda: list(c.leases().queue))
         assert q[0].gpus == 2 and q[0].position == 1
         listing = daemon.xpu("leases")
@@ -296,3 +370,32 @@ def test_operator_verbs_and_json_listings(daemon):
     assert text.splitlines()[0].split()[:2] == ["GPU0", "GPU1"] and "Legend" in text
     assert daemon.xpu("release", g.lease.id[:6]).returncode == 0
     assert json.loads(daemon.xpu("leases", "--json").stdout)["leases"] == []
+
+
+def test_running_job_survives_a_daemon_restart(daemon_factory, short_tmp):
+    d = daemon_factory("pcie-8x-l40s", config="[leases]\ngrace_s = 5.0\n")
+    go = short_tmp / "go"
+    p = d.xpu_popen(
+        "run",
+        "--mode",
+        "vxpu-half",
+        "--",
+        "sh",
+        "-c",
+        f"while [ ! -e {go} ]; do sleep 0.05; done; echo finished $XPU_LEASE_ID",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lease = wait_until(lambda: [x for x in active_leases(d) if x.held])[0]
+    d.kill(signal.SIGKILL)
+    d.start()
+    # the wrapper's hold reconnects within the grace period, so the lease is not reclaimed
+    wait_until(lambda: [x for x in active_leases(d) if x.id == lease.id and x.held], timeout=5)
+    time.sleep(5.5)  # past the grace period
+    assert [x.id for x in active_leases(d)] == [lease.id]
+    go.touch()
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 0, err
+    assert out.strip() == f"finished {lease.id}"
+    assert active_leases(d) == []

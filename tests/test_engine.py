@@ -7,21 +7,23 @@ import asyncio
 import pytest
 
 from xpud.config import Config
-from xpud.engine import Caller, Engine
+from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.hw.topology import NODE, SINGLE, SYSTEM, Topology
 from xpud.ledger import Ledger
-from xpud.model import CardInfo, CardMode, HealthState, LeaseState, Mode, Request
+from xpud.model import Caller, CardInfo, CardMode, HealthState, LeaseState, Mode, Request
 
 GIB = 1 << 30
 
 
 def pcie_box() -> Topology:
     """2 sockets x 2 switches x 2 cards."""
+
     def level(i, j):
         if i // 2 == j // 2:
             return SINGLE
         return NODE if i // 4 == j // 4 else SYSTEM
+
     return Topology(levels=tuple(tuple(0 if i == j else level(i, j) for j in range(8)) for i in range(8)))
 
 
@@ -140,6 +142,7 @@ def test_queue_priority_fifo_and_reservation(engine):
         assert order == ["high", "low"]
         assert not t3.done() and len(engine.queue_view()) == 1
         t3.cancel()
+
     asyncio.run(scenario())
     assert engine.queue_view() == []
 
@@ -147,10 +150,11 @@ def test_queue_priority_fifo_and_reservation(engine):
 def test_wait_expires_with_a_reason(engine):
     async def scenario():
         engine.try_grant(req("xpu", 8))
-        with pytest.raises(NoCapacity, match="waited 0.05 s"):
+        with pytest.raises(NoCapacity, match=r"waited 0\.05 s"):
             await engine.acquire(req("xpu", 1, wait_s=0.05))
         with pytest.raises(NoCapacity, match="--wait"):
             await engine.acquire(req("xpu", 1))
+
     asyncio.run(scenario())
 
 
@@ -166,6 +170,7 @@ def test_reaper_reclaims_after_grace(engine):
         engine.clock.t += 0.2
         assert [x.id for x in engine.reap()] == [lease.id]
         assert engine.ledger.recent_leases()[0].state is LeaseState.RECLAIMED
+
     asyncio.run(scenario())
 
 

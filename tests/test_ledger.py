@@ -12,8 +12,16 @@ from xpud.model import Lease, LeaseState, Mode, Slice
 
 
 def _lease(lid="aaaa0001", **kw):
-    base = dict(id=lid, mode=Mode.VXPU_HALF, owner_uid=1000, cards=(2,), card_uuids=("GPU-2",),
-                slices=(Slice(2, "vxpu-half", 40 << 30, 30, "mps:2"),), env={"A": "1"}, created=100.0)
+    base = dict(
+        id=lid,
+        mode=Mode.VXPU_HALF,
+        owner_uid=1000,
+        cards=(2,),
+        card_uuids=("GPU-2",),
+        slices=(Slice(2, "vxpu-half", 40 << 30, 30, "mps:2"),),
+        env={"A": "1"},
+        created=100.0,
+    )
     base.update(kw)
     return Lease(**base)
 

@@ -27,8 +27,11 @@ def _packages_on_disk() -> set[str]:
                 continue
             rel = d.relative_to(base)
             sub = name + ("." + ".".join(rel.parts) if rel.parts else "")
-            if any(sub == other or sub.startswith(other + ".") for other in mapping if other != name
-                   and other.startswith(name + ".")):
+            if any(
+                sub == other or sub.startswith(other + ".")
+                for other in mapping
+                if other != name and other.startswith(name + ".")
+            ):
                 continue  # mapped separately (xpud.etc)
             found.add(sub)
     return found
@@ -42,8 +45,23 @@ def test_package_list_is_complete():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return next(out.glob("xpud-*.whl"))
 
 
@@ -51,32 +69,71 @@ def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"xpud", "xpu_cli", "xpu_tui"}  # no top-level cli/ or tui/
-    for needed in ("xpud/etc/xpud.toml", "xpud/etc/machines/dgx-h100.toml", "xpud/api/v1/xpu.proto",
-                   "xpud/api/v1/xpu_pb2.py", "xpu_cli/main.py"):
+    for needed in (
+        "xpud/etc/xpud.toml",
+        "xpud/etc/machines/dgx-h100.toml",
+        "xpud/api/v1/xpu.proto",
+        "xpud/api/v1/xpu_pb2.py",
+        "xpu_cli/main.py",
+    ):
         assert needed in names
 
 
 def test_wheel_installs_and_runs(wheel, tmp_path):
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     env = {**os.environ, "PYTHONPATH": str(target)}
-    where = subprocess.run([sys.executable, "-c", "import xpud, xpu_cli; print(xpud.__file__)"], env=env,
-                           capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [sys.executable, "-c", "import xpud, xpu_cli; print(xpud.__file__)"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.startswith(str(target))
-    r = subprocess.run([str(target / "bin" / "xpud"), "--simulate", "workstation-2x", "check-hardware"], env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(target / "bin" / "xpud"), "--simulate", "workstation-2x", "check-hardware"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert "GPU0" in r.stdout
-    r = subprocess.run([str(target / "bin" / "xpu"), "--help"], env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(target / "bin" / "xpu"), "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "run" in r.stdout
 
 
 def test_generated_grpc_code_matches_the_proto(tmp_path):
-    shutil.copytree(ROOT / "xpud" / "api" / "v1", tmp_path / "xpud" / "api" / "v1",
-                    ignore=shutil.ignore_patterns("*_pb2*", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", ".", "--python_out=.", "--grpc_python_out=.",
-                    "--pyi_out=.", "xpud/api/v1/xpu.proto"], cwd=tmp_path, check=True)
+    shutil.copytree(
+        ROOT / "xpud" / "api" / "v1",
+        tmp_path / "xpud" / "api" / "v1",
+        ignore=shutil.ignore_patterns("*_pb2*", "__pycache__"),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-I",
+            ".",
+            "--python_out=.",
+            "--grpc_python_out=.",
+            "--pyi_out=.",
+            "xpud/api/v1/xpu.proto",
+        ],
+        cwd=tmp_path,
+        check=True,
+    )
     for name in ("xpu_pb2.py", "xpu_pb2_grpc.py", "xpu_pb2.pyi"):
         fresh = (tmp_path / "xpud" / "api" / "v1" / name).read_text()
         committed = (ROOT / "xpud" / "api" / "v1" / name).read_text()
@@ -89,8 +146,12 @@ def test_systemd_unit_verifies(tmp_path):
     assert "Type=notify" in unit and "RuntimeDirectory=xpud" in unit and "StateDirectory=xpud" in unit
     xpud = Path(sys.executable).parent / "xpud"
     (tmp_path / "xpud.service").write_text(unit.replace("/usr/local/bin/xpud", str(xpud)))
-    r = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "xpud.service")], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / "xpud.service")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and r.stderr.strip() == "", r.stderr
 
 

@@ -19,8 +19,8 @@ import struct
 import time
 from dataclasses import dataclass
 
-from xpud.engine import Caller
 from xpud.errors import Unauthenticated
+from xpud.model import Caller
 
 METADATA_KEY = "x-xpud-credential"
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}

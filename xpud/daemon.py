@@ -220,7 +220,10 @@ def _setup_logging(level: str) -> None:
 
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=False, help="xpud: the dual-mode GPU scheduler daemon."
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=False,
+    help="xpud: the dual-mode GPU scheduler daemon.",
 )
 
 

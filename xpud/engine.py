@@ -20,6 +20,7 @@ from xpud.hw.topology import Topology
 from xpud.isolation.base import Accounting, Isolation, used_shares
 from xpud.ledger import CardRecord, EventRecord, Ledger
 from xpud.model import (
+    Caller,
     CardInfo,
     CardMode,
     CardSample,
@@ -63,16 +64,6 @@ class CardState:
 
     def record(self) -> CardRecord:
         return CardRecord(self.info.uuid, self.mode.value, self.pinned, self.drained, self.drain_reason)
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is calling, as the credential handshake proved it."""
-
-    uid: int
-    pid: int = 0
-    gid: int = -1
-    admin: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,23 +250,15 @@ class Engine:
         if reserve_whole:
             return None
         scores = {i: c.health_score for i, c in self.cards.items()}
-        for allow_degraded in (False, True):
+        degraded = [i for i, c in self.cards.items() if c.health_state is HealthState.DEGRADED]
+        g_whole = best_group(self.topology, self._whole_candidates(True), req.gpus, scores, avoid=degraded)
+        g_any = best_group(self.topology, self._whole_candidates(False), req.gpus, scores, avoid=degraded)
+        if g_whole and (not g_any or self._group_key(g_whole, degraded) <= self._group_key(g_any, degraded)):
+            return g_whole  # as good without switching an (empty) sliced card back to whole
+        return g_any
 
-            def ok(i: int, allow=allow_degraded) -> bool:
-                return allow or self.cards[i].health_state is not HealthState.DEGRADED
-
-            whole = [i for i in self._whole_candidates(True) if ok(i)]
-            anyfree = [i for i in self._whole_candidates(False) if ok(i)]
-            g_whole = best_group(self.topology, whole, req.gpus, scores)
-            g_any = best_group(self.topology, anyfree, req.gpus, scores)
-            if g_whole and (
-                not g_any
-                or self.topology.allreduce_seconds(g_whole) <= self.topology.allreduce_seconds(g_any) + 1e-12
-            ):
-                return g_whole  # as good without switching an (empty) sliced card back
-            if g_any:
-                return g_any
-        return None
+    def _group_key(self, group: tuple[int, ...], degraded: list[int]) -> tuple[int, float]:
+        return sum(i in degraded for i in group), round(self.topology.allreduce_seconds(group), 12)
 
     def _place_slice(self, req: Request, reserve_whole: bool) -> int | None:
         spec = self.cfg.slices[req.mode.value]
@@ -289,8 +272,10 @@ class Engine:
                 and self._backends[c.info.index].fits(c.info, list(c.slices.values()), spec)
             )
             caps.append(replace(self._capacity(c), usable=feasible))
-        # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks.
-        return choose_slice_card(caps, 0.0, 0, self.topology)
+        # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks. The whole-card
+        # pool (for the harm a conversion does) includes pinned and reserved idle whole cards.
+        pool = self._whole_candidates(True)
+        return choose_slice_card(caps, 0.0, 0, self.topology, free_whole=pool)
 
     def _fit(self, req: Request, reserve_whole: bool = False) -> tuple[int, ...] | None:
         if req.mode is Mode.XPU:

@@ -119,6 +119,16 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class Caller:
+    """Who is calling, as the credential handshake proved it (uid from the kernel's SO_PEERCRED)."""
+
+    uid: int
+    pid: int = 0
+    gid: int = -1
+    admin: bool = False
+
+
+@dataclass(frozen=True)
 class Request:
     """What a caller asks for."""
 

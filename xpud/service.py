@@ -20,9 +20,9 @@ from xpud.api import convert
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.auth import METADATA_KEY, CredentialIssuer
-from xpud.engine import Caller, Engine
+from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, XpudError
-from xpud.model import Mode, QueuedRequest, Request
+from xpud.model import Caller, Mode, QueuedRequest, Request
 
 log = logging.getLogger("xpud.service")
 
@@ -125,7 +125,8 @@ class NodeService(pbg.NodeServicer):
     @streaming
     async def Acquire(self, request, context):
         caller = self.ctx.caller(context)
-        req = self.ctx.engine.validate(
+        e = self.ctx.engine
+        req = e.validate(
             Request(
                 mode=_mode(request.mode, self.ctx),
                 gpus=request.gpus or 1,
@@ -140,15 +141,10 @@ class NodeService(pbg.NodeServicer):
         updates: asyncio.Queue = asyncio.Queue()
 
         def on_position(q: QueuedRequest, length: int) -> None:
-            updates.put_nowait(
-                pb.AcquireUpdate(
-                    queued=pb.Queued(
-                        ticket=q.ticket, position=q.position, queue_length=length, deadline=q.deadline
-                    )
-                )
-            )
+            queued = pb.Queued(ticket=q.ticket, position=q.position, queue_length=length, deadline=q.deadline)
+            updates.put_nowait(pb.AcquireUpdate(queued=queued))
 
-        task = asyncio.ensure_future(self.ctx.engine.acquire(req, on_position))
+        task = asyncio.ensure_future(e.acquire(req, on_position))
         try:
             while True:
                 getter = asyncio.ensure_future(updates.get())
@@ -158,11 +154,17 @@ class NodeService(pbg.NodeServicer):
                     continue
                 getter.cancel()
                 lease, token = task.result()
-                yield pb.AcquireUpdate(granted=pb.Granted(lease=convert.lease_pb(lease, True), token=token))
-                return
+                break
         finally:
             if not task.done():
                 task.cancel()  # the caller went away: leave the queue
+        granted = pb.AcquireUpdate(granted=pb.Granted(lease=convert.lease_pb(lease, True), token=token))
+        if not request.hold:
+            yield granted
+            return
+        # Held from the instant of the grant: no window in which the reaper could take it back.
+        async for ev in self._held(lease, e.hold_opened(lease.id), first=granted):
+            yield ev if ev is granted else pb.AcquireUpdate(event=ev)
 
     @streaming
     async def Hold(self, request, context):
@@ -173,13 +175,18 @@ class NodeService(pbg.NodeServicer):
             raise_not_found(request.lease_id)
         if not e.ledger.token_matches(lease.id, request.token):
             raise Forbidden(f"wrong token for lease {lease.id}: Hold needs the token Acquire returned")
-        q = e.hold_opened(lease.id)
+        async for ev in self._held(lease, e.hold_opened(lease.id)):
+            yield ev
+
+    async def _held(self, lease, q: asyncio.Queue, first=None):
+        """Yield ``first`` (or a "held" event), then the lease's events until it ends; then close the hold."""
+        e = self.ctx.engine
         try:
-            yield pb.LeaseEvent(
+            yield first or pb.LeaseEvent(
                 kind="held",
                 lease_id=lease.id,
-                lease=convert.lease_pb(lease, True, True),
                 message="holding",
+                lease=convert.lease_pb(lease, True, True),
                 timestamp=e.clock(),
             )
             while True:

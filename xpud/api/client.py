@@ -113,19 +113,20 @@ class Client:
         wait_s: float = 0.0,
         restartable: bool = False,
         command: str = "",
+        hold: bool = False,
     ):
-        """The Acquire stream call: iterate it (``iterate``) for ``queued`` updates, then ``granted``."""
-        return self._stream(
-            self.node.Acquire,
-            pb.AcquireRequest(
-                mode=mode,
-                gpus=gpus,
-                priority=priority,
-                wait_s=wait_s,
-                restartable=restartable,
-                command=command,
-            ),
+        """The Acquire stream call: iterate it (``iterate``) for ``queued`` updates, then ``granted``. With
+        ``hold`` the same stream goes on as the lease's Hold stream (``event`` updates)."""
+        request = pb.AcquireRequest(
+            mode=mode,
+            gpus=gpus,
+            priority=priority,
+            wait_s=wait_s,
+            restartable=restartable,
+            command=command,
+            hold=hold,
         )
+        return self._stream(self.node.Acquire, request)
 
     def acquire_lease(self, mode: str, **kw) -> pb.Granted:
         """Acquire and return the grant (blocking through the queue)."""

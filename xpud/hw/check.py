@@ -79,6 +79,7 @@ def _probe(nvml: Nvml) -> dict:
         "events": {},
         "problems": problems,
     }
+    problems.extend(f"card {i}: lost (fallen off the bus)" for i, s in enumerate(report["samples"]) if s.lost)
     try:
         waiter = nvml.event_waiter()
     except NvmlError as e:

@@ -170,9 +170,9 @@ def _smooth(seed: int, card: int, channel: int, u: float) -> float:
 # ---------------------------------------------------------------------------------------- the fake
 
 
-def _api(fn: Callable) -> Callable:
+def _api(fn: Callable, name: str | None = None) -> Callable:
     """Mark a method as part of the pynvml surface: lock, count, check init and failure switches."""
-    name = fn.__name__
+    name = name or fn.__name__
 
     @functools.wraps(fn)
     def call(self: FakeNvml, *args, **kwargs):
@@ -185,7 +185,13 @@ def _api(fn: Callable) -> Callable:
                     raise _err(code)
             return fn(self, *args, **kwargs)
 
+    call.__name__ = name
     return call
+
+
+def _alias(method: Callable, name: str) -> Callable:
+    """Another pynvml name for the same call, counted and failed under its own name."""
+    return _api(method.__wrapped__, name)
 
 
 class FakeNvml:
@@ -285,7 +291,9 @@ class FakeNvml:
         major, _, minor = self.machine.cuda_version.partition(".")
         return int(major) * 1000 + int(minor or 0) * 10
 
-    nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
+    nvmlSystemGetCudaDriverVersion_v2 = _alias(
+        nvmlSystemGetCudaDriverVersion, "nvmlSystemGetCudaDriverVersion_v2"
+    )
 
     @_api
     def nvmlDeviceGetCount(self) -> int:
@@ -330,7 +338,7 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, handle):
         return self._pci_info(self._dev(handle).spec.bus_id)
 
-    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+    nvmlDeviceGetPciInfo_v3 = _alias(nvmlDeviceGetPciInfo, "nvmlDeviceGetPciInfo_v3")
 
     @staticmethod
     def _pci_info(bus_id: str):
@@ -534,7 +542,9 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, handle) -> int:
         return int(self._dev(handle).model.power_limit_w * 1000)
 
-    nvmlDeviceGetPowerManagementLimit = nvmlDeviceGetEnforcedPowerLimit
+    nvmlDeviceGetPowerManagementLimit = _alias(
+        nvmlDeviceGetEnforcedPowerLimit, "nvmlDeviceGetPowerManagementLimit"
+    )
 
     @_api
     def nvmlDeviceGetPerformanceState(self, handle) -> int:
@@ -560,7 +570,9 @@ class FakeNvml:
             reasons |= N.nvmlClocksEventReasonSwThermalSlowdown | N.nvmlClocksEventReasonHwThermalSlowdown
         return reasons
 
-    nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+    nvmlDeviceGetCurrentClocksThrottleReasons = _alias(
+        nvmlDeviceGetCurrentClocksEventReasons, "nvmlDeviceGetCurrentClocksThrottleReasons"
+    )
 
     @_api
     def nvmlDeviceGetPcieReplayCounter(self, handle) -> int:
@@ -621,7 +633,9 @@ class FakeNvml:
             for p in procs
         ]
 
-    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
+    nvmlDeviceGetComputeRunningProcesses_v3 = _alias(
+        nvmlDeviceGetComputeRunningProcesses, "nvmlDeviceGetComputeRunningProcesses_v3"
+    )
 
     @_api
     def nvmlDeviceGetComputeMode(self, handle) -> int:
@@ -680,7 +694,7 @@ class FakeNvml:
             self._cond.wait(left)
         return es.queue.popleft()
 
-    nvmlEventSetWait_v2 = nvmlEventSetWait
+    nvmlEventSetWait_v2 = _alias(nvmlEventSetWait, "nvmlEventSetWait_v2")
 
     @_api
     def nvmlEventSetFree(self, eventSet) -> None:

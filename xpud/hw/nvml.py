@@ -20,13 +20,44 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import pynvml
 
 from xpud.hw.topology import SYSTEM, Topology
+from xpud.hw.types import (
+    HwEvent,
+    MigInstance,
+    MigProfile,
+    NvLink,
+    NvmlError,
+    NvmlGpuLost,
+    NvmlInsufficientResources,
+    NvmlInUse,
+    NvmlNoPermission,
+    NvmlNotFound,
+    NvmlNotSupported,
+    NvmlUnavailable,
+)
 from xpud.model import CardInfo, CardSample
+
+__all__ = [
+    "EventWaiter",
+    "HwEvent",
+    "MigInstance",
+    "MigProfile",
+    "NvLink",
+    "Nvml",
+    "NvmlError",
+    "NvmlGpuLost",
+    "NvmlInUse",
+    "NvmlInsufficientResources",
+    "NvmlNoPermission",
+    "NvmlNotFound",
+    "NvmlNotSupported",
+    "NvmlUnavailable",
+    "norm_bus_id",
+]
 
 log = logging.getLogger("xpud.hw.nvml")
 
@@ -80,45 +111,6 @@ _NVLINK_TOTALS = (  # CardSample field, NVML field id (summed over links), per-l
 )
 
 
-# ------------------------------------------------------------------------------------------- errors
-
-
-class NvmlError(RuntimeError):
-    """An NVML call failed; the message is one line. ``code`` is the NVML_ERROR_* value, if any."""
-
-    def __init__(self, message: str, code: int | None = None):
-        super().__init__(message)
-        self.code = code
-
-
-class NvmlUnavailable(NvmlError):
-    """NVML cannot be used at all (no library, no driver); the message says what to do."""
-
-
-class NvmlGpuLost(NvmlError):
-    """The card fell off the bus (NVML_ERROR_GPU_IS_LOST)."""
-
-
-class NvmlNotSupported(NvmlError):
-    """The card, driver or binding cannot do this."""
-
-
-class NvmlInUse(NvmlError):
-    """Processes or instances still use what was to be changed (NVML_ERROR_IN_USE)."""
-
-
-class NvmlInsufficientResources(NvmlError):
-    """No room: e.g. a MIG placement overlaps an existing instance (NVML_ERROR_INSUFFICIENT_RESOURCES)."""
-
-
-class NvmlNoPermission(NvmlError):
-    """The operation needs root (NVML_ERROR_NO_PERMISSION)."""
-
-
-class NvmlNotFound(NvmlError):
-    """No such object, e.g. GPU instance id (NVML_ERROR_NOT_FOUND)."""
-
-
 _TYPED = {
     pynvml.NVML_ERROR_GPU_IS_LOST: (NvmlGpuLost, ""),
     pynvml.NVML_ERROR_NOT_SUPPORTED: (NvmlNotSupported, ""),
@@ -129,6 +121,7 @@ _TYPED = {
     pynvml.NVML_ERROR_NOT_FOUND: (NvmlNotFound, ""),
 }
 _ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+_NONE = object()  # "not supported", where the caller must tell it from a failed read
 
 
 def _error(name: str, card: int | None, e: pynvml.NVMLError) -> NvmlError:
@@ -149,66 +142,6 @@ def _unavailable(e: BaseException) -> NvmlUnavailable:
         pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "NVML and kernel driver versions differ: reboot",
     }.get(code, f"NVML failed to start ({_CODE_NAMES.get(code, e)})")
     return NvmlUnavailable(f"{why}, or run `xpud --simulate dgx-h100`", code)
-
-
-# -------------------------------------------------------------------------------------------- types
-
-
-@dataclass(frozen=True)
-class MigProfile:
-    """A GPU-instance profile a card offers."""
-
-    profile: int  # NVML_GPU_INSTANCE_PROFILE_* enum value (what you ask NVML about)
-    id: int  # the driver's profile id (what create/list take); differs from the enum value
-    name: str  # "3g.40gb"
-    slice_count: int  # compute slices (of 7 on A100/H100)
-    memory_slices: int  # memory slices (of 8) one instance covers
-    memory_bytes: int
-    max_instances: int
-    multiprocessors: int
-    placements: tuple[tuple[int, int], ...]  # possible (start, size), in memory slices
-
-
-@dataclass(frozen=True)
-class MigInstance:
-    """An existing GPU instance with its compute instances and their MIG device UUIDs."""
-
-    card_index: int
-    gpu_instance_id: int
-    profile_id: int  # driver's profile id
-    name: str | None  # profile name, "3g.40gb"
-    start: int  # placement, memory slices
-    size: int
-    memory_bytes: int | None
-    compute_instance_ids: tuple[int, ...] = ()
-    device_uuids: tuple[str, ...] = ()  # "MIG-<uuid>", aligned with compute_instance_ids
-
-    @property
-    def uuid(self) -> str | None:
-        """The MIG device UUID a child process gets (first compute instance)."""
-        return self.device_uuids[0] if self.device_uuids else None
-
-
-@dataclass(frozen=True)
-class HwEvent:
-    card_index: int  # -1 when the event's device is unknown to this adapter
-    kind: str  # "xid", "ecc-sbe", "ecc-dbe", "pstate", "clock", "power-source" or "event-0x..."
-    xid: int | None = None
-    gpu_instance_id: int | None = None  # None: the whole card
-    compute_instance_id: int | None = None
-    timestamp: float = 0.0
-
-
-@dataclass(frozen=True)
-class NvLink:
-    """One NVLink link of a card, as NVML describes it."""
-
-    link: int
-    active: bool | None
-    remote: str  # "gpu", "switch", "npu" or "unknown"
-    remote_bus_id: str | None
-    remote_index: int | None  # card index when the far end is one of this host's cards
-    version: int | None  # NVML_NVLINK_VERSION_*
 
 
 def _decode(value):
@@ -270,6 +203,7 @@ class Nvml:
         self._info: dict[int, CardInfo] = {}
         self._link_count: dict[int, int] = {}
         self._thresholds: dict[int, tuple[int | None, int | None]] = {}
+        self._no_link_counters: set[tuple[int, str]] = set()  # (card, signal) neither way can read
         self._profiles: dict[int, list[MigProfile]] = {}
         self._missing: set[str] = set()
         self._logged: set[tuple] = set()
@@ -284,12 +218,13 @@ class Nvml:
         card: int | None = None,
         strict: bool = False,
         absent: tuple[int, ...] = (),
+        unsupported=None,
     ):
         """Call ``lib.<name>(*args)`` (the first of several names the binding has).
 
-        NotSupported, FunctionNotFound, a missing function and the codes in ``absent`` give None
-        (with ``strict``, NotSupported raises NvmlNotSupported). GPU_IS_LOST raises NvmlGpuLost. Other
-        errors raise with ``strict``; otherwise they are recorded in ``errors`` and give None.
+        NotSupported, FunctionNotFound and a missing function give ``unsupported`` (None); with ``strict``
+        they raise NvmlNotSupported. The codes in ``absent`` give None. GPU_IS_LOST raises NvmlGpuLost.
+        Other errors raise with ``strict``; otherwise they are recorded in ``errors`` and give None.
         """
         names = (name,) if isinstance(name, str) else name
         fn = next((f for f in (getattr(self._lib, n, None) for n in names) if callable(f)), None)
@@ -299,13 +234,15 @@ class Nvml:
                 log.info("%s is not in this NVML binding; reading it as unsupported", names[0])
             if strict:
                 raise NvmlNotSupported(f"{names[0]}: not in this NVML binding (upgrade nvidia-ml-py)")
-            return None
+            return unsupported
         try:
             return _decode(fn(*args))
         except pynvml.NVMLError as e:
             code = getattr(e, "value", None)
-            if code in absent or (code in _ABSENT and not strict):
+            if code in absent:
                 return None
+            if code in _ABSENT and not strict:
+                return unsupported
             err = _error(names[0], card, e)
             if strict or isinstance(err, NvmlGpuLost):
                 raise err from None
@@ -344,8 +281,12 @@ class Nvml:
                     f"NVML could not be loaded ({e}): reinstall the NVIDIA driver, "
                     "or run `xpud --simulate dgx-h100`"
                 ) from None
+            try:
+                self._count = self._call("nvmlDeviceGetCount", strict=True)
+            except NvmlError:
+                self._call("nvmlShutdown")
+                raise
             self._open = True
-            self._count = self._call("nvmlDeviceGetCount", strict=True)
 
     def _ensure_open(self) -> None:
         if not self._open:
@@ -655,12 +596,17 @@ class Nvml:
         values = [_field(v) for v in fv] if fv is not None else [None] * len(ids)
         out = {}
         for (key, _, counter), total in zip(_NVLINK_TOTALS, values, strict=False):
-            if total is None:  # sum the per-link counters instead (costs a call per link)
+            if total is None and (index, key) not in self._no_link_counters:
+                # Sum the per-link counters instead: a call per link, so remember when they cannot be read.
                 per_link = [
-                    self._call("nvmlDeviceGetNvLinkErrorCounter", h, k, counter, card=index)
+                    self._call(
+                        "nvmlDeviceGetNvLinkErrorCounter", h, k, counter, card=index, unsupported=_NONE
+                    )
                     for k in range(links)
                 ]
-                total = None if None in per_link else sum(per_link)
+                if _NONE in per_link:
+                    self._no_link_counters.add((index, key))
+                total = None if None in per_link or _NONE in per_link else sum(per_link)
             out[key] = None if total is None else int(total)
         states = values[len(_NVLINK_TOTALS) :]
         if None in states:
@@ -890,6 +836,7 @@ class EventWaiter:
         self._closed = False
         self.registered: dict[int, list[str]] = {}  # card -> event kinds it will report
         self.unregistered: dict[int, NvmlError] = {}  # card -> why not (NvmlNotSupported: cannot)
+        nvml._ensure_open()
         self._set = nvml._call("nvmlEventSetCreate", strict=True)
         self._by_handle: dict[int | None, int] = {}
         for index in indices:

@@ -14,11 +14,14 @@ from itertools import combinations
 # NVML_TOPOLOGY_* values (fixed by NVML's header).
 INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM = 0, 10, 20, 30, 40, 50
 
-LEVEL_LABELS = {INTERNAL: "BRD", SINGLE: "PIX", MULTIPLE: "PXB", HOSTBRIDGE: "PHB", NODE: "NODE", SYSTEM: "SYS"}
+LEVEL_LABELS = {
+    INTERNAL: "BRD", SINGLE: "PIX", MULTIPLE: "PXB", HOSTBRIDGE: "PHB", NODE: "NODE", SYSTEM: "SYS",
+}
 LEVEL_MEANING = {
     "X": "Self",
     "SYS": "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
-    "NODE": "Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node",
+    "NODE": "Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a "
+    "NUMA node",
     "PHB": "Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
     "PXB": "Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)",
     "PIX": "Connection traversing at most a single PCIe bridge",
@@ -84,11 +87,14 @@ class Topology:
         return self.bottleneck_gbps(group) if len(group) > 1 else float("inf")
 
     def pair_score(self, group: tuple[int, ...] | list[int]) -> int:
-        """NVIDIA's pair-score of a group: sum over pairs of 100 per NVLink link, else a PCIe score."""
+        """NVIDIA's pair-score of a group: sum over pairs of 100 per NVLink link plus a PCIe score.
+
+        As in go-gpuallocator, a pair's PCIe link and its NVLinks both count, so between NVLink pairs of
+        equal width the PCIe path still decides (on a DGX: the same PCIe switch, then the same socket).
+        """
         total = 0
         for a, b in combinations(group, 2):
-            n = self.links(a, b)
-            total += n * _PAIR_SCORE_NVLINK if n else _PAIR_SCORE_PCIE.get(self.levels[a][b], 10)
+            total += self.links(a, b) * _PAIR_SCORE_NVLINK + _PAIR_SCORE_PCIE.get(self.levels[a][b], 10)
         return total
 
 

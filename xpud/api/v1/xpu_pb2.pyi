@@ -234,20 +234,22 @@ class QueueEntry(_message.Message):
     def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command")
+    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold")
     MODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     mode: str
     gpus: int
     priority: int
     wait_s: float
     restartable: bool
     command: str
-    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ...) -> None: ...
+    hold: bool
+    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("ticket", "position", "queue_length", "deadline")
@@ -270,12 +272,14 @@ class Granted(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., token: _Optional[str] = ...) -> None: ...
 
 class AcquireUpdate(_message.Message):
-    __slots__ = ("queued", "granted")
+    __slots__ = ("queued", "granted", "event")
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
     queued: Queued
     granted: Granted
-    def __init__(self, queued: _Optional[_Union[Queued, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ...) -> None: ...
+    event: LeaseEvent
+    def __init__(self, queued: _Optional[_Union[Queued, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ..., event: _Optional[_Union[LeaseEvent, _Mapping]] = ...) -> None: ...
 
 class HoldRequest(_message.Message):
     __slots__ = ("lease_id", "token")

@@ -96,7 +96,8 @@ class NodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Acquire(self, request, context):
-        """Streams `queued` updates while the request waits, then one `granted` (or an error status).
+        """Streams `queued` updates while the request waits, then one `granted` (or an error status); with
+        `hold` set it goes on as the lease's Hold stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,135 @@
+"""Machine descriptions: the shipped ones load, names resolve through the package, mistakes are one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xpud.hw.machines import (
+    MachineError,
+    format_cpulist,
+    list_machines,
+    load_machine,
+    machines_dir,
+    parse_cpulist,
+)
+from xpud.hw.topology import HOSTBRIDGE, INTERNAL, MULTIPLE, NODE, SINGLE, SYSTEM
+
+DATA = Path(__file__).parent / "data"
+SHIPPED = ["dgx-a100", "dgx-h100", "hgx-h200", "pcie-8x-l40s", "workstation-2x"]
+
+
+def test_shipped_machines_are_listed_and_found_through_the_package():
+    assert set(SHIPPED) <= set(list_machines())
+    # importlib.resources.files("xpud.etc") / "machines" -- the package maps xpud.etc to etc/
+    assert (machines_dir() / "dgx-h100.toml").is_file()
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_machine_loads(name):
+    m = load_machine(name)
+    assert m.name == name
+    assert m.cards and all(c.uuid.startswith("GPU-") for c in m.cards)
+    assert len({c.uuid for c in m.cards}) == len(m.cards)
+
+
+def test_dgx_h100_shape():
+    m = load_machine("dgx-h100")
+    assert len(m.cards) == 8 and m.cpu_count == 224
+    assert [c.numa for c in m.cards] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert {c.nvlink_switch_links for c in m.cards} == {18}
+    h100 = m.cards[0].model
+    assert (h100.name, h100.memory_mib, h100.architecture) == ("NVIDIA H100 80GB HBM3", 81559, "hopper")
+    by_name = {p.name: p for p in h100.mig_profiles}
+    assert (
+        by_name["3g.40gb"].placements == (0, 4)
+        and by_name["3g.40gb"].id == 9
+        and by_name["3g.40gb"].profile == 2
+    )
+    assert by_name["1g.10gb"].instances == 7 and by_name["7g.80gb"].placement_size == 8
+    assert m.level(0, 1) == NODE and m.level(0, 4) == SYSTEM
+
+
+def test_pcie_tree_levels():
+    l40s = load_machine("pcie-8x-l40s")
+    assert (l40s.level(0, 1), l40s.level(0, 2), l40s.level(0, 4)) == (SINGLE, NODE, SYSTEM)
+    a100 = load_machine("dgx-a100")
+    assert (a100.level(0, 1), a100.level(0, 2), a100.level(1, 7)) == (MULTIPLE, NODE, SYSTEM)
+    assert load_machine("workstation-2x").level(0, 1) == HOSTBRIDGE
+
+
+def test_same_board_is_internal(tmp_path):
+    path = tmp_path / "board.toml"
+    path.write_text(
+        'name = "board"\nnuma_cpus = ["0-7"]\n[models.k80]\nname = "Tesla K80"\nmemory_mib = 12288\n'
+        '[[cards]]\nmodel = "k80"\nbus_id = "00000000:05:00.0"\nboard = "b0"\n'
+        '[[cards]]\nmodel = "k80"\nbus_id = "00000000:06:00.0"\nboard = "b0"\n'
+    )
+    assert load_machine(path).level(0, 1) == INTERNAL
+
+
+def test_uuids_are_deterministic_per_machine_and_index():
+    a, b = load_machine("dgx-h100"), load_machine("dgx-h100")
+    assert [c.uuid for c in a.cards] == [c.uuid for c in b.cards]
+    assert a.cards[0].uuid != load_machine("hgx-h200").cards[0].uuid
+
+
+def test_cpulists_round_trip():
+    assert parse_cpulist("0-3,8,10-11") == (0, 1, 2, 3, 8, 10, 11)
+    assert format_cpulist((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
+    assert parse_cpulist("") == ()
+
+
+def test_a_fixture_path_loads():
+    m = load_machine(DATA / "nvlink-mesh.toml")
+    assert m.cards[0].nvlink_peers == (1, 1, 2, 2, 3, 3)
+
+
+BASE = 'name = "t"\nnuma_cpus = ["0-7"]\n[models.m]\nname = "X"\nmemory_mib = 1024\n'
+CARD = '[[cards]]\nmodel = "m"\nbus_id = "00000000:01:00.0"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (BASE + CARD + "colour = 1\n", "cards[0].colour: unknown key"),
+        (BASE.replace("memory_mib = 1024\n", "") + CARD, "models.m.memory_mib: required"),
+        (BASE.replace("1024", '"lots"') + CARD, "models.m.memory_mib: expected int"),
+        (BASE + CARD.replace('"m"', '"nope"'), "cards[0].model: no model 'nope'"),
+        (BASE + CARD + "numa = 3\n", "cards[0].numa: node 3 has no entry in numa_cpus"),
+        (BASE + 'architecture = "hopper9"\n' + CARD, "models.m.architecture"),
+        (BASE + CARD + "mig_enabled = true\n", "cards[0].mig_enabled: model 'm' has no mig_profiles"),
+        (BASE + "[topology]\nlevels = [[0, 10]]\n" + CARD, "topology.levels: expected a 1x1 matrix"),
+        ("numa_cpus = []\n", ": name: required"),
+    ],
+)
+def test_mistakes_name_the_file_and_the_key(tmp_path, text, where):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(MachineError) as err:
+        load_machine(path)
+    message = str(err.value)
+    assert str(path) in message and where in message and "\n" not in message
+
+
+def test_asymmetric_nvlink_peers_are_refused(tmp_path):
+    path = tmp_path / "asym.toml"
+    two = CARD + "nvlink_peers = [1]\n" + CARD.replace(":01:", ":02:")
+    path.write_text(BASE + 'nvlink_version = "2.0"\n' + two)
+    with pytest.raises(
+        MachineError, match=r"cards\[0\].nvlink_peers: links to card 1 are not listed the same"
+    ):
+        load_machine(path)
+
+
+def test_unknown_name_lists_the_choices():
+    with pytest.raises(MachineError, match=r"unknown machine 'dgx-9000': choose one of .*dgx-h100"):
+        load_machine("dgx-9000")
+
+
+def test_bad_toml_is_one_line(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("name = \n")
+    with pytest.raises(MachineError, match=r"broken\.toml: not valid TOML"):
+        load_machine(path)
