@@ -224,6 +224,8 @@ class XpuTop(App[None]):
 
     # ------------------------------------------------------------------ message handlers (UI thread)
     def on_xpu_top_connected(self, message: Connected) -> None:
+        if not self.is_running:
+            return
         self.info = message.info
         self.connection = "live"
         groups = groups_from_topology(message.topology) if message.topology else None
@@ -232,13 +234,15 @@ class XpuTop(App[None]):
         self.refresh_bindings()
 
     def on_xpu_top_disconnected(self, message: Disconnected) -> None:
+        if not self.is_running:
+            return
         self.connection = f"reconnecting: {message.reason}"
         self._show_status()
 
     def on_xpu_top_updates_ready(self, message: UpdatesReady) -> None:
         batch = self._mailbox.take()
-        if not batch:
-            return
+        if not batch or not self.is_running:
+            return  # nothing new, or shutting down (the views are being taken apart)
         added = []
         for update in batch:
             added += self.state.apply(update)
@@ -254,7 +258,9 @@ class XpuTop(App[None]):
             self.call_after_refresh(self._initial_focus)
 
     def on_xpu_top_cluster_ready(self, message: ClusterReady) -> None:
-        self.cluster_view.update_hosts(self._cluster_box.take())
+        batch = self._cluster_box.take()
+        if self.is_running:
+            self.cluster_view.update_hosts(batch)
 
     def on_xpu_top_action_finished(self, message: ActionFinished) -> None:
         self.actions_done.append((message.ok, message.text))

@@ -71,6 +71,7 @@ class ClusterView(Vertical):
         self.clock = clock
         self.stale_after_s = stale_after_s
         self.hosts: dict[tuple[str, str], HostSummary] = {}
+        self._ready = False  # hosts can arrive before this view has its table
 
     def compose(self) -> ComposeResult:
         yield Input(
@@ -85,6 +86,9 @@ class ClusterView(Vertical):
         table = self.query_one("#cluster-table", DataTable)
         for name in COLUMNS:
             table.add_column(name, key=name)
+        self._ready = True
+        if self.hosts:
+            self.refresh_table()
 
     def update_hosts(self, batch: Iterable[HostSummary]) -> None:
         for h in batch:
@@ -92,6 +96,8 @@ class ClusterView(Vertical):
         self.refresh_table()
 
     def refresh_table(self) -> None:
+        if not self._ready:
+            return  # on_mount draws what has come
         now = self.clock()
         words = self.query_one("#cluster-filter", Input).value.lower().split()
         shown = sorted(

@@ -48,13 +48,19 @@ class EventLog(DataTable):
         self.localtime = localtime
         self.border_title = "events"
         self.count = 0  # events added since the start
+        self._early: list[pb.Event] | None = []  # events that came before the columns did
 
     def on_mount(self) -> None:
         for name in COLUMNS:
             self.add_column(name, key=name)
+        early, self._early = self._early or [], None
+        self.add(early)
 
     def add(self, events: Iterable[pb.Event]) -> None:
         events = list(events)
+        if self._early is not None:
+            self._early += events
+            return
         if not events:
             return
         following = self.row_count == 0 or self.cursor_row >= self.row_count - 1

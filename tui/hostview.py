@@ -36,6 +36,8 @@ class HostView(VerticalScroll):
         self.groups: list[CardGroup] | None = None  # from the topology, once known
         self.tiles: dict[int, CardTile] = {}
         self._layout_key: tuple = ()
+        self._state: HostState | None = None
+        self._ready = False  # the first update can come before this view is mounted
 
     def compose(self) -> ComposeResult:
         yield Static("waiting for the daemon's first update…", id="host-empty")
@@ -44,7 +46,15 @@ class HostView(VerticalScroll):
         self.groups = groups
         self._layout_key = ()  # regroup at the next show
 
+    def on_mount(self) -> None:
+        self._ready = True
+        if self._state is not None:
+            self.show(self._state)
+
     def show(self, state: HostState) -> None:
+        self._state = state
+        if not self._ready:
+            return  # on_mount shows it
         cards = {c.index: c for c in state.cards}
         groups = [g for g in (self.groups or []) if all(i in cards for i in g.cards)]
         if not groups or sorted(i for g in groups for i in g.cards) != sorted(cards):

@@ -79,6 +79,7 @@ class LeasesView(Vertical):
         self.owner, self.clock, self.localtime = owner, clock, localtime
         self.state: HostState | None = None
         self.selected: str | None = None
+        self._ready = False  # the first update can come before this view has its tables
 
     def compose(self) -> ComposeResult:
         leases = DataTable(id="lease-table", cursor_type="row", zebra_stripes=True)
@@ -101,9 +102,14 @@ class LeasesView(Vertical):
     def on_mount(self) -> None:
         self.query_one("#lease-table", DataTable).add_columns(*LEASE_COLUMNS)
         self.query_one("#queue-table", DataTable).add_columns(*QUEUE_COLUMNS)
+        self._ready = True
+        if self.state is not None:
+            self.show(self.state)
 
     def show(self, state: HostState) -> None:
         self.state = state
+        if not self._ready:
+            return  # on_mount shows it
         now = self.clock()
         table = self.query_one("#lease-table", DataTable)
         sync_rows(
