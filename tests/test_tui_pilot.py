@@ -23,8 +23,9 @@ from xpu_tui.app import XpuTop
 from xpu_tui.cardtile import CardTile
 from xpu_tui.clusterview import ClusterView
 from xpu_tui.eventlog import EventLog
-from xpu_tui.modals import ConfirmScreen, ModeScreen
-from xpu_tui.source import HostSpec, LocalHosts, RecordedSource
+from xpu_tui.hostsummary import HostSummary
+from xpu_tui.modals import CardScreen, ConfirmScreen, HelpScreen, ModeScreen
+from xpu_tui.source import HostSpec, LocalHosts, RecordedSource, StaticCluster
 
 from xpud import config
 from xpud.api.client import Client
@@ -252,6 +253,17 @@ async def test_the_watch_stream_updates_every_view(daemons):
             log = app.query_one(EventLog)
             assert log.count == len(app.state.events)
 
+            # Enter on a tile: every signal of the card's last sample and its recent events.
+            tile.focus()
+            await pilot.press("enter")
+            assert isinstance(app.screen, CardScreen)
+            details = str(app.screen.query_one(".details").render())
+            assert "temperature_c" in details and f"lease {lease.id}" in details
+            await pilot.press("escape", "question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            assert not isinstance(app.screen, (CardScreen, HelpScreen))
+
 
 @in_asyncio
 async def test_cluster_view_follows_several_daemons(daemons):
@@ -299,3 +311,18 @@ async def test_a_flood_of_updates_is_one_refresh_per_batch():
         await until(pilot, lambda: app.state.updates == len(flood), what="every update applied")
     # All 400 were applied (sparklines and the event log need each one), in far fewer refreshes.
     assert 1 <= app.refreshes < len(flood) / 4
+
+
+@in_asyncio
+async def test_a_silent_host_turns_stale_without_new_data():
+    from xpu_tui import demo
+
+    now = [demo.now()]
+    cluster = StaticCluster([HostSummary("a", "r1", cards=8, whole_free=8, seen=now[0])])
+    app = XpuTop(demo.dgx_source(), cluster, clock=lambda: now[0])
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.cluster_view.query_one("#cluster-table", DataTable)
+        await until(pilot, lambda: table.row_count == 2, what="the host")
+        assert str(table.get_row("host:r1/a")[5]) == "live"
+        now[0] += 60  # nothing arrives for a minute
+        await until(pilot, lambda: str(table.get_row("host:r1/a")[5]) == "stale 1m00s", what="stale")

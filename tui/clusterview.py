@@ -89,6 +89,8 @@ class ClusterView(Vertical):
         self._ready = True
         if self.hosts:
             self.refresh_table()
+        # A host that goes silent sends nothing: look again now and then so it shows as stale.
+        self.set_interval(max(1.0, self.stale_after_s / 3), self.refresh_table)
 
     def update_hosts(self, batch: Iterable[HostSummary]) -> None:
         for h in batch:

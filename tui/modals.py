@@ -136,7 +136,7 @@ class CardScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog wide"):
             yield Static(f"Card {self.card.index}", classes="dialog-title")
-            yield Static(card_details(self.card, self.events, self.localtime))
+            yield Static(card_details(self.card, self.events, self.localtime), classes="details")
 
 
 HELP = """\
