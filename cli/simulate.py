@@ -109,6 +109,12 @@ def simulate(
         typer.Option("--bound", help="Also compute the packing upper bound (MILP) and an offline packing."),
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON rows instead of the table.")] = False,
+    save: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE.json", help="Also write the configuration, table, per-policy facts and rows."
+        ),
+    ] = None,
     extras: Annotated[
         bool,
         typer.Option("--extras", help="With --json: add occupied_pct (and moves with --defrag) to each row."),
@@ -172,6 +178,12 @@ def simulate(
         if defrag:
             typer.echo("\nmoves (mean per replay):")
             typer.echo(rep.moves_table(report))
+    if save is not None:
+        try:
+            save.write_text(json.dumps(rep.summary(report), indent=1) + "\n")
+        except OSError as e:
+            _fail(f"cannot write {save}: {e.strerror}")
+        say(f"wrote {save}")
     if plot == "term":
         print(rep.plot_terminal(report), file=sys.stderr if json_out else sys.stdout)
     elif plot:

@@ -39,6 +39,16 @@ class Defragmenter(Mover):
         self.moves = 0
         self.calls = 0
         self._failed: dict[tuple, int] = {}
+        self._by_host: dict[int, list[Item]] = {}  # movable tasks per host, kept in step with the replay
+        self._seen = 0  # tasks of ``placed`` already indexed (dicts keep insertion order)
+
+    def _index(self, placed: dict[int, tuple[Demand, Placement]]) -> None:
+        if len(placed) == self._seen:
+            return
+        for i, (d, p) in list(placed.items())[self._seen :]:
+            if self.move_whole or not (d.gpus and not d.fractional):
+                self._by_host.setdefault(p.host, []).append(Item(i, d, p))
+        self._seen = len(placed)
 
     def make_room(
         self, state: ClusterState, d: Demand, placed: dict[int, tuple[Demand, Placement]], policy, rng
@@ -50,10 +60,11 @@ class Defragmenter(Mover):
         if len(placed) < self._failed.get(key, -1):
             return None, []
         self.calls += 1
-        items = [Item(i, dd, p) for i, (dd, p) in placed.items()]
+        self._index(placed)
         result = plan(
             state,
-            items,
+            (),
+            by_host=self._by_host,
             target=d,
             policy=policy,
             max_moves=min(allowed, self.max_moves_per_task),
@@ -76,5 +87,7 @@ class Defragmenter(Mover):
             policy.placed(state, dd, m.dst)
             placed[m.item] = (dd, m.dst)
             done.append((m.item, m.src, m.dst))
+            self._by_host[m.src.host] = [it for it in self._by_host[m.src.host] if it.id != m.item]
+            self._by_host.setdefault(m.dst.host, []).append(Item(m.item, dd, m.dst))
         self.moves += len(done)
         return result.target, done

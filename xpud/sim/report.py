@@ -76,6 +76,56 @@ def json_rows(report: SimReport, *, extras: bool = False) -> list[dict]:
     return rows
 
 
+def summary(report: SimReport, points: Sequence[int] = TABLE_POINTS) -> dict:
+    """Everything a bench file records: configuration, mean table, per-policy facts, bounds, and rows."""
+    cfg = report.config
+    out: dict = {
+        "cluster": str(cfg.cluster),
+        "trace": str(cfg.trace),
+        "seeds": list(cfg.seeds),
+        "slices": cfg.slices,
+        "ratio": cfg.ratio,
+        "defrag": cfg.defrag,
+        "move_budget_pct": cfg.move_budget_pct if cfg.defrag else None,
+        "hosts": report.hosts,
+        "tasks_in_trace": report.tasks,
+        "capacity_gpus": report.capacity_milli / 1000,
+        "table": {},
+        "policies": {},
+    }
+    for name in report.policies():
+        m = report.curves(name).mean(axis=0)
+        occ = report.curves(name, occupied=True).mean(axis=0)
+        rs = [r for r in report.results if r.policy == name]
+        out["table"][name] = {str(p): round(float(m[p]), 3) for p in points}
+        out["policies"][name] = {
+            "occupied_pct": {str(p): round(float(occ[p]), 3) for p in points},
+            "per_seed_at_100": [round(float(r.alloc_pct[100]), 3) for r in rs],
+            "per_seed_at_130": [round(float(r.alloc_pct[130]), 3) for r in rs],
+            "replay_wall_s_mean": round(float(np.mean([r.wall_s for r in rs])), 2),
+            "tasks_mean": float(np.mean([r.tasks for r in rs])),
+            "dropped_mean": float(np.mean([r.dropped for r in rs])),
+            "moves_mean": float(np.mean([r.moves for r in rs])),
+            "moved_tasks_pct_of_placed": round(
+                float(np.mean([100.0 * r.moved_tasks / max(r.placed, 1) for r in rs])), 3
+            ),
+            "moved_gpu_pct_of_capacity": round(
+                float(np.mean([100.0 * r.moved_gpu_milli / report.capacity_milli for r in rs])), 3
+            ),
+        }
+    if report.bounds:
+        out["bound"] = {
+            str(p): {
+                "milp_pct": round(float(np.mean([report.bounds[(s, p)].pct for s in cfg.seeds])), 3),
+                "all_exact": all(report.bounds[(s, p)].exact for s in cfg.seeds),
+                "offline_packing_pct": round(float(np.mean([report.offline[(s, p)] for s in cfg.seeds])), 3),
+            }
+            for p in cfg.bound_points
+        }
+    out["rows"] = json_rows(report, extras=True)
+    return out
+
+
 def plot_png(report: SimReport, path: Path, title: str = "") -> None:
     """Mean allocation curves, arrived 50..130 %, as a PNG (matplotlib, headless)."""
     import matplotlib
