@@ -145,17 +145,25 @@ class Moves:
         if lease.mode is Mode.XPU:
             placement_env = {"CUDA_VISIBLE_DEVICES": ",".join(e.cards[i].info.uuid for i in cards)}
             for i in cards:
+                if e.cards[i].mode is CardMode.SLICED:  # an idle sliced card goes back to whole
+                    e._backends[i].leave_sliced(e.cards[i].info)
                 self._set_mode(e.cards[i], CardMode.WHOLE, lease.id)
                 e.cards[i].whole_lease = lease.id
         else:
             c = e.cards[cards[0]]
             backend = e._backends[c.info.index]
-            if c.mode is CardMode.WHOLE:
+            entered = c.mode is CardMode.WHOLE
+            if entered:
                 backend.enter_sliced(c.info)
             spec = e.cfg.slices[lease.mode.value]
-            s, placement_env = backend.prepare(
-                c.info, list(c.slices.values()), spec, lease.id, lease.owner_uid
-            )
+            try:
+                s, placement_env = backend.prepare(
+                    c.info, list(c.slices.values()), spec, lease.id, lease.owner_uid
+                )
+            except Exception:
+                if entered:  # leave the card as it was, so the engine's mode stays true
+                    backend.leave_sliced(c.info)
+                raise
             self._set_mode(c, CardMode.SLICED, lease.id)
             c.slices[lease.id] = s
             slices = (s,)
