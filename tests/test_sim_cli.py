@@ -167,3 +167,27 @@ def test_missing_or_broken_files(app, files, tmp_path):
     bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,2000\n")
     r = invoke(app, "--cluster", str(c), "--trace", str(bad))
     assert r.exit_code == 1 and f"{bad}:2" in r.stderr
+
+
+def test_save_writes_table_facts_and_curves(app, files, tmp_path):
+    c, t = files
+    out = tmp_path / "bench.json"
+    r = invoke(
+        app,
+        "--cluster",
+        str(c),
+        "--trace",
+        str(t),
+        "--seeds",
+        "1-2",
+        "-q",
+        "--workers",
+        "1",
+        "--save",
+        str(out),
+    )
+    assert r.exit_code == 0, r.output
+    saved = json.loads(out.read_text())
+    assert saved["seeds"] == [1, 2] and set(saved["table"]) == {"xpud"}
+    assert len(saved["curves"]["xpud"]["1"]) == 81  # arrived 50..130 %
+    assert saved["policies"]["xpud"]["replay_wall_s_mean"] >= 0

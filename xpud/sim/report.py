@@ -122,7 +122,33 @@ def summary(report: SimReport, points: Sequence[int] = TABLE_POINTS) -> dict:
             }
             for p in cfg.bound_points
         }
-    out["rows"] = json_rows(report, extras=True)
+    # Per-seed curves, arrived 50..130 % (``xpu simulate --json`` gives the same as rows).
+    span = slice(50, 131)
+    out["curves_from_pct"] = 50
+    out["curves"] = {
+        name: {
+            str(r.seed): [round(float(v), 3) for v in r.alloc_pct[span]]
+            for r in report.results
+            if r.policy == name
+        }
+        for name in report.policies()
+    }
+    if cfg.slices != "free" or any(r.policy == "whole-only" for r in report.results):
+        out["occupied_curves"] = {
+            name: {
+                str(r.seed): [round(float(v), 3) for v in r.occupied_pct[span]]
+                for r in report.results
+                if r.policy == name
+            }
+            for name in report.policies()
+        }
+    if cfg.defrag:
+        out["moves_curves"] = {
+            name: {
+                str(r.seed): [int(v) for v in r.moves_curve[span]] for r in report.results if r.policy == name
+            }
+            for name in report.policies()
+        }
     return out
 
 
@@ -136,9 +162,7 @@ def plot_png(report: SimReport, path: Path, title: str = "") -> None:
     x = np.arange(50, 131)
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     for name in report.policies():
-        ax.plot(
-            x, report.curves(name).mean(axis=0)[50:131], label=name, lw=2 if name.startswith("xpud") else 1.2
-        )
+        ax.plot(x, report.curves(name).mean(axis=0)[50:131], label=name, lw=2.2 if name == "xpud" else 1.2)
     ax.plot(x, x, ls=":", color="grey", lw=0.8, label="arrived")
     ax.set_xlabel("arrived workload (% of GPU capacity)")
     ax.set_ylabel("GPU allocation (% of capacity)")
