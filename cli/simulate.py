@@ -106,7 +106,10 @@ def simulate(
     ] = None,
     bound: Annotated[
         bool,
-        typer.Option("--bound", help="Also compute the packing upper bound (MILP) and an offline packing."),
+        typer.Option(
+            "--bound",
+            help="Also compute the packing upper bound (MILP) and an offline packing, at 100 % and 130 % arrived.",
+        ),
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON rows instead of the table.")] = False,
     save: Annotated[
