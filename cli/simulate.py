@@ -108,7 +108,8 @@ def simulate(
         bool,
         typer.Option(
             "--bound",
-            help="Also compute the packing upper bound (MILP) and an offline packing, at 100 % and 130 % arrived.",
+            help="Also compute the packing upper bound (MILP) and an offline packing "
+            "(at 100 and 130 % arrived).",
         ),
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON rows instead of the table.")] = False,
