@@ -94,11 +94,97 @@ class LeasesSection:
     max_priority: int = _key(100, "Highest priority a request may ask for; negative down to -max.", min=0)
 
 
+# XID classes (NVIDIA's device plugin and DCGM; see REFERENCE.md, health section).
+_XID_APPLICATION = (13, 31, 43, 45, 68, 109)
+_XID_FAIL = (48, 64, 74, 79, 95, 119, 120, 140)
+_XID_WARN = (38, 39, 42, 54, 56, 57, 58, 60, 61, 62, 63, 67, 73, 78, 94, 121, 137)
+
+
+@dataclass(frozen=True)
+class HealthSection:
+    """Health signals, scoring, hysteresis and the actions on unhealthy cards (``xpud.hw.health``)."""
+
+    poll_interval_s: float = _key(5.0, "Seconds between two polls of every card's signals.", min=0.05)
+    clear_s: float = _key(
+        60.0, "Seconds a card's signals must stay clear before its state improves (hysteresis).", min=0.0
+    )
+    flap_window_s: float = _key(3600.0, "Failures within this many seconds count for flap damping.", min=0.0)
+    flap_factor: float = _key(
+        2.0, "Each further failure within flap_window_s multiplies the clear time by this.", min=1.0
+    )
+    clear_max_s: float = _key(3600.0, "Longest clear time flap damping may ask for (seconds).", min=0.0)
+    event_window_s: float = _key(
+        300.0,
+        "Seconds an XID or a rise of an error counter (ECC, remapped rows, NVLink) keeps its signal raised.",
+        min=0.0,
+    )
+    move_ack_timeout_s: float = _key(
+        30.0,
+        "Seconds a restartable job's holder has to stop it and acknowledge a move; then the move is "
+        "abandoned and the lease marked.",
+        min=0.1,
+    )
+    temperature_margin_c: int = _key(
+        0, "Warn when the temperature is within this many degrees of the slowdown threshold.", min=0
+    )
+    power_warn_ratio: float = _key(
+        1.0, "Warn when the power draw is above this share of the enforced power limit.", min=0.0
+    )
+    clock_warn_mask: int = _key(
+        0xE8,
+        "Clock-event reasons that warn: HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, power brake 0x80.",
+        min=0,
+    )
+    ecc_sbe_volatile_warn: int = _key(
+        1000,
+        "Warn when this many corrected (single-bit) ECC errors were counted since the last reset.",
+        min=1,
+    )
+    retired_pages_fail: int = _key(63, "Fail when this many pages are retired (DCGM).", min=1)
+    retired_pages_dbe_fail: int = _key(
+        15,
+        "Fail when more pages than this are retired for double-bit errors and still growing (DCGM).",
+        min=0,
+    )
+    pcie_replay_warn_per_min: float = _key(
+        16.0, "Warn when PCIe replays in the last minute reach this (DCGM: Gen4 x16 about 16).", min=0.0
+    )
+    nvlink_crc_fail_per_s: float = _key(
+        100.0, "Fail when NVLink CRC errors (flit + data, all links) reach this rate (DCGM).", min=0.0
+    )
+    fragmentation_slice: str = _key(
+        "vxpu-quarter", "Slice size that memory fragmentation is measured against (a [slices] name)."
+    )
+    fragmentation_info: float = _key(
+        0.5, "Report (without changing the state) fragmentation above this share of free memory.", min=0.0
+    )
+    xid_application: tuple[int, ...] = _key(
+        _XID_APPLICATION, "Application XIDs: counted against the lease that caused them, not the card."
+    )
+    xid_fail: tuple[int, ...] = _key(_XID_FAIL, "XIDs that make a card unhealthy.")
+    xid_warn: tuple[int, ...] = _key(_XID_WARN, "XIDs that make a card degraded.")
+    xid_unlisted: str = _key(
+        "fail", "What an XID in none of the lists does to the card.", choices=("fail", "warn", "ignore")
+    )
+    weight_lost: int = _key(100, "Score points a lost card loses.", min=0, max=100)
+    weight_xid: int = _key(60, "Score points for a failing XID (half for a warning).", min=0, max=100)
+    weight_ecc: int = _key(60, "Score points for ECC errors.", min=0, max=100)
+    weight_memory_errors: int = _key(50, "Score points for retired pages / remapped rows.", min=0, max=100)
+    weight_nvlink: int = _key(40, "Score points for NVLink errors or links down.", min=0, max=100)
+    weight_temperature: int = _key(30, "Score points for temperature.", min=0, max=100)
+    weight_clock_events: int = _key(20, "Score points for clock-event (throttle) reasons.", min=0, max=100)
+    weight_inforom: int = _key(20, "Score points for an invalid InfoROM.", min=0, max=100)
+    weight_pcie: int = _key(15, "Score points for PCIe replays.", min=0, max=100)
+    weight_power: int = _key(10, "Score points for power above the limit.", min=0, max=100)
+    weight_fragmentation: int = _key(10, "Score points for memory fragmentation.", min=0, max=100)
+
+
 SECTIONS: dict[str, type] = {
     "daemon": DaemonSection,
     "devices": DevicesSection,
     "cards": CardsSection,
     "leases": LeasesSection,
+    "health": HealthSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -117,6 +203,7 @@ class Config:
     devices: DevicesSection = field(default_factory=DevicesSection)
     cards: CardsSection = field(default_factory=CardsSection)
     leases: LeasesSection = field(default_factory=LeasesSection)
+    health: HealthSection = field(default_factory=HealthSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     path: str = ""  # the file it came from ("" = defaults only)
 
@@ -179,6 +266,17 @@ def _hint(name: str, known: typing.Iterable[str]) -> str:
 
 def _check_value(src: _Source, table: str, f: dataclasses.Field, kind: Any, value: Any) -> Any:
     rules = f.metadata
+    if typing.get_origin(kind) is tuple:  # a TOML array of one type, kept as a tuple (immutable)
+        item = typing.get_args(kind)[0]
+        if not isinstance(value, list) or not all(
+            isinstance(v, item) and not isinstance(v, bool) for v in value
+        ):
+            raise src.error(
+                table,
+                f.name,
+                f"expected a list of {item.__name__}s, got {value!r}; default is {list(f.default)!r}",
+            )
+        return tuple(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     expected = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(kind, "?")
@@ -251,7 +349,14 @@ def parse(text: str, path: str = "<string>") -> Config:
             kwargs[table] = _section(src, table, SECTIONS[table], value)
         else:
             raise src.error(table, None, f"unknown table{_hint(table, [*SECTIONS, 'slices'])}")
-    return Config(**kwargs)
+    cfg = Config(**kwargs)
+    if cfg.health.fragmentation_slice not in cfg.slices:
+        raise src.error(
+            "health",
+            "fragmentation_slice",
+            f"{cfg.health.fragmentation_slice!r} is not a slice size; use one of {', '.join(cfg.slices)}",
+        )
+    return cfg
 
 
 def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | None = None) -> Config:
@@ -280,7 +385,13 @@ def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | Non
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
-    out: dict[str, Any] = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
+    out: dict[str, Any] = {
+        name: {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(getattr(cfg, name)).items()
+        }
+        for name in SECTIONS
+    }
     out["slices"] = {
         n: {"memory_fraction": s.memory_fraction, "compute_pct": s.compute_pct} for n, s in cfg.slices.items()
     }
@@ -292,13 +403,17 @@ def dumps(cfg: Config) -> str:
     return tomli_w.dumps(to_dict(cfg))
 
 
+def _toml_value(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
 def documented_keys() -> dict[str, dict[str, tuple[Any, str]]]:
     """Every key with its default and documentation: {section: {key: (default, doc)}}."""
     out = {}
     for name, cls in SECTIONS.items():
         out[name] = {
             f.name: (
-                f.default if f.default is not dataclasses.MISSING else f.default_factory(),
+                _toml_value(f.default if f.default is not dataclasses.MISSING else f.default_factory()),
                 f.metadata["doc"],
             )
             for f in dataclasses.fields(cls)

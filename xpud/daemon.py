@@ -29,6 +29,7 @@ from xpud.engine import Engine
 from xpud.errors import XpudError
 from xpud.jobs import Jobs
 from xpud.ledger import Ledger
+from xpud.monitor import HealthMonitor
 from xpud.service import AdminService, Context, NodeService
 
 log = logging.getLogger("xpud")
@@ -102,6 +103,7 @@ class Daemon:
         self.servers: list[aio.Server] = []
         self.cred_server: asyncio.AbstractServer | None = None
         self.jobs: Jobs | None = None
+        self.monitor: HealthMonitor | None = None
         self.started = time.time()
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
@@ -140,12 +142,15 @@ class Daemon:
             self.hw.cards(), self.hw.topology(), self.cfg, self.ledger, isolation=self._isolation()
         )
         self.engine.restore()
+        self.monitor = HealthMonitor(self.engine, self.hw, self.cfg)
+        self.monitor.restore()  # cards that were out before a restart stay out until they clear
         issuer = CredentialIssuer(self.cfg.leases.credential_ttl_s, self.cfg.daemon.admin_group)
         backend = f"simulated:{self.cfg.devices.machine}" if self.fake is not None else "nvml"
         ctx = Context(
             self.engine,
             issuer,
             fake=self.fake,
+            health=self.monitor,
             info={
                 "version": __version__,
                 "hostname": socket.gethostname(),
@@ -170,8 +175,9 @@ class Daemon:
             await s.start()
         self.servers = [user, admin]
         self._set_permissions()
-        self.jobs = Jobs(self.engine, self.hw)
+        self.jobs = Jobs(self.engine, self.hw, self.cfg.health.poll_interval_s, self.monitor)
         self.jobs.start()
+        self.monitor.start()
         log.info(
             "xpud %s serving %d card(s) (%s) on %s",
             __version__,
@@ -193,6 +199,8 @@ class Daemon:
         sd_notify("STOPPING=1")
         if self.jobs:
             self.jobs.stop()
+        if self.monitor:
+            self.monitor.stop()
         for s in self.servers:
             await s.stop(grace=0.5)
         if self.cred_server:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
 from xpud.config import Config
@@ -33,6 +33,7 @@ from xpud.model import (
     Request,
     Slice,
 )
+from xpud.moves import Moves
 from xpud.placement.host import CardCapacity, best_group, choose_slice_card
 from xpud.waitlist import Waitlist
 
@@ -50,6 +51,7 @@ class CardState:
     drain_reason: str = ""
     health_state: HealthState = HealthState.HEALTHY
     health_score: int = 100
+    health_reason: str = ""  # why the health monitor took it out (unhealthy) or avoids it (degraded)
     whole_lease: str | None = None
     slices: dict[str, Slice] = field(default_factory=dict)  # lease id -> slice
     sample: CardSample | None = None
@@ -97,6 +99,7 @@ class Engine:
         self.unheld_since: dict[str, float] = {}  # lease id -> when its last Hold stream closed
         self._lease_streams: dict[str, set[asyncio.Queue]] = {}
         self._watchers: set[asyncio.Queue] = set()
+        self.moves = Moves(self)
 
     # ------------------------------------------------------------------ restore and views
     def restore(self) -> list[Lease]:
@@ -169,12 +172,13 @@ class Engine:
         mem, pct = used_shares(list(c.slices.values()), c.info, self._reserved(c.info))
         if c.whole_lease:
             mem, pct = 1.0, 100
+        sick = c.health_state is HealthState.UNHEALTHY  # drained by the health monitor until it recovers
         return CardView(
             info=c.info,
             mode=c.mode,
             mode_pinned=c.pinned,
-            drained=c.drained,
-            drain_reason=c.drain_reason,
+            drained=c.drained or sick,
+            drain_reason=c.drain_reason or (f"unhealthy: {c.health_reason}" if sick else ""),
             health_state=c.health_state,
             health_score=c.health_score,
             whole_lease=c.whole_lease,
@@ -258,10 +262,10 @@ class Engine:
     def _reserved(self, card: CardInfo) -> int:
         return self._backends[card.index].reserved_bytes  # [cards] reserved_memory_mib, or its estimate
 
-    def _whole_candidates(self, keep_whole_only: bool) -> list[int]:
+    def _whole_candidates(self, keep_whole_only: bool, exclude: frozenset[int] = frozenset()) -> list[int]:
         out = []
         for c in self.cards.values():
-            if not (c.usable and c.idle):
+            if not (c.usable and c.idle) or c.info.index in exclude:
                 continue
             if c.mode is CardMode.SLICED and (c.pinned or keep_whole_only):
                 continue
@@ -271,29 +275,26 @@ class Engine:
                 out.append(c.info.index)
         return out
 
-    def _place_xpu(self, req: Request, reserve_whole: bool) -> tuple[int, ...] | None:
+    def _place_xpu(
+        self, req: Request, reserve_whole: bool, exclude: frozenset[int] = frozenset()
+    ) -> tuple[int, ...] | None:
         if reserve_whole:
             return None
         scores = {i: c.health_score for i, c in self.cards.items()}
-        for allow_degraded in (False, True):
+        degraded = [i for i, c in self.cards.items() if c.health_state is HealthState.DEGRADED]
+        whole, anyfree = self._whole_candidates(True, exclude), self._whole_candidates(False, exclude)
+        g_whole = best_group(self.topology, whole, req.gpus, scores, avoid=degraded)
+        g_any = best_group(self.topology, anyfree, req.gpus, scores, avoid=degraded)
+        if g_whole and (not g_any or self._group_key(g_whole, degraded) <= self._group_key(g_any, degraded)):
+            return g_whole  # as good without switching an (empty) sliced card back to whole
+        return g_any
 
-            def ok(i: int, allow=allow_degraded) -> bool:
-                return allow or self.cards[i].health_state is not HealthState.DEGRADED
+    def _group_key(self, group: tuple[int, ...], degraded: list[int]) -> tuple[int, float]:
+        return sum(i in degraded for i in group), round(self.topology.allreduce_seconds(group), 12)
 
-            whole = [i for i in self._whole_candidates(True) if ok(i)]
-            anyfree = [i for i in self._whole_candidates(False) if ok(i)]
-            g_whole = best_group(self.topology, whole, req.gpus, scores)
-            g_any = best_group(self.topology, anyfree, req.gpus, scores)
-            if g_whole and (
-                not g_any
-                or self.topology.allreduce_seconds(g_whole) <= self.topology.allreduce_seconds(g_any) + 1e-12
-            ):
-                return g_whole  # as good without switching an (empty) sliced card back
-            if g_any:
-                return g_any
-        return None
-
-    def _place_slice(self, req: Request, reserve_whole: bool) -> int | None:
+    def _place_slice(
+        self, req: Request, reserve_whole: bool, exclude: frozenset[int] = frozenset()
+    ) -> int | None:
         spec = self.cfg.slices[req.mode.value]
         caps = []
         for c in self.cards.values():
@@ -301,17 +302,23 @@ class Engine:
             convertible = c.mode is CardMode.SLICED or (c.idle and not c.pinned and not reserve_whole)
             feasible = (
                 c.usable
+                and c.info.index not in exclude
                 and convertible
                 and self._backends[c.info.index].fits(c.info, list(c.slices.values()), spec, req.owner_uid)
             )
             caps.append(replace(self._capacity(c), usable=feasible))
-        # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks.
-        return choose_slice_card(caps, 0.0, 0, self.topology)
+        # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks. The whole-card
+        # pool (for the harm a conversion does) includes pinned and reserved idle whole cards.
+        pool = self._whole_candidates(True)
+        return choose_slice_card(caps, 0.0, 0, self.topology, free_whole=pool)
 
-    def _fit(self, req: Request, reserve_whole: bool = False) -> tuple[int, ...] | None:
+    def _fit(
+        self, req: Request, reserve_whole: bool = False, exclude: frozenset[int] = frozenset()
+    ) -> tuple[int, ...] | None:
+        """Cards for ``req`` now, or None. ``exclude``: cards it must not use (a move's source)."""
         if req.mode is Mode.XPU:
-            return self._place_xpu(req, reserve_whole)
-        card = self._place_slice(req, reserve_whole)
+            return self._place_xpu(req, reserve_whole, exclude)
+        card = self._place_slice(req, reserve_whole, exclude)
         return None if card is None else (card,)
 
     # ------------------------------------------------------------------ grant
@@ -498,6 +505,7 @@ class Engine:
         return self._end(lease, LeaseState.RECLAIMED, reason) if lease else None
 
     def _end(self, lease: Lease, state: LeaseState, reason: str) -> Lease:
+        self.moves.forget(lease.id)  # a move in flight: free what it reserved
         for s in lease.slices:
             card = self.cards[s.card_index]
             try:
@@ -547,6 +555,7 @@ class Engine:
     def reap(self) -> list[Lease]:
         """Reclaim leases whose holder has been gone longer than the grace period; expire waiters."""
         now, grace = self.clock(), self.cfg.leases.grace_s
+        self.moves.expire(now)
         out = []
         for lid, since in list(self.unheld_since.items()):
             if now - since >= grace and lid in self.leases:
@@ -586,7 +595,11 @@ class Engine:
         c = self.resolve_card(selector)
         c.drained, c.drain_reason = False, ""
         self.ledger.save_card(c.record())
-        self.event("undrain", f"card {c.info.index} back in service", card=c.info.index)
+        if c.health_state is HealthState.UNHEALTHY:  # the operator's drain is gone; the monitor's stays
+            msg = f"card {c.info.index}: operator drain lifted; still out while unhealthy: {c.health_reason}"
+        else:
+            msg = f"card {c.info.index} back in service"
+        self.event("undrain", msg, card=c.info.index)
         self.pump()
         return self._view(c)
 
@@ -621,13 +634,54 @@ class Engine:
     def set_sample(self, index: int, sample: CardSample) -> None:
         self.cards[index].sample = sample
 
-    def set_health(self, index: int, state: HealthState, score: int) -> None:
+    def set_health(self, index: int, state: HealthState, score: int, reason: str = "") -> None:
+        """The health monitor's verdict: degraded cards are avoided, unhealthy ones unusable (drained
+        until they recover; an operator's own drain is separate and stays)."""
         c = self.cards[index]
         before = c.usable
         c.health_state, c.health_score = state, score
+        c.health_reason = reason if state is not HealthState.HEALTHY else ""
         if c.usable and not before:
             self.pump()
         self._changed()
+
+    def leases_on(self, index: int) -> list[Lease]:
+        """Active leases holding card ``index`` (whole or a slice), oldest first; not move reservations."""
+        return [lease for lease in self.lease_list() if index in lease.cards]
+
+    def mark(self, lease_id: str, text: str) -> Lease:
+        """Mark a lease for its holder's attention and tell the holder (a ``mark`` event); no-op if same."""
+        lease = self.leases[lease_id]
+        if lease.mark == text:
+            return lease
+        lease = replace(lease, mark=text)
+        self.leases[lease_id] = lease
+        self.ledger.set_mark(lease_id, text)
+        self._notify(lease, "mark", text)
+        self.event(
+            "mark",
+            f"lease {lease_id}: {text}",
+            card=lease.cards[0] if len(lease.cards) == 1 else -1,
+            lease_id=lease_id,
+        )
+        return lease
+
+    def move(
+        self,
+        lease_id: str,
+        reason: str,
+        *,
+        avoid: Collection[int] = (),
+        to: Collection[int] | None = None,
+        timeout_s: float | None = None,
+    ) -> Lease:
+        """Move a restartable lease elsewhere (see ``xpud.moves``): reserve, send ``move``, await AckMove.
+        Returns the lease as it will be. Raises NoCapacity (nowhere to go) or Conflict."""
+        return self.moves.start(lease_id, reason, avoid=avoid, to=to, timeout_s=timeout_s)
+
+    def ack_move(self, lease_id: str, token: str) -> Lease:
+        """The holder stopped its command after a ``move``: commit the new placement and return it."""
+        return self.moves.ack(lease_id, token)
 
     def event(self, kind: str, message: str, card: int = -1, lease_id: str = "") -> EventRecord:
         log.info("%s", message)

@@ -1,4 +1,5 @@
-"""Periodic work on APScheduler (3.x, on the daemon's asyncio loop): the lease reaper and card sampling.
+"""Periodic work on APScheduler (3.x, on the daemon's asyncio loop): the lease reaper (which also abandons
+moves nobody acknowledged) and card sampling, whose samples the health monitor judges.
 
 Hardware reads run in a worker thread so a slow driver call never stalls the API.
 """
@@ -14,15 +15,18 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from xpud.engine import Engine
 
 log = logging.getLogger("xpud.jobs")
+# APScheduler logs every run at INFO: with the reaper at 4 Hz and polls at up to 1 Hz that buries the log.
+logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
 
 REAP_INTERVAL_S = 0.25  # a reclaimed lease is back within the grace period plus this
 
 
 class Jobs:
-    def __init__(self, engine: Engine, hw, sample_interval_s: float = 5.0):
+    def __init__(self, engine: Engine, hw, sample_interval_s: float = 5.0, monitor=None):
         self.engine = engine
         self.hw = hw
         self.sample_interval_s = sample_interval_s
+        self.monitor = monitor  # xpud.monitor.HealthMonitor: judges each poll's samples
         self.scheduler: AsyncIOScheduler | None = None
 
     def start(self) -> None:
@@ -61,3 +65,8 @@ class Jobs:
             return
         for i, s in zip(indices, samples, strict=True):
             self.engine.set_sample(i, s)
+        if self.monitor is not None:
+            try:
+                self.monitor.on_samples(dict(zip(indices, samples, strict=True)))
+            except Exception:
+                log.exception("judging the cards' health failed")

@@ -57,6 +57,20 @@ MIGRATIONS: list[str] = [
         message TEXT NOT NULL
     );
     """,
+    # 2: card health state changes, with their reasons (xpu health shows them; restored at start)
+    """
+    CREATE TABLE health_changes (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts REAL NOT NULL,
+        card_uuid TEXT NOT NULL,
+        card INTEGER NOT NULL,        -- index when it changed (indices can change across reboots)
+        from_state TEXT NOT NULL,
+        to_state TEXT NOT NULL,
+        score INTEGER NOT NULL,
+        reasons TEXT NOT NULL         -- JSON list of strings
+    );
+    CREATE INDEX health_changes_by_card ON health_changes(card_uuid, id);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -72,6 +86,17 @@ class CardRecord:
     mode_pinned: bool
     drained: bool
     drain_reason: str
+
+
+@dataclass(frozen=True)
+class HealthChangeRecord:
+    ts: float
+    card_uuid: str
+    card: int
+    from_state: str
+    to_state: str
+    score: int
+    reasons: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -229,6 +254,12 @@ class Ledger:
         with self.db:
             cur = self.db.execute("DELETE FROM leases WHERE state!='active' AND ended < ?", (cutoff,))
             self.db.execute("DELETE FROM events WHERE ts < ?", (cutoff,))
+            # keep each card's latest change: it is the state restored at the next start
+            self.db.execute(
+                "DELETE FROM health_changes WHERE ts < ? AND id NOT IN"
+                " (SELECT MAX(id) FROM health_changes GROUP BY card_uuid)",
+                (cutoff,),
+            )
         return cur.rowcount
 
     # cards --------------------------------------------------------------------------------------
@@ -269,6 +300,41 @@ class Ledger:
         rows = self.db.execute(q + " ORDER BY id DESC LIMIT ?", [*args, limit]).fetchall()
         return [
             EventRecord(r["id"], r["ts"], r["kind"], r["card"], r["lease_id"], r["message"])
+            for r in reversed(rows)
+        ]
+
+    # health ---------------------------------------------------------------------------------------
+    def add_health_change(self, rec: HealthChangeRecord) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT INTO health_changes (ts, card_uuid, card, from_state, to_state, score, reasons)"
+                " VALUES (?,?,?,?,?,?,?)",
+                (
+                    rec.ts,
+                    rec.card_uuid,
+                    rec.card,
+                    rec.from_state,
+                    rec.to_state,
+                    rec.score,
+                    json.dumps(rec.reasons),
+                ),
+            )
+
+    def health_changes(self, card_uuid: str, limit: int = 20) -> list[HealthChangeRecord]:
+        """A card's latest state changes, oldest first."""
+        rows = self.db.execute(
+            "SELECT * FROM health_changes WHERE card_uuid=? ORDER BY id DESC LIMIT ?", (card_uuid, limit)
+        ).fetchall()
+        return [
+            HealthChangeRecord(
+                r["ts"],
+                r["card_uuid"],
+                r["card"],
+                r["from_state"],
+                r["to_state"],
+                r["score"],
+                tuple(json.loads(r["reasons"])),
+            )
             for r in reversed(rows)
         ]
 

@@ -307,7 +307,7 @@ def raise_not_found(lease_id: str):
     raise NotFound(f"no active lease {lease_id!r}: it was released or reclaimed (see `xpu leases --all`)")
 
 
-FAULT_KINDS = ("xid", "ecc-dbe", "overheat", "nvlink-down", "lost")
+FAULT_KINDS = ("xid", "ecc-dbe", "ecc-sbe", "overheat", "nvlink-down", "lost", "inforom")
 
 
 class AdminService(pbg.AdminServicer):
@@ -357,6 +357,10 @@ class AdminService(pbg.AdminServicer):
             fake.inject_xid(card, request.xid)
         elif kind == "ecc-dbe":
             fake.inject_ecc_dbe(card)
+        elif kind == "ecc-sbe":
+            fake.inject_ecc_sbe(card)
+        elif kind == "inforom":
+            fake.corrupt_inforom(card)
         elif kind == "overheat":
             fake.set_overheat(card)
         elif kind == "nvlink-down":

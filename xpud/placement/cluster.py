@@ -10,12 +10,17 @@ cluster (the simulator): build it with :meth:`ClusterState.from_hosts`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 CARD_MILLI = 1000  # one whole card
+
+# Host versions come from one process-wide counter, so two states (a snapshot and a planner's working copy)
+# never give different contents the same version and score caches stay right across them.
+_VERSIONS = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ class ClusterState:
 
     Arrays (``H`` hosts, ``G`` = ``max_cards``): ``cpu_free``/``mem_free`` (H,), ``card_free`` (H, G),
     ``n_full`` (H,) idle whole cards, ``max_free`` (H,) largest free share of one card, ``version`` (H,)
-    bumped on every change (score caches compare it).
+    renewed on every change from a process-wide counter (score caches compare it).
     """
 
     def __init__(self, hosts: Sequence[Host]):
@@ -110,7 +115,7 @@ class ClusterState:
         self.card_free = np.where(self.card_exists, CARD_MILLI, 0).astype(np.int64)
         self.n_full = self.n_cards.copy()
         self.max_free = np.where(self.n_cards > 0, CARD_MILLI, 0).astype(np.int64)
-        self.version = np.zeros(len(self.hosts), dtype=np.int64)
+        self.version = np.full(len(self.hosts), next(_VERSIONS), dtype=np.int64)
         self.used_gpu_milli = 0
 
     def shuffle_ties(self, rng: np.random.Generator) -> None:
@@ -193,7 +198,7 @@ class ClusterState:
             self.n_full[h] = int((row == CARD_MILLI).sum())
             self.max_free[h] = int(row.max())
             self.used_gpu_milli -= sign * d.gpu_milli * len(p.cards)
-        self.version[h] += 1
+        self.version[h] = next(_VERSIONS)
 
     def free_gpu_milli(self, hosts: np.ndarray | None = None) -> np.ndarray:
         """Total free GPU share per host (milli)."""

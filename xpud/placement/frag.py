@@ -9,7 +9,7 @@ of the host is the expected free share that a task drawn from the mix could not 
 
 All amounts are in milli-cards. CPU-only classes never use GPU, so they only add to ``free_total``.
 ``FragModel`` precomputes per-model, per-CPU-level weight tables so that ``U`` and its change for every
-candidate (host, card) are a few vectorised operations.
+candidate (host, card) are a few vectorised gathers (O(hosts x cards)).
 
 ``WorkloadMix`` is the task-class distribution: given in advance (FGD as published) or learned online
 from the tasks that have arrived so far (what a live scheduler knows).
@@ -111,21 +111,27 @@ class FragModel:
                     self.u_multi[m, level + 1 :, :] += p * CARD_MILLI * nf * (nf >= c.gpus)
 
     # -- the measure -------------------------------------------------------------------------------------
+    # U = sum_cards f * C(f), where C(f) is the weight of single-card classes whose share is at most f (at
+    # the host's CPU level), plus the multi-card term. Evaluated with gathers, never a cards x levels tensor.
 
     def cpu_index(self, cpu_free: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.cpu_levels, cpu_free, side="right")
 
-    def usable_share(self, card_free: np.ndarray) -> np.ndarray:
-        """``Q[..., d]``: free share on cards where a task of share ``share_levels[d]`` fits."""
-        f = card_free[..., None]
-        return (f * (f >= self.share_levels)).sum(axis=-2)
+    def _cum(self, model: np.ndarray, cpu_index: np.ndarray) -> np.ndarray:
+        """(N, D+1) cumulative class weight over share levels; column k = levels below the k-th."""
+        w = self.w_single[model, cpu_index]
+        return np.concatenate([np.zeros((w.shape[0], 1)), np.cumsum(w, axis=1)], axis=1)
+
+    def _fit_index(self, card_free: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.share_levels, card_free, side="right")
 
     def usable(self, card_free: np.ndarray, cpu_free: np.ndarray, model: np.ndarray) -> np.ndarray:
         """Expected usable free GPU share ``U`` (milli) for hosts with these free cards (N, G), CPU, model."""
         i = self.cpu_index(cpu_free)
+        cum = self._cum(model, i)
         n_full = (card_free == CARD_MILLI).sum(axis=-1)
-        q = self.usable_share(card_free)
-        return (q * self.w_single[model, i]).sum(axis=-1) + self.u_multi[model, i, n_full]
+        single = (card_free * np.take_along_axis(cum, self._fit_index(card_free), axis=1)).sum(axis=1)
+        return single + self.u_multi[model, i, n_full]
 
     def frag(self, state: ClusterState, hosts: np.ndarray | None = None) -> np.ndarray:
         """Fragmentation ``F`` (milli) of each host: free GPU share a task from the mix could not use."""
@@ -145,24 +151,23 @@ class FragModel:
         i0 = self.cpu_index(cpu0)
         i1 = self.cpu_index(cpu0 - d.cpu_milli)
         n_full = state.n_full[hosts]
-        q = self.usable_share(free)  # (N, D)
-        w0 = self.w_single[model, i0]
-        u0 = (q * w0).sum(axis=1) + self.u_multi[model, i0, n_full]
-        w1 = self.w_single[model, i1]
+        cum0, cum1 = self._cum(model, i0), self._cum(model, i1)
+        k0 = self._fit_index(free)
+        u0 = (free * np.take_along_axis(cum0, k0, axis=1)).sum(axis=1) + self.u_multi[model, i0, n_full]
+        at1 = free * np.take_along_axis(cum1, k0, axis=1)  # each card's usable share at the new CPU level
+        s1 = at1.sum(axis=1)
         if d.gpus == 0:
-            u1 = (q * w1).sum(axis=1) + self.u_multi[model, i1, n_full]
+            u1 = s1 + self.u_multi[model, i1, n_full]
             return u0, u1[:, None], np.ones((len(hosts), 1), dtype=bool)
         if not d.fractional:
             k = d.gpus
-            q1 = q - CARD_MILLI * k * (self.share_levels <= CARD_MILLI)
+            full_w = cum1[:, -1]  # a whole card serves every single-card class
             nf1 = np.maximum(n_full - k, 0)
-            u1 = (q1 * w1).sum(axis=1) + self.u_multi[model, i1, nf1]
+            u1 = s1 - CARD_MILLI * k * full_w + self.u_multi[model, i1, nf1]
             return u0, u1[:, None], (n_full >= k)[:, None]
-        f0 = free[:, :, None]
-        f1 = f0 - d.gpu_milli
-        lv = self.share_levels
-        dq = f1 * (f1 >= lv) - f0 * (f0 >= lv)  # (N, G, D) change of Q if the task goes to that card
-        u1 = ((q[:, None, :] + dq) * w1[:, None, :]).sum(axis=2)
+        f1 = np.maximum(free - d.gpu_milli, 0)
+        after = f1 * np.take_along_axis(cum1, self._fit_index(f1), axis=1)
+        u1 = s1[:, None] - at1 + after
         nf1 = n_full[:, None] - (free == CARD_MILLI)
         u1 += self.u_multi[model[:, None], i1[:, None], nf1]
         return u0, u1, free >= d.gpu_milli

@@ -36,10 +36,13 @@ class ReplayResult:
     moved_gpu_milli: int = 0
     wall_s: float = 0.0
     decision_s: list[float] = field(default_factory=list)
+    moves_curve: np.ndarray | None = None  # (131,) moves made so far, with a mover
 
 
 class Mover:
-    """What ``--defrag`` plugs into the replay: called when a task fits nowhere."""
+    """What ``--defrag`` plugs into the replay: called when a task fits nowhere. It may move placed tasks
+    (updating ``state``, ``placed`` and the policy) and returns where the task goes now (or ``None``) and
+    the moves made as ``(task index, from, to)``."""
 
     def make_room(
         self, state: ClusterState, d: Demand, placed: dict[int, tuple[Demand, Placement]], policy: Policy, rng
@@ -68,6 +71,8 @@ def replay(
     alloc = np.full(CURVE_POINTS, np.nan)
     occ = np.full(CURVE_POINTS, np.nan)
     res = ReplayResult(policy.name, seed, alloc, occ, tasks=len(demands))
+    moves_curve = np.zeros(CURVE_POINTS, dtype=np.int64) if mover is not None else None
+    res.moves_curve = moves_curve
     placed: dict[int, tuple[Demand, Placement]] = {}
     arrived = useful = 0
     next_x = 0
@@ -77,6 +82,8 @@ def replay(
         while next_x < CURVE_POINTS and arrived_after * 100 > next_x * cap:
             alloc[next_x] = 100.0 * useful / cap
             occ[next_x] = 100.0 * state.used_gpu_milli / cap
+            if moves_curve is not None:
+                moves_curve[next_x] = res.moves
             next_x += 1
         arrived = arrived_after
         policy.observe(d)
@@ -103,6 +110,8 @@ def replay(
             progress(i + 1, len(demands))
     alloc[next_x:] = 100.0 * useful / cap
     occ[next_x:] = 100.0 * state.used_gpu_milli / cap
+    if moves_curve is not None:
+        moves_curve[next_x:] = res.moves
     res.moved_tasks = len(moved)
     res.wall_s = time.perf_counter() - t_start
     return res

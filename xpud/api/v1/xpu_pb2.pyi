@@ -404,19 +404,21 @@ class Signal(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., threshold: _Optional[float] = ..., unit: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StateChange(_message.Message):
-    __slots__ = ("timestamp", "from_state", "to_state", "reasons")
+    __slots__ = ("timestamp", "from_state", "to_state", "reasons", "score")
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     FROM_STATE_FIELD_NUMBER: _ClassVar[int]
     TO_STATE_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
     timestamp: float
     from_state: str
     to_state: str
     reasons: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, timestamp: _Optional[float] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...
+    score: int
+    def __init__(self, timestamp: _Optional[float] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., score: _Optional[int] = ...) -> None: ...
 
 class CardHealth(_message.Message):
-    __slots__ = ("index", "uuid", "score", "state", "signals", "history", "reasons", "clear_since")
+    __slots__ = ("index", "uuid", "score", "state", "signals", "history", "reasons", "clear_since", "raw_state", "clear_needed_s")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -425,6 +427,8 @@ class CardHealth(_message.Message):
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
     CLEAR_SINCE_FIELD_NUMBER: _ClassVar[int]
+    RAW_STATE_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_NEEDED_S_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     score: int
@@ -433,7 +437,9 @@ class CardHealth(_message.Message):
     history: _containers.RepeatedCompositeFieldContainer[StateChange]
     reasons: _containers.RepeatedScalarFieldContainer[str]
     clear_since: float
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., score: _Optional[int] = ..., state: _Optional[str] = ..., signals: _Optional[_Iterable[_Union[Signal, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., reasons: _Optional[_Iterable[str]] = ..., clear_since: _Optional[float] = ...) -> None: ...
+    raw_state: str
+    clear_needed_s: float
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., score: _Optional[int] = ..., state: _Optional[str] = ..., signals: _Optional[_Iterable[_Union[Signal, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., reasons: _Optional[_Iterable[str]] = ..., clear_since: _Optional[float] = ..., raw_state: _Optional[str] = ..., clear_needed_s: _Optional[float] = ...) -> None: ...
 
 class HealthReply(_message.Message):
     __slots__ = ("cards",)

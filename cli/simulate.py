@@ -1,0 +1,203 @@
+"""`xpu simulate`: replay an openb-format trace through the placement policies and print the allocation table.
+
+The CLI's main module adds the command with ``register(app)``. Everything here is parsing and printing;
+the replay lives in ``xpud.sim``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from xpud.placement.registry import DEFAULT_POLICY, DESCRIPTIONS, POLICY_NAMES
+from xpud.placement.slices import PROFILE_SETS
+from xpud.sim.protocol import DEFAULT_RATIO, parse_seeds
+from xpud.sim.trace import DEFAULT_CLUSTER, DEFAULT_TRACE, OPENB_ENV, TraceError, default_path
+
+SLICE_MODES = tuple(m for m in PROFILE_SETS if m != "whole")
+BOUND_POINTS = (100, 130)
+
+HELP = f"""Replay a trace (openb CSV format) through placement policies; print GPU allocation (% of capacity)
+as the arrived workload grows from 50 % to 130 % of capacity, averaged over seeds.
+
+Protocol (ATC'23 FGD paper): the trace is shuffled per seed, then tasks resampled from it are appended until
+the GPU request reaches {DEFAULT_RATIO}x capacity; tasks only arrive; a task that fits nowhere is dropped.
+
+Defaults: the openb cluster and default trace from ${OPENB_ENV}, or ./shared/data/openb or
+../shared/data/openb (the repository layout).
+
+Policies: {", ".join(f"{n} ({d})" for n, (d, _) in DESCRIPTIONS.items())}."""
+
+
+def _fail(message: str, code: int = 1):
+    typer.echo(f"xpu: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _policies(values: list[str] | None) -> tuple[str, ...]:
+    names: list[str] = []
+    for v in values or [DEFAULT_POLICY]:
+        for part in v.split(","):
+            part = part.strip()
+            if part == "all":
+                names.extend(POLICY_NAMES)
+            elif part in POLICY_NAMES:
+                names.append(part)
+            elif part:
+                raise typer.BadParameter(
+                    f"unknown policy {part!r}: choose from {', '.join(POLICY_NAMES)} or all"
+                )
+    return tuple(dict.fromkeys(names))
+
+
+def simulate(
+    cluster: Annotated[
+        Path | None,
+        typer.Option(
+            help=f"Node list CSV (sn, cpu_milli, memory_mib, gpu, model). Default: {DEFAULT_CLUSTER}."
+        ),
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help=f"Pod list CSV (name, cpu_milli, memory_mib, num_gpu, gpu_milli[, gpu_spec]). "
+            f"Default: {DEFAULT_TRACE}."
+        ),
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy", "-p", help=f"Policy; repeat or comma-separate; 'all'. Default: {DEFAULT_POLICY}."
+        ),
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="Seeds: 42-51, or 42,43,...")] = "42-51",
+    slices: Annotated[
+        str,
+        typer.Option(
+            help=f"Slice sizes: {', '.join(SLICE_MODES)} (free = any size, as MPS; others round "
+            "fractional requests up, as fixed MIG-like profiles)."
+        ),
+    ] = "free",
+    defrag: Annotated[
+        bool, typer.Option("--defrag", help="Let restartable tasks move when a task fits nowhere.")
+    ] = False,
+    move_budget: Annotated[
+        float,
+        typer.Option("--move-budget", metavar="PCT", help="With --defrag: moves allowed, % of tasks placed."),
+    ] = 1.0,
+    move_whole: Annotated[
+        bool | None,
+        typer.Option(
+            "--move-whole/--no-move-whole",
+            help="With --defrag: whole-card tasks may move too and "
+            "small groups of hosts may be repacked (default: when --move-budget > 1).",
+        ),
+    ] = None,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE.png|term", help="Write the curves as a PNG, or 'term' for a terminal chart."
+        ),
+    ] = None,
+    bound: Annotated[
+        bool,
+        typer.Option(
+            "--bound",
+            help="Also compute the packing upper bound (MILP) and an offline packing "
+            "(at 100 and 130 % arrived).",
+        ),
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON rows instead of the table.")] = False,
+    save: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE.json", help="Also write the configuration, table, per-policy facts and rows."
+        ),
+    ] = None,
+    extras: Annotated[
+        bool,
+        typer.Option("--extras", help="With --json: add occupied_pct (and moves with --defrag) to each row."),
+    ] = False,
+    ratio: Annotated[
+        float, typer.Option(help="Grow the workload to this multiple of GPU capacity.")
+    ] = DEFAULT_RATIO,
+    workers: Annotated[int, typer.Option(help="Worker processes (0 = one per CPU).")] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+) -> None:
+    from xpud.sim import report as rep
+    from xpud.sim.runner import SimConfig, run
+
+    try:
+        names = _policies(policy)
+        seed_list = parse_seeds(seeds)
+    except ValueError as e:
+        _fail(str(e), 2)
+    except typer.BadParameter as e:
+        _fail(str(e), 2)
+    if slices not in SLICE_MODES:
+        _fail(f"unknown --slices {slices!r}: choose one of {', '.join(SLICE_MODES)}", 2)
+    if not 0 < ratio <= 10:
+        _fail(f"--ratio must be in (0, 10], got {ratio}", 2)
+    if move_budget < 0:
+        _fail(f"--move-budget must not be negative, got {move_budget}", 2)
+    if workers < 0:
+        _fail(f"--workers must not be negative, got {workers}", 2)
+    if plot and plot != "term" and not plot.lower().endswith(".png"):
+        _fail(f"--plot takes a .png file name or 'term', got {plot!r}", 2)
+    cfg = SimConfig(
+        cluster=cluster or default_path(DEFAULT_CLUSTER),
+        trace=trace or default_path(DEFAULT_TRACE),
+        policies=names,
+        seeds=seed_list,
+        slices=slices,
+        ratio=ratio,
+        defrag=defrag,
+        move_budget_pct=move_budget,
+        move_whole=move_whole,
+        bound_points=BOUND_POINTS if bound else (),
+        workers=workers,
+    )
+    started = time.perf_counter()
+    say = (lambda _m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    say(f"replaying {len(names)} polic{'y' if len(names) == 1 else 'ies'} x {len(seed_list)} seeds ...")
+    try:
+        report = run(cfg, progress=say)
+    except TraceError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    say(f"done in {time.perf_counter() - started:.1f} s")
+    if json_out:
+        typer.echo(json.dumps(rep.json_rows(report, extras=extras)))
+    else:
+        typer.echo(rep.table(report))
+        if slices != "free" or "whole-only" in names:
+            typer.echo("\nshare held on cards, rounding waste included (%):")
+            typer.echo("\n".join(rep.table(report, occupied=True).splitlines()[1:]))
+        if defrag:
+            typer.echo("\nmoves (mean per replay):")
+            typer.echo(rep.moves_table(report))
+    if save is not None:
+        try:
+            save.write_text(json.dumps(rep.summary(report), indent=1) + "\n")
+        except OSError as e:
+            _fail(f"cannot write {save}: {e.strerror}")
+        say(f"wrote {save}")
+    if plot == "term":
+        print(rep.plot_terminal(report), file=sys.stderr if json_out else sys.stdout)
+    elif plot:
+        try:
+            rep.plot_png(report, Path(plot))
+        except OSError as e:
+            _fail(f"cannot write {plot}: {e.strerror}")
+        say(f"wrote {plot}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``simulate`` command to the ``xpu`` application."""
+    app.command("simulate", help=HELP, no_args_is_help=False)(simulate)

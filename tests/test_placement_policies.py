@@ -1,0 +1,144 @@
+"""Every policy on small hand-made clusters where the right answer is known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xpud.placement.cluster import ClusterState, Demand, Host, Placement
+from xpud.placement.frag import TaskClass, WorkloadMix
+from xpud.placement.fragaware import FragAware, fill_value
+from xpud.placement.policies import FGD, BestFit, DotProduct, GpuClustering, GpuPacking, RandomFit
+from xpud.placement.registry import POLICY_NAMES, make_policy
+
+RNG = np.random.default_rng(0)
+
+
+def hosts(n: int, cards: int = 4, cpu: int = 64_000, mem: int = 256_000, model: str = "X") -> list[Host]:
+    return [Host(f"h{i}", cpu, mem, cards, model) for i in range(n)]
+
+
+def put(s: ClusterState, d: Demand, host: int, cards: tuple[int, ...] = ()) -> None:
+    s.place(d, Placement(host, cards or s.cards_for(d, host)))
+
+
+def test_best_fit_picks_the_fullest_host():
+    s = ClusterState(hosts(3))
+    put(s, Demand(8_000, 1, 2, 1000), 1)
+    put(s, Demand(40_000, 1), 2)
+    # host 2: lots of CPU used, no GPU; host 1: 2 cards and some CPU used. Least left = host 2? Score is
+    # 0.5*cpu_left/128 + 0.5*gpu_left/8: h1 = .5*56/128 + .5*1/8 = .281; h2 = .5*24/128 + .5*3/8 = .281.
+    # Make h1 strictly fuller:
+    put(s, Demand(8_000, 1), 1)
+    assert BestFit().choose(s, Demand(1_000, 1, 1, 1000), RNG).host == 1
+
+
+def test_dot_product_prefers_complementary_host():
+    s = ClusterState(hosts(2))
+    put(s, Demand(60_000, 1), 0)  # host 0: CPU nearly gone, all cards free
+    put(s, Demand(0, 1, 4, 1000), 1)  # host 1: GPUs gone, CPU free
+    # A CPU-heavy task: dot product with host 0's free vector (little CPU) is smaller.
+    assert DotProduct().choose(s, Demand(4_000, 1), RNG).host == 0
+
+
+def test_gpu_packing_shared_card_first_then_used_host():
+    s = ClusterState(hosts(3))
+    put(s, Demand(1_000, 1, 1, 1000), 1)  # host 1 used, idle cards left
+    put(s, Demand(1_000, 1, 1, 400), 2, (0,))  # host 2 has a shared card with 600 free
+    assert GpuPacking().choose(s, Demand(1_000, 1, 1, 500), RNG) == Placement(2, (0,))
+    assert GpuPacking().choose(s, Demand(1_000, 1, 1, 1000), RNG).host in (1, 2)
+    s2 = ClusterState(hosts(2))
+    put(s2, Demand(1_000, 1, 1, 1000), 1)
+    assert GpuPacking().choose(s2, Demand(1_000, 1, 1, 1000), RNG).host == 1  # not the idle host
+
+
+def test_gpu_clustering_keeps_kinds_together():
+    s = ClusterState(hosts(3))
+    p = GpuClustering()
+    for d, h in ((Demand(1_000, 1, 1, 300), 0), (Demand(1_000, 1, 2, 1000), 1)):
+        pl = Placement(h, s.cards_for(d, h))
+        s.place(d, pl)
+        p.placed(s, d, pl)
+    assert p.choose(s, Demand(1_000, 1, 1, 200), RNG).host == 0
+    assert p.choose(s, Demand(1_000, 1, 2, 1000), RNG).host == 1
+
+
+def test_random_fit_only_returns_feasible_hosts():
+    s = ClusterState(hosts(5, cpu=8_000))
+    for h in (0, 1, 3, 4):
+        put(s, Demand(7_000, 1), h)
+    for _ in range(20):
+        assert RandomFit().choose(s, Demand(2_000, 1, 1, 500), RNG).host == 2
+
+
+def test_fgd_fills_a_card_exactly_instead_of_opening_one():
+    s = ClusterState(hosts(2))
+    put(s, Demand(1_000, 1, 1, 500), 1, (2,))
+    mix = WorkloadMix([Demand(1_000, 1, 1, 500)] * 5 + [Demand(1_000, 1, 1, 1000)] * 5)
+    assert FGD(mix).choose(s, Demand(1_000, 1, 1, 500), RNG) == Placement(1, (2,))
+
+
+def test_fgd_avoids_stranding_a_whole_card_class_by_cpu():
+    # Host 0 has 9 cores free; placing a 2-core slice there leaves 7 < 8 cores a WHOLE task needs.
+    s = ClusterState(hosts(2, cards=2, cpu=64_000))
+    put(s, Demand(55_000, 1), 0)
+    mix = WorkloadMix([Demand(8_000, 1, 1, 1000)] * 9 + [Demand(2_000, 1, 1, 300)])
+    assert FGD(mix).choose(s, Demand(2_000, 1, 1, 300), RNG).host == 1
+
+
+def test_ties_go_to_the_lowest_rank_and_xpud_prefers_smaller_hosts():
+    s = ClusterState([*hosts(3), Host("small", 64_000, 256_000, 2, "X")])
+    s.tie_rank = np.array([3, 1, 2, 0])
+    assert BestFit().choose(s, Demand(0, 0, 1, 1000), RNG).host == 3
+    s.tie_rank = np.array([2, 0, 1, 3])
+    assert FGD(WorkloadMix([Demand(0, 0, 1, 1000)])).choose(s, Demand(0, 0, 1, 1000), RNG).host == 1
+    assert FragAware().choose(s, Demand(0, 0, 1, 1000), RNG).host == 3  # fewest cards first
+
+
+def test_xpud_counts_cpu_stranding_that_fgd_does_not_see():
+    # Host 0: 4 idle cards, 20 cores free; host 1: 4 idle cards, 64 cores. A 4-core CPU-only task leaves a
+    # whole-card task (8 cores) able to run on either, so FGD sees no difference and takes the first host;
+    # but 16 cores can feed only 2 of host 0's 4 cards: xpud keeps host 0's CPU.
+    s = ClusterState([Host("h0", 32_000, 256_000, 4, "X"), Host("h1", 64_000, 256_000, 4, "X")])
+    put(s, Demand(12_000, 1), 0)
+    whole = [Demand(8_000, 1, 1, 1000)] * 20
+    assert FGD(WorkloadMix(whole)).choose(s, Demand(4_000, 1), RNG).host == 0
+    p = FragAware()
+    for d in whole:
+        p.observe(d)
+    assert p.choose(s, Demand(4_000, 1), RNG).host == 1
+
+
+def test_xpud_fill_lookahead_pairs_complementary_shares():
+    v = fill_value([(TaskClass(1_000, 300, 1), 1.0)])
+    assert v[0] == 0 and v[300] == 0 and v[299] == 299 and v[1000] == pytest.approx(100)
+    s = ClusterState(hosts(2))
+    put(s, Demand(1_000, 1, 1, 700), 0, (0,))  # 300 left on host 0 card 0
+    put(s, Demand(1_000, 1, 1, 600), 1, (0,))  # 400 left on host 1 card 0
+    p = FragAware(WorkloadMix([Demand(1_000, 1, 1, 300)] * 5 + [Demand(1_000, 1, 1, 1000)] * 5))
+    assert p.choose(s, Demand(1_000, 1, 1, 300), RNG) == Placement(0, (0,))
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_every_policy_refuses_what_fits_nowhere_and_never_overbooks(name):
+    rng = np.random.default_rng(3)
+    s = ClusterState(hosts(4, cards=2, cpu=16_000, mem=32_000) + hosts(2, cards=8, cpu=32_000, model="Y"))
+    demands = [
+        Demand(int(rng.integers(0, 6)) * 1000, int(rng.integers(0, 9)) * 1000, g, m)
+        for g, m in rng.choice([(0, 0), (1, 250), (1, 600), (1, 1000), (2, 1000), (8, 1000)], 120)
+    ]
+    policy = make_policy(name, demands)
+    placed = dropped = 0
+    for d in demands:
+        policy.observe(d)
+        p = policy.choose(s, d, rng)
+        if p is None:
+            assert not s.feasible(d).any(), f"{name} dropped a task that fits"
+            dropped += 1
+            continue
+        assert s.fits(d, p), f"{name} chose {p} for {d}"
+        s.place(d, p)
+        policy.placed(s, d, p)
+        placed += 1
+    assert (s.cpu_free >= 0).all() and (s.mem_free >= 0).all() and (s.card_free >= 0).all()
+    assert placed > 10 and dropped > 0

@@ -1,0 +1,193 @@
+"""`xpu simulate` through typer's CliRunner on a tiny cluster and trace: table, JSON rows, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+from xpu_cli.simulate import register
+
+CLUSTER = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
+    f"n{i},{32000 if i % 2 else 96000},262144,{2 if i % 2 else 8},{'T4' if i % 2 else 'G2'}\n"
+    for i in range(12)
+)
+TRACE = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" + "".join(
+    f"p{i},{[4000, 12000, 3000, 8000, 16000][i % 5]},{[8192, 16384, 4096, 2048, 65536][i % 5]},"
+    f"{[1, 1, 1, 0, 2][i % 5]},{[470, 1000, 810, 0, 1000][i % 5]},\n"
+    for i in range(60)
+)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    c, t = tmp_path / "cluster.csv", tmp_path / "trace.csv"
+    c.write_text(CLUSTER)
+    t.write_text(TRACE)
+    return c, t
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    a = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+    @a.callback()
+    def _root() -> None:
+        pass
+
+    register(a)
+    return a
+
+
+def invoke(app, *args: str):
+    return CliRunner().invoke(app, ["simulate", *args])
+
+
+def test_table_has_a_row_per_policy_and_arrived_columns(app, files):
+    c, t = files
+    r = invoke(
+        app,
+        "--cluster",
+        str(c),
+        "--trace",
+        str(t),
+        "-p",
+        "fgd",
+        "-p",
+        "xpud",
+        "--seeds",
+        "1-2",
+        "--workers",
+        "1",
+    )
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("policy"))
+    assert header.split()[1:] == ["50", "60", "70", "80", "90", "95", "100", "110", "120", "130"]
+    assert [line.split()[0] for line in lines if line.startswith(("fgd", "xpud"))] == ["fgd", "xpud"]
+    assert "[1/4]" in r.stderr  # progress goes to stderr
+
+
+def test_json_rows(app, files):
+    c, t = files
+    r = invoke(
+        app,
+        "--cluster",
+        str(c),
+        "--trace",
+        str(t),
+        "-p",
+        "best-fit,random",
+        "--seeds",
+        "3",
+        "--json",
+        "-q",
+        "--workers",
+        "1",
+    )
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert {tuple(sorted(row)) for row in rows} == {("alloc_pct", "arrived_pct", "policy", "seed")}
+    assert len(rows) == 2 * 1 * 131
+    assert {(row["policy"], row["seed"]) for row in rows} == {("best-fit", 3), ("random", 3)}
+    assert sorted({row["arrived_pct"] for row in rows}) == list(range(131))
+    assert all(0 <= row["alloc_pct"] <= row["arrived_pct"] + 1e-9 for row in rows)
+
+
+def test_json_extras_slices_and_defrag(app, files):
+    c, t = files
+    args = [
+        "--cluster",
+        str(c),
+        "--trace",
+        str(t),
+        "--seeds",
+        "1",
+        "--json",
+        "--extras",
+        "-q",
+        "--workers",
+        "1",
+    ]
+    r = invoke(app, *args, "--slices", "quarter-half", "--defrag", "--move-budget", "5")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)[-1]
+    assert set(row) == {"policy", "seed", "arrived_pct", "alloc_pct", "occupied_pct", "moves"}
+    assert row["occupied_pct"] >= row["alloc_pct"]
+
+
+def test_all_policies_and_terminal_plot(app, files, tmp_path):
+    c, t = files
+    png = tmp_path / "curves.png"
+    r = invoke(
+        app, "--cluster", str(c), "--trace", str(t), "-p", "all", "--seeds", "1", "-q", "--plot", str(png)
+    )
+    assert r.exit_code == 0, r.output
+    assert png.stat().st_size > 1000
+    assert "whole-only" in r.stdout and "share held on cards" in r.stdout
+    r = invoke(
+        app, "--cluster", str(c), "--trace", str(t), "--seeds", "1", "-q", "--plot", "term", "--workers", "1"
+    )
+    assert "arrived %" in r.stdout
+
+
+def test_bound_rows(app, files):
+    c, t = files
+    r = invoke(app, "--cluster", str(c), "--trace", str(t), "--seeds", "1", "-q", "--bound", "--workers", "1")
+    assert r.exit_code == 0, r.output
+    bound = next(line for line in r.stdout.splitlines() if line.startswith("bound"))
+    ours = next(line for line in r.stdout.splitlines() if line.startswith("xpud"))
+    assert float(bound.split()[-1]) >= float(ours.split()[-1]) - 1e-6
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "nope"], "unknown policy 'nope'"),
+        (["--seeds", "9-1"], "bad seed list"),
+        (["--slices", "eighths"], "unknown --slices"),
+        (["--plot", "out.pdf"], "--plot takes a .png"),
+        (["--move-budget", "-1"], "--move-budget must not be negative"),
+    ],
+)
+def test_bad_options_give_one_line_and_non_zero_exit(app, files, args, message):
+    c, t = files
+    r = invoke(app, "--cluster", str(c), "--trace", str(t), *args)
+    assert r.exit_code == 2
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_missing_or_broken_files(app, files, tmp_path):
+    c, t = files
+    r = invoke(app, "--cluster", str(tmp_path / "none.csv"), "--trace", str(t))
+    assert r.exit_code == 1 and "cluster file not found" in r.stderr and "--cluster FILE" in r.stderr
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,2000\n")
+    r = invoke(app, "--cluster", str(c), "--trace", str(bad))
+    assert r.exit_code == 1 and f"{bad}:2" in r.stderr
+
+
+def test_save_writes_table_facts_and_curves(app, files, tmp_path):
+    c, t = files
+    out = tmp_path / "bench.json"
+    r = invoke(
+        app,
+        "--cluster",
+        str(c),
+        "--trace",
+        str(t),
+        "--seeds",
+        "1-2",
+        "-q",
+        "--workers",
+        "1",
+        "--save",
+        str(out),
+    )
+    assert r.exit_code == 0, r.output
+    saved = json.loads(out.read_text())
+    assert saved["seeds"] == [1, 2] and set(saved["table"]) == {"xpud"}
+    assert len(saved["curves"]["xpud"]["1"]) == 81  # arrived 50..130 %
+    assert saved["policies"]["xpud"]["replay_wall_s_mean"] >= 0

@@ -1,0 +1,328 @@
+"""xpu top driven by key presses against real daemons on simulated hardware, in this process.
+
+Each daemon runs on its own asyncio loop in a background thread (the same ``Daemon`` class that
+``xpud --simulate`` runs), so a test can start several quickly and read their state with the ordinary
+client. Assertions go through the client: the key press must have changed the daemon, not just the screen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("textual")
+
+from textual.widgets import DataTable
+from xpu_tui.app import XpuTop
+from xpu_tui.cardtile import CardTile
+from xpu_tui.clusterview import ClusterView
+from xpu_tui.eventlog import EventLog
+from xpu_tui.hostsummary import HostSummary
+from xpu_tui.modals import CardScreen, ConfirmScreen, HelpScreen, ModeScreen
+from xpu_tui.source import HostSpec, LocalHosts, RecordedSource, StaticCluster
+
+from xpud import config
+from xpud.api.client import Client
+from xpud.daemon import Daemon, open_hardware
+
+SIZE = (120, 40)
+
+
+def in_asyncio(test):
+    """Run an ``async def`` test on a fresh event loop (the suite has no asyncio plugin)."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        return asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+class InProcessDaemon:
+    """A simulated xpud on a background event loop of this process."""
+
+    # Leases taken by the tests have no holder process: a long grace keeps them from being reclaimed.
+    def __init__(self, base: Path, machine: str, config_text: str = "[leases]\ngrace_s = 600.0\n"):
+        cfg = config.parse(config_text).replace("devices", backend="simulated", machine=machine)
+        self.runtime_dir = base / "run"
+        self.cfg = cfg.replace("daemon", runtime_dir=str(self.runtime_dir), state_dir=str(base / "state"))
+        self.loop = asyncio.new_event_loop()
+        self.daemon: Daemon | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name=f"xpud {machine}")
+
+    def start(self) -> InProcessDaemon:
+        self._thread.start()
+        hw, fake = open_hardware(self.cfg)
+        self.daemon = Daemon(self.cfg, hw, fake)
+        asyncio.run_coroutine_threadsafe(self.daemon.start(), self.loop).result(20)
+        return self
+
+    def on_loop(self, fn: Callable, *args):
+        """Run ``fn(*args)`` on the daemon's loop (the engine is not thread-safe) and return its result."""
+
+        async def call():
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(10)
+
+    def client(self, admin: bool = False) -> Client:
+        return Client(self.runtime_dir, admin=admin)
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        if self.daemon is not None:
+            asyncio.run_coroutine_threadsafe(self.daemon.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def daemons(short_tmp):
+    made: list[InProcessDaemon] = []
+
+    def make(machine: str = "dgx-h100") -> InProcessDaemon:
+        base = short_tmp / f"d{len(made)}"
+        base.mkdir()
+        made.append(InProcessDaemon(base, machine).start())
+        return made[-1]
+
+    yield make
+    for d in made:
+        d.stop()
+
+
+async def until(pilot, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Let the app run until ``predicate()`` holds (the daemon and the stream take real time)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        await pilot.pause(0.05)
+
+
+def card(client: Client, index: int):
+    return next(c for c in client.cards().cards if c.index == index)
+
+
+async def select_card(pilot, app: XpuTop, index: int, walk: bool = False) -> None:
+    """Select a card's tile: by walking there with the arrow keys as an operator would (``walk``), or
+    by focusing it (quicker: every key press waits for the app to settle)."""
+    await until(pilot, lambda: app.selected_card is not None, what="the first tile focused")
+    if not walk:
+        app.host_view.tiles[index].focus()
+    for _ in range(30):
+        if app.selected_card == index:
+            return
+        if walk:
+            await pilot.press("right" if app.selected_card < index else "left")
+        else:
+            await pilot.pause(0.02)
+    raise AssertionError(f"could not select card {index}")
+
+
+# --------------------------------------------------------------------------------------- operator keys
+@in_asyncio
+async def test_d_then_y_drains_the_selected_card(daemons):
+    d = daemons("dgx-h100")
+    with d.client(admin=True) as c:
+        app = XpuTop(c, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await select_card(pilot, app, 3, walk=True)
+            await pilot.press("d")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("y")
+            await until(pilot, lambda: card(c, 3).drained, what="card 3 drained in the daemon")
+            # ... and the stream brings it back to the screen: tile and event log.
+            await until(pilot, lambda: app.state.card(3).drained, what="the tile shows it")
+            assert "⊘ drained" in str(app.query_one("#card-3", CardTile).render())
+            await until(pilot, lambda: any(e.kind == "drain" and e.card == 3 for e in app.state.events))
+            assert card(c, 2).drained is False
+
+            await pilot.press("u")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("y")
+            await until(pilot, lambda: not card(c, 3).drained, what="card 3 back in service")
+            assert app.actions_done == [(True, "card 3 drained"), (True, "card 3 back in service")]
+
+
+@in_asyncio
+async def test_cancelling_the_dialog_changes_nothing(daemons):
+    d = daemons("pcie-8x-l40s")
+    with d.client(admin=True) as c:
+        app = XpuTop(c, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await select_card(pilot, app, 1)
+            await pilot.press("d")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("n")
+            assert not isinstance(app.screen, ConfirmScreen)
+            await pilot.press("d", "escape", "m", "escape")
+            await pilot.pause(0.3)
+            assert not card(c, 1).drained and card(c, 1).mode == "whole" and not card(c, 1).mode_pinned
+            assert app.actions_done == []
+
+
+@in_asyncio
+async def test_m_switches_a_cards_mode_and_a_refusal_is_shown(daemons):
+    d = daemons("dgx-h100")
+    with d.client(admin=True) as c:
+        app = XpuTop(c, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await select_card(pilot, app, 5)
+            await pilot.press("m")
+            assert isinstance(app.screen, ModeScreen)
+            await pilot.press("s")
+            await until(pilot, lambda: card(c, 5).mode == "sliced", what="card 5 sliced")
+            assert card(c, 5).mode_pinned
+
+            # A card a lease holds whole cannot switch: the daemon's reason reaches the operator.
+            grant = c.acquire_lease("xpu", gpus=1, command="sleep 1000")
+            held = grant.lease.cards[0]
+            await select_card(pilot, app, held)
+            await pilot.press("m", "s")
+            await until(pilot, lambda: len(app.actions_done) == 2, what="the refusal")
+            ok, text = app.actions_done[-1]
+            assert not ok and f"held whole by lease {grant.lease.id}" in text
+            assert card(c, held).mode == "whole"
+
+
+@in_asyncio
+async def test_x_releases_the_highlighted_lease(daemons):
+    d = daemons("dgx-h100")
+    with d.client(admin=True) as c:
+        keep = c.acquire_lease("vxpu-half", command="python serve.py").lease
+        gone = c.acquire_lease("xpu", gpus=2, command="torchrun train.py").lease
+        app = XpuTop(c, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(app.state.leases) == 2, what="both leases on screen")
+            await pilot.press("2")
+            table = app.query_one("#lease-table", DataTable)
+            await until(pilot, lambda: table.has_focus, what="the lease table focused")
+            table.move_cursor(row=table.get_row_index(gone.id))
+            await until(pilot, lambda: app.selected_lease == gone.id)
+            detail = str(app.query_one("#lease-detail").render())
+            assert "torchrun train.py" in detail and gone.id in detail
+            await pilot.press("x")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("y")
+            await until(pilot, lambda: [le.id for le in c.leases().leases] == [keep.id], what="evicted")
+            await until(pilot, lambda: table.row_count == 1, what="the table follows the stream")
+
+
+@in_asyncio
+async def test_without_the_admin_socket_keys_only_explain(daemons):
+    d = daemons("pcie-8x-l40s")
+    with d.client(admin=False) as c:
+        app = XpuTop(c, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await select_card(pilot, app, 0)
+            assert not app.operator
+            assert "read-only" in str(app.query_one("#status").render())
+            await pilot.press("d", "m", "x")
+            await pilot.pause(0.2)
+            assert not isinstance(app.screen, (ConfirmScreen, ModeScreen))
+            hints = [n.message for n in app._notifications]
+            assert hints and all("admin socket" in h and "xpu top --admin" in h for h in hints)
+            assert not card(c, 0).drained and app.actions_done == []
+
+
+# --------------------------------------------------------------------------------------- live data
+@in_asyncio
+async def test_the_watch_stream_updates_every_view(daemons):
+    d = daemons("pcie-8x-l40s")
+    with d.client(admin=True) as c:
+        app = XpuTop(c, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(app.query(CardTile)) == 8, what="eight tiles")
+            labels = [str(w.render()) for w in app.query(".group-label")]
+            # pcie-8x-l40s: pairs behind one PCIe switch, two per NUMA node.
+            assert any("PCIe switch · NUMA 0 · cards 0-1" in text for text in labels), labels
+            lease = c.acquire_lease("vxpu-quarter", command="python notebook.py").lease
+            await until(pilot, lambda: app.state.lease(lease.id) is not None, what="the new lease")
+            slice_card = lease.cards[0]
+            tile = app.query_one(f"#card-{slice_card}", CardTile)
+            await until(pilot, lambda: f"¼:{lease.id}" in str(tile.render()), what="the slice on its tile")
+            assert any(e.kind == "grant" and e.lease_id == lease.id for e in app.state.events)
+            log = app.query_one(EventLog)
+            assert log.count == len(app.state.events)
+
+            # Enter on a tile: every signal of the card's last sample and its recent events.
+            tile.focus()
+            await pilot.press("enter")
+            assert isinstance(app.screen, CardScreen)
+            details = str(app.screen.query_one(".details").render())
+            assert "temperature_c" in details and f"lease {lease.id}" in details
+            await pilot.press("escape", "question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            assert not isinstance(app.screen, (CardScreen, HelpScreen))
+
+
+@in_asyncio
+async def test_cluster_view_follows_several_daemons(daemons):
+    a, b = daemons("dgx-h100"), daemons("pcie-8x-l40s")
+    with a.client(admin=True) as ca, b.client() as cb:
+        hosts = [HostSpec.parse(f"rack-1/a={a.runtime_dir}"), HostSpec.parse(f"rack-2/b={b.runtime_dir}")]
+        app = XpuTop(ca, LocalHosts(hosts, interval_s=0.2), interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            view = app.query_one(ClusterView)
+            await until(pilot, lambda: len(view.hosts) == 2, what="both hosts")
+            assert view.hosts[("rack-1", "a")].whole_free == 8
+            cb.acquire_lease("xpu", gpus=2, command="train")
+            cb.acquire_lease("vxpu-half", command="serve")
+            await until(pilot, lambda: view.hosts[("rack-2", "b")].whole_free == 5, what="b's free cards")
+            assert view.hosts[("rack-2", "b")].slices_free["vxpu-half"] == 1
+            assert view.hosts[("rack-2", "b")].leases == 2
+
+            await pilot.press("4")
+            table = app.query_one("#cluster-table", DataTable)
+            assert [k.value for k in table.rows] == [
+                "domain:rack-1",
+                "host:rack-1/a",
+                "domain:rack-2",
+                "host:rack-2/b",
+            ]
+            await pilot.press("r", "a", "c", "k", "-", "2")  # typing on the table filters it
+            await until(pilot, lambda: table.row_count == 2, what="the filter")
+            assert [k.value for k in table.rows] == ["domain:rack-2", "host:rack-2/b"]
+
+            # A host whose daemon goes away is kept, marked, with its last numbers.
+            b.stop()
+            await until(pilot, lambda: view.hosts[("rack-2", "b")].error != "", what="b marked down")
+            assert view.hosts[("rack-2", "b")].whole_free == 5
+            assert "down" in str(table.get_row("host:rack-2/b")[5])
+
+
+@in_asyncio
+async def test_a_flood_of_updates_is_one_refresh_per_batch():
+    from xpu_tui import demo
+
+    recorded = demo.dgx_source()
+    flood = [u for _ in range(10) for u in recorded._updates]
+    app = XpuTop(RecordedSource(recorded.info(), recorded.topology(), flood), clock=demo.now)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.state.updates == len(flood), what="every update applied")
+    # All 400 were applied (sparklines and the event log need each one), in far fewer refreshes.
+    assert 1 <= app.refreshes < len(flood) / 4
+
+
+@in_asyncio
+async def test_a_silent_host_turns_stale_without_new_data():
+    from xpu_tui import demo
+
+    now = [demo.now()]
+    cluster = StaticCluster([HostSummary("a", "r1", cards=8, whole_free=8, seen=now[0])])
+    app = XpuTop(demo.dgx_source(), cluster, clock=lambda: now[0])
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.cluster_view.query_one("#cluster-table", DataTable)
+        await until(pilot, lambda: table.row_count == 2, what="the host")
+        assert str(table.get_row("host:r1/a")[5]) == "live"
+        now[0] += 60  # nothing arrives for a minute
+        await until(pilot, lambda: str(table.get_row("host:r1/a")[5]) == "stale 1m00s", what="stale")

@@ -1,0 +1,124 @@
+"""``HostSummary``: one host as the cluster view shows it, and how to make one from a Watch snapshot.
+
+Federation does not exist yet; today the cluster view is fed from several local daemons (``xpu top
+--host DIR ...``), each summarised from its own Watch stream. A federation feed only has to produce the
+same small record per peer. No Textual here, and nothing but the protocol messages and the default slice
+sizes, so the daemon side can build these too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from xpud.api.v1 import xpu_pb2 as pb
+from xpud.config import DEFAULT_SLICES
+from xpud.model import SliceSpec
+
+
+@dataclass(frozen=True)
+class HostSummary:
+    """Free capacity and health of one host. Times are seconds since the epoch."""
+
+    name: str
+    domain: str = ""  # network location ("rack-3"); "" when the host does not say
+    cards: int = 0
+    whole_free: int = 0  # idle usable cards a whole-card lease could take now
+    slices_free: Mapping[str, int] = field(default_factory=dict)  # slice size -> slices that fit now
+    healthy: int = 0
+    degraded: int = 0
+    unhealthy: int = 0
+    drained: int = 0
+    leases: int = 0
+    queued: int = 0
+    seen: float = 0.0  # when this data was current
+    error: str = ""  # why the last refresh failed ("" when it did not)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.domain, self.name)
+
+    def stale(self, now: float, after_s: float) -> bool:
+        """Old data (not refreshed for ``after_s`` seconds) or a failed last refresh."""
+        return bool(self.error) or now - self.seen > after_s
+
+
+def _usable(card: pb.Card) -> bool:
+    lost = card.HasField("sample") and card.sample.lost
+    return not card.drained and card.health_state != "unhealthy" and not lost
+
+
+def slices_that_fit(card: pb.Card, spec: SliceSpec) -> int:
+    """Slices of ``spec`` that fit in a sliced card's free memory and compute (MPS arithmetic).
+
+    A MIG card's geometry may allow fewer; this is the summary's estimate, not a placement.
+    """
+    if not _usable(card) or card.mode != "sliced" or card.whole_lease:
+        return 0
+    by_memory = card.free_memory_fraction / spec.memory_fraction
+    by_compute = card.free_compute_pct / spec.compute_pct
+    return max(0, math.floor(min(by_memory, by_compute) + 1e-9))
+
+
+def whole_free(card: pb.Card) -> bool:
+    """An idle usable card a whole-card lease could take: whole, or sliced but empty and not pinned."""
+    if not _usable(card) or card.whole_lease or card.slices:
+        return False
+    return card.mode == "whole" or not card.mode_pinned
+
+
+def summarize(
+    name: str,
+    update: pb.WatchUpdate,
+    seen: float,
+    domain: str = "",
+    slices: Mapping[str, SliceSpec] = DEFAULT_SLICES,
+) -> HostSummary:
+    """The summary of one host's Watch snapshot."""
+    cards = list(update.cards.cards)
+    states = [c.health_state for c in cards]
+    return HostSummary(
+        name=name,
+        domain=domain,
+        cards=len(cards),
+        whole_free=sum(whole_free(c) for c in cards),
+        slices_free={size: sum(slices_that_fit(c, spec) for c in cards) for size, spec in slices.items()},
+        healthy=states.count("healthy"),
+        degraded=states.count("degraded"),
+        unhealthy=states.count("unhealthy"),
+        drained=sum(c.drained for c in cards),
+        leases=len(update.leases.leases),
+        queued=len(update.leases.queue),
+        seen=seen,
+    )
+
+
+@dataclass(frozen=True)
+class DomainTotals:
+    """The sum over a domain's hosts, for its header row."""
+
+    domain: str
+    hosts: int
+    stale: int
+    whole_free: int
+    slices_free: Mapping[str, int]
+    degraded: int
+    unhealthy: int
+
+
+def totals(domain: str, hosts: Iterable[HostSummary], now: float, stale_after_s: float) -> DomainTotals:
+    hosts = list(hosts)
+    sizes: dict[str, int] = {}
+    for h in hosts:
+        for size, n in h.slices_free.items():
+            sizes[size] = sizes.get(size, 0) + n
+    return DomainTotals(
+        domain=domain,
+        hosts=len(hosts),
+        stale=sum(h.stale(now, stale_after_s) for h in hosts),
+        whole_free=sum(h.whole_free for h in hosts),
+        slices_free=sizes,
+        degraded=sum(h.degraded for h in hosts),
+        unhealthy=sum(h.unhealthy for h in hosts),
+    )

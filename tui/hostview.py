@@ -1,0 +1,105 @@
+"""The host view: every card as a tile, grouped by how the cards are connected (NVLink island, PCIe
+switch, NUMA node). The grid's column count follows the terminal width.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Grid, Vertical, VerticalScroll
+from textual.widgets import Static
+from xpu_tui.cardtile import TILE_WIDTH, CardTile
+from xpu_tui.hoststate import HostState
+from xpu_tui.topogroups import CardGroup, single_group
+
+from xpud.api.v1 import xpu_pb2 as pb
+
+
+class CardGroupBox(Vertical):
+    """One topology group: a header line and a grid of tiles."""
+
+    def __init__(self, group: CardGroup, tiles: list[CardTile]) -> None:
+        super().__init__(classes="card-group")
+        self.group = group
+        self.tiles = tiles
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"▌ {self.group.label}", classes="group-label")
+        with Grid(classes="card-grid"):
+            yield from self.tiles
+
+
+class HostView(VerticalScroll):
+    """Tiles of every card; call ``show`` after each batch of updates."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.groups: list[CardGroup] | None = None  # from the topology, once known
+        self.tiles: dict[int, CardTile] = {}
+        self._layout_key: tuple = ()
+        self._state: HostState | None = None
+        self._ready = False  # the first update can come before this view is mounted
+
+    def compose(self) -> ComposeResult:
+        yield Static("waiting for the daemon's first update…", id="host-empty")
+
+    def set_topology(self, groups: list[CardGroup] | None) -> None:
+        self.groups = groups
+        self._layout_key = ()  # regroup at the next show
+
+    def on_mount(self) -> None:
+        self._ready = True
+        if self._state is not None:
+            self.show(self._state)
+
+    def show(self, state: HostState) -> None:
+        self._state = state
+        if not self._ready:
+            return  # on_mount shows it
+        cards = {c.index: c for c in state.cards}
+        groups = [g for g in (self.groups or []) if all(i in cards for i in g.cards)]
+        if not groups or sorted(i for g in groups for i in g.cards) != sorted(cards):
+            groups = single_group(list(cards))  # topology unknown or out of date
+        key = tuple((g.label, g.cards) for g in groups)
+        if key != self._layout_key:
+            self._rebuild(groups, cards, state)
+            self._layout_key = key
+            return
+        for index, card in cards.items():
+            self.tiles[index].show(card, state.history_of(card))
+
+    def _rebuild(self, groups: list[CardGroup], cards: dict[int, pb.Card], state: HostState) -> None:
+        focused = next((i for i, t in self.tiles.items() if t.has_focus), None)
+        self.remove_children()
+        self.tiles = {i: CardTile(c, state.history_of(c)) for i, c in cards.items()}
+        boxes = [CardGroupBox(g, [self.tiles[i] for i in g.cards]) for g in groups]
+        if not boxes:
+            boxes = [Static("this daemon has no cards", id="host-empty")]
+        self.mount_all(boxes)
+        self.call_after_refresh(self._fit_columns)
+        if focused is not None and focused in self.tiles:
+            self.call_after_refresh(self.tiles[focused].focus)
+
+    def on_resize(self) -> None:
+        self._fit_columns()
+
+    def columns(self) -> int:
+        return max(1, (self.scrollable_content_region.width or self.size.width) // TILE_WIDTH)
+
+    def _fit_columns(self) -> None:
+        cols = self.columns()
+        for grid in self.query(".card-grid").results(Grid):
+            grid.styles.grid_size_columns = cols
+
+    def on_card_tile_move(self, message: CardTile.Move) -> None:
+        message.stop()
+        order = [t for t in self.query(CardTile)]  # document order: group by group
+        if message.tile not in order:
+            return
+        step = message.step * (self.columns() if message.by_row else 1)
+        target = order[max(0, min(len(order) - 1, order.index(message.tile) + step))]
+        target.focus()
+        target.scroll_visible()
+
+    def first_tile(self) -> CardTile | None:
+        tiles = list(self.query(CardTile))
+        return tiles[0] if tiles else None

@@ -1,0 +1,514 @@
+"""Health signals: one card's last sample and recent events, read against thresholds. Pure.
+
+``SignalMemory`` keeps what a single sample cannot tell: the previous counters (a rise is an event), the
+recent XIDs and ECC events, the NVLink CRC rate and a minute of PCIe replays. ``SignalMemory.signals(now)``
+answers one ``Signal`` per signal: its value and threshold in its unit, and its status: ``ok``, ``info``
+(worth knowing, never changes the state), ``warn``, ``fail`` or ``absent`` (the card cannot report it).
+Thresholds are ``[health]`` config, drawn from DCGM's where it has one (REFERENCE.md, health section).
+
+Counters that only rise (XIDs, double-bit ECC, remapped rows, retired DBE pages, NVLink replay/recovery,
+NVLink CRC rate) are events: a rise keeps its signal raised for ``event_window_s``. A counter that drops
+(a GPU reset) is a new baseline, not an event. Nothing here reads the hardware or the clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from xpud.config import HealthSection
+from xpud.model import CardSample, Slice
+
+OK, INFO, WARN, FAIL, ABSENT = "ok", "info", "warn", "fail", "absent"
+
+# Clock-event reason bits (nvmlClocksEventReason*).
+CLOCK_REASONS = {
+    0x1: "GPU idle",
+    0x2: "application clocks setting",
+    0x4: "SW power cap",
+    0x8: "HW slowdown",
+    0x10: "sync boost",
+    0x20: "SW thermal slowdown",
+    0x40: "HW thermal slowdown",
+    0x80: "HW power brake",
+    0x100: "display clock setting",
+}
+_CLOCK_NORMAL = 0x1 | 0x2 | 0x10 | 0x100  # reasons that say nothing about the card's health
+
+# What common XIDs mean (NVIDIA's XID catalogue), for reasons people can act on.
+XID_MEANING = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    38: "driver firmware error",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup after an earlier error",
+    48: "double-bit ECC error",
+    54: "auxiliary power not connected",
+    56: "display engine error",
+    57: "error programming video memory interface",
+    58: "unstable video memory interface",
+    60: "clocks: thermal or power problem",
+    61: "internal micro-controller breakpoint",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remap recorded",
+    64: "ECC page retirement or row remap failed",
+    67: "NVLink: too many NVLink errors",
+    68: "video processor exception",
+    73: "NVLink: link error",
+    74: "NVLink error",
+    78: "vGPU start failed",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    109: "context switch timeout",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    121: "C2C link error",
+    137: "NVLink FLA privilege error",
+    140: "unrecovered ECC error",
+}
+
+
+def xid_class(xid: int, cfg: HealthSection) -> str:
+    """``"application"``, ``FAIL``, ``WARN`` or ``"ignore"`` for an XID, by the configured lists."""
+    if xid in cfg.xid_application:
+        return "application"
+    if xid in cfg.xid_fail:
+        return FAIL
+    if xid in cfg.xid_warn:
+        return WARN
+    return {"fail": FAIL, "warn": WARN}.get(cfg.xid_unlisted, "ignore")
+
+
+def xid_text(xid: int) -> str:
+    meaning = XID_MEANING.get(xid)
+    return f"xid {xid} ({meaning})" if meaning else f"xid {xid}"
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One signal's reading: ``value`` and ``threshold`` in ``unit``; ``None`` value: cannot report."""
+
+    name: str
+    value: float | None
+    threshold: float | None = None
+    unit: str = ""
+    status: str = OK
+    reason: str = ""
+
+
+def memory_fragmentation(
+    held: Sequence[Slice], usable_bytes: int, slice_fraction: float, whole_held: bool = False
+) -> float:
+    """Share (0-1) of a card's free memory that cannot hold one more slice of ``slice_fraction``.
+
+    From what the daemon knows: the slices held and their placement. Slices with a MIG placement occupy
+    memory slots (eighths of the card, the MIG geometry of A100/H100/H200); a new slice needs an aligned
+    run of free slots (its size rounded up, starting at a multiple of it), which approximates the
+    driver's placement rules. Slices without a placement (MPS, accounting) share memory freely, so only
+    the remainder smaller than one slice is lost. An idle or wholly leased card has 0.
+    """
+    if whole_held or not held or usable_bytes <= 0:
+        return 0.0
+    if all(s.placement is not None for s in held):
+        slots = 8
+        used = [False] * slots
+        for s in held:
+            size = max(1, math.ceil(s.memory_bytes / usable_bytes * slots - 1e-6))
+            for k in range(s.placement, min(slots, s.placement + size)):
+                used[k] = True
+        free = used.count(False)
+        if not free:
+            return 0.0
+        k = max(1, math.ceil(slice_fraction * slots - 1e-9))
+        usable = sum(k for start in range(0, slots - k + 1, k) if not any(used[start : start + k]))
+        return round((free - usable) / free, 6)
+    free = 1.0 - sum(s.memory_bytes for s in held) / usable_bytes
+    if free <= 1e-9:
+        return 0.0
+    usable = math.floor(free / slice_fraction + 1e-9) * slice_fraction
+    return round(max(0.0, free - usable) / free, 6)
+
+
+def _clock_names(mask: int) -> str:
+    return ", ".join(name for bit, name in CLOCK_REASONS.items() if mask & bit) or f"0x{mask:x}"
+
+
+@dataclass
+class _Counter:
+    """A counter that only rises: its last value, and when (and by how much) it last rose."""
+
+    value: int | None = None
+    rose_at: float | None = None
+    rose_by: int = 0
+
+    def update(self, value: int | None, now: float) -> None:
+        if value is None:
+            return
+        if self.value is not None and value > self.value:
+            self.rose_at, self.rose_by = now, value - self.value
+        self.value = value  # a drop is a reset: the new baseline
+
+
+@dataclass
+class SignalMemory:
+    """One card's last sample and recent events; ``signals(now)`` reads them all."""
+
+    cfg: HealthSection
+    xid_events: bool = True  # the card reports XID events (False: the xid signal is absent)
+    sample: CardSample | None = None
+    fragmentation: float | None = None
+    _xids: deque = field(default_factory=lambda: deque(maxlen=64))  # (time, xid, class)
+    _app_xids: deque = field(default_factory=lambda: deque(maxlen=64))  # (time, xid, lease ids)
+    _dbe_event_at: float | None = None
+    _counters: dict[str, _Counter] = field(default_factory=dict)
+    _crc_high_at: float | None = None
+    _crc_rate: float | None = None
+    _crc_high_rate: float = 0.0
+    _pcie: deque = field(default_factory=deque)  # (time, counter) over the last minute
+
+    def observe_sample(self, sample: CardSample, fragmentation: float | None = None) -> None:
+        """A polled sample. Updates counters (rises become events) and rates."""
+        now = sample.timestamp
+        prev = self.sample
+        for name in (
+            "remapped_rows_uncorrected",
+            "retired_pages_dbe",
+            "nvlink_replay_errors",
+            "nvlink_recovery_errors",
+        ):
+            self._counters.setdefault(name, _Counter()).update(getattr(sample, name), now)
+        crc = _crc_total(sample)
+        prev_crc = _crc_total(prev) if prev else None
+        if crc is not None and prev_crc is not None and prev is not None and now > prev.timestamp:
+            self._crc_rate = max(0, crc - prev_crc) / (now - prev.timestamp)
+            if self._crc_rate >= self.cfg.nvlink_crc_fail_per_s:
+                self._crc_high_at, self._crc_high_rate = now, self._crc_rate
+        if sample.pcie_replay_counter is not None:
+            self._pcie.append((now, sample.pcie_replay_counter))
+            while len(self._pcie) > 1 and self._pcie[1][0] <= now - 60.0:
+                self._pcie.popleft()
+        self.sample = sample  # a lost sample has no values: the counters above keep their baselines
+        self.fragmentation = fragmentation
+
+    def observe_xid(self, xid: int, now: float) -> str:
+        """A card-level XID event. Returns its class; application XIDs are not held against the card."""
+        cls = xid_class(xid, self.cfg)
+        if cls in (FAIL, WARN):
+            self._xids.append((now, xid, cls))
+        return cls
+
+    def observe_application_xid(self, xid: int, now: float, leases: Sequence[str]) -> None:
+        """An application XID, counted against ``leases`` (shown as info on the card)."""
+        self._app_xids.append((now, xid, tuple(leases)))
+
+    def observe_ecc_dbe(self, now: float) -> None:
+        """A double-bit ECC event (before the next poll shows the counters)."""
+        self._dbe_event_at = now
+
+    def signals(self, now: float) -> list[Signal]:
+        """Every signal at ``now``, from the last sample and the events within the window."""
+        c, s, w = self.cfg, self.sample, self.cfg.event_window_s
+        out = [self._xid_signal(now), self._app_xid_signal(now)]
+        lost = bool(s and s.lost)
+        out.append(
+            Signal(
+                "lost",
+                None if s is None else float(lost),
+                None,
+                "",
+                FAIL if lost else (ABSENT if s is None else OK),
+                "the card fell off the bus (GPU is lost): it needs a reset or a reboot" if lost else "",
+            )
+        )
+        if s is None or lost:
+            s = CardSample(timestamp=now)  # nothing to read: every other signal is absent
+
+        # temperature against its slowdown threshold
+        if s.temperature_c is None or s.temperature_slowdown_c is None:
+            out.append(Signal("temperature", _f(s.temperature_c), None, "C", ABSENT))
+        else:
+            limit = s.temperature_slowdown_c - c.temperature_margin_c
+            hot = s.temperature_c >= limit
+            out.append(
+                Signal(
+                    "temperature",
+                    s.temperature_c,
+                    limit,
+                    "C",
+                    WARN if hot else OK,
+                    f"temperature {s.temperature_c} C >= {limit} C (slowdown {s.temperature_slowdown_c} C)"
+                    if hot
+                    else "",
+                )
+            )
+
+        # power against the enforced limit
+        if s.power_w is None or s.power_limit_w is None:
+            out.append(Signal("power", s.power_w, None, "W", ABSENT))
+        else:
+            limit = s.power_limit_w * c.power_warn_ratio
+            over = s.power_w > limit
+            out.append(
+                Signal(
+                    "power",
+                    round(s.power_w, 1),
+                    round(limit, 1),
+                    "W",
+                    WARN if over else OK,
+                    f"power {s.power_w:.0f} W above {limit:.0f} W" if over else "",
+                )
+            )
+
+        # clock-event (throttle) reasons
+        if s.clock_event_reasons is None:
+            out.append(Signal("clock_events", None, c.clock_warn_mask, "mask", ABSENT))
+        else:
+            r = s.clock_event_reasons
+            bad, other = r & c.clock_warn_mask, r & ~c.clock_warn_mask & ~_CLOCK_NORMAL
+            status = WARN if bad else INFO if other else OK
+            reason = f"clocks held back: {_clock_names(bad or other)}" if bad or other else ""
+            out.append(Signal("clock_events", r, c.clock_warn_mask, "mask", status, reason))
+
+        # ECC
+        dbe_event = self._dbe_event_at is not None and now - self._dbe_event_at < w
+        if s.ecc_dbe_volatile is None and not dbe_event:
+            out.append(Signal("ecc_dbe_volatile", None, 0, "errors", ABSENT))
+        else:
+            n = s.ecc_dbe_volatile or 0
+            bad = n > 0 or dbe_event
+            out.append(
+                Signal(
+                    "ecc_dbe_volatile",
+                    n if s.ecc_dbe_volatile is not None else None,
+                    0,
+                    "errors",
+                    FAIL if bad else OK,
+                    (f"{n} uncorrectable (double-bit) ECC error(s) since the last reset" if n else "")
+                    or ("a double-bit ECC error event" if dbe_event else ""),
+                )
+            )
+        out.append(
+            _level(
+                "ecc_sbe_volatile",
+                s.ecc_sbe_volatile,
+                c.ecc_sbe_volatile_warn,
+                "errors",
+                WARN,
+                "corrected (single-bit) ECC errors since the last reset",
+            )
+        )
+        out.append(
+            _level(
+                "ecc_dbe_aggregate", s.ecc_dbe_aggregate, 1, "errors", INFO, "double-bit ECC errors, lifetime"
+            )
+        )
+        out.append(_level("ecc_sbe_aggregate", s.ecc_sbe_aggregate, None, "errors", INFO, ""))
+
+        # retired pages (pre-Ampere)
+        if s.retired_pages_sbe is None and s.retired_pages_dbe is None:
+            out.append(Signal("retired_pages", None, c.retired_pages_fail, "pages", ABSENT))
+        else:
+            total = (s.retired_pages_sbe or 0) + (s.retired_pages_dbe or 0)
+            dbe = s.retired_pages_dbe or 0
+            growing = self._rose("retired_pages_dbe", now)
+            if total >= c.retired_pages_fail or (dbe > c.retired_pages_dbe_fail and growing):
+                status, reason = FAIL, f"{total} retired pages ({dbe} for double-bit errors)"
+            elif s.retired_pages_pending:
+                status, reason = WARN, "a page retirement is pending: reset the card to apply it"
+            elif total:
+                status, reason = INFO, f"{total} retired pages"
+            else:
+                status, reason = OK, ""
+            out.append(Signal("retired_pages", total, c.retired_pages_fail, "pages", status, reason))
+
+        # remapped rows (Ampere and later)
+        if s.remapped_rows_uncorrected is None:
+            out.append(Signal("remapped_rows", None, 0, "rows", ABSENT))
+        else:
+            n = s.remapped_rows_uncorrected
+            if s.remapped_rows_failure:
+                status, reason = FAIL, "row remapping failed: no spare rows left (replace the card)"
+            elif self._rose("remapped_rows_uncorrected", now):
+                status, reason = FAIL, f"rows remapped for uncorrectable errors rose to {n}"
+            elif s.remapped_rows_pending:
+                status, reason = WARN, "a row remap is pending: reset the card to apply it"
+            elif n or s.remapped_rows_corrected:
+                status = INFO
+                fixed = s.remapped_rows_corrected or 0
+                reason = f"rows remapped: {n} for uncorrectable, {fixed} for corrected errors"
+            else:
+                status, reason = OK, ""
+            out.append(Signal("remapped_rows", n, 0, "rows", status, reason))
+
+        # PCIe replays within the last minute
+        if s.pcie_replay_counter is None or not self._pcie:
+            out.append(Signal("pcie_replays", None, c.pcie_replay_warn_per_min, "per min", ABSENT))
+        else:
+            base = self._pcie[0][1]
+            n = max(0, s.pcie_replay_counter - base) if s.pcie_replay_counter >= base else 0
+            high = n >= c.pcie_replay_warn_per_min > 0
+            out.append(
+                Signal(
+                    "pcie_replays",
+                    n,
+                    c.pcie_replay_warn_per_min,
+                    "per min",
+                    WARN if high else OK,
+                    f"{n} PCIe replays in the last minute" if high else "",
+                )
+            )
+
+        # NVLink
+        if s.nvlink_links_down is None:
+            out.append(Signal("nvlink_links_down", None, 0, "links", ABSENT))
+        else:
+            n = s.nvlink_links_down
+            out.append(
+                Signal(
+                    "nvlink_links_down",
+                    n,
+                    0,
+                    "links",
+                    FAIL if n else OK,
+                    f"{n} NVLink link(s) down" if n else "",
+                )
+            )
+        for name, key, what in (
+            ("nvlink_replay", "nvlink_replay_errors", "replay"),
+            ("nvlink_recovery", "nvlink_recovery_errors", "recovery"),
+        ):
+            value = getattr(s, key)
+            if value is None:
+                out.append(Signal(name, None, 0, "errors", ABSENT))
+                continue
+            rose = self._rose(key, now)
+            by = self._counters[key].rose_by if rose else 0
+            out.append(
+                Signal(
+                    name,
+                    value,
+                    0,
+                    "errors",
+                    FAIL if rose else OK,
+                    f"NVLink {what} errors rose by {by}" if rose else "",
+                )
+            )
+        if _crc_total(s) is None:
+            out.append(Signal("nvlink_crc", None, c.nvlink_crc_fail_per_s, "per s", ABSENT))
+        else:
+            high = self._crc_high_at is not None and now - self._crc_high_at < w
+            rate = round(self._crc_rate or 0.0, 1)
+            out.append(
+                Signal(
+                    "nvlink_crc",
+                    rate,
+                    c.nvlink_crc_fail_per_s,
+                    "per s",
+                    FAIL if high else OK,
+                    f"NVLink CRC errors at {self._crc_high_rate:.0f}/s (fails at {c.nvlink_crc_fail_per_s:g})"
+                    if high
+                    else "",
+                )
+            )
+
+        # InfoROM
+        if s.inforom_valid is None:
+            out.append(Signal("inforom", None, None, "", ABSENT))
+        else:
+            ok = s.inforom_valid
+            out.append(
+                Signal(
+                    "inforom",
+                    float(ok),
+                    None,
+                    "",
+                    OK if ok else WARN,
+                    "" if ok else "the InfoROM is corrupted (nvidia-smi -q shows which object)",
+                )
+            )
+
+        # what the card is doing: shown, never judged
+        out.append(
+            Signal("utilization", _f(s.utilization_gpu_pct), None, "%", _present(s.utilization_gpu_pct))
+        )
+        out.append(
+            Signal(
+                "memory_used",
+                _f(s.memory_used_bytes),
+                _f(s.memory_total_bytes),
+                "bytes",
+                _present(s.memory_used_bytes),
+            )
+        )
+        out.append(
+            Signal("performance_state", _f(s.performance_state), None, "P", _present(s.performance_state))
+        )
+        out.append(Signal("fan", _f(s.fan_pct), None, "%", _present(s.fan_pct)))
+        frag = self.fragmentation
+        if frag is None or (self.sample is not None and self.sample.lost):
+            out.append(Signal("memory_fragmentation", None, c.fragmentation_info, "ratio", ABSENT))
+        else:
+            high = frag > c.fragmentation_info
+            out.append(
+                Signal(
+                    "memory_fragmentation",
+                    frag,
+                    c.fragmentation_info,
+                    "ratio",
+                    INFO if high else OK,
+                    f"{frag:.0%} of free memory cannot hold a {c.fragmentation_slice}" if high else "",
+                )
+            )
+        return out
+
+    def _rose(self, key: str, now: float) -> bool:
+        counter = self._counters.get(key)
+        return (
+            counter is not None
+            and counter.rose_at is not None
+            and now - counter.rose_at < self.cfg.event_window_s
+        )
+
+    def _xid_signal(self, now: float) -> Signal:
+        if not self.xid_events:
+            return Signal("xid", None, None, "", ABSENT)
+        recent = [(t, x, cls) for t, x, cls in self._xids if now - t < self.cfg.event_window_s]
+        if not recent:
+            return Signal("xid", 0, None, "", OK)
+        _, x, cls = max(recent, key=lambda e: (e[2] == FAIL, e[0]))
+        more = f" ({len(recent)} XIDs within {self.cfg.event_window_s:g} s)" if len(recent) > 1 else ""
+        return Signal("xid", x, None, "", cls, f"{xid_text(x)}{more}")
+
+    def _app_xid_signal(self, now: float) -> Signal:
+        recent = [(t, x, ls) for t, x, ls in self._app_xids if now - t < self.cfg.event_window_s]
+        if not recent:
+            return Signal("xid_application", 0, None, "", OK)
+        _, x, leases = recent[-1]
+        who = f"lease {', '.join(leases)}" if leases else "no lease (the card was idle)"
+        return Signal("xid_application", x, None, "", INFO, f"{xid_text(x)}, counted against {who}")
+
+
+def _crc_total(s: CardSample | None) -> int | None:
+    if s is None or s.nvlink_crc_flit_errors is None or s.nvlink_crc_data_errors is None:
+        return None
+    return s.nvlink_crc_flit_errors + s.nvlink_crc_data_errors
+
+
+def _f(v) -> float | None:
+    return None if v is None else float(v)
+
+
+def _present(v) -> str:
+    return ABSENT if v is None else OK
+
+
+def _level(name: str, value: int | None, threshold: int | None, unit: str, status: str, what: str) -> Signal:
+    """A level signal: ``status`` once ``value`` reaches ``threshold``."""
+    if value is None:
+        return Signal(name, None, threshold, unit, ABSENT)
+    high = threshold is not None and value >= threshold
+    return Signal(name, value, threshold, unit, status if high else OK, f"{value} {what}" if high else "")

@@ -1,0 +1,268 @@
+"""Moving a lease to another placement: reserve it, tell the holder, commit when the holder acknowledges.
+
+The health monitor moves restartable jobs off unhealthy cards; the defragmenter will move slices to
+consolidate cards. Both call ``Engine.move``; the client side is ``xpu run --restartable``.
+
+1. ``start``: a placement is chosen that avoids the lease's own cards (and ``avoid``), or taken from
+   ``to``; it is reserved (whole cards marked held by the lease, a slice prepared by the card's isolation
+   backend), and a ``move`` event goes down the lease's Hold stream carrying the lease as it WILL be
+   (new cards, new environment, ``restart_count + 1``). Until the acknowledgement the ledger still holds
+   the old placement, and the lease holds both.
+2. ``ack`` (AckMove with the lease's token, once the holder has stopped its command): the new placement
+   is committed to the ledger, the old one torn down, and the lease returned; the holder restarts its
+   command with it.
+3. No acknowledgement within ``[health] move_ack_timeout_s``: the reservation is freed, the lease stays
+   where it was, is marked, and its holder is told (a ``mark`` event). A late AckMove is refused. A lease
+   whose move timed out is not moved again automatically (its holder does not follow moves); it can
+   still be moved by an explicit call.
+
+``start`` raises NoCapacity when no placement exists and Conflict when the lease is not restartable, has
+no holder connected to restart it, or is already moving; nothing is reserved then, and the caller
+decides (the health monitor marks the lease and tries again at its next poll).
+
+A move never targets the cards the lease holds now (moving within a card, e.g. to another MIG slot, is not
+supported). A daemon that dies mid-move restarts with the committed (old) placement; a slice prepared for
+the move is left to the isolation backend's reconcile.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
+from xpud.model import CardMode, Lease, Mode, Request, Slice
+
+if TYPE_CHECKING:
+    from xpud.engine import CardState, Engine
+
+log = logging.getLogger("xpud.moves")
+
+
+@dataclass(frozen=True)
+class PendingMove:
+    old: Lease  # the committed placement
+    new: Lease  # the reserved one, as the holder was told
+    reason: str
+    started: float  # engine clock, seconds
+    deadline: float
+
+
+def _where(lease: Lease) -> str:
+    return ",".join(map(str, lease.cards))
+
+
+class Moves:
+    """The moves in flight, keyed by lease id. Lives inside the engine, on the daemon's loop."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.pending: dict[str, PendingMove] = {}
+        self.timed_out: set[str] = set()  # leases whose holder did not acknowledge a move
+
+    # ------------------------------------------------------------------ 1. reserve and tell
+    def start(
+        self,
+        lease_id: str,
+        reason: str,
+        *,
+        avoid: Collection[int] = (),
+        to: Collection[int] | None = None,
+        timeout_s: float | None = None,
+    ) -> Lease:
+        """Reserve a new placement for a restartable lease and send it a ``move`` event. Returns the
+        lease as it will be after the move. ``timeout_s`` defaults to ``[health] move_ack_timeout_s``."""
+        e = self.engine
+        lease = e.leases.get(lease_id) or e.resolve_lease(lease_id)
+        if lease.id in self.pending:
+            raise Conflict(f"lease {lease.id} is already moving to card {_where(self.pending[lease.id].new)}")
+        if not lease.restartable:
+            raise Conflict(
+                f"lease {lease.id} is not restartable: its holder cannot be moved (run it with --restartable)"
+            )
+        if not e.is_held(lease.id):
+            raise Conflict(f"lease {lease.id} has no holder connected to restart its command elsewhere")
+        exclude = frozenset(lease.cards) | frozenset(avoid)
+        if to is not None:
+            cards = tuple(to)
+            self._check_target(lease, cards, exclude)
+        else:
+            req = Request(
+                lease.mode,
+                gpus=len(lease.cards),
+                priority=lease.priority,
+                restartable=True,
+                owner_uid=lease.owner_uid,
+            )
+            found = e._fit(req, exclude=exclude)
+            if found is None:
+                kind = (
+                    f"{len(lease.cards)} whole card(s)" if lease.mode is Mode.XPU else f"a {lease.mode} slice"
+                )
+                raise NoCapacity(f"no healthy card is free for {kind} to move lease {lease.id} to")
+            cards = found
+        new = self._reserve(lease, cards)
+        now = e.clock()
+        timeout = e.cfg.health.move_ack_timeout_s if timeout_s is None else timeout_s
+        self.pending[lease.id] = PendingMove(lease, new, reason, now, now + timeout)
+        e._notify(new, "move", f"moving from card {_where(lease)} to card {_where(new)}: {reason}")
+        e.event(
+            "move",
+            f"lease {lease.id} moving from card {_where(lease)} to card {_where(new)}: {reason}",
+            card=lease.cards[0] if len(lease.cards) == 1 else -1,
+            lease_id=lease.id,
+        )
+        return new
+
+    def _check_target(self, lease: Lease, cards: tuple[int, ...], exclude: frozenset[int]) -> None:
+        e = self.engine
+        want = len(lease.cards)
+        if len(cards) != want or len(set(cards)) != want:
+            raise BadRequest(f"lease {lease.id} needs {want} distinct card(s) to move to, got {list(cards)}")
+        for i in cards:
+            c = e.cards.get(i)
+            if c is None:
+                raise BadRequest(f"no card {i} to move lease {lease.id} to")
+            if i in exclude:
+                raise BadRequest(f"lease {lease.id} cannot move to card {i}: it holds it or must avoid it")
+            if not c.usable:
+                raise Conflict(f"card {i} is drained or unhealthy: lease {lease.id} cannot move there")
+            if lease.mode is Mode.XPU:
+                ok = c.idle and not (c.mode is CardMode.SLICED and c.pinned)
+            else:
+                spec = e.cfg.slices[lease.mode.value]
+                ok = (c.mode is CardMode.SLICED or (c.idle and not c.pinned)) and e._backends[i].fits(
+                    c.info, list(c.slices.values()), spec
+                )
+            if not ok:
+                raise NoCapacity(f"card {i} has no room for lease {lease.id} ({lease.mode})")
+
+    def _reserve(self, lease: Lease, cards: tuple[int, ...]) -> Lease:
+        e = self.engine
+        slices: tuple[Slice, ...] = ()
+        if lease.mode is Mode.XPU:
+            placement_env = {"CUDA_VISIBLE_DEVICES": ",".join(e.cards[i].info.uuid for i in cards)}
+            for i in cards:
+                if e.cards[i].mode is CardMode.SLICED:  # an idle sliced card goes back to whole
+                    e._backends[i].leave_sliced(e.cards[i].info)
+                self._set_mode(e.cards[i], CardMode.WHOLE, lease.id)
+                e.cards[i].whole_lease = lease.id
+        else:
+            c = e.cards[cards[0]]
+            backend = e._backends[c.info.index]
+            entered = c.mode is CardMode.WHOLE
+            if entered:
+                backend.enter_sliced(c.info)
+            spec = e.cfg.slices[lease.mode.value]
+            try:
+                s, placement_env = backend.prepare(
+                    c.info, list(c.slices.values()), spec, lease.id, lease.owner_uid
+                )
+            except Exception:
+                if entered:  # leave the card as it was, so the engine's mode stays true
+                    backend.leave_sliced(c.info)
+                raise
+            self._set_mode(c, CardMode.SLICED, lease.id)
+            c.slices[lease.id] = s
+            slices = (s,)
+        # Keep the lease's own variables (XPU_*, CUDA_DEVICE_ORDER); the placement's come new, so nothing
+        # of the old isolation (e.g. MPS pipe directories) leaks into the restarted command.
+        kept = {k: v for k, v in lease.env.items() if k.startswith("XPU_") or k == "CUDA_DEVICE_ORDER"}
+        count = lease.restart_count + 1
+        return replace(
+            lease,
+            cards=cards,
+            card_uuids=tuple(e.cards[i].info.uuid for i in cards),
+            slices=slices,
+            env={**kept, **placement_env, "XPU_RESTART_COUNT": str(count)},
+            restart_count=count,
+            mark="",
+        )
+
+    def _set_mode(self, c: CardState, want: CardMode, lease_id: str) -> None:
+        if c.mode is not want:
+            c.mode = want
+            self.engine.ledger.save_card(c.record())
+            self.engine.event(
+                "mode", f"card {c.info.index} switched to {want} for lease {lease_id}", card=c.info.index
+            )
+
+    # ------------------------------------------------------------------ 2. commit on the holder's ack
+    def ack(self, lease_id: str, token: str) -> Lease:
+        """The holder stopped its command: commit the new placement, free the old one, return the lease."""
+        e = self.engine
+        pm = self.pending.get(lease_id)
+        if pm is None:
+            late = " (it was abandoned: no acknowledgement in time)" if lease_id in self.timed_out else ""
+            raise Conflict(f"no move is pending for lease {lease_id}{late}")
+        if not e.ledger.token_matches(lease_id, token):
+            raise Forbidden(f"wrong token for lease {lease_id}: AckMove needs the lease's token")
+        e.ledger.update_placement(pm.new)  # committed before the reply
+        del self.pending[lease_id]
+        self._free(pm.old, pm.old.slices)
+        e.leases[lease_id] = pm.new
+        took = e.clock() - pm.started
+        e.event(
+            "move",
+            f"lease {lease_id} moved from card {_where(pm.old)} to card {_where(pm.new)} "
+            f"({took:.2f} s after the move was asked): {pm.reason}",
+            card=pm.new.cards[0] if len(pm.new.cards) == 1 else -1,
+            lease_id=lease_id,
+        )
+        e.pump()
+        return pm.new
+
+    # ------------------------------------------------------------------ 3. give up
+    def cancel(self, lease_id: str, pump: bool = True) -> PendingMove | None:
+        """Free a move's reservation (the lease ends, or its holder did not acknowledge in time)."""
+        pm = self.pending.pop(lease_id, None)
+        if pm is not None:
+            self._free(pm.new, pm.new.slices)
+            if pump:
+                self.engine.pump()
+        return pm
+
+    def expire(self, now: float) -> list[PendingMove]:
+        """Abandon the moves whose holder did not acknowledge in time: the lease stays and is marked."""
+        e = self.engine
+        out = []
+        for lease_id, pm in list(self.pending.items()):
+            if now < pm.deadline:
+                continue
+            self.cancel(lease_id)
+            self.timed_out.add(lease_id)
+            waited = pm.deadline - pm.started
+            e.event(
+                "move",
+                f"lease {lease_id}: move to card {_where(pm.new)} abandoned: no ack in {waited:g} s",
+                lease_id=lease_id,
+            )
+            if lease_id in e.leases:
+                e.mark(
+                    lease_id,
+                    f"not moved: the holder did not acknowledge the move to card {_where(pm.new)} within "
+                    f"{waited:g} s ({pm.reason}); the lease stays on card {_where(pm.old)}",
+                )
+            out.append(pm)
+        return out
+
+    def forget(self, lease_id: str) -> None:
+        """The lease ended: drop what is known about its moves (the caller pumps the queue)."""
+        self.cancel(lease_id, pump=False)
+        self.timed_out.discard(lease_id)
+
+    def _free(self, lease: Lease, slices: tuple[Slice, ...]) -> None:
+        e = self.engine
+        for s in slices:
+            try:
+                e._backends[s.card_index].teardown(e.cards[s.card_index].info, s)
+            except Exception as err:  # never lose the move over a teardown failure: log it loudly
+                log.error("teardown of %s on card %d failed: %s", lease.id, s.card_index, err)
+                e.event("error", f"teardown of lease {lease.id} failed: {err}", card=s.card_index)
+        for i in lease.cards:
+            c = e.cards[i]
+            if c.whole_lease == lease.id:
+                c.whole_lease = None
+            c.slices.pop(lease.id, None)

@@ -1,0 +1,133 @@
+"""xpud's placement policy: FGD's fragmentation measure, learned online, made CPU/memory-aware, with a
+look-ahead on how well each card's leftover will be filled.
+
+What it adds to FGD (each measured on the openb trace; see ``bench/placement.md``):
+
+1. **Online mix.** The task mix is learned from arrivals (a live scheduler does not know the trace).
+2. **Stranding.** A host can only use as much GPU as its free CPU and memory can feed: the expected usable
+   share ``U`` is capped at ``kappa_cpu * cpu_free`` and ``kappa_mem * mem_free``, where ``kappa`` is the
+   GPU share per milli-core (per MiB) of the GPU tasks seen so far. Idle cards on a host whose CPU or memory
+   is nearly gone count as fragmentation.
+3. **Fill look-ahead.** ``V[r]`` is the expected waste of a card with ``r`` milli free if future tasks from
+   the mix that fit are put on it at random (a small dynamic programme over the mix). A fractional task is
+   scored ``saved - fill_weight * (V[free - share] - V[free])``, which pairs shares that complete a card.
+4. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
+   cards, then to ``ClusterState.tie_rank`` (random per seed in the simulator; health or operator order in
+   the daemon).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from xpud.placement.cluster import CARD_MILLI, ClusterState, Demand
+from xpud.placement.frag import FragModel, TaskClass, WorkloadMix
+from xpud.placement.policies import FGD
+
+
+def fill_value(classes: Sequence[tuple[TaskClass, float]]) -> np.ndarray:
+    """``V[r]`` (r = 0..1000): expected milli left unused on a card with ``r`` free if tasks drawn from the
+    GPU classes of the mix that fit are placed on it until none fits. Multi-card classes count as whole
+    cards (weight per card)."""
+    weight: dict[int, float] = {}
+    for c, p in classes:
+        if c.gpus:
+            share = c.gpu_milli if c.gpus == 1 else CARD_MILLI
+            weight[share] = weight.get(share, 0.0) + p * c.gpus
+    shares = sorted(weight)
+    v = [0.0] * (CARD_MILLI + 1)
+    for r in range(1, CARD_MILLI + 1):
+        num = den = 0.0
+        for s in shares:
+            if s > r:
+                break
+            num += weight[s] * v[r - s]
+            den += weight[s]
+        v[r] = num / den if den else float(r)
+    return np.array(v)
+
+
+class FragAware(FGD):
+    """The ``xpud`` policy (see the module docstring). ``mix=None`` learns the mix online."""
+
+    name = "xpud"
+
+    def __init__(
+        self,
+        mix: WorkloadMix | None = None,
+        *,
+        strand_cpu: float = 1.0,
+        strand_mem: float = 1.0,
+        fill_weight: float = 0.5,
+        scale: float = 500.0,
+        small_hosts_first: bool = True,
+        refresh_every: int = 512,
+    ):
+        super().__init__(mix, refresh_every=refresh_every)
+        self.strand_cpu = strand_cpu
+        self.strand_mem = strand_mem
+        self.fill_weight = fill_weight
+        self.scale = scale
+        self.small_hosts_first = small_hosts_first
+        self._gpu = self._cpu = self._mem = 0  # sums over arrived GPU tasks
+        self._seen = 0
+        self.kappa_cpu = self.kappa_mem = 0.0
+        self.fill = np.zeros(CARD_MILLI + 1)
+
+    def observe(self, d: Demand) -> None:
+        if d.gpus:
+            self._gpu += d.gpu_total_milli
+            self._cpu += d.cpu_milli
+            self._mem += d.memory_mib
+        if self.online:
+            super().observe(d)
+            return
+        # Mix given in advance: the CPU/memory ratios are still learned, on the same schedule.
+        self._seen += 1
+        if self._seen >= self._next_refresh:
+            self._next_refresh = (
+                self._seen * 2 if self._seen < self.refresh_every else self._seen + self.refresh_every
+            )
+            self.model = None
+
+    def frag_model(self, state: ClusterState) -> FragModel:
+        rebuilt = self.model is None
+        model = super().frag_model(state)
+        if rebuilt:
+            self.kappa_cpu = self._gpu / self._cpu if self._cpu else 0.0
+            self.kappa_mem = self._gpu / self._mem if self._mem else 0.0
+            self.fill = fill_value(model.classes)
+        return model
+
+    def saved(self, state: ClusterState, d: Demand, hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        model = self.frag_model(state)
+        u0, u1, valid = model.usable_after(state, d, hosts)
+        for strand, kappa, free, need in (
+            (self.strand_cpu, self.kappa_cpu, state.cpu_free, d.cpu_milli),
+            (self.strand_mem, self.kappa_mem, state.mem_free, d.memory_mib),
+        ):
+            if strand and kappa:
+                cap0 = strand * kappa * free[hosts]
+                u0 = np.minimum(u0, cap0)
+                u1 = np.minimum(u1, (cap0 - strand * kappa * need)[:, None])
+        saved = d.gpu_total_milli + u1 - u0[:, None]
+        if d.fractional and self.fill_weight:
+            f = np.clip(state.card_free[hosts], 0, CARD_MILLI)
+            left = np.clip(f - d.gpu_milli, 0, CARD_MILLI)
+            saved = saved - self.fill_weight * (self.fill[left] - self.fill[f])
+        return saved, valid
+
+    def scores(self, state, d, hosts):
+        saved, valid = self.saved(state, d, hosts)
+        s = np.where(valid, np.floor(100.0 / (1.0 + np.exp(-saved / self.scale))), -np.inf)
+        card = s.argmax(axis=1)
+        return s[np.arange(hosts.size), card], (card if d.fractional else None)
+
+    def pick(self, state, ties, rng):
+        if ties.size == 1:
+            return int(ties[0])
+        if self.small_hosts_first:
+            return int(ties[np.lexsort((state.tie_rank[ties], state.n_cards[ties]))[0]])
+        return super().pick(state, ties, rng)

@@ -1,0 +1,93 @@
+"""Moves during a replay (``xpu simulate --defrag``): when a task fits nowhere, ask the defrag planner to
+make room by moving restartable tasks, within a move budget; count every move.
+
+Every task in the trace is taken as restartable; with ``move_whole=False`` only fractional and CPU-only
+tasks move (whole-card tasks stay). The budget is a share of the tasks placed so far: at any time the
+moves made are at most ``budget_pct`` % of the tasks placed.
+"""
+
+from __future__ import annotations
+
+from xpud.placement.cluster import ClusterState, Demand, Placement
+from xpud.placement.defrag import Item, plan
+from xpud.sim.replay import Mover
+
+
+class Defragmenter(Mover):
+    """``budget_pct``: moves allowed, % of tasks placed. ``move_whole``: whole-card tasks may move too, and
+    groups of ``repack`` hosts may be repacked. A request shape that found no plan is not tried again
+    until ``retry_after`` more tasks have been placed (the state has barely changed before that)."""
+
+    def __init__(
+        self,
+        budget_pct: float = 1.0,
+        *,
+        move_whole: bool = False,
+        seed: int = 0,
+        iterations: int = 60,
+        repack: int | None = None,
+        max_moves_per_task: int | None = None,
+        retry_after: int = 25,
+    ):
+        self.budget_pct = budget_pct
+        self.move_whole = move_whole
+        self.seed = seed
+        self.iterations = iterations
+        self.repack = repack if repack is not None else (4 if move_whole else 0)
+        self.max_moves_per_task = max_moves_per_task or (24 if move_whole else 3)
+        self.retry_after = retry_after
+        self.moves = 0
+        self.calls = 0
+        self._failed: dict[tuple, int] = {}
+        self._by_host: dict[int, list[Item]] = {}  # movable tasks per host, kept in step with the replay
+        self._seen = 0  # tasks of ``placed`` already indexed (dicts keep insertion order)
+
+    def _index(self, placed: dict[int, tuple[Demand, Placement]]) -> None:
+        if len(placed) == self._seen:
+            return
+        for i, (d, p) in list(placed.items())[self._seen :]:
+            if self.move_whole or not (d.gpus and not d.fractional):
+                self._by_host.setdefault(p.host, []).append(Item(i, d, p))
+        self._seen = len(placed)
+
+    def make_room(
+        self, state: ClusterState, d: Demand, placed: dict[int, tuple[Demand, Placement]], policy, rng
+    ):
+        allowed = int(self.budget_pct * len(placed) / 100.0) - self.moves
+        if allowed <= 0:
+            return None, []
+        key = (d.cpu_milli, d.memory_mib, d.gpus, d.gpu_milli, d.models)
+        if len(placed) < self._failed.get(key, -1):
+            return None, []
+        self.calls += 1
+        self._index(placed)
+        result = plan(
+            state,
+            (),
+            by_host=self._by_host,
+            target=d,
+            policy=policy,
+            max_moves=min(allowed, self.max_moves_per_task),
+            move_whole=self.move_whole,
+            iterations=self.iterations,
+            repack=self.repack,
+            seed=self.seed * 1_000_003 + self.calls,
+        )
+        if result.target is None:
+            self._failed[key] = len(placed) + self.retry_after
+            return None, []
+        done = []
+        for m in result.moves:
+            dd = placed[m.item][0]
+            state.remove(dd, m.src)
+            policy.removed(state, dd, m.src)
+        for m in result.moves:
+            dd = placed[m.item][0]
+            state.place(dd, m.dst)
+            policy.placed(state, dd, m.dst)
+            placed[m.item] = (dd, m.dst)
+            done.append((m.item, m.src, m.dst))
+            self._by_host[m.src.host] = [it for it in self._by_host[m.src.host] if it.id != m.item]
+            self._by_host.setdefault(m.dst.host, []).append(Item(m.item, dd, m.dst))
+        self.moves += len(done)
+        return result.target, done
