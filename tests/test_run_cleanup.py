@@ -125,7 +125,7 @@ def test_killed_wrappers_leave_nothing_behind_within_grace_plus_one_second(inpro
             connect_clients(d, seen)
             if point == "moving":
                 (lease,) = lease_of()
-                d.call(d.engine._notify, lease, "move", "the test moves it")
+                d.call(d.engine.move, lease.id, "the test moves it")  # reserves a new placement too
                 time.sleep(0.2 + rng.uniform(0, 0.3))  # the wrapper is waiting for its command to stop
             else:
                 time.sleep(rng.uniform(0, 0.3))

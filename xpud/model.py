@@ -114,7 +114,7 @@ class Slice:
     size: str  # SliceSpec.name
     memory_bytes: int
     compute_pct: int
-    handle: str = ""  # isolation handle: MIG device UUID, "mps:<card>" or "" (accounting only)
+    handle: str = ""  # isolation handle: MIG device UUID, "mps:<card>:<lease>" or "" (accounting only)
     placement: int | None = None  # MIG placement start slot, when MIG
 
 

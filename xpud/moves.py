@@ -134,7 +134,7 @@ class Moves:
             else:
                 spec = e.cfg.slices[lease.mode.value]
                 ok = (c.mode is CardMode.SLICED or (c.idle and not c.pinned)) and e._backends[i].fits(
-                    c.info, list(c.slices.values()), spec
+                    c.info, list(c.slices.values()), spec, lease.owner_uid
                 )
             if not ok:
                 raise NoCapacity(f"card {i} has no room for lease {lease.id} ({lease.mode})")
