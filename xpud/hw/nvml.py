@@ -834,7 +834,8 @@ class Nvml:
     def set_mig_mode(self, index: int, enabled: bool) -> bool:
         """Request MIG on or off (root; the card must be idle). True when a GPU reset must follow.
 
-        Changes the card's whole personality: only the operator's explicit reconfigure may call this.
+        Changes the card's whole personality: only the MIG isolation backend calls it, on an idle card, when
+        the card switches between whole and sliced mode (``[cards] mig_switch = "idle"``).
         """
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
         status = self._call("nvmlDeviceSetMigMode", self._handle(index), mode, card=index, strict=True)
