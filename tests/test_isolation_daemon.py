@@ -165,9 +165,11 @@ def test_mixed_demand_on_mig_cards_matches_the_fake_hardware_after_every_step(in
         for g in quarters:
             c.release(g.lease.id, g.token)
         check_mig(d, keep)
+        assert all(card.mig_enabled for card in c.cards().cards)  # listings follow the switches
         whole = c.acquire_lease("xpu", gpus=8)
         check_mig(d, keep)
         assert all(d.fake.card_state(i).mig == 0 and d.fake.mig_layout(i) == [] for i in range(8))
+        assert not any(card.mig_enabled for card in c.cards().cards)
         c.release(whole.lease.id, whole.token)
     counts = mixed_demand(d, 160, seed=int(keep) + 1, check=lambda: check_mig(d, keep))
     assert counts["granted"] > 60 and counts["released"] > 40

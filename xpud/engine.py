@@ -173,8 +173,11 @@ class Engine:
         if c.whole_lease:
             mem, pct = 1.0, 100
         sick = c.health_state is HealthState.UNHEALTHY  # drained by the health monitor until it recovers
+        info = c.info
+        if info.mig_capable and self._backends[info.index].name == "mig":
+            info = replace(info, mig_enabled=c.mode is CardMode.SLICED)  # MIG is on exactly when sliced
         return CardView(
-            info=c.info,
+            info=info,
             mode=c.mode,
             mode_pinned=c.pinned,
             drained=c.drained or sick,
