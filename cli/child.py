@@ -8,17 +8,19 @@
   wrapper takes the terminal back and stops itself, so the shell sees the job stop; ``fg`` resumes both.
 - File descriptors the wrapper inherited (``3<file``) are passed on; its own are not.
 - When the command ends, whatever is left of its process group is killed: nothing started under the lease
-  outlives it. If the wrapper itself dies, even by SIGKILL, the command gets SIGKILL from the kernel
-  (PR_SET_PDEATHSIG) and a guard kills the rest of the group, so the slice's MIG instance or MPS client is
-  free when the daemon reclaims the lease. The guard is a tiny ``/bin/sh``, started first, that leads the
-  process group the command then joins; it ignores the usual signals and waits for the end of a pipe only
-  the wrapper holds. So the group is never unguarded, not even while the command starts.
+  outlives it. If the wrapper itself dies, even by SIGKILL, a guard kills the whole group at once, so the
+  slice's MIG instance or MPS client is free when the daemon reclaims the lease. The guard is a tiny
+  ``/bin/sh``, started first, that leads the process group the command then joins (and that is already the
+  terminal's foreground group when the command starts); it ignores the usual signals and waits for the end
+  of a pipe only the wrapper holds. So the group is never unguarded, not even while the command starts.
+- No Python code runs between fork and exec (no ``preexec_fn``): the wrapper has gRPC threads, and a fork
+  that runs Python hooks in a threaded process can deadlock. That is also why there is no parent-death
+  signal: the guard does that job.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -27,11 +29,6 @@ from dataclasses import dataclass
 
 TERMINATING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED = (*TERMINATING, signal.SIGUSR1, signal.SIGUSR2)
-_PR_SET_PDEATHSIG = 1
-try:  # resolved now: the child must not dlopen between fork and exec (another thread may hold the lock)
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):
-    _prctl = None
 # Dispositions as the wrapper inherited them (Python turns an inherited SIG_DFL for SIGINT into its
 # KeyboardInterrupt handler, which means "default" here).
 INHERITED = {s: signal.getsignal(s) for s in (*FORWARDED, signal.SIGTTOU, signal.SIGTTIN, signal.SIGTSTP)}
@@ -40,6 +37,17 @@ _GUARD = 'trap "" INT TERM HUP QUIT TSTP USR1 USR2; read -r _; kill -s KILL -- "
 
 def inherited_ignored(sig: int) -> bool:
     return INHERITED.get(sig) is signal.SIG_IGN
+
+
+@contextlib.contextmanager
+def ttou_blocked():
+    """Hold SIGTTOU back while the wrapper (perhaps in the background) sets the terminal's foreground
+    group or writes to it; blocked, not ignored, so the command still inherits the disposition we got."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTTOU])
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @dataclass(frozen=True)
@@ -98,27 +106,12 @@ class Child:
         self.tty = tty  # our controlling terminal, when we may hand it over
         self._escalate_at: float | None = None
         self.outcome: Outcome | None = None
-        parent = os.getpid()
         self._guard = self._start_guard()
         self.pgid = self._guard[0].pid if self._guard else 0  # 0: a group of its own (no /bin/sh)
-
-        def setup() -> None:  # in the child between fork and exec: syscalls only, nothing that locks
-            if _prctl is not None:
-                _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != parent:  # the wrapper died before prctl: follow it
-                os.kill(os.getpid(), signal.SIGKILL)
-            if tty is not None:
-                # Take the terminal ourselves too (as shells do), so we never read it from the background.
-                with contextlib.suppress(OSError):
-                    os.tcsetpgrp(tty, os.getpgrp())
-            # SIG_IGN survives exec: give the command the dispositions the wrapper inherited.
-            for s in (signal.SIGTTOU, signal.SIGTTIN, signal.SIGTSTP):
-                signal.signal(s, signal.SIG_IGN if inherited_ignored(s) else signal.SIG_DFL)
-
+        if self.pgid:
+            self._give_terminal(self.pgid)  # foreground before the command exists: it never reads from behind
         try:
-            self.proc = subprocess.Popen(
-                argv, env=env, process_group=self.pgid, preexec_fn=setup, pass_fds=_inherited_fds()
-            )
+            self.proc = subprocess.Popen(argv, env=env, process_group=self.pgid, pass_fds=_inherited_fds())
         except OSError as e:
             self._finish()
             if isinstance(e, FileNotFoundError):
@@ -153,8 +146,8 @@ class Child:
     def _give_terminal(self, pgrp: int) -> None:
         if self.tty is None:
             return
-        with contextlib.suppress(OSError):
-            os.tcsetpgrp(self.tty, pgrp)  # SIGTTOU is ignored while we supervise
+        with contextlib.suppress(OSError), ttou_blocked():
+            os.tcsetpgrp(self.tty, pgrp)
 
     # ---------------------------------------------------------------------------------- signals
     def signal(self, sig: int) -> None:

@@ -35,14 +35,22 @@ import threading
 import time
 
 import grpc
-from xpu_cli.child import FORWARDED, Child, Outcome, StartFailed, controlling_tty, inherited_ignored
+from xpu_cli.child import (
+    FORWARDED,
+    Child,
+    Outcome,
+    StartFailed,
+    controlling_tty,
+    inherited_ignored,
+    ttou_blocked,
+)
 
 from xpud.api.client import Client, to_error
 from xpud.errors import BadRequest, Unavailable, XpudError
 
 
 def _say(msg: str) -> None:
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError), ttou_blocked():  # we may be behind the command
         sys.stderr.write(f"xpu: {msg}\n")
         sys.stderr.flush()
 
@@ -75,9 +83,8 @@ class Wakeup:
 
 
 class Signals:
-    """While active: forwarded signals are recorded for the main loop (not acted on where they land),
-    SIGCHLD wakes the loop, and SIGTTOU is ignored (we write to and hand over the terminal from the
-    background). Signals inherited as ignored stay ignored."""
+    """While active: forwarded signals are recorded for the main loop (not acted on where they land) and
+    SIGCHLD wakes the loop. Signals inherited as ignored stay ignored (and so reach the command ignored)."""
 
     def __init__(self, wake: Wakeup):
         self.wake = wake
@@ -90,7 +97,6 @@ class Signals:
             if not inherited_ignored(s):
                 self._old[s] = signal.signal(s, self._record)
         self._old[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
-        self._old[signal.SIGTTOU] = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
         self._old_fd = signal.set_wakeup_fd(self.wake.w, warn_on_full_buffer=False)
         return self
 

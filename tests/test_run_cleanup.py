@@ -6,6 +6,7 @@ the command's group."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 import subprocess
@@ -97,10 +98,15 @@ def test_killed_wrappers_leave_nothing_behind_within_grace_plus_one_second(inpro
         work = tmp_path / f"t{n}"
         work.mkdir()
         mode = rng.choice(["vxpu-quarter", "vxpu-half", "xpu"])
-        blocker = None
-        if point == "queued":  # the host is full: the wrapper waits in the queue
-            with Client(d.runtime_dir) as c:
-                blocker = c.acquire_lease("xpu", gpus=8)
+        blocker, blocker_id = None, None
+        if point == "queued":  # the host is full (a held lease): the wrapper waits in the queue
+            blocker = subprocess.Popen(
+                [str(BIN / "xpu"), "run", "-m", "xpu", "--gpus", "8", "--json-env"],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+            blocker_id = json.loads(blocker.stdout.readline())["lease_id"]
         argv = [str(BIN / "xpu"), "run", "-m", mode, "--wait", "60", "--kill-grace", "5"]
         if point == "moving":
             argv.append("--restartable")
@@ -110,7 +116,6 @@ def test_killed_wrappers_leave_nothing_behind_within_grace_plus_one_second(inpro
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        blocker_id = blocker.lease.id if blocker else None
 
         def lease_of(blocker_id=blocker_id):
             return [x for x in d.call(lambda: list(d.engine.leases.values())) if x.id != blocker_id]
@@ -143,8 +148,8 @@ def test_killed_wrappers_leave_nothing_behind_within_grace_plus_one_second(inpro
         assert ok, f"{point}: after {took:.2f} s still {leftovers(d, blocker_id)}, live pids {alive_pids}"
         assert took <= GRACE + 1.0
         if blocker is not None:
-            with Client(d.runtime_dir) as c:
-                c.release(blocker.lease.id, blocker.token)
+            blocker.stdin.close()  # released
+            assert blocker.wait(10) == 0
     # and the host still serves every size afterwards
     with Client(d.runtime_dir) as c:
         g = c.acquire_lease("xpu", gpus=8)

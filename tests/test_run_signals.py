@@ -3,13 +3,11 @@ the group after the end, and on a terminal: Ctrl-C, reading, Ctrl-Z and `fg`, th
 
 from __future__ import annotations
 
-import fcntl
 import os
 import select
 import signal
 import subprocess
 import sys
-import termios
 import time
 
 import pytest
@@ -88,28 +86,32 @@ def test_a_killed_wrapper_takes_the_whole_group_with_it(daemon):
     assert alive(child) and alive(grandchild)
     p.kill()
     p.wait()
-    # the child by PR_SET_PDEATHSIG, the grandchild by the guard (it had no parent death signal)
+    # both by the guard that leads their process group and outlives the wrapper
     wait_until(lambda: not alive(child) and not alive(grandchild), timeout=3)
 
 
 # ------------------------------------------------------------------------------------- a terminal
+TAKE_TTY = (
+    "import fcntl, os, sys, termios\n"
+    "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
+
+
 class Terminal:
     """The wrapper as the session leader of a new pseudo-terminal, as a login shell would start it."""
 
     def __init__(self, argv: list[str], env: dict[str, str]):
         self.master, slave = os.openpty()
-
-        def take_tty() -> None:
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
+        # The new session takes the terminal in a tiny exec'd helper, not in a preexec_fn: a fork that runs
+        # Python code in the child of this multi-threaded test process (gRPC) was seen to hang.
         self.proc = subprocess.Popen(
-            argv,
+            [sys.executable, "-c", TAKE_TTY, *argv],
             env=env,
             stdin=slave,
             stdout=slave,
             stderr=slave,
             start_new_session=True,
-            preexec_fn=take_tty,
         )
         os.close(slave)
         self.seen = b""
