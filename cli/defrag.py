@@ -98,7 +98,11 @@ def show(reply) -> None:
         print(
             f"defrag {'applied' if reply.applied else 'plan'}: {len(reply.moves)} move(s) of {budget}{goal}"
         )
-        print(f"cost {reply.cost:g} (idle whole cards); gain {reply.after.value - reply.before.value:.2f}")
+        freed = len(reply.after.idle) - len(reply.before.idle)
+        print(
+            f"frees {freed} whole card(s); value {reply.before.value:.2f} -> {reply.after.value:.2f} "
+            f"(idle cards + how well they connect), cost {reply.cost:g}"
+        )
     print()
     before, after = _picture(reply.before), _picture(reply.after)
     labels = ["idle whole cards", "best free group", "free-group quality"]

@@ -182,8 +182,8 @@ class DefragSection:
     )
     min_gain: float = _key(
         1.0,
-        "A periodic run acts only when its plan gains at least this much: idle whole cards, plus up to 1 "
-        "for how well the idle cards connect (NVLink islands).",
+        "A periodic run acts only when its plan frees at least this many whole cards (0: also plans "
+        "that only bring free cards together on an NVLink island or PCIe switch).",
         min=0.0,
     )
     move_cost: float = _key(

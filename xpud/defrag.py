@@ -45,7 +45,9 @@ from xpud.placement.host import EXACT_SEARCH_MAX_CARDS, best_group, free_quality
 
 log = logging.getLogger("xpud.defrag")
 
-ISLAND_WEIGHT = 1.0  # what perfectly connected idle cards add to their count (see the module docstring)
+# What perfectly connected idle cards add to their count. Below 1 - move_cost's default, so that freeing a
+# card always pays even where the new idle card connects badly to the others.
+ISLAND_WEIGHT = 0.5
 REPLAN_ROUNDS = 4  # plans again at most this often after the engine refused some of the moves
 SETTLE_POLL_S = 0.05
 BOOKS_ONLY = ("mig",)  # backends whose fits() reads their own books, not the slices it is given
@@ -518,7 +520,8 @@ class Defragmenter:
         return not self.running and not self.engine.moves.pending
 
     async def periodic(self) -> DefragPlan | None:
-        """The periodic run (``[defrag] enabled``): plan; act when the gain reaches ``min_gain``."""
+        """The periodic run (``[defrag] enabled``): plan; act when the plan frees at least ``min_gain``
+        whole cards (with ``min_gain`` 0, any plan that pays, e.g. one that only joins free cards up)."""
         if not self._quiet():
             return None
         try:
@@ -526,8 +529,9 @@ class Defragmenter:
         except XpudError as err:
             log.debug("periodic defrag: %s", err)
             return None
-        if not plan.moves or plan.gain < self.cfg.min_gain:
-            log.debug("periodic defrag: nothing worth moving (gain %.2f): %s", plan.gain, plan.describe())
+        freed = len(plan.after.idle) - len(plan.before.idle)
+        if not plan.moves or freed < self.cfg.min_gain:
+            log.debug("periodic defrag: nothing worth moving (frees %d): %s", freed, plan.describe())
             return None
         await self.apply(plan, "periodic")
         return plan
