@@ -26,7 +26,7 @@ import asyncio
 import functools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import combinations
@@ -230,8 +230,8 @@ def sequence(engine: Engine, moves: Sequence[tuple[str, tuple[int, ...]]]) -> tu
     while left:
         wave = []
         for k in left:
-            lease = engine.leases[moves[k][0]]
-            why[k] = books.why_not(lease, moves[k][1])
+            lease = engine.leases.get(moves[k][0])
+            why[k] = books.why_not(lease, moves[k][1]) if lease else "it ended"
             if not why[k]:
                 books.reserve(lease, moves[k][1])
                 wave.append(k)
@@ -336,7 +336,32 @@ class Defragmenter:
         self, budget_pct: float | None = None, gpus: int = 0, seed: int = 0, iterations: int = 300
     ) -> DefragPlan:
         """Propose moves: consolidate (``gpus`` 0) or make room for ``gpus`` whole cards. Raises BadRequest
-        (budget) or Conflict (nothing may move) with the reason."""
+        (budget) or Conflict (nothing may move) with the reason. The planner runs in this thread."""
+        steps = self._planning(budget_pct, gpus, seed, iterations)
+        try:
+            call = next(steps)
+            while True:
+                call = steps.send(call())
+        except StopIteration as done:
+            return done.value
+
+    async def plan_async(
+        self, budget_pct: float | None = None, gpus: int = 0, seed: int = 0, iterations: int = 300
+    ) -> DefragPlan:
+        """``plan``, with the pure planner in a worker thread so that the daemon's loop stays responsive;
+        the engine is read (and each move checked) on the loop."""
+        loop = asyncio.get_running_loop()
+        steps = self._planning(budget_pct, gpus, seed, iterations)
+        try:
+            call = next(steps)
+            while True:
+                call = steps.send(await loop.run_in_executor(None, call))
+        except StopIteration as done:
+            return done.value
+
+    def _planning(self, budget_pct, gpus, seed, iterations) -> Generator[Callable, planner.Plan, DefragPlan]:
+        """The steps of ``plan``: yields each planner call (run by the caller, anywhere), receives its
+        result, returns the plan. Everything else reads the engine and runs on the caller's thread."""
         e = self.engine
         pct, budget = self.budget(budget_pct)
         active = len(e.leases)
@@ -362,21 +387,32 @@ class Defragmenter:
                 f"a move budget of {pct:g} % of {active} active lease(s) allows no move (it rounds down); "
                 f"give --move-budget {need} or more"
             )
-        before = free_cards(e.topology, Books(e).idle_whole())
         notes: list[str] = []
 
-        def result(moves=(), after=before, cost=0.0, target=()) -> DefragPlan:
+        def result(moves=(), after=None, cost=0.0, target=()) -> DefragPlan:
+            before = free_cards(e.topology, Books(e).idle_whole())
             return DefragPlan(
-                tuple(moves), before, after, cost, budget, pct, active, movable, gpus, target, tuple(notes)
+                tuple(moves),
+                before,
+                after or before,
+                cost,
+                budget,
+                pct,
+                active,
+                movable,
+                gpus,
+                target,
+                tuple(notes),
             )
 
-        if gpus and best_group(e.topology, list(before.idle), gpus):
+        if gpus and best_group(e.topology, list(Books(e).idle_whole()), gpus):
             notes.append(f"{gpus} whole card(s) are free already: nothing to move")
             return result()
         pinned: set[str] = set()
         for attempt in range(REPLAN_ROUNDS):
             state, items, costs = self._snapshot(pinned)
-            found = planner.plan(
+            found = yield functools.partial(
+                planner.plan,
                 state,
                 items,
                 target=Demand(0, 0, gpus, CARD_MILLI) if gpus else None,
@@ -385,7 +421,7 @@ class Defragmenter:
                 hosts=[0],
                 seed=seed + attempt,
                 iterations=iterations,
-                host_value=lambda st, h: free_cards(e.topology, _idle_of(st, h)).value,
+                host_value=functools.partial(_host_value, e.topology),
                 chain=1 if gpus else 0,  # one host: an evicted job may only go elsewhere on it
             )
             wanted = [(m.item, m.dst.cards) for m in found.moves]
@@ -420,7 +456,7 @@ class Defragmenter:
         if not moves:
             notes.extend(() if notes else ("nothing to gain",))
             return result()
-        if after.value - before.value <= cost + 1e-9:
+        if after.value - free_cards(e.topology, Books(e).idle_whole()).value <= cost + 1e-9:
             notes.append("no move pays for itself")
             return result()
         return result(moves, after, cost)
@@ -525,13 +561,15 @@ class Defragmenter:
         if not self._quiet():
             return None
         try:
-            plan = self.plan()
+            plan = await self.plan_async()
         except XpudError as err:
             log.debug("periodic defrag: %s", err)
             return None
         freed = len(plan.after.idle) - len(plan.before.idle)
         if not plan.moves or freed < self.cfg.min_gain:
             log.debug("periodic defrag: nothing worth moving (frees %d): %s", freed, plan.describe())
+            return None
+        if not self._quiet():  # something started moving jobs while the planner ran
             return None
         await self.apply(plan, "periodic")
         return plan
@@ -555,12 +593,14 @@ class Defragmenter:
             if e._fit(req) is not None:
                 return None  # it fits: the queue grants it
             try:
-                plan = self.plan(gpus=req.gpus)
+                plan = await self.plan_async(gpus=req.gpus)
             except XpudError as err:
                 log.info("cannot make room for request %s (%d card(s)): %s", w.ticket, req.gpus, err)
                 return None
             if not plan.moves:
                 log.info("cannot make room for request %s: %s", w.ticket, plan.describe())
+                return None
+            if w.future.done() or not self._quiet():  # granted, gone, or others moving, meanwhile
                 return None
             who = f"make room for request {w.ticket} ({req.gpus} card(s), waiting {now - w.enqueued:.0f} s)"
             await self.apply(plan, who)
@@ -570,6 +610,10 @@ class Defragmenter:
 
 def _cost_of(costs: dict[str, float], item: planner.Item) -> float:
     return costs.get(item.id, 0.0)
+
+
+def _host_value(topo: Topology, state: ClusterState, h: int) -> float:
+    return free_cards(topo, _idle_of(state, h)).value
 
 
 def _idle_of(state: ClusterState, h: int) -> tuple[int, ...]:

@@ -392,7 +392,7 @@ class AdminService(pbg.AdminServicer):
         if request.apply:
             d.check_idle()
         budget = request.move_budget_pct if request.HasField("move_budget_pct") else None
-        plan = d.plan(budget, request.gpus)
+        plan = await d.plan_async(budget, request.gpus)
         if not request.apply or not plan.moves:
             return convert.defrag_pb(plan)
         from xpud.defrag import MoveOutcome
