@@ -133,7 +133,9 @@ def show(reply) -> None:
     for note in reply.notes:
         print(f"note: {note}")
     print()
-    if reply.applied:
+    if reply.applied and any(m.state == "moving" for m in reply.moves):
+        print(f"under way: {reply.summary} (the daemon goes on; see `xpu leases`)")
+    elif reply.applied:
         print(f"done: {reply.summary}")
     else:
         print("nothing moved: `xpu defrag --apply` moves these jobs (they restart on their new cards)")
