@@ -13,6 +13,7 @@ from tests.test_defrag_plan import TOKENS, layout, make_engine
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.auth import METADATA_KEY, CredentialIssuer
 from xpud.defrag import Defragmenter
+from xpud.model import CardMode
 from xpud.service import AdminService, Context
 
 
@@ -89,6 +90,8 @@ def test_apply_without_waiting_replies_once_the_moves_started_and_the_run_goes_o
 
     reply = asyncio.run(go())
     assert all(engine.leases[m.lease_id].cards == tuple(m.to_cards) for m in reply.moves)
+    freed = set(reply.after.idle) - set(reply.before.idle)
+    assert freed and all(engine.cards[i].idle and engine.cards[i].mode is CardMode.WHOLE for i in freed)
     log = [e.message for e in engine.ledger.events() if e.kind == "defrag"]
     assert "plan:" in log[0] and f"{len(reply.moves)} of {len(reply.moves)} move(s) done" in log[-1]
 

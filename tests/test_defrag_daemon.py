@@ -182,7 +182,7 @@ def test_periodic_defrag_reports_its_plan_before_it_moves_anything(daemon_factor
 
     def settled():
         with d.client() as c:
-            idle = [card.index for card in c.cards().cards if not card.whole_lease and not card.slices]
+            idle = [card for card in c.cards().cards if not card.whole_lease and not card.slices]
         return len(idle) == 7 and not any(x.mark for x in held_leases(d)) and idle
 
     try:
@@ -190,7 +190,8 @@ def test_periodic_defrag_reports_its_plan_before_it_moves_anything(daemon_factor
     except AssertionError:
         print(d.log.read_text()[-6000:])
         raise
-    assert f["fixed"].cards[0] not in idle
+    assert f["fixed"].cards[0] not in [card.index for card in idle]
+    assert {card.mode for card in idle} == {"whole"}  # the card it freed went back to whole-card work
     restarted = [x for x in held_leases(d) if x.restart_count]
     assert restarted and all(x.restartable for x in restarted)
     for lease in restarted:  # the job restarted on the card it was moved to, with XPU_RESTART_COUNT=1

@@ -495,6 +495,7 @@ class Defragmenter:
                 if started:
                     started.set()
                 await self._settle(todo)
+            self._whole_again(plan, who)
             done = sum(o.state == "done" for o in outcomes)
             rest = ", ".join(f"{o.move.lease_id} {o.state}" for o in outcomes if o.state != "done")
             idle = len(Books(e).idle_whole())
@@ -508,6 +509,14 @@ class Defragmenter:
             self.running = ""
             if started:
                 started.set()
+
+    def _whole_again(self, plan: DefragPlan, who: str) -> None:
+        """The cards the plan freed go back to whole mode (unless something took them meanwhile)."""
+        for i in sorted(set(plan.after.idle) - set(plan.before.idle)):
+            try:
+                self.engine.to_whole(i, f"freed by defrag ({who})")
+            except Exception as err:  # it stays sliced and idle; a whole-card grant tries again
+                log.error("card %d: switching back to whole after defrag failed: %s", i, err)
 
     def check_idle(self) -> None:
         if self.running:
