@@ -7,7 +7,8 @@ the larger of its memory and compute shares); the planner's moves are checked ag
 because a move holds its old placement until the job acknowledges; moves the engine would refuse pin
 their lease and the planner runs again. Applying records the plan as an event, then moves each wave
 through ``Engine.move`` and waits for the acknowledgements (``xpu run --restartable`` stops its command,
-acknowledges and starts it again elsewhere) before the next wave.
+acknowledges and starts it again elsewhere) before the next wave; the cards it freed then go back to
+whole mode (``Engine.to_whole``), ready for whole-card work.
 
 Value (what a plan gains): idle whole cards, plus up to ``ISLAND_WEIGHT`` for how well they connect:
 ``free_quality`` of the idle cards over the best link on the host, so free cards on one NVLink island
