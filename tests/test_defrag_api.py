@@ -105,9 +105,12 @@ def test_a_periodic_run_acts_only_when_it_frees_min_gain_cards(tmp_path):
     d = Defragmenter(engine, engine.cfg.replace("defrag", min_gain=1.0, move_budget_pct=50.0))
 
     async def run():
-        acks = asyncio.ensure_future(ack_moves(engine, 1))
         plan = await d.periodic()
-        await acks
+        assert d.running == "periodic"  # applying goes on in the background
+        assert await d.periodic() is None  # one run at a time
+        await ack_moves(engine, 1)
+        while d.running:
+            await asyncio.sleep(0.01)
         return plan
 
     plan = asyncio.run(run())

@@ -273,6 +273,7 @@ class Defragmenter:
         self.clock = clock or engine.clock
         self.running: str = ""  # who is moving jobs now ("" when nobody)
         self._room_tried: dict[str, float] = {}  # waiting ticket -> when room was last made for it
+        self._task: asyncio.Future | None = None  # the daemon's own run, applying in the background
 
     def _share(self, s: Slice) -> int:
         """A slice's size in milli-cards: the larger of its memory and compute shares."""
@@ -561,13 +562,28 @@ class Defragmenter:
 
     # -- the daemon's own runs -----------------------------------------------------------------------
 
+    def _in_background(self, plan: DefragPlan, who: str) -> None:
+        """Apply without holding up the caller (a periodic job: the scheduler would skip and warn about
+        its next runs while this one waits for acknowledgements). ``running`` is set before it returns."""
+        self.running = who  # no other run starts in between
+
+        async def run() -> None:
+            self.running = ""
+            try:
+                await self.apply(plan, who)
+            except Exception:
+                log.exception("defrag (%s) failed", who)
+
+        self._task = asyncio.ensure_future(run())  # a reference, so that the task is not collected
+
     def _quiet(self) -> bool:
         """Whether nothing else is moving jobs (a defrag run, or the health monitor's evacuations)."""
         return not self.running and not self.engine.moves.pending
 
     async def periodic(self) -> DefragPlan | None:
         """The periodic run (``[defrag] enabled``): plan; act when the plan frees at least ``min_gain``
-        whole cards (with ``min_gain`` 0, any plan that pays, e.g. one that only joins free cards up)."""
+        whole cards (with ``min_gain`` 0, any plan that pays, e.g. one that only joins free cards up).
+        Returns the plan it started applying (the moves go on in the background; ``running`` says)."""
         if not self._quiet():
             return None
         try:
@@ -581,7 +597,7 @@ class Defragmenter:
             return None
         if not self._quiet():  # something started moving jobs while the planner ran
             return None
-        await self.apply(plan, "periodic")
+        self._in_background(plan, "periodic")
         return plan
 
     async def make_room(self) -> DefragPlan | None:
@@ -613,7 +629,7 @@ class Defragmenter:
             if w.future.done() or not self._quiet():  # granted, gone, or others moving, meanwhile
                 return None
             who = f"make room for request {w.ticket} ({req.gpus} card(s), waiting {now - w.enqueued:.0f} s)"
-            await self.apply(plan, who)
+            self._in_background(plan, who)
             return plan
         return None
 
