@@ -106,6 +106,14 @@ def simulate(
             "small groups of hosts may be repacked (default: when --move-budget > 1).",
         ),
     ] = None,
+    swaps: Annotated[
+        bool,
+        typer.Option(
+            "--swaps/--no-swaps",
+            help="With --defrag: when no eviction makes room, a task may trade places with one of the same "
+            "GPU shape that needs less CPU/memory (two moves).",
+        ),
+    ] = True,
     plot: Annotated[
         str | None,
         typer.Option(
@@ -167,6 +175,7 @@ def simulate(
         defrag=defrag,
         move_budget_pct=move_budget,
         move_whole=move_whole,
+        swaps=swaps,
         bound_points=BOUND_POINTS if bound else (),
         workers=workers,
     )
