@@ -136,3 +136,29 @@ def test_movables_index_follows_adds_moves_and_removes():
     assert cpu.tolist() == [14_000, 56_000] and card.tolist() == [[1000, 500], [500, 0]]
     m.add(Item("n", Demand(1_000, 1_000), Placement(1), restartable=False))
     assert "n" not in m  # only restartable tasks are indexed
+
+
+def test_swap_partner_may_be_a_smaller_slice_whose_card_has_room():
+    s = ClusterState([Host("a", 16_000, 64_000, 2, "X"), Host("b", 64_000, 256_000, 2, "X")])
+    t, w0 = Demand(12_000, 8_000, 1, 500), Demand(3_000, 4_000, 1, 1000)
+    small, other, w1 = (
+        Demand(2_000, 8_000, 1, 300),
+        Demand(6_000, 8_000, 1, 500),
+        Demand(2_000, 4_000, 1, 1000),
+    )
+    where = [(t, Placement(0, (0,))), (w0, Placement(0, (1,))), (small, Placement(1, (0,)))]
+    where += [(other, Placement(1, (0,))), (w1, Placement(1, (1,)))]
+    for d, p in where:
+        s.place(d, p)
+    items = [Item(n, d, p) for n, (d, p) in enumerate(where)]
+    request = Demand(8_000, 4_000, 1, 500)
+    p = plan(s, items, target=request, move_whole=False, swaps=True)
+    # t (500) goes to the small slice's card (200 free + its 300), the small slice to t's place.
+    assert [(m.item, m.dst) for m in p.moves] == [(0, Placement(1, (0,))), (2, Placement(0, (0,)))]
+    assert _apply(s, {n: d for n, (d, _) in enumerate(where)}, p).fits(request, p.target)
+    # With the other slice at 600 the small one's card would have only 100 + 300 free: no swap.
+    s.remove(other, Placement(1, (0,)))
+    bigger = Demand(6_000, 8_000, 1, 600)
+    s.place(bigger, Placement(1, (0,)))
+    items[3] = Item(3, bigger, Placement(1, (0,)))
+    assert plan(s, items, target=request, move_whole=False, swaps=True).target is None

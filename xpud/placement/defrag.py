@@ -84,6 +84,7 @@ class Movables:
         self.cpu = np.zeros(0, dtype=np.int64)
         self.mem = np.zeros(0, dtype=np.int64)
         self.cards = np.zeros(0, dtype=np.int64)  # bit c set: the task holds share on card c
+        self.card0 = np.zeros(0, dtype=np.int64)  # its first card (0 for CPU-only tasks)
         for it in items:
             self.add(it)
 
@@ -106,7 +107,7 @@ class Movables:
         row = len(self._items)
         if row >= self.host.size:
             grow = max(64, 2 * self.host.size)
-            for name in ("host", "gpus", "milli", "cpu", "mem", "cards"):
+            for name in ("host", "gpus", "milli", "cpu", "mem", "cards", "card0"):
                 old = getattr(self, name)
                 new = np.full(grow, -1 if name == "host" else 0, dtype=np.int64)
                 new[: old.size] = old
@@ -116,6 +117,7 @@ class Movables:
         self.gpus[row], self.milli[row] = d.gpus, d.gpu_milli
         self.cpu[row], self.mem[row] = d.cpu_milli, d.memory_mib
         self.cards[row] = sum(1 << c for c in it.placement.cards)
+        self.card0[row] = it.placement.cards[0] if it.placement.cards else 0
         self._items.append(it)
         self._row[it.id] = row
         self.by_host[it.placement.host] = [*self.by_host.get(it.placement.host, ()), it]
@@ -399,14 +401,18 @@ def _key(d: Demand) -> tuple:
 
 SWAP_HOSTS = 30  # hosts short of CPU/memory for the request that a swap tries, least short first
 SWAP_PARTNERS = 5  # partners tried per task on such a host
+SWAP_GPU = (
+    False  # experiment: also hosts where the request's share fits only once a slice trades for a smaller one
+)
 
 
 def _plan_swap(state, d, movables: Movables, policy, rng, move_cost, scope) -> Plan | None:
     """Make room for ``d`` on a host whose cards could take it but whose CPU or memory falls short: a task
-    ``t`` there trades places with a task ``t'`` of the same GPU shape (cards, share) elsewhere that needs
-    at least the shortfall less CPU and memory, where the partner's host can feed ``t``. The card layout
-    is unchanged; ``d`` then goes where the policy puts it on the freed host. Partners on hosts with the
-    least free GPU share come first (a swap there strands nothing), then those leaving most CPU."""
+    ``t`` there trades places with a task ``t'`` elsewhere that needs at least the shortfall less CPU and
+    memory, where the partner's host can feed ``t``. ``t'`` has the same GPU shape as ``t`` or, for a
+    single-card ``t``, a share no larger whose card has room for ``t`` (CPU-only tasks trade with CPU-only
+    ones). ``d`` then goes where the policy puts it on the freed host. Partners on hosts with the least
+    free GPU share come first (a swap there strands nothing), then those leaving most CPU."""
     in_scope = np.zeros(state.size, dtype=bool)
     in_scope[scope] = True
     ok = in_scope & ~state.feasible(d)
@@ -426,6 +432,7 @@ def _plan_swap(state, d, movables: Movables, policy, rng, move_cost, scope) -> P
     r_cpu, r_mem = movables.cpu[rows], movables.mem[rows]
     cpu_room = state.cpu_free[r_host] + r_cpu  # what a partner's host offers once the partner leaves
     mem_room = state.mem_free[r_host] + r_mem
+    card_room = state.card_free[r_host, movables.card0[rows]] + r_milli  # and its card
     free_gpu = state.card_free[r_host].sum(axis=1)
     model_ok: dict[tuple[str, ...], np.ndarray] = {}
     tried = 0
@@ -444,10 +451,14 @@ def _plan_swap(state, d, movables: Movables, policy, rng, move_cost, scope) -> P
         seen = set()
         for t in its:
             td = t.demand
-            if td in seen:
+            if (td, t.placement.cards) in seen:
                 continue
-            seen.add(td)
-            mask = (r_gpus == td.gpus) & (r_milli == td.gpu_milli) & (r_host != h)
+            seen.add((td, t.placement.cards))
+            if td.gpus == 1:
+                mask = (r_gpus == 1) & (r_milli <= td.gpu_milli) & (card_room >= td.gpu_milli)
+            else:
+                mask = (r_gpus == td.gpus) & (r_milli == td.gpu_milli)
+            mask &= r_host != h
             mask &= (r_cpu <= td.cpu_milli - nc) & (r_mem <= td.memory_mib - nm)
             mask &= (cpu_room >= td.cpu_milli) & (mem_room >= td.memory_mib)
             if td.gpus and td.models:

@@ -18,7 +18,8 @@ class Defragmenter(Mover):
     groups of ``repack`` hosts may be repacked. ``swaps``: when no eviction makes room, the planner may
     swap two tasks (see :func:`xpud.placement.defrag.plan`). A request shape that found no plan is not
     tried again until ``retry_after`` more tasks have been placed (the state has barely changed before
-    that)."""
+    that). ``min_gain_milli``: each move must buy at least this much GPU share (a task of share ``s`` may
+    use at most ``s // min_gain_milli`` moves; CPU-only tasks none)."""
 
     def __init__(
         self,
@@ -31,6 +32,7 @@ class Defragmenter(Mover):
         max_moves_per_task: int | None = None,
         retry_after: int = 25,
         swaps: bool = True,
+        min_gain_milli: int = 0,
     ):
         self.budget_pct = budget_pct
         self.move_whole = move_whole
@@ -40,6 +42,7 @@ class Defragmenter(Mover):
         self.max_moves_per_task = max_moves_per_task or (24 if move_whole else 3)
         self.retry_after = retry_after
         self.swaps = swaps
+        self.min_gain_milli = min_gain_milli
         self.moves = 0
         self.calls = 0
         self._failed: dict[tuple, int] = {}
@@ -53,6 +56,8 @@ class Defragmenter(Mover):
         self, state: ClusterState, d: Demand, placed: dict[int, tuple[Demand, Placement]], policy, rng
     ):
         allowed = int(self.budget_pct * len(placed) / 100.0) - self.moves
+        if self.min_gain_milli > 0:
+            allowed = min(allowed, d.gpu_total_milli // self.min_gain_milli)
         if allowed <= 0:
             return None, []
         key = (d.cpu_milli, d.memory_mib, d.gpus, d.gpu_milli, d.models)
