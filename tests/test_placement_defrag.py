@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from xpud.placement.cluster import ClusterState, Demand, Host, Placement
 from xpud.placement.defrag import Item, Movables, plan
@@ -162,3 +163,16 @@ def test_swap_partner_may_be_a_smaller_slice_whose_card_has_room():
     s.place(bigger, Placement(1, (0,)))
     items[3] = Item(3, bigger, Placement(1, (0,)))
     assert plan(s, items, target=request, move_whole=False, swaps=True).target is None
+
+
+def test_movables_reuse_rows_of_removed_tasks():
+    m = Movables()
+    for i in range(3):
+        m.add(Item(i, Demand(1_000, 1_000, 1, 250), Placement(0, (i,))))
+    for _ in range(50):  # a long-lived index (the daemon's) does not grow with moves
+        m.move(1, Placement(0, (3,)))
+        m.move(1, Placement(0, (1,)))
+    assert m.rows().size == 3 and m.host.size == 64
+    assert sorted(m.item(int(r)).id for r in m.rows()) == [0, 1, 2]
+    with pytest.raises(ValueError):
+        m.add(Item(0, Demand(1_000, 1_000), Placement(0)))

@@ -8,8 +8,9 @@ and on a whole cluster (``xpu simulate --defrag``):
   shortfall) finds a cheap set, and the evicted tasks are re-placed elsewhere by the placement policy. The
   first candidate whose evicted tasks all find a new place wins. With ``swaps=True``, when no eviction
   works, a *swap* is tried: a task ``t`` on a host where the request fits but for CPU or memory trades
-  places with a task ``t'`` of the same GPU shape that needs less CPU/memory, on a host that can feed
-  ``t`` (two moves; the card layout stays the same, only CPU and memory change hands).
+  places with a task ``t'`` that needs less CPU/memory, on a host that can feed ``t`` (two moves). ``t'``
+  has the same GPU shape, or is a smaller slice whose card has room for ``t``: the cards stay (nearly) as
+  they were, CPU and memory change hands.
 - ``plan(state, items)``: consolidate. Annealing over the cards of the movable tasks maximises idle whole
   cards (``host_value``, by default idle cards plus a bonus for keeping them together on one host, i.e.
   whole islands), minus the cost of each move.
@@ -78,6 +79,7 @@ class Movables:
         self.by_host: dict[int, list[Item]] = {}
         self._row: dict[Hashable, int] = {}
         self._items: list[Item | None] = []
+        self._free: list[int] = []  # rows given back by remove(), used again first
         self.host = np.zeros(0, dtype=np.int64)  # -1: row unused
         self.gpus = np.zeros(0, dtype=np.int64)
         self.milli = np.zeros(0, dtype=np.int64)
@@ -104,7 +106,7 @@ class Movables:
             return
         if it.id in self._row:
             raise ValueError(f"task {it.id!r} is already indexed")
-        row = len(self._items)
+        row = self._free.pop() if self._free else len(self._items)
         if row >= self.host.size:
             grow = max(64, 2 * self.host.size)
             for name in ("host", "gpus", "milli", "cpu", "mem", "cards", "card0"):
@@ -118,7 +120,10 @@ class Movables:
         self.cpu[row], self.mem[row] = d.cpu_milli, d.memory_mib
         self.cards[row] = sum(1 << c for c in it.placement.cards)
         self.card0[row] = it.placement.cards[0] if it.placement.cards else 0
-        self._items.append(it)
+        if row == len(self._items):
+            self._items.append(it)
+        else:
+            self._items[row] = it
         self._row[it.id] = row
         self.by_host[it.placement.host] = [*self.by_host.get(it.placement.host, ()), it]
 
@@ -129,6 +134,7 @@ class Movables:
         it = self.item(row)
         self._items[row] = None
         self.host[row] = -1
+        self._free.append(row)
         h = it.placement.host
         self.by_host[h] = [x for x in self.by_host[h] if x.id != item_id]
         return it
@@ -220,7 +226,7 @@ def plan(
     for itself this many levels deep (1 bought +0.005 points on openb at three times the planning time).
     ``swaps``: when no eviction makes room, try a two-move swap (see the module docstring). ``movables``:
     the movable tasks as a :class:`Movables` index kept by the caller (used instead of ``items`` and
-    ``by_host``; built from them when swaps are asked for without one)."""
+    ``by_host``; built from them otherwise)."""
     rng = np.random.default_rng(seed)
     if movables is not None:
         by_host = movables.by_host
