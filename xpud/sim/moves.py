@@ -19,7 +19,7 @@ class Defragmenter(Mover):
     swap two tasks (see :func:`xpud.placement.defrag.plan`). A request shape that found no plan is not
     tried again until ``retry_after`` more tasks have been placed (the state has barely changed before
     that). ``min_gain_milli``: each move must buy at least this much GPU share (a task of share ``s`` may
-    use at most ``s // min_gain_milli`` moves; CPU-only tasks none)."""
+    use at most ``s // min_gain_milli`` moves; CPU-only tasks none). ``chain``: see :func:`plan`."""
 
     def __init__(
         self,
@@ -33,6 +33,7 @@ class Defragmenter(Mover):
         retry_after: int = 25,
         swaps: bool = True,
         min_gain_milli: int = 0,
+        chain: int = 0,
     ):
         self.budget_pct = budget_pct
         self.move_whole = move_whole
@@ -43,6 +44,7 @@ class Defragmenter(Mover):
         self.retry_after = retry_after
         self.swaps = swaps
         self.min_gain_milli = min_gain_milli
+        self.chain = chain
         self.moves = 0
         self.calls = 0
         self._failed: dict[tuple, int] = {}
@@ -75,6 +77,7 @@ class Defragmenter(Mover):
             iterations=self.iterations,
             repack=self.repack,
             swaps=self.swaps,
+            chain=self.chain,
             seed=self.seed * 1_000_003 + self.calls,
         )
         if result.target is None:
