@@ -461,7 +461,7 @@ def _register_optional() -> None:
     """Commands that live in their own modules (simulator, dashboard) register themselves."""
     import importlib
 
-    for name in ("xpu_cli.simulate", "xpu_cli.top"):
+    for name in ("xpu_cli.defrag", "xpu_cli.simulate", "xpu_cli.top"):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:

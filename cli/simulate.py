@@ -14,10 +14,18 @@ from typing import Annotated
 
 import typer
 
-from xpud.placement.registry import DEFAULT_POLICY, DESCRIPTIONS, POLICY_NAMES
-from xpud.placement.slices import PROFILE_SETS
-from xpud.sim.protocol import DEFAULT_RATIO, parse_seeds
-from xpud.sim.trace import DEFAULT_CLUSTER, DEFAULT_TRACE, OPENB_ENV, TraceError, default_path
+# Only light modules here (no NumPy): the CLI imports this one for every command. The replay, the
+# policies and the report are imported inside the command.
+from xpud.placement.names import DEFAULT_POLICY, DESCRIPTIONS, POLICY_NAMES, PROFILE_SETS
+from xpud.sim.defaults import (
+    DEFAULT_CLUSTER,
+    DEFAULT_RATIO,
+    DEFAULT_TRACE,
+    OPENB_ENV,
+    TraceError,
+    default_path,
+    parse_seeds,
+)
 
 SLICE_MODES = tuple(m for m in PROFILE_SETS if m != "whole")
 BOUND_POINTS = (100, 130)
@@ -98,6 +106,14 @@ def simulate(
             "small groups of hosts may be repacked (default: when --move-budget > 1).",
         ),
     ] = None,
+    swaps: Annotated[
+        bool,
+        typer.Option(
+            "--swaps/--no-swaps",
+            help="With --defrag: when no eviction makes room, a task may trade places with one of the same "
+            "GPU shape that needs less CPU/memory (two moves).",
+        ),
+    ] = True,
     plot: Annotated[
         str | None,
         typer.Option(
@@ -159,6 +175,7 @@ def simulate(
         defrag=defrag,
         move_budget_pct=move_budget,
         move_whole=move_whole,
+        swaps=swaps,
         bound_points=BOUND_POINTS if bound else (),
         workers=workers,
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,28 @@ def test_save_writes_table_facts_and_curves(app, files, tmp_path):
     assert saved["seeds"] == [1, 2] and set(saved["table"]) == {"xpud"}
     assert len(saved["curves"]["xpud"]["1"]) == 81  # arrived 50..130 %
     assert saved["policies"]["xpud"]["replay_wall_s_mean"] >= 0
+
+
+def test_cli_start_does_not_import_numpy():
+    # ``xpu_cli.main`` registers ``simulate`` for every command: its module-level imports must stay light
+    # (NumPy and the placement code are imported inside the command).
+    code = (
+        "import sys, xpu_cli.main\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'scipy')"
+        " or m in ('xpud.placement.cluster', 'xpud.placement.registry', 'xpud.sim.runner')]\n"
+        "assert 'simulate' in [c.name for c in xpu_cli.main.app.registered_commands]\n"
+        "print(heavy)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_light_names_match_the_registry():
+    from xpud.placement import names, registry, slices
+    from xpud.sim import defaults, protocol, trace
+
+    assert registry.POLICY_NAMES is names.POLICY_NAMES and slices.PROFILE_SETS is names.PROFILE_SETS
+    assert trace.TraceError is defaults.TraceError and protocol.DEFAULT_RATIO == defaults.DEFAULT_RATIO
+    for name in names.POLICY_NAMES:
+        assert registry.make_policy(name).name == name

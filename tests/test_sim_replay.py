@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xpud.placement.cluster import Demand, Host
+from xpud.placement.cluster import ClusterState, Demand, Host, Placement
 from xpud.placement.policies import BestFit
 from xpud.placement.registry import make_policy
 from xpud.placement.slices import Rounding
@@ -97,3 +97,36 @@ def test_loader_errors_name_the_problem(tmp_path, text, message):
 def test_missing_file_says_how_to_fix(tmp_path):
     with pytest.raises(TraceError, match="--cluster FILE"):
         load_cluster(tmp_path / "nope.csv")
+
+
+def test_defragmenter_applies_a_swap_and_keeps_its_index_in_step():
+    # Host 0: half a card free, CPU held by a heavy slice; host 1: CPU to spare, no free card, a light slice
+    # of the same size. Only a swap makes room for the request (see test_placement_defrag).
+
+    def setup(swaps: bool):
+        s = ClusterState([Host("a", 16_000, 64_000, 2, "X"), Host("b", 64_000, 256_000, 2, "X")])
+        placed = {
+            0: (Demand(12_000, 8_000, 1, 500), Placement(0, (0,))),
+            1: (Demand(3_000, 4_000, 1, 1000), Placement(0, (1,))),
+            2: (Demand(2_000, 8_000, 1, 500), Placement(1, (0,))),
+            3: (Demand(6_000, 8_000, 1, 500), Placement(1, (0,))),
+            4: (Demand(2_000, 4_000, 1, 1000), Placement(1, (1,))),
+        }
+        mover = Defragmenter(budget_pct=100.0, swaps=swaps)
+        for i, (d, p) in placed.items():
+            s.place(d, p)
+            mover.placed(i, d, p)
+        return s, placed, mover
+
+    request = Demand(8_000, 4_000, 1, 500)
+    s, placed, mover = setup(swaps=False)
+    assert mover.make_room(s, request, placed, make_policy("xpud"), np.random.default_rng(0)) == (None, [])
+    s, placed, mover = setup(swaps=True)
+    target, moves = mover.make_room(s, request, placed, make_policy("xpud"), np.random.default_rng(0))
+    assert target == Placement(0, (0,)) and mover.moves == 2
+    assert sorted((i, src.host, dst.host) for i, src, dst in moves) == [(0, 0, 1), (2, 1, 0)]
+    assert placed[0][1] == Placement(1, (0,)) and placed[2][1] == Placement(0, (0,))
+    assert s.cpu_free.tolist() == [16_000 - 3_000 - 2_000, 64_000 - 12_000 - 6_000 - 2_000]
+    assert s.fits(request, target)
+    assert sorted(it.id for it in mover.movables.by_host[0]) == [2]  # whole-card task 1 is not movable at 1 %
+    assert sorted(it.id for it in mover.movables.by_host[1]) == [0, 3]

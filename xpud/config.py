@@ -179,12 +179,50 @@ class HealthSection:
     weight_fragmentation: int = _key(10, "Score points for memory fragmentation.", min=0, max=100)
 
 
+@dataclass(frozen=True)
+class DefragSection:
+    """The defragmenter (``xpud.defrag``): moves restartable jobs to free whole cards."""
+
+    enabled: bool = _key(
+        False, "Defragment periodically: plan, record the plan as an event, then move restartable jobs."
+    )
+    interval_s: float = _key(300.0, "Seconds between two periodic runs (when enabled).", min=1.0)
+    move_budget_pct: float = _key(
+        25.0,
+        "Most moves one run may make, as a percentage of the active leases (rounded down); also the "
+        "default of `xpu defrag --move-budget`.",
+        min=0.0,
+        max=100.0,
+    )
+    min_gain: float = _key(
+        1.0,
+        "A periodic run acts only when its plan frees at least this many whole cards (0: also plans "
+        "that only bring free cards together on an NVLink island or PCIe switch).",
+        min=0.0,
+    )
+    move_cost: float = _key(
+        0.25,
+        "Cost of moving one job, in idle whole cards (times the cards it holds, times 1 + its earlier "
+        "moves); a plan must gain more than it costs.",
+        min=0.0,
+    )
+    make_room: bool = _key(
+        True,
+        "When a whole-card request has waited make_room_after_s and does not fit, move restartable jobs "
+        "(within move_budget_pct) to make room for it, even with enabled = false.",
+    )
+    make_room_after_s: float = _key(
+        15.0, "Seconds a whole-card request waits before the defragmenter makes room for it.", min=0.0
+    )
+
+
 SECTIONS: dict[str, type] = {
     "daemon": DaemonSection,
     "devices": DevicesSection,
     "cards": CardsSection,
     "leases": LeasesSection,
     "health": HealthSection,
+    "defrag": DefragSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -204,6 +242,7 @@ class Config:
     cards: CardsSection = field(default_factory=CardsSection)
     leases: LeasesSection = field(default_factory=LeasesSection)
     health: HealthSection = field(default_factory=HealthSection)
+    defrag: DefragSection = field(default_factory=DefragSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     path: str = ""  # the file it came from ("" = defaults only)
 

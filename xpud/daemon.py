@@ -25,6 +25,7 @@ from grpc import aio
 from xpud import __version__, config
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.auth import CredentialIssuer
+from xpud.defrag import Defragmenter
 from xpud.engine import Engine
 from xpud.errors import XpudError
 from xpud.jobs import Jobs
@@ -104,6 +105,7 @@ class Daemon:
         self.cred_server: asyncio.AbstractServer | None = None
         self.jobs: Jobs | None = None
         self.monitor: HealthMonitor | None = None
+        self.defrag: Defragmenter | None = None
         self.started = time.time()
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
@@ -144,6 +146,7 @@ class Daemon:
         self.engine.restore()
         self.monitor = HealthMonitor(self.engine, self.hw, self.cfg)
         self.monitor.restore()  # cards that were out before a restart stay out until they clear
+        self.defrag = Defragmenter(self.engine, self.cfg)
         issuer = CredentialIssuer(self.cfg.leases.credential_ttl_s, self.cfg.daemon.admin_group)
         backend = f"simulated:{self.cfg.devices.machine}" if self.fake is not None else "nvml"
         ctx = Context(
@@ -151,6 +154,7 @@ class Daemon:
             issuer,
             fake=self.fake,
             health=self.monitor,
+            defrag=self.defrag,
             info={
                 "version": __version__,
                 "hostname": socket.gethostname(),
@@ -175,7 +179,9 @@ class Daemon:
             await s.start()
         self.servers = [user, admin]
         self._set_permissions()
-        self.jobs = Jobs(self.engine, self.hw, self.cfg.health.poll_interval_s, self.monitor)
+        self.jobs = Jobs(
+            self.engine, self.hw, self.cfg.health.poll_interval_s, self.monitor, defrag=self.defrag
+        )
         self.jobs.start()
         self.monitor.start()
         log.info(

@@ -633,6 +633,18 @@ class Engine:
         self.pump()
         return self._view(c)
 
+    def to_whole(self, index: int, reason: str) -> bool:
+        """Give an idle sliced card (not pinned) back to whole-card work now, as a whole-card grant would;
+        the defragmenter does this for the cards it freed. Returns whether it switched."""
+        c = self.cards[index]
+        if c.mode is not CardMode.SLICED or not c.idle or c.pinned:
+            return False
+        self._backends[index].leave_sliced(c.info)
+        c.mode = CardMode.WHOLE
+        self.ledger.save_card(c.record())
+        self.event("mode", f"card {index} switched to whole: {reason}", card=index)
+        return True
+
     # ------------------------------------------------------------------ samples, health, events
     def set_sample(self, index: int, sample: CardSample) -> None:
         self.cards[index].sample = sample

@@ -1,5 +1,6 @@
 """Periodic work on APScheduler (3.x, on the daemon's asyncio loop): the lease reaper (which also abandons
-moves nobody acknowledged) and card sampling, whose samples the health monitor judges.
+moves nobody acknowledged), card sampling, whose samples the health monitor judges, and the defragmenter
+(periodic runs when ``[defrag] enabled``; making room for waiting whole-card requests when ``make_room``).
 
 Hardware reads run in a worker thread so a slow driver call never stalls the API.
 """
@@ -19,14 +20,16 @@ log = logging.getLogger("xpud.jobs")
 logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
 
 REAP_INTERVAL_S = 0.25  # a reclaimed lease is back within the grace period plus this
+MAKE_ROOM_INTERVAL_S = 1.0  # how often waiting whole-card requests are looked at
 
 
 class Jobs:
-    def __init__(self, engine: Engine, hw, sample_interval_s: float = 5.0, monitor=None):
+    def __init__(self, engine: Engine, hw, sample_interval_s: float = 5.0, monitor=None, defrag=None):
         self.engine = engine
         self.hw = hw
         self.sample_interval_s = sample_interval_s
         self.monitor = monitor  # xpud.monitor.HealthMonitor: judges each poll's samples
+        self.defrag = defrag  # xpud.defrag.Defragmenter
         self.scheduler: AsyncIOScheduler | None = None
 
     def start(self) -> None:
@@ -41,6 +44,13 @@ class Jobs:
             next_run_time=datetime.now(),
             **opts,
         )
+        if self.defrag is not None and self.defrag.cfg.enabled:
+            seconds = self.defrag.cfg.interval_s
+            self.scheduler.add_job(self.run_defrag, "interval", seconds=seconds, id="defrag", **opts)
+        if self.defrag is not None and self.defrag.cfg.make_room:
+            self.scheduler.add_job(
+                self.make_room, "interval", seconds=MAKE_ROOM_INTERVAL_S, id="make-room", **opts
+            )
         self.scheduler.start()
 
     def stop(self) -> None:
@@ -70,3 +80,15 @@ class Jobs:
                 self.monitor.on_samples(dict(zip(indices, samples, strict=True)))
             except Exception:
                 log.exception("judging the cards' health failed")
+
+    async def run_defrag(self) -> None:
+        try:
+            await self.defrag.periodic()
+        except Exception:
+            log.exception("periodic defrag failed")
+
+    async def make_room(self) -> None:
+        try:
+            await self.defrag.make_room()
+        except Exception:
+            log.exception("making room for a waiting request failed")

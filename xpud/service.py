@@ -79,6 +79,7 @@ class Context:
     info: dict[str, Any]
     fake: Any = None  # the simulated NVML (fault injection is refused without it)
     health: Any = None  # the health monitor, when running
+    defrag: Any = None  # xpud.defrag.Defragmenter
     extras: dict[str, Any] = field(default_factory=dict)
 
     def caller(self, context: aio.ServicerContext) -> Caller:
@@ -381,6 +382,36 @@ class AdminService(pbg.AdminServicer):
         fake.clear(card)
         self.ctx.engine.event("fault", f"faults cleared on card {card}", card=card)
         return pb.FaultReply(message=f"cleared faults on card {card}")
+
+    @unary
+    async def Defrag(self, request, context):
+        caller = self._operator(context)
+        d = self.ctx.defrag
+        if d is None:
+            raise Conflict("this daemon runs no defragmenter")
+        if request.apply:
+            d.check_idle()
+        budget = request.move_budget_pct if request.HasField("move_budget_pct") else None
+        plan = await d.plan_async(budget, request.gpus)
+        if not request.apply or not plan.moves:
+            return convert.defrag_pb(plan)
+        from xpud.defrag import MoveOutcome
+
+        outcomes = [MoveOutcome(m) for m in plan.moves]
+        started = asyncio.Event()
+        # Shielded: a caller that stops waiting does not stop the run half-way (later waves go on).
+        task = asyncio.ensure_future(d.apply(plan, f"operator uid {caller.uid}", started, outcomes))
+        if request.wait:
+            await asyncio.shield(task)
+        else:
+            await started.wait()
+            if task.done():
+                task.result()
+        counts: dict[str, int] = {}
+        for o in outcomes:
+            counts[o.state] = counts.get(o.state, 0) + 1
+        what = ", ".join(f"{n} {state}" for state, n in counts.items())
+        return convert.defrag_pb(plan, outcomes, applied=True, summary=f"{len(outcomes)} move(s): {what}")
 
     def _fake(self):
         if self.ctx.fake is None:

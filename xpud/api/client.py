@@ -183,7 +183,10 @@ class Client:
     def clear_fault(self, card: str) -> str:
         return self._unary(self._admin().ClearFault, pb.CardRequest(card=card)).message
 
-    def defrag(self, apply: bool = False, move_budget_pct: float = 0.0) -> pb.DefragReply:
-        return self._unary(
-            self._admin().Defrag, pb.DefragRequest(apply=apply, move_budget_pct=move_budget_pct), timeout=120
-        )
+    def defrag(
+        self, apply: bool = False, move_budget_pct: float | None = None, gpus: int = 0, wait: bool = True
+    ) -> pb.DefragReply:
+        """Plan (and with ``apply`` perform) a defragmentation. ``move_budget_pct`` None: the daemon's
+        default; ``gpus``: make room for that many whole cards instead of consolidating."""
+        request = pb.DefragRequest(apply=apply, move_budget_pct=move_budget_pct, gpus=gpus, wait=wait)
+        return self._unary(self._admin().Defrag, request, timeout=300)

@@ -94,3 +94,47 @@ def queue_pb(q: QueuedRequest) -> pb.QueueEntry:
 
 def event_pb(e: EventRecord) -> pb.Event:
     return pb.Event(timestamp=e.ts, kind=e.kind, card=e.card, lease_id=e.lease_id, message=e.message)
+
+
+def free_cards_pb(f) -> pb.FreeCards:
+    """``xpud.defrag.FreeCards`` -> message."""
+    return pb.FreeCards(
+        idle=f.idle, group=f.group, group_gbps=f.group_gbps, quality_gbps=f.quality_gbps, value=f.value
+    )
+
+
+def defrag_pb(plan, outcomes=(), applied: bool = False, summary: str = "") -> pb.DefragReply:
+    """A ``xpud.defrag.DefragPlan`` (and, once applied, each move's ``MoveOutcome``) -> DefragReply."""
+    state = {id(o.move): o for o in outcomes}
+    reason = f"makes room for {plan.gpus} whole card(s)" if plan.gpus else "frees whole cards"
+    moves = []
+    for m in plan.moves:
+        o = state.get(id(m))
+        moves.append(
+            pb.Move(
+                lease_id=m.lease_id,
+                from_cards=m.src,
+                to_cards=m.dst,
+                cost=m.cost,
+                reason=reason,
+                mode=m.mode,
+                wave=m.wave,
+                state=o.state if o else "proposed",
+                detail=o.detail if o else "",
+            )
+        )
+    return pb.DefragReply(
+        moves=moves,
+        applied=applied,
+        summary=summary or plan.describe(),
+        before=free_cards_pb(plan.before),
+        after=free_cards_pb(plan.after),
+        cost=plan.cost,
+        move_budget=plan.budget,
+        move_budget_pct=plan.budget_pct,
+        active_leases=plan.active,
+        movable_leases=plan.movable,
+        gpus=plan.gpus,
+        target_cards=plan.target_cards,
+        notes=plan.notes,
+    )

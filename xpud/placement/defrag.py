@@ -6,7 +6,11 @@ and on a whole cluster (``xpu simulate --defrag``):
 - ``plan(state, items, target=demand)``: make room for a request that fits nowhere. Candidate hosts are
   those where it would fit if movable tasks left; annealing over which tasks to evict (energy = move cost +
   shortfall) finds a cheap set, and the evicted tasks are re-placed elsewhere by the placement policy. The
-  first candidate whose evicted tasks all find a new place wins.
+  first candidate whose evicted tasks all find a new place wins. With ``swaps=True``, when no eviction
+  works, a *swap* is tried: a task ``t`` on a host where the request fits but for CPU or memory trades
+  places with a task ``t'`` that needs less CPU/memory, on a host that can feed ``t`` (two moves). ``t'``
+  has the same GPU shape, or is a smaller slice whose card has room for ``t``: the cards stay (nearly) as
+  they were, CPU and memory change hands.
 - ``plan(state, items)``: consolidate. Annealing over the cards of the movable tasks maximises idle whole
   cards (``host_value``, by default idle cards plus a bonus for keeping them together on one host, i.e.
   whole islands), minus the cost of each move.
@@ -18,7 +22,7 @@ starting each at its destination (the final layout is feasible, so any order of 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +65,109 @@ class Plan:
     @property
     def ok(self) -> bool:
         return self.target is not None or (bool(self.moves) and self.value_after > self.value_before)
+
+
+class Movables:
+    """The tasks that may move, by host and as arrays (for the vectorised swap search), kept in step by the
+    caller with :meth:`add`, :meth:`move` and :meth:`remove` (a replay or the daemon's lease table).
+
+    ``by_host`` is what :func:`plan` takes as ``by_host``; its lists are replaced, never changed in place,
+    so a plan in progress never sees them change.
+    """
+
+    def __init__(self, items: Iterable[Item] = ()):
+        self.by_host: dict[int, list[Item]] = {}
+        self._row: dict[Hashable, int] = {}
+        self._items: list[Item | None] = []
+        self._free: list[int] = []  # rows given back by remove(), used again first
+        self.host = np.zeros(0, dtype=np.int64)  # -1: row unused
+        self.gpus = np.zeros(0, dtype=np.int64)
+        self.milli = np.zeros(0, dtype=np.int64)
+        self.cpu = np.zeros(0, dtype=np.int64)
+        self.mem = np.zeros(0, dtype=np.int64)
+        self.cards = np.zeros(0, dtype=np.int64)  # bit c set: the task holds share on card c
+        self.card0 = np.zeros(0, dtype=np.int64)  # its first card (0 for CPU-only tasks)
+        for it in items:
+            self.add(it)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def __contains__(self, item_id: Hashable) -> bool:
+        return item_id in self._row
+
+    def item(self, row: int) -> Item:
+        it = self._items[row]
+        assert it is not None
+        return it
+
+    def add(self, it: Item) -> None:
+        if not it.restartable:
+            return
+        if it.id in self._row:
+            raise ValueError(f"task {it.id!r} is already indexed")
+        row = self._free.pop() if self._free else len(self._items)
+        if row >= self.host.size:
+            grow = max(64, 2 * self.host.size)
+            for name in ("host", "gpus", "milli", "cpu", "mem", "cards", "card0"):
+                old = getattr(self, name)
+                new = np.full(grow, -1 if name == "host" else 0, dtype=np.int64)
+                new[: old.size] = old
+                setattr(self, name, new)
+        d = it.demand
+        self.host[row] = it.placement.host
+        self.gpus[row], self.milli[row] = d.gpus, d.gpu_milli
+        self.cpu[row], self.mem[row] = d.cpu_milli, d.memory_mib
+        self.cards[row] = sum(1 << c for c in it.placement.cards)
+        self.card0[row] = it.placement.cards[0] if it.placement.cards else 0
+        if row == len(self._items):
+            self._items.append(it)
+        else:
+            self._items[row] = it
+        self._row[it.id] = row
+        self.by_host[it.placement.host] = [*self.by_host.get(it.placement.host, ()), it]
+
+    def remove(self, item_id: Hashable) -> Item | None:
+        row = self._row.pop(item_id, None)
+        if row is None:
+            return None
+        it = self.item(row)
+        self._items[row] = None
+        self.host[row] = -1
+        self._free.append(row)
+        h = it.placement.host
+        self.by_host[h] = [x for x in self.by_host[h] if x.id != item_id]
+        return it
+
+    def move(self, item_id: Hashable, dst: Placement) -> None:
+        """The task now runs at ``dst`` (a move applied)."""
+        it = self.remove(item_id)
+        if it is not None:
+            self.add(Item(it.id, it.demand, dst, it.restartable))
+
+    def rows(self) -> np.ndarray:
+        """Rows in use (``host >= 0``)."""
+        return np.flatnonzero(self.host[: len(self._items)] >= 0)
+
+    def room_if_all_leave(
+        self, state: ClusterState, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Free CPU (H,), memory (H,) and card share (H, G) of every host if all its movable tasks (or those
+        of ``rows``) left: a request that would not fit even then cannot be made room for by evicting them."""
+        rows = self.rows() if rows is None else rows
+        host = self.host[rows]
+
+        def per_host(weights: np.ndarray, on: np.ndarray | slice = slice(None)) -> np.ndarray:
+            return np.bincount(host[on], weights=weights[on], minlength=state.size).astype(np.int64)
+
+        cpu = state.cpu_free + per_host(self.cpu[rows])
+        mem = state.mem_free + per_host(self.mem[rows])
+        card = state.card_free.copy()
+        for c in range(state.max_cards):
+            on = (self.cards[rows] >> c) & 1 == 1
+            if on.any():
+                card[:, c] += per_host(self.milli[rows], on)
+        return cpu, mem, card
 
 
 def default_host_value(state: ClusterState, h: int) -> float:
@@ -106,6 +213,8 @@ def plan(
     host_value: Callable[[ClusterState, int], float] = default_host_value,
     by_host: Mapping[int, Sequence[Item]] | None = None,
     chain: int = 0,
+    swaps: bool = False,
+    movables: Movables | None = None,
 ) -> Plan:
     """Propose moves (see the module docstring). ``items``: running tasks (non-restartable ones and, with
     ``move_whole=False``, whole-card ones stay put). ``policy``: where evicted tasks go (default: the
@@ -114,8 +223,13 @@ def plan(
     ``repack``: when evicting from one host is not enough, also try repacking groups of this many hosts.
     ``by_host``: the movable items already grouped by host (callers that keep such an index pass it
     instead of ``items``; it is used as given). ``chain``: an evicted task that fits nowhere may make room
-    for itself this many levels deep (1 bought +0.005 points on openb at three times the planning time)."""
+    for itself this many levels deep (1 bought +0.005 points on openb at three times the planning time).
+    ``swaps``: when no eviction makes room, try a two-move swap (see the module docstring). ``movables``:
+    the movable tasks as a :class:`Movables` index kept by the caller (used instead of ``items`` and
+    ``by_host``; built from them otherwise)."""
     rng = np.random.default_rng(seed)
+    if movables is not None:
+        by_host = movables.by_host
     if by_host is None:
         grouped: dict[int, list[Item]] = {}
         for it in items:
@@ -130,6 +244,8 @@ def plan(
 
         policy = FragAware()
     if target is not None:
+        if movables is None:
+            movables = Movables(it for its in by_host.values() for it in its)
         return _plan_target(
             state,
             by_host,
@@ -143,6 +259,8 @@ def plan(
             rng,
             repack,
             chain,
+            movables=movables,
+            swaps=swaps,
         )
     movable = [it for its in by_host.values() for it in its]
     return _plan_consolidate(state, movable, max_moves, move_cost, scope, iterations, rng, host_value)
@@ -156,7 +274,20 @@ def _is_whole(d: Demand) -> bool:
 
 
 def _plan_target(
-    state, by_host, target, policy, max_moves, move_cost, scope, candidates, iterations, rng, repack, depth=0
+    state,
+    by_host,
+    target,
+    policy,
+    max_moves,
+    move_cost,
+    scope,
+    candidates,
+    iterations,
+    rng,
+    repack,
+    depth=0,
+    movables=None,
+    swaps=False,
 ) -> Plan:
     # Only tasks that fit on some other host right now are worth evicting.
     where: dict[tuple, tuple[int, int]] = {}  # shape -> (hosts it fits on, one of them)
@@ -171,7 +302,15 @@ def _plan_target(
 
     notes = []
     ranked = []
-    for h in _by_shortfall(state, target, scope, by_host):
+    could = None
+    if movables is not None and depth <= 0:  # (a chain's index would be stale after its first moves)
+        cpu, mem, card = movables.room_if_all_leave(state, _maybe_elsewhere(state, movables, scope))
+        could = (cpu >= target.cpu_milli) & (mem >= target.memory_mib)
+        if target.fractional:
+            could &= card.max(axis=1) >= target.gpu_milli
+        elif target.gpus:
+            could &= (card == CARD_MILLI).sum(axis=1) >= target.gpus
+    for h in _by_shortfall(state, target, scope, by_host, could=could):
         evictable = [it for it in by_host[h] if elsewhere(it, h)]
         if not evictable or not _clearable(state, target, h, evictable):
             continue
@@ -185,6 +324,11 @@ def _plan_target(
             notes.append(f"host {h}: evicted tasks found no other place")
         if len(ranked) >= candidates:
             break
+    if swaps and movables is not None and max_moves >= 2:
+        result = _plan_swap(state, target, movables, policy, rng, move_cost, scope)
+        if result is not None:
+            return result
+        notes.append("no swap makes room")
     if repack > 1:
         for h in ranked[: max(1, candidates // 2)]:
             result = _group_repack(
@@ -196,8 +340,34 @@ def _plan_target(
     return Plan(notes=tuple(notes) or ("no host can be cleared for the request",))
 
 
-def _by_shortfall(state: ClusterState, d: Demand, scope: np.ndarray, by_host, limit: int = 400):
-    """Hosts of ``scope`` that hold movable tasks, smallest shortfall for ``d`` first (at most ``limit``)."""
+def _maybe_elsewhere(state: ClusterState, movables: Movables, scope: np.ndarray) -> np.ndarray:
+    """Rows of ``movables`` that might fit on some host of ``scope`` now (a necessary condition, cheap: per
+    GPU need, the most free CPU and memory among hosts with that much GPU room; models are ignored)."""
+    rows = movables.rows()
+    gpus, milli = movables.gpus[rows], movables.milli[rows]
+    frac = (gpus == 1) & (milli < CARD_MILLI)
+    level = np.where(frac, milli, gpus * CARD_MILLI)  # 0: CPU only; k * 1000: k idle cards
+    ok = np.zeros(rows.size, dtype=bool)
+    cpu_s, mem_s = state.cpu_free[scope], state.mem_free[scope]
+    for lv in np.unique(level):
+        if lv == 0:
+            room = np.ones(scope.size, dtype=bool)
+        elif lv < CARD_MILLI:
+            room = state.max_free[scope] >= lv
+        else:
+            room = state.n_full[scope] >= lv // CARD_MILLI
+        if not room.any():
+            continue
+        at = level == lv
+        ok[at] = (movables.cpu[rows[at]] <= cpu_s[room].max()) & (movables.mem[rows[at]] <= mem_s[room].max())
+    return rows[ok]
+
+
+def _by_shortfall(state: ClusterState, d: Demand, scope: np.ndarray, by_host, limit: int = 400, could=None):
+    """Hosts of ``scope`` that hold movable tasks, smallest shortfall for ``d`` first (at most ``limit``);
+    only those where ``could`` holds, when given (hosts where ``d`` would fit if all movable tasks left)."""
+    if could is not None:
+        scope = scope[could[scope]]
     cand = np.array([h for h in scope if by_host.get(int(h))], dtype=np.int64)
     if cand.size == 0:
         return []
@@ -233,6 +403,99 @@ def _clearable(state: ClusterState, d: Demand, h: int, its: Sequence[Item]) -> b
 
 def _key(d: Demand) -> tuple:
     return (d.cpu_milli, d.memory_mib, d.gpus, d.gpu_milli, d.models)
+
+
+SWAP_HOSTS = 30  # hosts short of CPU/memory for the request that a swap tries, least short first
+SWAP_PARTNERS = 5  # partners tried per task on such a host
+SWAP_GPU = (
+    False  # experiment: also hosts where the request's share fits only once a slice trades for a smaller one
+)
+
+
+def _plan_swap(state, d, movables: Movables, policy, rng, move_cost, scope) -> Plan | None:
+    """Make room for ``d`` on a host whose cards could take it but whose CPU or memory falls short: a task
+    ``t`` there trades places with a task ``t'`` elsewhere that needs at least the shortfall less CPU and
+    memory, where the partner's host can feed ``t``. ``t'`` has the same GPU shape as ``t`` or, for a
+    single-card ``t``, a share no larger whose card has room for ``t`` (CPU-only tasks trade with CPU-only
+    ones). ``d`` then goes where the policy puts it on the freed host. Partners on hosts with the least
+    free GPU share come first (a swap there strands nothing), then those leaving most CPU."""
+    in_scope = np.zeros(state.size, dtype=bool)
+    in_scope[scope] = True
+    ok = in_scope & ~state.feasible(d)
+    if d.gpus:
+        ok &= state.model_mask(d.models)
+        ok &= (state.max_free >= d.gpu_milli) if d.fractional else (state.n_full >= d.gpus)
+    need_cpu = np.maximum(0, d.cpu_milli - state.cpu_free)
+    need_mem = np.maximum(0, d.memory_mib - state.mem_free)
+    hosts = np.flatnonzero(ok)
+    if hosts.size == 0:
+        return None
+    hosts = hosts[np.argsort(need_cpu[hosts] / 1000.0 + need_mem[hosts] / 4096.0, kind="stable")]
+    rows = movables.rows()
+    rows = rows[in_scope[movables.host[rows]]]
+    r_host = movables.host[rows]
+    r_gpus, r_milli = movables.gpus[rows], movables.milli[rows]
+    r_cpu, r_mem = movables.cpu[rows], movables.mem[rows]
+    cpu_room = state.cpu_free[r_host] + r_cpu  # what a partner's host offers once the partner leaves
+    mem_room = state.mem_free[r_host] + r_mem
+    card_room = state.card_free[r_host, movables.card0[rows]] + r_milli  # and its card
+    free_gpu = state.card_free[r_host].sum(axis=1)
+    model_ok: dict[tuple[str, ...], np.ndarray] = {}
+    tried = 0
+    for h in hosts:
+        if tried >= SWAP_HOSTS:
+            break
+        nc, nm = int(need_cpu[h]), int(need_mem[h])
+        its = [
+            it
+            for it in movables.by_host.get(int(h), ())
+            if it.demand.cpu_milli >= nc and it.demand.memory_mib >= nm
+        ]
+        if not its:
+            continue
+        tried += 1
+        seen = set()
+        for t in its:
+            td = t.demand
+            if (td, t.placement.cards) in seen:
+                continue
+            seen.add((td, t.placement.cards))
+            if td.gpus == 1:
+                mask = (r_gpus == 1) & (r_milli <= td.gpu_milli) & (card_room >= td.gpu_milli)
+            else:
+                mask = (r_gpus == td.gpus) & (r_milli == td.gpu_milli)
+            mask &= r_host != h
+            mask &= (r_cpu <= td.cpu_milli - nc) & (r_mem <= td.memory_mib - nm)
+            mask &= (cpu_room >= td.cpu_milli) & (mem_room >= td.memory_mib)
+            if td.gpus and td.models:
+                if td.models not in model_ok:
+                    model_ok[td.models] = state.model_mask(td.models)[r_host]
+                mask &= model_ok[td.models]
+            idx = np.flatnonzero(mask)
+            if idx.size == 0:
+                continue
+            left = cpu_room[idx] - td.cpu_milli
+            for j in idx[np.lexsort((-left, free_gpu[idx]))][:SWAP_PARTNERS]:
+                p = movables.item(int(rows[j]))
+                pd = p.demand
+                if pd.gpus and pd.models and state.models[state.model[h]] not in pd.models:
+                    continue
+                to_p = Placement(p.placement.host, p.placement.cards)
+                to_t = Placement(t.placement.host, t.placement.cards)
+                work = state.copy()
+                work.remove(td, t.placement)
+                work.remove(pd, p.placement)
+                work.place(td, to_p)
+                work.place(pd, to_t)
+                target = _choose_on(policy, work, d, rng, [int(h)])
+                if target is None:
+                    continue
+                moves = (
+                    Move(t.id, t.placement, to_p, _cost(move_cost, t)),
+                    Move(p.id, p.placement, to_t, _cost(move_cost, p)),
+                )
+                return Plan(moves, target, sum(m.cost for m in moves), notes=(f"swap via host {h}",))
+    return None
 
 
 def _group_repack(state, d, h, by_host, policy, rng, max_moves, move_cost, scope, size) -> Plan | None:

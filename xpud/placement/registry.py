@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from xpud.placement.cluster import Demand
 from xpud.placement.frag import WorkloadMix
 from xpud.placement.fragaware import FragAware
+from xpud.placement.names import DEFAULT_POLICY, DESCRIPTIONS, POLICY_NAMES  # noqa: F401  (re-exported)
 from xpud.placement.policies import (
     FGD,
     BestFit,
@@ -17,23 +18,6 @@ from xpud.placement.policies import (
     RandomFit,
 )
 from xpud.placement.qlearn import QRule
-
-DEFAULT_POLICY = "xpud"
-
-# name -> (one-line description, whether it reads the whole trace's task mix in advance)
-DESCRIPTIONS: dict[str, tuple[str, bool]] = {
-    "random": ("any host that fits, random card", False),
-    "best-fit": ("least CPU+GPU left after placing", False),
-    "dot-product": ("smallest dot product of free and requested (Tetris)", False),
-    "gpu-packing": ("shared cards, then idle cards on used hosts, then idle hosts", False),
-    "gpu-clustering": ("hosts already running the same kind of task", False),
-    "fgd": ("FGD as published: trace mix known in advance", True),
-    "fgd-online": ("FGD with the mix learned from arrivals", False),
-    "whole-only": ("every GPU task takes whole cards (single-mode), best-fit", False),
-    "xpud": ("ours: FGD measure online + CPU/memory stranding + card fill look-ahead", False),
-    "xpud-q": ("Q-learning picks a rule per request class (trained on seeds 0-5 first)", False),
-}
-POLICY_NAMES: tuple[str, ...] = tuple(DESCRIPTIONS)
 
 
 def make_policy(name: str, trace: Sequence[Demand] = (), qtable=None) -> Policy:

@@ -16,14 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from xpud.placement.cluster import CARD_MILLI, Demand
-
-# Named profile sets: the sizes a fractional request may be rounded up to (milli-cards).
-PROFILE_SETS: dict[str, tuple[int, ...]] = {
-    "free": (),  # MPS: any size, no rounding
-    "quarter-half": (250, 500, 1000),  # vxpu-quarter, vxpu-half, whole card
-    "quarter-half-3q": (250, 500, 750, 1000),
-    "whole": (1000,),  # single-mode: every GPU task takes whole cards
-}
+from xpud.placement.names import PROFILE_SETS
 
 
 @dataclass(frozen=True)

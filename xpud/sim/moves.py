@@ -9,14 +9,17 @@ moves made are at most ``budget_pct`` % of the tasks placed.
 from __future__ import annotations
 
 from xpud.placement.cluster import ClusterState, Demand, Placement
-from xpud.placement.defrag import Item, plan
+from xpud.placement.defrag import Item, Movables, plan
 from xpud.sim.replay import Mover
 
 
 class Defragmenter(Mover):
     """``budget_pct``: moves allowed, % of tasks placed. ``move_whole``: whole-card tasks may move too, and
-    groups of ``repack`` hosts may be repacked. A request shape that found no plan is not tried again
-    until ``retry_after`` more tasks have been placed (the state has barely changed before that)."""
+    groups of ``repack`` hosts may be repacked. ``swaps``: when no eviction makes room, the planner may
+    swap two tasks (see :func:`xpud.placement.defrag.plan`). A request shape that found no plan is not
+    tried again until ``retry_after`` more tasks have been placed (the state has barely changed before
+    that). ``min_gain_milli``: each move must buy at least this much GPU share (a task of share ``s`` may
+    use at most ``s // min_gain_milli`` moves; CPU-only tasks none). ``chain``: see :func:`plan`."""
 
     def __init__(
         self,
@@ -28,6 +31,9 @@ class Defragmenter(Mover):
         repack: int | None = None,
         max_moves_per_task: int | None = None,
         retry_after: int = 25,
+        swaps: bool = True,
+        min_gain_milli: int = 0,
+        chain: int = 0,
     ):
         self.budget_pct = budget_pct
         self.move_whole = move_whole
@@ -36,41 +42,42 @@ class Defragmenter(Mover):
         self.repack = repack if repack is not None else (4 if move_whole else 0)
         self.max_moves_per_task = max_moves_per_task or (24 if move_whole else 3)
         self.retry_after = retry_after
+        self.swaps = swaps
+        self.min_gain_milli = min_gain_milli
+        self.chain = chain
         self.moves = 0
         self.calls = 0
         self._failed: dict[tuple, int] = {}
-        self._by_host: dict[int, list[Item]] = {}  # movable tasks per host, kept in step with the replay
-        self._seen = 0  # tasks of ``placed`` already indexed (dicts keep insertion order)
+        self.movables = Movables()  # movable tasks, kept in step with the replay
 
-    def _index(self, placed: dict[int, tuple[Demand, Placement]]) -> None:
-        if len(placed) == self._seen:
-            return
-        for i, (d, p) in list(placed.items())[self._seen :]:
-            if self.move_whole or not (d.gpus and not d.fractional):
-                self._by_host.setdefault(p.host, []).append(Item(i, d, p))
-        self._seen = len(placed)
+    def placed(self, i: int, d: Demand, p: Placement) -> None:
+        if self.move_whole or not (d.gpus and not d.fractional):
+            self.movables.add(Item(i, d, p))
 
     def make_room(
         self, state: ClusterState, d: Demand, placed: dict[int, tuple[Demand, Placement]], policy, rng
     ):
         allowed = int(self.budget_pct * len(placed) / 100.0) - self.moves
+        if self.min_gain_milli > 0:
+            allowed = min(allowed, d.gpu_total_milli // self.min_gain_milli)
         if allowed <= 0:
             return None, []
         key = (d.cpu_milli, d.memory_mib, d.gpus, d.gpu_milli, d.models)
         if len(placed) < self._failed.get(key, -1):
             return None, []
         self.calls += 1
-        self._index(placed)
         result = plan(
             state,
             (),
-            by_host=self._by_host,
+            movables=self.movables,
             target=d,
             policy=policy,
             max_moves=min(allowed, self.max_moves_per_task),
             move_whole=self.move_whole,
             iterations=self.iterations,
             repack=self.repack,
+            swaps=self.swaps,
+            chain=self.chain,
             seed=self.seed * 1_000_003 + self.calls,
         )
         if result.target is None:
@@ -87,7 +94,6 @@ class Defragmenter(Mover):
             policy.placed(state, dd, m.dst)
             placed[m.item] = (dd, m.dst)
             done.append((m.item, m.src, m.dst))
-            self._by_host[m.src.host] = [it for it in self._by_host[m.src.host] if it.id != m.item]
-            self._by_host.setdefault(m.dst.host, []).append(Item(m.item, dd, m.dst))
+            self.movables.move(m.item, m.dst)
         self.moves += len(done)
         return result.target, done

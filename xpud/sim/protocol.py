@@ -13,9 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from xpud.placement.cluster import Demand
-
-DEFAULT_RATIO = 1.3
-DEFAULT_SEEDS = tuple(range(42, 52))
+from xpud.sim.defaults import DEFAULT_RATIO, DEFAULT_SEEDS, parse_seeds  # noqa: F401  (re-exported)
 
 
 def arrivals(
@@ -40,23 +38,3 @@ def arrivals(
             return seq
         seq.append(d)
         total += d.gpu_total_milli
-
-
-def parse_seeds(text: str) -> tuple[int, ...]:
-    """``"42-51"``, ``"42,43,50"`` or ``"7"`` -> seeds. Raises ``ValueError`` with a readable message."""
-    seeds: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            lo, _, hi = part.partition("-")
-            a, b = int(lo), int(hi or lo)
-            if a < 0 or b < a:
-                raise ValueError
-            seeds.extend(range(a, b + 1))
-        except ValueError:
-            raise ValueError(f"bad seed list {text!r}: use e.g. 42-51 or 42,43,44") from None
-    if not seeds:
-        raise ValueError(f"bad seed list {text!r}: use e.g. 42-51 or 42,43,44")
-    return tuple(dict.fromkeys(seeds))

@@ -49,6 +49,9 @@ class Mover:
     ) -> tuple[Placement | None, list[tuple[int, Placement, Placement]]]:
         raise NotImplementedError
 
+    def placed(self, i: int, d: Demand, p: Placement) -> None:
+        """Task ``i`` (its index in the arrival sequence) now runs at ``p``."""
+
 
 def replay(
     hosts: Sequence[Host] | ClusterState,
@@ -104,6 +107,8 @@ def replay(
             state.place(dd, p)
             policy.placed(state, dd, p)
             placed[i] = (dd, p)
+            if mover is not None:
+                mover.placed(i, dd, p)
             useful += d.gpu_total_milli
             res.placed += 1
         if progress is not None and (i + 1) % 1000 == 0:

@@ -87,6 +87,10 @@ def summary(report: SimReport, points: Sequence[int] = TABLE_POINTS) -> dict:
         "ratio": cfg.ratio,
         "defrag": cfg.defrag,
         "move_budget_pct": cfg.move_budget_pct if cfg.defrag else None,
+        "move_whole": (cfg.move_whole if cfg.move_whole is not None else cfg.move_budget_pct > 1.0)
+        if cfg.defrag
+        else None,
+        "swaps": cfg.swaps if cfg.defrag else None,
         "hosts": report.hosts,
         "tasks_in_trace": report.tasks,
         "capacity_gpus": report.capacity_milli / 1000,

@@ -34,6 +34,7 @@ class SimConfig:
     defrag: bool = False
     move_budget_pct: float = 1.0  # moves allowed, % of placed tasks
     move_whole: bool | None = None  # None: whole-card tasks may move when the budget exceeds 1 %
+    swaps: bool = True  # with defrag: the planner may swap two tasks when no eviction makes room
     bound_points: tuple[int, ...] = ()  # arrived % at which to compute the packing bound
     workers: int = 0  # 0: one per CPU, at most the number of jobs
 
@@ -79,7 +80,7 @@ def _job(args: tuple[str, int, SimConfig]) -> ReplayResult:
         from xpud.sim.moves import Defragmenter
 
         whole = cfg.move_whole if cfg.move_whole is not None else cfg.move_budget_pct > 1.0
-        mover = Defragmenter(budget_pct=cfg.move_budget_pct, move_whole=whole, seed=seed)
+        mover = Defragmenter(budget_pct=cfg.move_budget_pct, move_whole=whole, seed=seed, swaps=cfg.swaps)
     policy = make_policy(name, tasks, _WORKER.get("qtable"))
     res = replay(state, seq, policy, seed=seed, rounding=rounding, mover=mover)
     res.policy = name

@@ -9,47 +9,27 @@ to fix it.
 from __future__ import annotations
 
 import csv
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from xpud.placement.cluster import CARD_MILLI, Demand, Host
+from xpud.sim.defaults import (  # noqa: F401  (re-exported: callers import them from here)
+    DEFAULT_CLUSTER,
+    DEFAULT_TRACE,
+    OPENB_ENV,
+    TraceError,
+    default_path,
+    openb_dir,
+)
 
 CLUSTER_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 TRACE_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
-DEFAULT_CLUSTER = "openb_node_list_gpu_node.csv"
-DEFAULT_TRACE = "openb_pod_list_default.csv"
-OPENB_ENV = "XPUD_OPENB_DIR"
-
-
-class TraceError(Exception):
-    """A cluster or trace file that cannot be used; the message says why and how to fix it."""
 
 
 @dataclass(frozen=True)
 class Task:
     name: str
     demand: Demand
-
-
-def openb_dir() -> Path | None:
-    """Where the openb CSVs are: ``$XPUD_OPENB_DIR``, else ``shared/data/openb`` or ``../shared/data/openb``
-    from the current directory or from this checkout (the layout of the xpud repository)."""
-    env = os.environ.get(OPENB_ENV)
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    for base in (Path.cwd(), repo):
-        for rel in ("shared/data/openb", "../shared/data/openb"):
-            cand = (base / rel).resolve()
-            if (cand / DEFAULT_CLUSTER).is_file():
-                return cand
-    return None
-
-
-def default_path(filename: str) -> Path:
-    d = openb_dir()
-    return (d if d is not None else Path("../shared/data/openb")) / filename
 
 
 def _rows(path: Path, required: tuple[str, ...], what: str):

@@ -536,33 +536,79 @@ class FaultReply(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class Move(_message.Message):
-    __slots__ = ("lease_id", "from_cards", "to_cards", "cost", "reason")
+    __slots__ = ("lease_id", "from_cards", "to_cards", "cost", "reason", "mode", "wave", "state", "detail")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_CARDS_FIELD_NUMBER: _ClassVar[int]
     TO_CARDS_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    WAVE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     from_cards: _containers.RepeatedScalarFieldContainer[int]
     to_cards: _containers.RepeatedScalarFieldContainer[int]
     cost: float
     reason: str
-    def __init__(self, lease_id: _Optional[str] = ..., from_cards: _Optional[_Iterable[int]] = ..., to_cards: _Optional[_Iterable[int]] = ..., cost: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+    mode: str
+    wave: int
+    state: str
+    detail: str
+    def __init__(self, lease_id: _Optional[str] = ..., from_cards: _Optional[_Iterable[int]] = ..., to_cards: _Optional[_Iterable[int]] = ..., cost: _Optional[float] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., wave: _Optional[int] = ..., state: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class FreeCards(_message.Message):
+    __slots__ = ("idle", "group", "group_gbps", "quality_gbps", "value")
+    IDLE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    GROUP_GBPS_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_GBPS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    idle: _containers.RepeatedScalarFieldContainer[int]
+    group: _containers.RepeatedScalarFieldContainer[int]
+    group_gbps: float
+    quality_gbps: float
+    value: float
+    def __init__(self, idle: _Optional[_Iterable[int]] = ..., group: _Optional[_Iterable[int]] = ..., group_gbps: _Optional[float] = ..., quality_gbps: _Optional[float] = ..., value: _Optional[float] = ...) -> None: ...
 
 class DefragRequest(_message.Message):
-    __slots__ = ("apply", "move_budget_pct")
+    __slots__ = ("apply", "move_budget_pct", "gpus", "wait")
     APPLY_FIELD_NUMBER: _ClassVar[int]
     MOVE_BUDGET_PCT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
     apply: bool
     move_budget_pct: float
-    def __init__(self, apply: _Optional[bool] = ..., move_budget_pct: _Optional[float] = ...) -> None: ...
+    gpus: int
+    wait: bool
+    def __init__(self, apply: _Optional[bool] = ..., move_budget_pct: _Optional[float] = ..., gpus: _Optional[int] = ..., wait: _Optional[bool] = ...) -> None: ...
 
 class DefragReply(_message.Message):
-    __slots__ = ("moves", "applied", "summary")
+    __slots__ = ("moves", "applied", "summary", "before", "after", "cost", "move_budget", "move_budget_pct", "active_leases", "movable_leases", "gpus", "target_cards", "notes")
     MOVES_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    MOVE_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    MOVE_BUDGET_PCT_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
+    MOVABLE_LEASES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CARDS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
     moves: _containers.RepeatedCompositeFieldContainer[Move]
     applied: bool
     summary: str
-    def __init__(self, moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ..., applied: _Optional[bool] = ..., summary: _Optional[str] = ...) -> None: ...
+    before: FreeCards
+    after: FreeCards
+    cost: float
+    move_budget: int
+    move_budget_pct: float
+    active_leases: int
+    movable_leases: int
+    gpus: int
+    target_cards: _containers.RepeatedScalarFieldContainer[int]
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ..., applied: _Optional[bool] = ..., summary: _Optional[str] = ..., before: _Optional[_Union[FreeCards, _Mapping]] = ..., after: _Optional[_Union[FreeCards, _Mapping]] = ..., cost: _Optional[float] = ..., move_budget: _Optional[int] = ..., move_budget_pct: _Optional[float] = ..., active_leases: _Optional[int] = ..., movable_leases: _Optional[int] = ..., gpus: _Optional[int] = ..., target_cards: _Optional[_Iterable[int]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
