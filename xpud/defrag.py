@@ -190,6 +190,8 @@ class Books:
                     return f"card {i} is not idle"
                 if self.mode[i] is CardMode.SLICED and c.pinned:
                     return f"card {i} is pinned to sliced mode"
+                if self.mode[i] is CardMode.SLICED and (why := e._backends[i].switch_blocker(c.info, False)):
+                    return f"card {i} cannot switch to whole now: {why}"
                 continue
             if self.whole[i] is not None:
                 return f"card {i} is held whole"
@@ -199,7 +201,7 @@ class Books:
             if kind in BOOKS_ONLY and i in self.changed:  # its backend can only judge the card as it is
                 return f"card {i}'s {kind} layout changes earlier in this plan (tried at the next run)"
             spec = e.cfg.slices[lease.mode.value]
-            if not e._backends[i].fits(c.info, list(self.slices[i].values()), spec):
+            if not e._backends[i].fits(c.info, list(self.slices[i].values()), spec, lease.owner_uid):
                 return f"the {kind} backend has no room for {lease.mode} on card {i}"
         return ""
 

@@ -639,6 +639,8 @@ class Engine:
         c = self.cards[index]
         if c.mode is not CardMode.SLICED or not c.idle or c.pinned:
             return False
+        if self._backends[index].switch_blocker(c.info, False):
+            return False  # e.g. a process still runs on the MIG card: the next run tries again
         self._backends[index].leave_sliced(c.info)
         c.mode = CardMode.WHOLE
         self.ledger.save_card(c.record())
