@@ -30,9 +30,22 @@ from xpud.errors import XpudError  # noqa: E402
 
 def start_daemon(machine: str, base: Path) -> subprocess.Popen:
     (base / "xpud.toml").write_text("[leases]\ngrace_s = 30.0\n")
-    p = subprocess.Popen([str(BIN / "xpud"), "--config", str(base / "xpud.toml"), "--simulate", machine,
-                          "--runtime-dir", str(base / "run"), "--state-dir", str(base / "state"),
-                          "--log-level", "warning"], stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [
+            str(BIN / "xpud"),
+            "--config",
+            str(base / "xpud.toml"),
+            "--simulate",
+            machine,
+            "--runtime-dir",
+            str(base / "run"),
+            "--state-dir",
+            str(base / "state"),
+            "--log-level",
+            "warning",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     for _ in range(200):
         try:
             with Client(base / "run") as c:
@@ -68,8 +81,13 @@ def round_trips(runtime: Path, seconds: float, threads: int) -> dict:
         t.join()
     wall = time.monotonic() - t0
     lat.sort()
-    return {"threads": threads, "grants": len(lat), "grants_per_s": round(len(lat) / wall, 1),
-            "p50_ms": round(lat[len(lat) // 2] * 1e3, 2), "p99_ms": round(lat[int(len(lat) * 0.99)] * 1e3, 2)}
+    return {
+        "threads": threads,
+        "grants": len(lat),
+        "grants_per_s": round(len(lat) / wall, 1),
+        "p50_ms": round(lat[len(lat) // 2] * 1e3, 2),
+        "p99_ms": round(lat[int(len(lat) * 0.99)] * 1e3, 2),
+    }
 
 
 def run_overhead(runtime: Path, runs: int) -> dict:
@@ -85,8 +103,12 @@ def run_overhead(runtime: Path, runs: int) -> dict:
 
     direct = median(["true"])
     wrapped = median([str(BIN / "xpu"), "run", "--mode", "vxpu-quarter", "--", "true"])
-    return {"runs": runs, "direct_ms": round(direct * 1e3, 1), "xpu_run_ms": round(wrapped * 1e3, 1),
-            "overhead_ms": round((wrapped - direct) * 1e3, 1)}
+    return {
+        "runs": runs,
+        "direct_ms": round(direct * 1e3, 1),
+        "xpu_run_ms": round(wrapped * 1e3, 1),
+        "overhead_ms": round((wrapped - direct) * 1e3, 1),
+    }
 
 
 def main() -> None:
@@ -99,10 +121,12 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="xpu-bench-", dir="/tmp"))
     daemon = start_daemon(args.machine, base)
     try:
-        out = {"machine": args.machine,
-               "sequential": round_trips(base / "run", args.seconds, 1),
-               "parallel": round_trips(base / "run", args.seconds, 8),
-               "xpu_run": run_overhead(base / "run", args.runs)}
+        out = {
+            "machine": args.machine,
+            "sequential": round_trips(base / "run", args.seconds, 1),
+            "parallel": round_trips(base / "run", args.seconds, 8),
+            "xpu_run": run_overhead(base / "run", args.runs),
+        }
     finally:
         daemon.terminate()
         daemon.wait()

@@ -15,7 +15,12 @@ from itertools import combinations
 INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM = 0, 10, 20, 30, 40, 50
 
 LEVEL_LABELS = {
-    INTERNAL: "BRD", SINGLE: "PIX", MULTIPLE: "PXB", HOSTBRIDGE: "PHB", NODE: "NODE", SYSTEM: "SYS",
+    INTERNAL: "BRD",
+    SINGLE: "PIX",
+    MULTIPLE: "PXB",
+    HOSTBRIDGE: "PHB",
+    NODE: "NODE",
+    SYSTEM: "SYS",
 }
 LEVEL_MEANING = {
     "X": "Self",
