@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_engine import Clock, cards, pcie_box, req
+from tests.test_engine import Caller, Clock, cards, pcie_box, req
 from xpud.config import Config
-from xpud.defrag import Defragmenter, free_cards, sequence
+from xpud.defrag import Books, Defragmenter, free_cards, sequence
 from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict
 from xpud.isolation.base import Accounting
 from xpud.ledger import Ledger
-from xpud.model import Slice
+from xpud.model import CardMode, Slice
 
 
 def make_engine(tmp_path, isolation=None, **defrag) -> Engine:
@@ -197,3 +197,32 @@ def test_moves_the_isolation_backend_would_refuse_are_never_proposed(tmp_path):
         assert len(dst) == len(set(dst)) and not set(dst) & {m.src[0] for m in plan.moves}
     carry_out(engine, plan)  # the engine takes every move as proposed
     assert idle(engine) == plan.after.idle and max(backend.count.values()) == 2
+
+
+class StuckBackend(Accounting):
+    """A backend that refuses to take some idle cards out of sliced mode (as MIG does while a process
+    still runs on the card)."""
+
+    name = "mig"
+
+    def __init__(self, stuck: set[int]):
+        super().__init__()
+        self.stuck = stuck
+
+    def switch_blocker(self, card, sliced: bool) -> str:
+        return "a process still runs on it" if not sliced and card.index in self.stuck else ""
+
+
+def test_no_whole_card_move_or_switch_onto_a_sliced_card_the_backend_cannot_switch(tmp_path):
+    backend = StuckBackend({0})
+    engine = make_engine(tmp_path, isolation=lambda card: backend)
+    for i in (0, 1):  # cards 0 and 1 left sliced and idle
+        engine.release(put(engine, [i]).id, Caller(1000))
+    assert engine.cards[0].mode is engine.cards[1].mode is CardMode.SLICED
+    whole = put(engine, [7], mode="xpu")
+    assert "cannot switch to whole now: a process still runs on it" in Books(engine).why_not(whole, (0,))
+    assert Books(engine).why_not(whole, (1,)) == ""
+    assert not engine.to_whole(0, "test") and engine.cards[0].mode is CardMode.SLICED
+    assert engine.to_whole(1, "test") and engine.cards[1].mode is CardMode.WHOLE
+    backend.stuck.clear()  # the process went away: the next run switches it
+    assert Books(engine).why_not(whole, (0,)) == "" and engine.to_whole(0, "test")
