@@ -457,21 +457,15 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
         print(c.clear_fault(card))
 
 
-def _register_optional() -> None:
-    """Commands that live in their own modules (simulator, dashboard) register themselves."""
-    import importlib
+def _register_commands() -> None:
+    """Commands that live in their own modules (defrag, simulator, dashboard) register themselves."""
+    from xpu_cli import defrag, simulate, top
 
-    for name in ("xpu_cli.defrag", "xpu_cli.simulate", "xpu_cli.top"):
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-            continue
+    for module in (defrag, simulate, top):
         module.register(app)
 
 
-_register_optional()
+_register_commands()
 
 
 def main() -> None:
