@@ -26,6 +26,34 @@ def xpu_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def poll(pred, timeout: float, step: float = 0.02):
+    """``pred()``'s first true value within ``timeout`` seconds, else its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
+def wait_until(pred, timeout: float = 10.0, step: float = 0.02):
+    """Like ``poll``, but a condition still false at the end fails the test."""
+    v = poll(pred, timeout, step)
+    if not v:
+        raise AssertionError(f"condition not met in {timeout} s")
+    return v
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 class DaemonProc:
     """A real ``xpud --simulate`` subprocess with its own runtime and state directories."""
 

@@ -13,18 +13,8 @@ from collections import defaultdict
 
 import pytest
 
-from tests.conftest import BIN, xpu_env
+from tests.conftest import BIN, wait_until, xpu_env
 from xpud.errors import BadRequest, Forbidden, NoCapacity, NotFound, Unauthenticated, XpudError
-
-
-def wait_until(pred, timeout=10.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    raise AssertionError(f"condition not met in {timeout} s")
 
 
 def active_leases(d):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.test_daemon import wait_until
+from tests.conftest import wait_until
 from tests.test_health_faults import Job
 
 CONFIG = """

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.test_daemon import wait_until
+from tests.conftest import wait_until
 from xpud.errors import NoCapacity
 
 CLEAR_S = 1.5

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.conftest import BIN, xpu_env
+from tests.conftest import BIN, alive, poll, xpu_env
 from tests.inproc import InProcDaemon
 from xpud.api.client import Client
 
@@ -22,24 +22,6 @@ GRACE = 1.0
 CONFIG = f"[leases]\ngrace_s = {GRACE}\n[cards]\nmig_idle_keep_s = 0\n"
 POINTS = ("queued", "granted", "running", "moving")
 _pids = itertools.count(8_000_000)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def poll(pred, timeout: float, step: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 @pytest.fixture

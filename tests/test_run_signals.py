@@ -12,27 +12,9 @@ import time
 
 import pytest
 
-from tests.conftest import BIN, xpu_env
+from tests.conftest import BIN, alive, wait_until, xpu_env
 
 XPU = str(BIN / "xpu")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_until(pred, timeout=10.0, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    raise AssertionError(f"condition not met in {timeout} s")
 
 
 def start(daemon, script: str, *opts: str, **kw) -> subprocess.Popen:
