@@ -307,7 +307,12 @@ def info(as_json: JsonOpt = False) -> None:
         i = c.info()
     if as_json:
         return output.print_json(i)
-    for k, v in output.to_dict(i).items():
+    shown = output.to_dict(i)
+    shown["started"] = (
+        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(i.started))} ({output.age(i.started)} ago)"
+    )
+    shown["config_path"] = i.config_path or "(none: defaults)"
+    for k, v in shown.items():
         print(f"{k:16} {v}")
 
 

@@ -347,6 +347,9 @@ def test_operator_verbs_and_json_listings(daemon):
     assert daemon.xpu("drain", "3", "--reason", "fan noise").returncode == 0
     cards = json.loads(daemon.xpu("ls", "--json").stdout)
     assert cards[3]["drained"] and cards[3]["drain_reason"] == "fan noise"
+    # numbers stay numbers (protobuf's JSON mapping would quote 64-bit ones), fields in the proto's order
+    assert list(cards[0])[:2] == ["index", "uuid"] and cards[0]["index"] == 0
+    assert cards[0]["memory_total_bytes"] == 46068 * 2**20 and cards[0]["sample"]["memory_used_bytes"] >= 0
     assert daemon.xpu("mode", "5", "sliced").returncode == 0
     assert json.loads(daemon.xpu("ls", "--json").stdout)[5]["mode"] == "sliced"
     with daemon.client() as c:
