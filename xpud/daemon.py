@@ -241,6 +241,8 @@ def _setup_logging(level: str) -> None:
         else "%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr)
+    if level != "debug":  # its INFO lines ("Added job ...", "Running job ...") are the scheduler's own chatter
+        logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
 app = typer.Typer(
