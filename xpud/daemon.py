@@ -61,11 +61,11 @@ def open_hardware(cfg: config.Config):
     fake = None
     if cfg.devices.backend == "simulated":
         from xpud.hw.fakenvml import FakeNvml
-        from xpud.hw.machines import load_machine
+        from xpud.hw.machines import MachineError, load_machine
 
         try:
             fake = FakeNvml(load_machine(cfg.devices.machine), seed=cfg.devices.seed)
-        except XpudError as e:
+        except (XpudError, MachineError) as e:  # these name the machine or its file already
             raise StartupError(str(e)) from None
         except (OSError, ValueError, KeyError) as e:
             raise StartupError(f"simulated machine {cfg.devices.machine!r}: {e}") from None
