@@ -273,6 +273,19 @@ def test_bad_config_is_refused_with_file_line_and_key(daemon_factory):
     )
 
 
+def test_unknown_simulated_machine_is_one_line_naming_the_choices(short_tmp):
+    r = subprocess.run(
+        [str(BIN / "xpud"), "--simulate", "dgx-h999", "--runtime-dir", str(short_tmp / "run")]
+        + ["--state-dir", str(short_tmp / "state")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=xpu_env(short_tmp / "run"),
+    )
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("xpud: unknown machine 'dgx-h999': choose one of dgx-a100, dgx-h100")
+
+
 def test_without_nvml_and_without_simulate_the_daemon_explains(short_tmp):
     if any(
         os.path.exists(p)
