@@ -21,39 +21,11 @@ import threading
 import time
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from xpud.api.client import Client  # noqa: E402
-from xpud.errors import XpudError  # noqa: E402
+import simdaemon
 
-
-def start_daemon(machine: str, base: Path) -> subprocess.Popen:
-    (base / "xpud.toml").write_text("[leases]\ngrace_s = 30.0\n")
-    p = subprocess.Popen(
-        [
-            str(BIN / "xpud"),
-            "--config",
-            str(base / "xpud.toml"),
-            "--simulate",
-            machine,
-            "--runtime-dir",
-            str(base / "run"),
-            "--state-dir",
-            str(base / "state"),
-            "--log-level",
-            "warning",
-        ],
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(200):
-        try:
-            with Client(base / "run") as c:
-                c.info()
-            return p
-        except XpudError:
-            time.sleep(0.05)
-    raise SystemExit("daemon did not start")
+from xpud.api.client import Client
 
 
 def round_trips(runtime: Path, seconds: float, threads: int) -> dict:
@@ -102,7 +74,7 @@ def run_overhead(runtime: Path, runs: int) -> dict:
         return statistics.median(times)
 
     direct = median(["true"])
-    wrapped = median([str(BIN / "xpu"), "run", "--mode", "vxpu-quarter", "--", "true"])
+    wrapped = median([str(simdaemon.BIN / "xpu"), "run", "--mode", "vxpu-quarter", "--", "true"])
     return {
         "runs": runs,
         "direct_ms": round(direct * 1e3, 1),
@@ -119,7 +91,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="xpu-bench-", dir="/tmp"))
-    daemon = start_daemon(args.machine, base)
+    daemon = simdaemon.start(args.machine, base, "[leases]\ngrace_s = 30.0\n")
     try:
         out = {
             "machine": args.machine,
@@ -128,8 +100,7 @@ def main() -> None:
             "xpu_run": run_overhead(base / "run", args.runs),
         }
     finally:
-        daemon.terminate()
-        daemon.wait()
+        simdaemon.stop(daemon)
         shutil.rmtree(base, ignore_errors=True)
     print(json.dumps(out, indent=2))
     if args.json:

@@ -24,58 +24,29 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
+import simdaemon
 
 from xpud.api.client import Client
 from xpud.config import Config
 from xpud.engine import Engine
-from xpud.errors import XpudError
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
 from xpud.ledger import Ledger
 from xpud.monitor import HealthMonitor
 
-BIN = Path(sys.executable).parent
 WARMUP_S = 5.0
 
 
 def daemon_cpu(machine: str, interval: float, seconds: float) -> dict:
     base = Path(tempfile.mkdtemp(prefix="xpu-bench-", dir="/tmp"))
     runtime = base / "run"
-    (base / "xpud.toml").write_text(f"[health]\npoll_interval_s = {interval}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XPUD_", "CUDA_", "XPU_"))}
-    cmd = [
-        str(BIN / "xpud"),
-        "--config",
-        str(base / "xpud.toml"),
-        "--simulate",
-        machine,
-        "--runtime-dir",
-        str(runtime),
-        "--state-dir",
-        str(base / "state"),
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = simdaemon.start(machine, base, f"[health]\npoll_interval_s = {interval}\n")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with Client(runtime) as c:
-                    c.info()
-                break
-            except XpudError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
         time.sleep(WARMUP_S)
         p = psutil.Process(proc.pid)
         c0, t0 = p.cpu_times(), time.monotonic()
@@ -93,8 +64,7 @@ def daemon_cpu(machine: str, interval: float, seconds: float) -> dict:
             "rss_mib": round(p.memory_info().rss / (1 << 20), 1),
         }
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
+        simdaemon.stop(proc)
         shutil.rmtree(base, ignore_errors=True)
 
 

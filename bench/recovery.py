@@ -20,27 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import sqlite3
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import simdaemon
+
 from xpud.api.client import Client
-from xpud.errors import XpudError
 
-BIN = Path(sys.executable).parent
 CONFIG = "[health]\nclear_s = 1.0\nevent_window_s = 1.0\nflap_factor = 1.0\n"
-
-
-def env(runtime: Path) -> dict[str, str]:
-    out = {k: v for k, v in os.environ.items() if not k.startswith(("XPUD_", "CUDA_", "XPU_"))}
-    return {**out, "XPUD_RUNTIME_DIR": str(runtime)}
 
 
 def wait(pred, timeout: float, step: float = 0.005):
@@ -76,7 +69,7 @@ def trial(base: Path, runtime: Path, db: Path, n: int) -> dict:
     script = f'echo "$XPU_RESTART_COUNT $CUDA_VISIBLE_DEVICES $(date +%s.%N)" >> {marks}; exec sleep 600'
     job = subprocess.Popen(
         [
-            str(BIN / "xpu"),
+            str(simdaemon.BIN / "xpu"),
             "run",
             "--mode",
             "xpu",
@@ -88,7 +81,7 @@ def trial(base: Path, runtime: Path, db: Path, n: int) -> dict:
             "-c",
             script,
         ],
-        env=env(runtime),
+        env=simdaemon.clean_env(runtime),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -134,36 +127,8 @@ def main() -> None:
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="xpu-bench-", dir="/tmp"))
     runtime, state = base / "run", base / "state"
-    (base / "xpud.toml").write_text(CONFIG)
-    daemon = subprocess.Popen(
-        [
-            str(BIN / "xpud"),
-            "--config",
-            str(base / "xpud.toml"),
-            "--simulate",
-            args.machine,
-            "--runtime-dir",
-            str(runtime),
-            "--state-dir",
-            str(state),
-            "--log-level",
-            "warning",
-        ],
-        env=env(runtime),
-        stdout=subprocess.DEVNULL,
-        stderr=open(base / "xpud.log", "w"),  # noqa: SIM115 (the daemon keeps it)
-    )
+    daemon = simdaemon.start(args.machine, base, CONFIG, log=base / "xpud.log")
     try:
-
-        def ready() -> bool:
-            try:
-                with Client(runtime) as c:
-                    c.info()
-                return True
-            except XpudError:
-                return False
-
-        wait(ready, 30, 0.05)
         rows = []
         for n in range(args.trials):
             r = trial(base, runtime, state / "ledger.sqlite", n)
@@ -175,8 +140,7 @@ def main() -> None:
                 flush=True,
             )
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(20)
+        simdaemon.stop(daemon)
         shutil.rmtree(base, ignore_errors=True)
     summary = {
         k: {
