@@ -274,9 +274,9 @@ def test_bad_config_is_refused_with_file_line_and_key(daemon_factory):
 
 
 def test_unknown_simulated_machine_is_one_line_naming_the_choices(short_tmp):
+    dirs = ["--runtime-dir", str(short_tmp / "run"), "--state-dir", str(short_tmp / "state")]
     r = subprocess.run(
-        [str(BIN / "xpud"), "--simulate", "dgx-h999", "--runtime-dir", str(short_tmp / "run")]
-        + ["--state-dir", str(short_tmp / "state")],
+        [str(BIN / "xpud"), "--simulate", "dgx-h999", *dirs],
         capture_output=True,
         text=True,
         timeout=30,

@@ -241,7 +241,7 @@ def _setup_logging(level: str) -> None:
         else "%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr)
-    if level != "debug":  # its INFO lines ("Added job ...", "Running job ...") are the scheduler's own chatter
+    if level != "debug":  # APScheduler's INFO lines ("Added job ...") are its own chatter
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
