@@ -7,18 +7,15 @@ Usage: ``python bench/placement_ablation.py [--json bench/placement_ablation.jso
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
 
+import ablation
 import numpy as np
 
-from xpud.placement.cluster import ClusterState
 from xpud.placement.frag import WorkloadMix
 from xpud.placement.fragaware import FragAware
 from xpud.placement.policies import FGD
-from xpud.sim.protocol import arrivals, parse_seeds
+from xpud.sim.protocol import parse_seeds
 from xpud.sim.replay import replay
-from xpud.sim.trace import DEFAULT_CLUSTER, DEFAULT_TRACE, default_path, load_cluster, load_trace
 
 POINTS = (90, 95, 96, 100, 110, 130)
 
@@ -57,19 +54,10 @@ VARIANTS = {
     "xpud-offline-mix": ("... with the mix known in advance", lambda tr: FragAware(WorkloadMix(tr))),
 }
 
-_DATA: dict = {}
-
-
-def _init() -> None:
-    _DATA["hosts"] = load_cluster(default_path(DEFAULT_CLUSTER))
-    _DATA["tasks"] = [t.demand for t in load_trace(default_path(DEFAULT_TRACE))]
-    _DATA["state"] = ClusterState(_DATA["hosts"])
-
 
 def _job(args):
     name, seed = args
-    state, tasks = _DATA["state"], _DATA["tasks"]
-    seq = arrivals(tasks, state.total_gpu_milli, seed)
+    state, seq, tasks = ablation.workload(seed)
     r = replay(state, seq, VARIANTS[name][1](tasks), seed=seed)
     return name, seed, r.alloc_pct
 
@@ -81,8 +69,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = parse_seeds(args.seeds)
     jobs = [(n, s) for n in VARIANTS for s in seeds]
-    with mp.get_context("fork").Pool(2, initializer=_init) as pool:
-        res = pool.map(_job, jobs)
+    res = ablation.run(_job, jobs)
     curves = {n: np.vstack([a for m, _s, a in res if m == n]) for n in VARIANTS}
     fgd = curves["fgd"]
     out = {"seeds": list(seeds), "variants": {}}
@@ -96,10 +83,7 @@ def main() -> None:
             "mean": {str(p): round(float(m[p]), 3) for p in POINTS},
             "min_lead_over_fgd_50_130": round(lead, 3),
         }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+    ablation.write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -9,17 +9,14 @@ Usage: ``python bench/placement_moves_ablation.py [--json bench/placement_moves_
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
 
+import ablation
 import numpy as np
 
-from xpud.placement.cluster import ClusterState
 from xpud.placement.fragaware import FragAware
 from xpud.sim.moves import Defragmenter
-from xpud.sim.protocol import arrivals, parse_seeds
+from xpud.sim.protocol import parse_seeds
 from xpud.sim.replay import replay
-from xpud.sim.trace import DEFAULT_CLUSTER, DEFAULT_TRACE, default_path, load_cluster, load_trace
 
 POINTS = (95, 100, 110, 130)
 
@@ -101,19 +98,10 @@ VARIANTS = {
     ),
 }
 
-_DATA: dict = {}
-
-
-def _init() -> None:
-    _DATA["hosts"] = load_cluster(default_path(DEFAULT_CLUSTER))
-    _DATA["tasks"] = [t.demand for t in load_trace(default_path(DEFAULT_TRACE))]
-    _DATA["state"] = ClusterState(_DATA["hosts"])
-
 
 def _job(args):
     name, seed = args
-    state, tasks = _DATA["state"], _DATA["tasks"]
-    seq = arrivals(tasks, state.total_gpu_milli, seed)
+    state, seq, _ = ablation.workload(seed)
     _, policy, mover = VARIANTS[name]
     r = replay(state, seq, policy(), seed=seed, mover=mover(seed) if mover else None)
     return name, seed, r.alloc_pct, 100.0 * r.moves / max(r.placed, 1), r.wall_s
@@ -128,8 +116,7 @@ def main() -> None:
     seeds = parse_seeds(args.seeds)
     names = [n for n in args.only.split(",") if n] or list(VARIANTS)
     jobs = [(n, s) for n in names for s in seeds]
-    with mp.get_context("fork").Pool(2, initializer=_init) as pool:
-        res = pool.map(_job, jobs)
+    res = ablation.run(_job, jobs)
     out = {"seeds": list(seeds), "variants": {}}
     print(f"{'variant':<18}" + "".join(f"{p:>8}" for p in POINTS) + f"{'moved %':>9}{'s/replay':>9}  what")
     for n in names:
@@ -146,10 +133,7 @@ def main() -> None:
             "moved_pct_of_placed": round(moved, 3),
             "replay_wall_s_mean": round(wall, 2),
         }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+    ablation.write_json(args.json, out)
 
 
 if __name__ == "__main__":
