@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.syncengine import sync_engine
 from tests.test_engine import Caller, Clock, cards, pcie_box, req
 from xpud.config import Config
 from xpud.defrag import Books, Defragmenter, free_cards, sequence
@@ -20,7 +21,8 @@ from xpud.model import CardMode, Slice
 
 def make_engine(tmp_path, isolation=None, **defrag) -> Engine:
     cfg = Config().replace("defrag", **defrag) if defrag else Config()
-    return Engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), isolation=isolation, clock=Clock())
+    led = Ledger(tmp_path / "l.sqlite")
+    return sync_engine(cards(), pcie_box(), cfg, led, isolation=isolation, clock=Clock())
 
 
 @pytest.fixture
