@@ -53,14 +53,19 @@ def test_release_with_the_ledger_locked_frees_nothing_and_the_daemon_keeps_servi
         t = threading.Thread(target=release)
         t.start()
         time.sleep(0.3)
-        with d.client() as c:  # the loop is not blocked meanwhile
+        with d.client() as c:  # the loop is not blocked meanwhile, reads included
             assert timed(c.cards) < 1.0
+            assert timed(lambda: c.leases(all=True)) < 1.0
         t.join(BUSY_TIMEOUT_S + 10)
         err = outcome["error"]
         assert isinstance(err, Unavailable) and str(err).startswith("ledger busy"), err
         assert "retry" in str(err) and outcome["took"] < BUSY_TIMEOUT_S + 3
         with d.client() as c, pytest.raises(Unavailable, match="ledger busy"):
             c.acquire_lease("vxpu-quarter")  # nothing can be granted while the ledger cannot record it
+        with d.client(admin=True) as admin:
+            with pytest.raises(Unavailable, match="ledger busy"):
+                admin.drain("5", "maintenance")
+            assert not admin.cards().cards[5].drained  # nothing changed
         assert [x.id for x in active(d)] == [first.lease.id]
     finally:
         other.execute("ROLLBACK")
@@ -131,6 +136,21 @@ def test_a_full_state_directory_refuses_changes_with_unavailable_and_recovers(da
         assert list(c.leases().leases) == []
     assert d.alive()
     assert "Traceback" not in d.log.read_text()
+
+
+def test_a_full_state_directory_at_start_up_is_one_line(daemon_factory, small_tmpfs):
+    d = daemon_factory("pcie-8x-l40s", start=False)
+    d.state_dir = small_tmpfs / "state"
+    d.state_dir.mkdir()
+    filler = fill(small_tmpfs)
+    try:
+        code, log = start_refused(d)
+    finally:
+        filler.unlink()
+    assert code == 1 and "Traceback" not in log, log
+    assert log.strip().splitlines()[-1].startswith("xpud: ledger full: no space left in"), log
+    d.start()  # space again: it starts
+    assert len(active(d)) == 0
 
 
 def start_refused(d) -> tuple[int, str]:

@@ -185,6 +185,8 @@ class Books:
                 return f"it holds card {i} (a move never targets its own cards)"
             if not c.usable:
                 return f"card {i} is drained or unhealthy"
+            if i in e.busy_cards():  # its backend is at work: not to be read now
+                return f"card {i} is busy being reconfigured"
             if lease.mode is Mode.XPU:
                 if self.busy(i):
                     return f"card {i} is not idle"

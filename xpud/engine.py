@@ -52,6 +52,7 @@ from xpud.waitlist import Waitlist
 
 log = logging.getLogger("xpud.engine")
 
+TIDY_INTERVAL_S = 1.0  # isolation upkeep (MIG instances kept idle past [cards] mig_idle_keep_s)
 BUSY_WAIT_S = 10.0  # how long a request with no --wait waits for busy cards before it is refused
 
 
@@ -121,6 +122,7 @@ class Engine:
         self._granting: set = set()  # waiters whose grant is under way
         self._tasks: set[asyncio.Task] = set()
         self._pump_scheduled = False
+        self._next_tidy = 0.0
 
     # ------------------------------------------------------------------ restore and views
     async def restore(self) -> list[Lease]:
@@ -411,10 +413,10 @@ class Engine:
 
     # ------------------------------------------------------------------ grant
     def _new_id(self) -> str:
-        taken = self.leases.keys() | self.ledger.lease_ids()
+        taken = self.ledger.lease_ids()  # every id in the ledger and every one being inserted
         while True:
             lid = secrets.token_hex(4)
-            if lid not in taken:
+            if lid not in taken and lid not in self.leases:
                 return lid
 
     async def _place(
@@ -544,11 +546,14 @@ class Engine:
         )
         return lease, token
 
-    async def try_grant(self, req: Request, wait_busy_s: float = BUSY_WAIT_S) -> tuple[Lease, str] | None:
+    async def try_grant(
+        self, req: Request, wait_busy_s: float = BUSY_WAIT_S, queued: bool = False
+    ) -> tuple[Lease, str] | None:
         """Grant now if the request fits without jumping the queue; None otherwise. While some cards are
         busy, a request that fits on none of the others, or only by switching a card's mode, waits up to
         ``wait_busy_s`` for them first (the busy card may be the one it belongs on: packing and
-        hysteresis stay as they are when requests come one at a time)."""
+        hysteresis stay as they are when requests come one at a time). With ``queued`` (the request may
+        wait in the queue) it says None at once instead: ``pump`` places it when the cards are free."""
         self.validate(req)
         deadline = time.monotonic() + wait_busy_s
         while True:
@@ -558,6 +563,8 @@ class Engine:
             )
             cards = self._fit(req, reserve_whole=blocked_whole)
             left = deadline - time.monotonic()
+            if cards is not None and self._busy and self._switches(req, cards) and queued:
+                return None
             if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
                 self._claim(cards)
                 return await self._grant(req, cards)
@@ -575,7 +582,7 @@ class Engine:
         self, req: Request, on_position: Callable[[QueuedRequest, int], None] | None = None
     ) -> tuple[Lease, str]:
         """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry."""
-        granted = await self.try_grant(req, BUSY_WAIT_S if req.wait_s <= 0 else 0.0)
+        granted = await self.try_grant(req, BUSY_WAIT_S, queued=req.wait_s > 0)
         if granted:
             return granted
         if req.wait_s <= 0:
@@ -772,9 +779,13 @@ class Engine:
 
     def _tidy_isolation(self) -> None:
         """Backend upkeep (idle MIG instances kept too long, instances freed by their processes), off the
-        loop, on the cards that are not busy."""
+        loop, on the cards that are not busy, at most once a TIDY_INTERVAL_S."""
+        now = time.monotonic()
+        if now < self._next_tidy:
+            return
+        self._next_tidy = now + TIDY_INTERVAL_S
         for i in sorted(self._backends):
-            if i in self._busy:
+            if i in self._busy or isinstance(self._backends[i], Accounting):
                 continue
             self._claim([i])
             self._spawn(self._tidy(i), f"isolation upkeep on card {i}")

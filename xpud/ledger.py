@@ -54,6 +54,7 @@ from xpud.model import Lease, LeaseState, Mode, Slice
 log = logging.getLogger("xpud.ledger")
 
 BUSY_TIMEOUT_S = 2.0  # how long a write waits for another process's lock before it fails (off the loop)
+READ_BUSY_TIMEOUT_MS = 100  # WAL readers wait for nobody, except in rare recovery cases: bound those
 GROUP_MAX = 512  # writes committed in one transaction at most
 
 MIGRATIONS: list[str] = [
@@ -224,8 +225,13 @@ class Ledger:
         self.busy_timeout_s = busy_timeout_s
         if not self.path.parent.exists():
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._check_wal()
-        self._create_private()
+        try:
+            self._check_wal()
+            self._create_private()
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):
+                raise  # the daemon says: run as root or give directories you own
+            raise self._unavailable(e) from None
         try:
             self.db = self._connect(check_same_thread=False)
             self._check()
@@ -236,6 +242,7 @@ class Ledger:
             if code in (11, 26):  # CORRUPT, NOTADB
                 raise self._damaged(str(e)) from None
             raise self._unavailable(e) from None
+        self.db.execute(f"PRAGMA busy_timeout={READ_BUSY_TIMEOUT_MS}")  # reads run on the loop
         self._next_event = itertools.count(self._max_id("events") + 1)
         self._next_health = itertools.count(self._max_id("health_changes") + 1)
         self._pending_events: dict[int, EventRecord] = {}
@@ -417,29 +424,33 @@ class Ledger:
 
     def _commit(self, db: sqlite3.Connection, batch: list[_Write]) -> None:
         results: list[BaseException | None] = []
+        single = len(batch) == 1  # no savepoint needed: it fails alone anyway
         try:
             db.execute("BEGIN IMMEDIATE")
             for w in batch:
-                db.execute("SAVEPOINT w")
+                if not single:
+                    db.execute("SAVEPOINT w")
                 try:
                     for o in w.ops:
                         for sql, args in o.statements:
                             db.execute(sql, args)
                 except sqlite3.Error as e:
-                    if _primary(e) in _ENVIRONMENT:
+                    if single or _primary(e) in _ENVIRONMENT:
                         raise
                     db.execute("ROLLBACK TO w")
                     results.append(self._unavailable(e))
                 else:
                     results.append(None)
-                db.execute("RELEASE w")
+                if not single:
+                    db.execute("RELEASE w")
             db.execute("COMMIT")
         except (sqlite3.Error, OSError) as e:
             if db.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
             err = self._unavailable(e)
-            log.error("%s", err)
+            if _primary(e) in _ENVIRONMENT:
+                log.error("%s", err)
             self._finish(batch, [err] * len(batch))
             return
         self._finish(batch, results)
@@ -676,13 +687,18 @@ class Ledger:
         return [out[i] for i in sorted(out)[-limit:]]
 
 
+_last_lost_log = -1e9
+
+
 def _logged(done):
     """A done-callback for a log entry nobody waits for: forget it as pending; say when it was lost."""
 
     def callback(fut: concurrent.futures.Future) -> None:
         done()
-        if fut.exception() is not None:
-            log.warning("a log entry was not recorded: %s", fut.exception())
+        global _last_lost_log
+        if fut.exception() is not None and time.monotonic() - _last_lost_log > 60:
+            _last_lost_log = time.monotonic()  # at most one line a minute while the ledger is unavailable
+            log.warning("log entries (events, health changes) are not recorded: %s", fut.exception())
 
     return callback
 
