@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -54,6 +55,17 @@ log = logging.getLogger("xpud.engine")
 
 TIDY_INTERVAL_S = 1.0  # isolation upkeep (MIG instances kept idle past [cards] mig_idle_keep_s)
 BUSY_WAIT_S = 10.0  # how long a request with no --wait waits for busy cards before it is refused
+
+
+def _uninterrupted(fn):
+    """A state change runs to its end even when its caller goes away (a cancelled gRPC call): what the
+    ledger records, what memory holds and what the hardware holds stay the same."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args, **kw):
+        return await asyncio.shield(fn(*args, **kw))
+
+    return wrapper
 
 
 @dataclass
@@ -567,11 +579,23 @@ class Engine:
                 return None
             if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
                 self._claim(cards)
-                return await self._grant(req, cards)
+                grant = asyncio.ensure_future(self._grant(req, cards))
+                try:
+                    return await asyncio.shield(grant)
+                except asyncio.CancelledError:  # the requester went away: the grant runs to its end
+                    grant.add_done_callback(self._orphaned)
+                    raise
             if not self._busy or left <= 0:
                 return None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._card_freed(), left)
+
+    def _orphaned(self, grant: asyncio.Future) -> None:
+        """A grant whose requester went away: end the lease it made."""
+        if not grant.cancelled() and grant.exception() is None:
+            lease = grant.result()[0]
+            why = "its requester went away before the grant"
+            self._spawn(self.reclaim(lease.id, why), f"reclaiming lease {lease.id}")
 
     def _switches(self, req: Request, cards: tuple[int, ...]) -> bool:
         """Whether granting ``req`` on ``cards`` switches a card's mode."""
@@ -694,16 +718,19 @@ class Engine:
             "token), that user or an operator may act on it"
         )
 
+    @_uninterrupted
     async def release(self, lease_id: str, caller: Caller, token: str = "") -> Lease:
         lease = self.resolve_lease(lease_id)
         self.check_authority(lease, caller, token)
         return await self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}")
 
+    @_uninterrupted
     async def evict(self, lease_id: str, reason: str = "") -> Lease:
         lease = self.resolve_lease(lease_id)
         why = f"evicted by an operator: {reason or 'no reason given'}"
         return await self._end(lease, LeaseState.EVICTED, reason or "evicted by an operator", revoke=why)
 
+    @_uninterrupted
     async def reclaim(self, lease_id: str, reason: str) -> Lease | None:
         lease = self.leases.get(lease_id)
         if lease is None or lease_id in self._ending:
@@ -811,6 +838,7 @@ class Engine:
             self._lease_streams.pop(lease.id, None)
 
     # ------------------------------------------------------------------ operator actions
+    @_uninterrupted
     async def drain(self, selector: str, reason: str = "") -> CardView:
         c = self.resolve_card(selector)
         reason = reason or "drained by an operator"
@@ -821,6 +849,7 @@ class Engine:
         self.event("drain", f"card {c.info.index} drained: {c.drain_reason}", card=c.info.index)
         return self._view(c)
 
+    @_uninterrupted
     async def undrain(self, selector: str) -> CardView:
         c = self.resolve_card(selector)
         await self.ledger.write(self.ledger.save_card_op(replace(c.record(), drained=False, drain_reason="")))
@@ -833,6 +862,7 @@ class Engine:
         self.pump()
         return self._view(c)
 
+    @_uninterrupted
     async def set_mode(self, selector: str, mode: str) -> CardView:
         c = self.resolve_card(selector)
         i = c.info.index
@@ -877,6 +907,7 @@ class Engine:
         if why:
             self.event("mode", f"card {i} switched to {want}: {why}", card=i)
 
+    @_uninterrupted
     async def to_whole(self, index: int, reason: str) -> bool:
         """Give an idle sliced card (not pinned) back to whole-card work now, as a whole-card grant would;
         the defragmenter does this for the cards it freed. Returns whether it switched."""
@@ -929,6 +960,7 @@ class Engine:
         )
         return lease
 
+    @_uninterrupted
     async def move(
         self,
         lease_id: str,
@@ -942,6 +974,7 @@ class Engine:
         Returns the lease as it will be. Raises NoCapacity (nowhere to go) or Conflict."""
         return await self.moves.start(lease_id, reason, avoid=avoid, to=to, timeout_s=timeout_s)
 
+    @_uninterrupted
     async def ack_move(self, lease_id: str, token: str) -> Lease:
         """The holder stopped its command after a ``move``: commit the new placement and return it."""
         return await self.moves.ack(lease_id, token)
