@@ -23,7 +23,7 @@ from typing import Any
 import tomli_w
 
 from xpud.errors import ConfigError
-from xpud.model import SliceSpec
+from xpud.model import SLICE_NAME, SliceSpec
 
 DEFAULT_PATH = Path("/etc/xpud/xpud.toml")
 
@@ -349,8 +349,9 @@ def _slices(src: _Source, data: Any) -> dict[str, SliceSpec]:
     out = dict(DEFAULT_SLICES)
     for name, spec in data.items():
         table = f"slices.{name}"
-        if not re.fullmatch(r"vxpu-[a-z0-9][a-z0-9-]*", name):
-            raise src.error(table, None, "a slice size is named vxpu-<word> (lowercase, digits, '-')")
+        if not SLICE_NAME.fullmatch(name):
+            reason = "a slice size is named vxpu-<word> (lowercase, digits, '-'; 45 characters at most)"
+            raise src.error(table, None, reason)
         if not isinstance(spec, dict):
             raise src.error(table, None, "expected a table with memory_fraction and compute_pct")
         for key in spec:

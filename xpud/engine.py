@@ -240,7 +240,8 @@ class Engine:
                 "use --gpus 1 or --mode xpu"
             )
         elif req.mode.value not in self.cfg.slices:
-            raise BadRequest(f"mode {req.mode}: no such slice size in the config")
+            sizes = ", ".join(["xpu", *self.cfg.slices])
+            raise BadRequest(f"mode {req.mode!r}: no such slice size in the config; use one of {sizes}")
         cap = self.cfg.leases.max_priority
         if not -cap <= req.priority <= cap:
             raise BadRequest(f"priority {req.priority} is outside -{cap}..{cap}")
