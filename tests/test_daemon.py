@@ -273,6 +273,41 @@ def test_bad_config_is_refused_with_file_line_and_key(daemon_factory):
     )
 
 
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ("leases", "grace_s"),
+        ("leases", "credential_ttl_s"),
+        ("leases", "max_wait_s"),
+        ("health", "poll_interval_s"),
+    ],
+)
+def test_nan_in_the_config_is_refused_at_start_up(short_tmp, table, key):
+    (short_tmp / "x.toml").write_text(f"[{table}]\n{key} = nan\n")
+    dirs = ["--runtime-dir", str(short_tmp / "run"), "--state-dir", str(short_tmp / "state")]
+    r = subprocess.run(
+        [str(BIN / "xpud"), "--config", str(short_tmp / "x.toml"), "--simulate", "dgx-h100", *dirs],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=xpu_env(short_tmp / "run"),
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"xpud: {short_tmp / 'x.toml'}:2: [{table}] {key}: nan is not a finite number")
+    r = subprocess.run(
+        [str(BIN / "xpud"), "--simulate", "dgx-h100", "--seed", "-1", *dirs],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=xpu_env(short_tmp / "run", XPUD_LOG_LEVEL="debug"),
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr
+        == "xpud: --seed: [devices] seed: -1 is below the minimum 0 (range 0..9223372036854775807)\n"
+    )
+
+
 def test_unknown_simulated_machine_is_one_line_naming_the_choices(short_tmp):
     dirs = ["--runtime-dir", str(short_tmp / "run"), "--state-dir", str(short_tmp / "state")]
     r = subprocess.run(

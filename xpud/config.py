@@ -10,8 +10,10 @@ Precedence: command-line flags > ``XPUD_*`` environment variables > the file > d
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
 import os
 import re
 import tomllib
@@ -51,7 +53,7 @@ class DevicesSection:
         choices=("nvml", "simulated"),
     )
     machine: str = _key("dgx-h100", "Simulated machine: a name in etc/machines/ or a path to a description.")
-    seed: int = _key(0, "Seed of the simulated machine's varying values.", min=0)
+    seed: int = _key(0, "Seed of the simulated machine's varying values.", min=0, max=2**63 - 1)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class CardsSection:
         0,
         "Memory per card kept out of slices for the driver and context (MiB); 0 = the backend's estimate.",
         min=0,
+        max=1 << 20,
     )
     mig_switch: str = _key(
         "idle",
@@ -77,6 +80,7 @@ class CardsSection:
         30.0,
         "Seconds a released, empty MIG instance is kept for reuse by a slice of its size; 0 = destroy.",
         min=0.0,
+        max=86400.0,
     )
     mig_profiles_file: str = _key(
         "", "Which MIG profiles serve each slice size, per card model; empty = xpud's etc/mig-profiles.toml."
@@ -85,13 +89,19 @@ class CardsSection:
 
 @dataclass(frozen=True)
 class LeasesSection:
-    grace_s: float = _key(10.0, "Seconds a lease survives after its holder's Hold stream breaks.", min=0.0)
-    max_wait_s: float = _key(86400.0, "Longest --wait a request may ask for (seconds).", min=0.0)
-    credential_ttl_s: float = _key(
-        300.0, "Lifetime of a peer credential issued on cred.sock (seconds).", min=1.0
+    grace_s: float = _key(
+        10.0, "Seconds a lease survives after its holder's Hold stream breaks.", min=0.0, max=86400.0
     )
-    history_days: int = _key(30, "Ended leases are kept in the ledger this many days.", min=0)
-    max_priority: int = _key(100, "Highest priority a request may ask for; negative down to -max.", min=0)
+    max_wait_s: float = _key(
+        86400.0, "Longest --wait a request may ask for (seconds).", min=0.0, max=30 * 86400.0
+    )
+    credential_ttl_s: float = _key(
+        300.0, "Lifetime of a peer credential issued on cred.sock (seconds).", min=1.0, max=86400.0
+    )
+    history_days: int = _key(30, "Ended leases are kept in the ledger this many days.", min=0, max=36500)
+    max_priority: int = _key(
+        100, "Highest priority a request may ask for; negative down to -max.", min=0, max=1_000_000
+    )
 
 
 # XID classes (NVIDIA's device plugin and DCGM; see REFERENCE.md, health section).
@@ -104,65 +114,94 @@ _XID_WARN = (38, 39, 42, 54, 56, 57, 58, 60, 61, 62, 63, 67, 73, 78, 94, 121, 13
 class HealthSection:
     """Health signals, scoring, hysteresis and the actions on unhealthy cards (``xpud.hw.health``)."""
 
-    poll_interval_s: float = _key(5.0, "Seconds between two polls of every card's signals.", min=0.05)
+    poll_interval_s: float = _key(
+        5.0, "Seconds between two polls of every card's signals.", min=0.05, max=3600.0
+    )
     clear_s: float = _key(
-        60.0, "Seconds a card's signals must stay clear before its state improves (hysteresis).", min=0.0
+        60.0,
+        "Seconds a card's signals must stay clear before its state improves (hysteresis).",
+        min=0.0,
+        max=7 * 86400.0,
     )
-    flap_window_s: float = _key(3600.0, "Failures within this many seconds count for flap damping.", min=0.0)
+    flap_window_s: float = _key(
+        3600.0, "Failures within this many seconds count for flap damping.", min=0.0, max=30 * 86400.0
+    )
     flap_factor: float = _key(
-        2.0, "Each further failure within flap_window_s multiplies the clear time by this.", min=1.0
+        2.0,
+        "Each further failure within flap_window_s multiplies the clear time by this.",
+        min=1.0,
+        max=100.0,
     )
-    clear_max_s: float = _key(3600.0, "Longest clear time flap damping may ask for (seconds).", min=0.0)
+    clear_max_s: float = _key(
+        3600.0, "Longest clear time flap damping may ask for (seconds).", min=0.0, max=30 * 86400.0
+    )
     event_window_s: float = _key(
         300.0,
         "Seconds an XID or a rise of an error counter (ECC, remapped rows, NVLink) keeps its signal raised.",
         min=0.0,
+        max=7 * 86400.0,
     )
     move_ack_timeout_s: float = _key(
         30.0,
         "Seconds a restartable job's holder has to stop it and acknowledge a move; then the move is "
         "abandoned and the lease marked.",
         min=0.1,
+        max=3600.0,
     )
     temperature_margin_c: int = _key(
-        0, "Warn when the temperature is within this many degrees of the slowdown threshold.", min=0
+        0, "Warn when the temperature is within this many degrees of the slowdown threshold.", min=0, max=200
     )
     power_warn_ratio: float = _key(
-        1.0, "Warn when the power draw is above this share of the enforced power limit.", min=0.0
+        1.0, "Warn when the power draw is above this share of the enforced power limit.", min=0.0, max=10.0
     )
     clock_warn_mask: int = _key(
         0xE8,
         "Clock-event reasons that warn: HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, power brake 0x80.",
         min=0,
+        max=2**64 - 1,
     )
     ecc_sbe_volatile_warn: int = _key(
         1000,
         "Warn when this many corrected (single-bit) ECC errors were counted since the last reset.",
         min=1,
+        max=2**63 - 1,
     )
-    retired_pages_fail: int = _key(63, "Fail when this many pages are retired (DCGM).", min=1)
+    retired_pages_fail: int = _key(63, "Fail when this many pages are retired (DCGM).", min=1, max=1 << 20)
     retired_pages_dbe_fail: int = _key(
         15,
         "Fail when more pages than this are retired for double-bit errors and still growing (DCGM).",
         min=0,
+        max=1 << 20,
     )
     pcie_replay_warn_per_min: float = _key(
-        16.0, "Warn when PCIe replays in the last minute reach this (DCGM: Gen4 x16 about 16).", min=0.0
+        16.0,
+        "Warn when PCIe replays in the last minute reach this (DCGM: Gen4 x16 about 16).",
+        min=0.0,
+        max=1e9,
     )
     nvlink_crc_fail_per_s: float = _key(
-        100.0, "Fail when NVLink CRC errors (flit + data, all links) reach this rate (DCGM).", min=0.0
+        100.0,
+        "Fail when NVLink CRC errors (flit + data, all links) reach this rate (DCGM).",
+        min=0.0,
+        max=1e9,
     )
     fragmentation_slice: str = _key(
         "vxpu-quarter", "Slice size that memory fragmentation is measured against (a [slices] name)."
     )
     fragmentation_info: float = _key(
-        0.5, "Report (without changing the state) fragmentation above this share of free memory.", min=0.0
+        0.5,
+        "Report (without changing the state) fragmentation above this share of free memory.",
+        min=0.0,
+        max=1.0,
     )
     xid_application: tuple[int, ...] = _key(
-        _XID_APPLICATION, "Application XIDs: counted against the lease that caused them, not the card."
+        _XID_APPLICATION,
+        "Application XIDs: counted against the lease that caused them, not the card.",
+        min=0,
+        max=65535,
     )
-    xid_fail: tuple[int, ...] = _key(_XID_FAIL, "XIDs that make a card unhealthy.")
-    xid_warn: tuple[int, ...] = _key(_XID_WARN, "XIDs that make a card degraded.")
+    xid_fail: tuple[int, ...] = _key(_XID_FAIL, "XIDs that make a card unhealthy.", min=0, max=65535)
+    xid_warn: tuple[int, ...] = _key(_XID_WARN, "XIDs that make a card degraded.", min=0, max=65535)
     xid_unlisted: str = _key(
         "fail", "What an XID in none of the lists does to the card.", choices=("fail", "warn", "ignore")
     )
@@ -186,7 +225,7 @@ class DefragSection:
     enabled: bool = _key(
         False, "Defragment periodically: plan, record the plan as an event, then move restartable jobs."
     )
-    interval_s: float = _key(300.0, "Seconds between two periodic runs (when enabled).", min=1.0)
+    interval_s: float = _key(300.0, "Seconds between two periodic runs (when enabled).", min=1.0, max=86400.0)
     move_budget_pct: float = _key(
         25.0,
         "Most moves one run may make, as a percentage of the active leases (rounded down); also the "
@@ -199,12 +238,14 @@ class DefragSection:
         "A periodic run acts only when its plan frees at least this many whole cards (0: also plans "
         "that only bring free cards together on an NVLink island or PCIe switch).",
         min=0.0,
+        max=1e6,
     )
     move_cost: float = _key(
         0.25,
         "Cost of moving one job, in idle whole cards (times the cards it holds, times 1 + its earlier "
         "moves); a plan must gain more than it costs.",
         min=0.0,
+        max=1e6,
     )
     make_room: bool = _key(
         True,
@@ -212,7 +253,10 @@ class DefragSection:
         "(within move_budget_pct) to make room for it, even with enabled = false.",
     )
     make_room_after_s: float = _key(
-        15.0, "Seconds a whole-card request waits before the defragmenter makes room for it.", min=0.0
+        15.0,
+        "Seconds a whole-card request waits before the defragmenter makes room for it.",
+        min=0.0,
+        max=86400.0,
     )
 
 
@@ -303,8 +347,14 @@ def _hint(name: str, known: typing.Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+MAX_STRING = 4096  # characters in one string value (paths, names)
+MAX_LIST = 256  # items in one list value
+
+
 def _check_value(src: _Source, table: str, f: dataclasses.Field, kind: Any, value: Any) -> Any:
+    """``value`` checked against the key's type and rules: finite, in range, bounded in size."""
     rules = f.metadata
+    span = f"{rules['min']!r}..{rules['max']!r}" if "min" in rules and "max" in rules else ""
     if typing.get_origin(kind) is tuple:  # a TOML array of one type, kept as a tuple (immutable)
         item = typing.get_args(kind)[0]
         if not isinstance(value, list) or not all(
@@ -315,19 +365,50 @@ def _check_value(src: _Source, table: str, f: dataclasses.Field, kind: Any, valu
                 f.name,
                 f"expected a list of {item.__name__}s, got {value!r}; default is {list(f.default)!r}",
             )
+        if len(value) > MAX_LIST:
+            raise src.error(table, f.name, f"{len(value)} items; at most {MAX_LIST}")
+        for v in value:
+            if span and not rules["min"] <= v <= rules["max"]:
+                raise src.error(table, f.name, f"item {v!r} is outside {span}")
         return tuple(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     expected = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(kind, "?")
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise src.error(table, f.name, f"expected {expected}, got {value!r}; default is {f.default!r}")
+    if kind is float and not math.isfinite(value):
+        raise src.error(table, f.name, f"{value!r} is not a finite number; use a number in {span}")
+    if kind is str and len(value) > MAX_STRING:
+        raise src.error(table, f.name, f"{len(value)} characters; at most {MAX_STRING}")
     if "choices" in rules and value not in rules["choices"]:
         raise src.error(table, f.name, f"{value!r} is not one of {', '.join(rules['choices'])}")
     if "min" in rules and value < rules["min"]:
-        raise src.error(table, f.name, f"{value!r} is below the minimum {rules['min']!r}")
+        raise src.error(table, f.name, f"{value!r} is below the minimum {rules['min']!r} (range {span})")
     if "max" in rules and value > rules["max"]:
-        raise src.error(table, f.name, f"{value!r} is above the maximum {rules['max']!r}")
+        raise src.error(table, f.name, f"{value!r} is above the maximum {rules['max']!r} (range {span})")
     return value
+
+
+class _Origin(_Source):
+    """A value from a flag or an environment variable, for error messages."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+
+    def error(self, table: str, key: str | None, reason: str) -> ConfigError:
+        return ConfigError(f"{self.origin}: [{table}] {key}: {reason}")
+
+
+def checked(cfg: Config, section: str, key: str, value: Any, origin: str) -> Config:
+    """``cfg`` with one key set from a flag or an environment variable (``origin``, e.g. "--seed" or
+    "XPUD_LOG_LEVEL"), checked like a file's value. Text is parsed as the key's type. Raises ConfigError."""
+    cls = SECTIONS[section]
+    f = next(x for x in dataclasses.fields(cls) if x.name == key)
+    kind = typing.get_type_hints(cls)[key]
+    if isinstance(value, str) and kind in (int, float):
+        with contextlib.suppress(ValueError):  # else _check_value names the type it expected
+            value = kind(value)
+    return cfg.replace(section, **{key: _check_value(_Origin(origin), section, f, kind, value)})
 
 
 def _section(src: _Source, table: str, cls: type, data: Any) -> Any:
@@ -418,7 +499,7 @@ def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | Non
         cfg = Config()
     for name, (section, key) in ENVIRONMENT.items():
         if environ.get(name):
-            cfg = cfg.replace(section, **{key: environ[name]})
+            cfg = checked(cfg, section, key, environ[name], f"environment variable {name}")
             if name == "XPUD_SIMULATE":
                 cfg = cfg.replace("devices", backend="simulated")
     return cfg

@@ -284,20 +284,21 @@ def main_command(
         raise typer.Exit()
     try:
         cfg = config.load(config_path)
+        if simulate:
+            cfg = config.checked(cfg, "devices", "machine", simulate, "--simulate")
+            cfg = cfg.replace("devices", backend="simulated")
+        if seed is not None:
+            cfg = config.checked(cfg, "devices", "seed", seed, "--seed")
+        if runtime_dir:
+            cfg = config.checked(
+                cfg, "daemon", "runtime_dir", str(Path(runtime_dir).absolute()), "--runtime-dir"
+            )
+        if state_dir:
+            cfg = config.checked(cfg, "daemon", "state_dir", str(Path(state_dir).absolute()), "--state-dir")
+        if log_level:
+            cfg = config.checked(cfg, "daemon", "log_level", log_level, "--log-level")
     except XpudError as e:
         _fail(str(e), 2)
-    if simulate:
-        cfg = cfg.replace("devices", backend="simulated", machine=simulate)
-    if seed is not None:
-        cfg = cfg.replace("devices", seed=seed)
-    if runtime_dir:
-        cfg = cfg.replace("daemon", runtime_dir=str(Path(runtime_dir).absolute()))
-    if state_dir:
-        cfg = cfg.replace("daemon", state_dir=str(Path(state_dir).absolute()))
-    if log_level:
-        if log_level not in ("debug", "info", "warning", "error"):
-            _fail(f"--log-level {log_level!r}: use debug, info, warning or error", 2)
-        cfg = cfg.replace("daemon", log_level=log_level)
     ctx.obj = cfg
     if ctx.invoked_subcommand:
         return
