@@ -60,6 +60,8 @@ def test_bad_values_name_file_line_and_key(text, line, words):
 def test_invalid_toml_is_refused():
     with pytest.raises(ConfigError, match="not valid TOML"):
         config.parse("[daemon\n", "x.toml")
+    with pytest.raises(ConfigError, match=r"^x\.toml: nested too deeply"):
+        config.parse("[health]\nxid_fail = " + "[" * 5000 + "]" * 5000 + "\n", "x.toml")
 
 
 def test_slices_are_configurable_and_new_sizes_can_be_added():

@@ -206,6 +206,9 @@ def test_custom_size_and_derived_mapping_and_bad_map_files(tmp_path):
         mig_map.load(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         mig_map.load(tmp_path / "missing.toml")
+    bad.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        mig_map.load(bad)
     # A map naming a profile the card lacks falls back to the derived mapping.
     odd = {"NVIDIA H100 80GB HBM3": {"vxpu-half": ("5g.50gb",)}}
     b2, card2, _fake2, *_ = backend(table=odd)

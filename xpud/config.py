@@ -462,6 +462,8 @@ def parse(text: str, path: str = "<string>") -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply (arrays or tables within each other)") from None
     kwargs: dict[str, Any] = {"path": path}
     for table, value in data.items():
         if table == "slices":
