@@ -103,7 +103,7 @@ def _numeric_keys() -> list[tuple[str, str, type, dict]]:
     for section, cls in config.SECTIONS.items():
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if hints[f.name] in (int, float) or typing.get_origin(hints[f.name]) is tuple:
+            if hints[f.name] in (int, float, tuple[int, ...]):
                 out.append((section, f.name, hints[f.name], dict(f.metadata)))
     return out
 

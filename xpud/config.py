@@ -104,6 +104,29 @@ class LeasesSection:
     )
 
 
+@dataclass(frozen=True)
+class LimitsSection:
+    """Per-user limits on requests (``Engine.validate`` and ``Engine.acquire``). Operators (root and
+    ``[daemon] admin_group``) and members of ``exempt_groups`` are exempt."""
+
+    max_user_priority: int = _key(
+        0,
+        "Highest priority a caller who is not an operator may ask for (operators: [leases] max_priority).",
+        min=-1_000_000,
+        max=1_000_000,
+    )
+    max_leases_per_uid: int = _key(
+        64,
+        "Most active leases plus queued requests one uid may have at once; 0 = no limit.",
+        min=0,
+        max=1_000_000,
+    )
+    max_queued_per_uid: int = _key(
+        16, "Most requests one uid may have waiting in the queue at once; 0 = no limit.", min=0, max=1_000_000
+    )
+    exempt_groups: tuple[str, ...] = _key((), "Unix groups whose members these limits do not apply to.")
+
+
 # XID classes (NVIDIA's device plugin and DCGM; see REFERENCE.md, health section).
 _XID_APPLICATION = (13, 31, 43, 45, 68, 109)
 _XID_FAIL = (48, 64, 74, 79, 95, 119, 120, 140)
@@ -265,6 +288,7 @@ SECTIONS: dict[str, type] = {
     "devices": DevicesSection,
     "cards": CardsSection,
     "leases": LeasesSection,
+    "limits": LimitsSection,
     "health": HealthSection,
     "defrag": DefragSection,
 }
@@ -285,6 +309,7 @@ class Config:
     devices: DevicesSection = field(default_factory=DevicesSection)
     cards: CardsSection = field(default_factory=CardsSection)
     leases: LeasesSection = field(default_factory=LeasesSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
     health: HealthSection = field(default_factory=HealthSection)
     defrag: DefragSection = field(default_factory=DefragSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
@@ -370,6 +395,8 @@ def _check_value(src: _Source, table: str, f: dataclasses.Field, kind: Any, valu
         for v in value:
             if span and not rules["min"] <= v <= rules["max"]:
                 raise src.error(table, f.name, f"item {v!r} is outside {span}")
+            if isinstance(v, str) and not 0 < len(v) <= MAX_STRING:
+                raise src.error(table, f.name, f"item of {len(v)} characters; expected 1..{MAX_STRING}")
         return tuple(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)

@@ -165,6 +165,9 @@ class Request:
     owner_uid: int = -1
     holder_pid: int | None = None
     command: str = ""
+    exempt: bool = (
+        False  # the caller is an operator or in [limits] exempt_groups: per-user limits do not apply
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # a plain "xpu" becomes Mode.XPU
