@@ -10,8 +10,12 @@ import signal
 import pytest
 
 from tests.conftest import wait_until
-from xpud.errors import BadRequest
-from xpud.model import Mode, Request
+from tests.test_engine import Clock, cards, pcie_box
+from xpud.config import Config, parse
+from xpud.engine import Engine
+from xpud.errors import BadRequest, Conflict
+from xpud.ledger import Ledger
+from xpud.model import Caller, Mode, Request
 
 TINY = "[leases]\ngrace_s = 30.0\n[slices.vxpu-tiny]\nmemory_fraction = 0.125\ncompute_pct = 10\n"
 
@@ -64,3 +68,18 @@ def test_a_configured_size_works_end_to_end(daemon_factory, machine, isolation):
         assert {x.id: x.mode for x in c.leases().leases} == {g.lease.id: "vxpu-tiny"}
         c.release(g.lease.id, g.token)
         wait_until(lambda: list(c.leases().leases) == [])
+
+
+def test_a_restored_lease_of_a_size_since_removed_is_kept_released_and_never_moved(tmp_path):
+    led = Ledger(tmp_path / "l.sqlite")
+    e1 = Engine(cards(), pcie_box(), parse(TINY), led, clock=Clock())
+    lease, token = e1.try_grant(Request("vxpu-tiny", owner_uid=1000, restartable=True))
+    led.close()
+    e2 = Engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
+    assert [x.mode for x in e2.restore()] == ["vxpu-tiny"]
+    e2.hold_opened(lease.id)
+    with pytest.raises(Conflict, match="a vxpu-tiny slice, a size the config no longer has"):
+        e2.moves.start(lease.id, "card unhealthy")
+    with pytest.raises(BadRequest, match="no such slice size"):
+        e2.try_grant(Request("vxpu-tiny", owner_uid=1000))
+    assert e2.release(lease.id, Caller(1000), token).id == lease.id

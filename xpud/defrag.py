@@ -200,7 +200,9 @@ class Books:
             kind = e.isolation_name(i)
             if kind in BOOKS_ONLY and i in self.changed:  # its backend can only judge the card as it is
                 return f"card {i}'s {kind} layout changes earlier in this plan (tried at the next run)"
-            spec = e.cfg.slices[lease.mode.value]
+            spec = e.cfg.slices.get(lease.mode.value)
+            if spec is None:  # a restored lease of a size the config no longer has
+                return f"{lease.mode} is no longer a slice size in the config"
             if not e._backends[i].fits(c.info, list(self.slices[i].values()), spec, lease.owner_uid):
                 return f"the {kind} backend has no room for {lease.mode} on card {i}"
         return ""
