@@ -312,6 +312,9 @@ def info(as_json: JsonOpt = False) -> None:
         f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(i.started))} ({output.age(i.started)} ago)"
     )
     shown["config_path"] = i.config_path or "(none: defaults)"
+    shown["slice_sizes"] = ", ".join(  # what --mode accepts besides xpu
+        f"{s.name} ({s.memory_fraction:.4g} memory, {s.compute_pct}% compute)" for s in i.slice_sizes
+    )
     for k, v in shown.items():
         print(f"{k:16} {v}")
 

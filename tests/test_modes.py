@@ -57,6 +57,8 @@ def test_a_configured_size_works_end_to_end(daemon_factory, machine, isolation):
     assert [(x["id"], x["mode"]) for x in leases] == [(g.lease.id, "vxpu-tiny")]
     assert "tiny:" + g.lease.id in d.xpu("ls").stdout
     assert g.lease.id in d.xpu("leases").stdout
+    info = d.xpu("info").stdout
+    assert "vxpu-quarter (0.25 memory, 15% compute), vxpu-tiny (0.125 memory, 10% compute)" in info
 
     d.kill(signal.SIGKILL)  # the ledger brings the lease back with its size
     d.start()

@@ -121,6 +121,10 @@ class NodeService(pbg.NodeServicer):
             cards=len(self.ctx.engine.cards),
             caller_uid=caller.uid,
             caller_is_admin=caller.admin,
+            slice_sizes=[
+                pb.SliceSize(name=s.name, memory_fraction=s.memory_fraction, compute_pct=s.compute_pct)
+                for s in self.ctx.engine.cfg.slices.values()
+            ],
         )
 
     @streaming
