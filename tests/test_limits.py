@@ -3,6 +3,7 @@ test runs as root; the client below drops to uid/gid 65534 before it connects, s
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from xpud.auth import member_of
 
 NOBODY = 65534
 
@@ -67,3 +69,14 @@ def test_a_user_is_held_to_the_limits_and_an_operator_is_not(daemon_factory, sho
         owners = sorted(x.owner_uid for x in c.leases().leases)
     assert owners == [0, 0, 0, NOBODY, NOBODY]
     assert d.alive()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+def test_members_of_an_exempt_group_are_not_limited(daemon_factory, short_tmp):
+    group = grp.getgrgid(NOBODY).gr_name  # nobody's primary group ("nogroup" on Debian)
+    assert member_of(NOBODY, NOBODY, [group]) and not member_of(NOBODY, NOBODY, ["root", "no-such-group"])
+    short_tmp.chmod(0o755)
+    limits = f"[limits]\nmax_leases_per_uid = 1\nexempt_groups = [{group!r}]\n"
+    d = daemon_factory("pcie-8x-l40s", config="[leases]\ngrace_s = 30.0\n" + limits)
+    got = as_user(NOBODY, d.runtime_dir, [("vxpu-quarter", 7), ("vxpu-quarter", 0)])
+    assert got == [["granted", NOBODY], ["granted", NOBODY]]
