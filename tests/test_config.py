@@ -42,6 +42,8 @@ def test_documented_file_lists_every_key_with_its_default():
         ("[leases]\ngrace_s = -1\n", 2, ["below the minimum"]),
         ("[lease]\ngrace_s = 1\n", 1, ["unknown table", "did you mean 'leases'"]),
         ("[slices.vxpu-half]\nmemory_fraction = 1.5\n", 2, ["memory_fraction", "(0, 1]"]),
+        ("[slices.vxpu-half]\nmemory_fraction = nan\n", 2, ["memory_fraction", "(0, 1]"]),
+        ("[slices.vxpu-" + "x" * 41 + "]\nmemory_fraction = 0.5\ncompute_pct = 10\n", 1, ["45 characters"]),
         ("[slices.vxpu-eighth]\nmemory_fraction = 0.125\n", 1, ["needs both"]),
         ("[slices.big]\nmemory_fraction = 0.5\ncompute_pct = 10\n", 1, ["vxpu-<word>"]),
         ("[cards]\nreserved_memory_mib = true\n", 2, ["expected an integer"]),
