@@ -75,6 +75,8 @@ def test_wheel_contents(wheel):
         "xpud/api/v1/xpu.proto",
         "xpud/api/v1/xpu_pb2.py",
         "xpu_cli/main.py",
+        "xpud/systemd/xpud.service",
+        "xpud/systemd/xpud-sysusers.conf",
     ):
         assert needed in names
 
