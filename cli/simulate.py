@@ -37,7 +37,8 @@ Protocol (ATC'23 FGD paper): the trace is shuffled per seed, then tasks resample
 the GPU request reaches {DEFAULT_RATIO}x capacity; tasks only arrive; a task that fits nowhere is dropped.
 
 Defaults: the openb cluster and default trace from ${OPENB_ENV}, or ./shared/data/openb or
-../shared/data/openb (the repository layout).
+../shared/data/openb (the repository layout), else the copy shipped with xpud (Alibaba's openb node list
+and default trace, Apache-2.0).
 
 Policies: {", ".join(f"{n} ({d})" for n, (d, _) in DESCRIPTIONS.items())}."""
 
