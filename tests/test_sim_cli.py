@@ -237,3 +237,14 @@ def test_terminal_plot_fits_80_columns_and_draws_every_point_where_it_is(app, fi
     row = next(i for i, line in enumerate(full) if line.split("|", 1)[1][:1] == "x")
     assert abs(labels[row] - at50) <= step / 2 + 0.05
     assert labels[-1] <= min(row["alloc_pct"] for row in rows if 50 <= row["arrived_pct"] <= 130)
+
+
+def test_policy_accepts_the_fgd_papers_spellings(app, files):
+    c, t = files
+    r = invoke(
+        app, "--cluster", str(c), "--trace", str(t), "--seeds", "1", "-q", "--json", "--workers", "1",
+        "-p", "bestfit,DotProd", "-p", "packing", "-p", "clustering,best-fit",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    policies = list(dict.fromkeys(row["policy"] for row in json.loads(r.stdout)))
+    assert policies == ["best-fit", "dot-product", "gpu-packing", "gpu-clustering"]
