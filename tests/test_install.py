@@ -245,3 +245,19 @@ def test_a_failing_systemctl_is_reported_in_one_line(root):
 
     with pytest.raises(install.InstallError, match=r"`systemd-sysusers .*` failed \(status 1\): Failed to"):
         install.install(root, run=run, live=True)
+
+
+def test_an_unedited_config_follows_the_package_on_upgrade(root):
+    assert xpud("install-service", "--root", str(root)).returncode == 0
+    # as if an older version had written its own default config, unedited since
+    older = TEMPLATE_CONFIG.replace(b"grace_s = 10.0", b"grace_s = 20.0")
+    (root / CONFIG).write_bytes(older)
+    manifest = json.loads((root / MANIFEST).read_text())
+    manifest["files"][CONFIG] = hashlib.sha256(older).hexdigest()
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    r = xpud("install-service", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    assert "updated  /etc/xpud/xpud.toml" in r.stdout
+    assert (root / CONFIG).read_bytes() == TEMPLATE_CONFIG
+    assert xpud("uninstall-service", "--root", str(root)).returncode == 0
+    assert not (root / CONFIG).exists()
