@@ -180,7 +180,17 @@ def _drop_in(text: str):
     return apply
 
 
+def _lose_card(host):
+    host.lib.lose(1)
+
+
 CASES = {
+    "card off the bus": (
+        "workstation-2x",
+        {},
+        _lose_card,
+        {"card GPU1": ("fail", "nvidia-smi -r -i 1")},
+    ),
     "no driver": (
         "workstation-2x",
         {},

@@ -156,18 +156,24 @@ def _with_nvml(cfg: config.Config, host: Host, nvml) -> list[Check]:
     from xpud.hw.nvml import NvmlError
 
     checks = []
-    try:
-        cards = nvml.cards()
-    except NvmlError as e:
-        return [Check("driver", FAIL, f"NVML answers but lists no cards: {e}", "check `nvidia-smi -L`")]
+    lost = []
+    cards = []
+    for i in range(nvml.card_count()):
+        try:
+            info = nvml.card_info(i)  # a card off the bus reads as a placeholder here ...
+            nvml.mig_mode(i)  # ... and fails here
+            cards.append(info)
+        except NvmlError as e:
+            lost.append(Check(f"card GPU{i}", FAIL, f"GPU{i}: {e}", _LOST_FIX.format(i=i)))
     where = " (simulated)" if host.simulated else ""
     driver = f"NVIDIA driver {nvml.driver_version() or '?'}, CUDA {nvml.cuda_version() or '?'}{where}"
-    if not cards:
+    if not cards and not lost:
         checks.append(
             Check("driver", FAIL, f"{driver}: NVML reachable but no cards", "check `nvidia-smi -L`")
         )
     else:
-        checks.append(Check("driver", OK, f"{driver}: NVML reachable, {len(cards)} card(s)"))
+        checks.append(Check("driver", OK, f"{driver}: NVML reachable, {len(cards) + len(lost)} card(s)"))
+    checks += lost
 
     mps_cards = []
     for c in cards:
@@ -210,7 +216,10 @@ def _with_nvml(cfg: config.Config, host: Host, nvml) -> list[Check]:
     off = []
     unknown = []
     for c in cards:
-        on = nvml.persistence_mode(c.index)
+        try:
+            on = nvml.persistence_mode(c.index)
+        except NvmlError:  # the card went off the bus since: its own line says so at the next run
+            on = None
         (unknown if on is None else off if not on else []).append(c.index)
     if off:
         gpus = ",".join(f"GPU{i}" for i in off)
@@ -249,6 +258,12 @@ def _with_nvml(cfg: config.Config, host: Host, nvml) -> list[Check]:
                 )
             )
     return checks
+
+
+_LOST_FIX = (
+    "look at `nvidia-smi -q -i {i}` and the kernel log (XID); a card off the bus needs a reset "
+    "(nvidia-smi -r -i {i}) or a reboot"
+)
 
 
 def _slices_by(cfg: config.Config, kind: str) -> str:
