@@ -130,7 +130,7 @@ def test_the_previous_release_ledger_opens_with_the_newest_code(short_tmp):
 
 @pytest.mark.slow
 def test_an_upgrade_restart_keeps_held_leases_and_a_running_job(short_tmp, tmp_path, monkeypatch):
-    grace = 3.0
+    grace = 5.0  # as test_running_job_survives_a_daemon_restart: holders retry at most 1 s apart
     d = DaemonProc(short_tmp, FIXTURE["machine"], f"[leases]\ngrace_s = {grace}\n")
     upgraded = DaemonProc(short_tmp, FIXTURE["machine"], f"[leases]\ngrace_s = {grace}\n")
     ledger = load_fixture(d.state_dir)
