@@ -179,6 +179,7 @@ def test_a_config_that_was_there_before_is_kept_and_its_admin_group_used(root):
     r = xpud("install-service", "--root", str(root), "--no-start")
     assert r.returncode == 0, r.stderr
     assert "g gpu-ops -" in (root / SYSUSERS).read_text().splitlines()
+    assert "kept     /etc/xpud/xpud.toml (not written by install-service: never overwritten)" in r.stdout
     assert "keys the file does not set" in r.stdout
     assert not (root / WANTS).exists()
     assert xpud("uninstall-service", "--root", str(root)).returncode == 0

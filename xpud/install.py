@@ -347,7 +347,8 @@ def _put_config(
     known = set(old.config_keys) | _config_keys(current.decode(errors="replace"))
     added = [k for k in keys if k not in known]
     new.config_keys = keys  # shown once: the next run shows only what a later version adds
-    report.add(f"kept     /{rel} (edited: never overwritten)")
+    why = "edited" if rel in old.files else "not written by install-service"
+    report.add(f"kept     /{rel} ({why}: never overwritten)")
     if added:
         docs = documented_keys()
         what = "keys this version adds" if old.config_keys else "keys the file does not set"
