@@ -219,6 +219,12 @@ def test_prefix_names_the_xpud_inside_an_image(root):
     assert "note:" not in r.stdout
     r = xpud("install-service", "--root", str(root), "--prefix", "/opt/other")
     assert r.returncode == 1 and "--prefix /opt/other: no executable" in r.stderr
+    r = xpud("install-service", "--root", str(root / "missing"))
+    assert (
+        r.returncode == 1
+        and r.stderr
+        == f"xpud: --root {root / 'missing'}: no such directory; make it (an image's root) first\n"
+    )
 
 
 def test_on_a_live_system_it_makes_the_group_reloads_enables_and_starts(root):

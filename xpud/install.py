@@ -83,8 +83,8 @@ def systemd_running(root: Path) -> bool:
 def find_xpud(root: Path, prefix: str | None = None) -> tuple[str, list[str]]:
     """The xpud executable the unit should run, as a path on the target, and notes for the operator.
 
-    ``prefix``: the installation prefix on the target (``PREFIX/bin/xpud``). Without it: the xpud of the
-    Python running this command (its scripts directory: a venv's or pipx's bin/, or /usr/local/bin)."""
+    ``prefix``: the installation prefix on the target (``PREFIX/bin/xpud``). Without it: the xpud command
+    running now, else the one in this Python's scripts directory (a venv's or pipx's bin/, /usr/local/bin)."""
     notes: list[str] = []
     if prefix:
         path = str(Path("/") / prefix / "bin" / "xpud")
@@ -94,7 +94,8 @@ def find_xpud(root: Path, prefix: str | None = None) -> tuple[str, list[str]]:
                 "(pip install --prefix, or a venv at that path)"
             )
     else:
-        candidates = [Path(sysconfig.get_path("scripts")) / "xpud", Path(sys.executable).parent / "xpud"]
+        candidates = [Path(sys.argv[0])] if Path(sys.argv[0]).name == "xpud" else []  # the xpud running
+        candidates += [Path(sysconfig.get_path("scripts")) / "xpud", Path(sys.executable).parent / "xpud"]
         found = shutil.which("xpud")
         candidates += [Path(found)] if found else []
         path = next((str(c.absolute()) for c in candidates if os.access(c, os.X_OK) and c.is_file()), "")
@@ -235,6 +236,8 @@ def install(
     anything when a file in the way is not ours. ``live``: talk to systemd (default: root is / and systemd
     runs)."""
     root = Path(root)
+    if not root.is_dir():
+        raise InstallError(f"--root {root}: no such directory; make it (an image's root) first")
     live = systemd_running(root) if live is None else live
     report = Report()
     xpud, notes = find_xpud(root, prefix)
