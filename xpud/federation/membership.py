@@ -147,6 +147,7 @@ class Member:
     state: State
     meta: str = ""
     since: float = 0.0  # when this state began here
+    heard: float = 0.0  # when it or a new fact about it was last heard here (how fresh its meta is)
 
     def update(self) -> Update:
         return Update(self.name, self.addr, self.incarnation, self.state, self.meta)
@@ -193,7 +194,9 @@ class Swim:
             self.incarnation = int(self.now * 1000)
         _check_meta(self.meta)
         self.members: dict[str, Member] = {
-            self.name: Member(self.name, self.addr, self.incarnation, State.ALIVE, self.meta, self.now)
+            self.name: Member(
+                self.name, self.addr, self.incarnation, State.ALIVE, self.meta, self.now, self.now
+            )
         }
         self._queue: dict[str, tuple[Update, int]] = {}  # name -> (fact, transmissions left)
         self._seq = 0
@@ -245,6 +248,7 @@ class Swim:
         self.now = max(self.now, now)
         if self.left:
             return []
+        self.members[self.name].heard = self.now
         out: list[Out] = []
         self._expire_suspicions()
         self._expire_relays()
@@ -270,6 +274,9 @@ class Swim:
         self.now = max(self.now, now)
         if self.left:
             return []
+        sender = self.members.get(msg.src)
+        if sender is not None and sender.addr == msg.src_addr and sender.state is State.ALIVE:
+            sender.heard = self.now  # its facts as known here are this fresh
         match msg:
             case Ping():
                 self._merge(msg.updates)
@@ -445,7 +452,7 @@ class Swim:
             if not overrides(u, old):
                 return
         changed_state = fresh or old.state is not u.state
-        old.addr, old.incarnation, old.meta = u.addr, u.incarnation, u.meta
+        old.addr, old.incarnation, old.meta, old.heard = u.addr, u.incarnation, u.meta, self.now
         if changed_state:
             old.state, old.since = u.state, self.now
         if u.state is State.SUSPECT and changed_state:
@@ -467,7 +474,7 @@ class Swim:
     def _refresh_self(self) -> None:
         self.incarnation += 1
         me = self.members[self.name]
-        me.incarnation, me.meta, me.state = self.incarnation, self.meta, State.ALIVE
+        me.incarnation, me.meta, me.state, me.heard = self.incarnation, self.meta, State.ALIVE, self.now
         self._broadcast(me.update())
 
 
