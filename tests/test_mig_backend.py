@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from xpud.config import DEFAULT_SLICES
@@ -49,16 +51,82 @@ def layout(fake, index=0):
     return [(g["name"], g["start"]) for g in fake.mig_layout(index)]
 
 
-def test_entering_sliced_mode_switches_mig_on_with_a_reset_through_the_runner():
+def backend_on(fake, nvml, tools, index=0, switch="idle"):
+    return MigIsolation(
+        nvml.card_info(index), nvml, tools, mig_map.load(), DEFAULT_SLICES, switch=switch, clock=Clock()
+    )
+
+
+def test_entering_sliced_mode_switches_mig_on_where_the_driver_resets_the_card_itself():
     b, card, _fake, nvml, tools, _ = backend()
     assert nvml.mig_mode(0) == (0, 0)
     assert b.fits(card, [], HALF)  # an idle card may be switched
     b.enter_sliced(card)
     assert nvml.mig_mode(0) == (1, 1)
-    resets = [argv for argv, _, _ in tools.calls if argv[0] == "nvidia-smi"]
-    assert resets == [("nvidia-smi", "--gpu-reset", "-i", card.pci_bus_id)]
+    assert [argv for argv, _, _ in tools.calls if argv[0] == "nvidia-smi"] == []
     b.leave_sliced(card)
-    assert nvml.mig_mode(0) == (0, 0) and len(tools.calls) == 2
+    assert nvml.mig_mode(0) == (0, 0)
+
+
+def test_in_a_vm_the_switch_resets_the_card_through_the_runner():
+    fake = FakeNvml("dgx-h100", passthrough=True)
+    nvml = Nvml(fake)
+    tools = FakeNvidiaTools(fake)
+    b = backend_on(fake, nvml, tools)
+    b.enter_sliced(b.card)
+    assert nvml.mig_mode(0) == (1, 1)
+    resets = [argv for argv, _, _ in tools.calls if argv[0] == "nvidia-smi"]
+    assert resets == [("nvidia-smi", "--gpu-reset", "-i", b.card.pci_bus_id)]
+
+
+def test_a_switch_on_a_card_another_client_holds_fails_clearly_and_leaves_nothing_pending():
+    # Regression (issue 11, item 1): the driver left MIG pending (IN_USE) and xpud reset the card, which
+    # nvidia-smi refused; the pending mode stayed, for any later reset to flip the card silently.
+    b, card, fake, nvml, _, clock = backend()
+    fake.add_client(0, "dcgm")
+    with pytest.raises(Conflict, match=r"another NVML client holds the card.*DCGM.*MIG stays off"):
+        b.enter_sliced(card)
+    assert nvml.mig_mode(0) == (0, 0)  # nothing pending
+    assert "another NVML client" in b.switch_blocker(card, True) and not b.fits(card, [], HALF)
+    fake.remove_client(0, "dcgm")
+    clock.t += 61  # tried again after SWITCH_RETRY_S
+    assert b.fits(card, [], HALF)
+    b.enter_sliced(card)
+    assert nvml.mig_mode(0) == (1, 1)
+    fake.add_client(0, "dcgm")
+    with pytest.raises(Conflict, match=r"did not switch MIG off.*MIG stays on"):
+        b.leave_sliced(card)
+    assert nvml.mig_mode(0) == (1, 1)
+
+
+def test_in_a_vm_a_refused_reset_cancels_the_pending_mode():
+    fake = FakeNvml("dgx-h100", passthrough=True)
+    nvml = Nvml(fake)
+    b = backend_on(fake, nvml, FakeNvidiaTools(fake))
+    fake.add_client(0, "monitoring-agent")
+    with pytest.raises(Conflict, match="nvidia-smi --gpu-reset refused"):
+        b.enter_sliced(b.card)
+    assert nvml.mig_mode(0) == (0, 0)
+    fake.remove_client(0, "monitoring-agent")
+    fake.reset(0)  # an operator's later reset does not flip the card
+    assert nvml.mig_mode(0) == (0, 0)
+
+
+def test_the_switch_lets_go_of_our_event_registration_and_takes_it_back():
+    # Regression (issue 11, item 1): xpud's own event set held the card, so the driver refused the switch.
+    b, card, fake, nvml, _, _ = backend()
+    w = nvml.event_waiter()
+    got: list = []
+    t = threading.Thread(target=lambda: [got.extend(w.wait(200)) for _ in range(15)])
+    t.start()  # a thread waits on the set meanwhile, as the daemon's event thread does
+    try:
+        b.enter_sliced(card)
+        assert nvml.mig_mode(0) == (1, 1) and 0 in w.registered
+        fake.inject_xid(0, 31)
+        t.join(5)
+    finally:
+        w.close()
+    assert [(e.card_index, e.xid) for e in got] == [(0, 31)]
 
 
 def test_half_and_two_quarters_get_their_instances_and_devices():

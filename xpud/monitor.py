@@ -42,6 +42,7 @@ from xpud.model import CardSample, HealthState
 log = logging.getLogger("xpud.monitor")
 
 EVENT_WAIT_MS = 500  # how long one NVML wait blocks: bounds how long stopping the thread takes
+STOP_WAIT_S = 5.0  # beyond one wait: a rebuild or a delivery in progress when asked to stop
 HISTORY = 20  # state changes `xpu health` shows by default
 
 
@@ -156,9 +157,15 @@ class HealthMonitor:
         self.thread.start()
 
     def stop(self) -> None:
+        """End the event thread and wait until it has (it frees its event set itself, after its last
+        wait): NVML must not be shut down under it. Blocks up to a wait plus ``STOP_WAIT_S``: call it
+        off the loop."""
         if self.thread is not None:
             self.thread.stop()
-            self.thread.join(EVENT_WAIT_MS / 1000 + 1.0)
+            limit = EVENT_WAIT_MS / 1000 + STOP_WAIT_S
+            self.thread.join(limit)
+            if self.thread.is_alive():
+                log.warning("the NVML event thread did not end within %g s", limit)
             self.thread = None
 
     # ------------------------------------------------------------------ inputs
@@ -187,6 +194,9 @@ class HealthMonitor:
                     log.warning("card %d: %s", ev.card_index, xid_text(ev.xid))
             elif ev.kind == "ecc-dbe":
                 ch.observe_ecc_dbe(now)
+            elif ev.kind == "lost":  # the card left the event set: its XID signal is absent from now
+                ch.memory.xid_events = False
+                log.error("card %d is lost (fallen off the bus): it reports no more events", ev.card_index)
             touched.add(ev.card_index)
         for i in sorted(touched):
             self._judge(i, now)
