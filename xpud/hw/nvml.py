@@ -1031,6 +1031,18 @@ class EventWaiter:
             finally:
                 self._cond.notify_all()
 
+    def readmit(self, index: int) -> bool:
+        """A card that was lost answers again (after a reset): register its events again, with a fresh
+        handle. True when they are registered."""
+        with self._turn():
+            if self._closed:
+                return False
+            self._lost.discard(index)
+            if index not in self.registered:
+                self._nvml._forget(index)
+                self._build()
+            return index in self.registered
+
     def rebuild(self) -> None:
         """Make the set again (cards released or taken back since)."""
         with self._turn():
