@@ -13,7 +13,7 @@ import pytest
 
 from tests.inproc import InProcDaemon
 from xpud.api.client import Client
-from xpud.errors import NoCapacity
+from xpud.errors import Conflict, NoCapacity
 from xpud.hw.check import check_hardware
 from xpud.hw.fakenvml import FakeNvml
 from xpud.model import Caller, Mode, Request
@@ -298,3 +298,21 @@ def test_check_hardware_reports_the_mig_mapping_read_only(machine, expect):
     assert not [
         n for n in fake.calls if n.startswith(("nvmlDeviceSet", "nvmlDeviceCreate", "nvmlGpuInstance"))
     ]
+
+
+def test_a_monitoring_agent_on_every_card_refuses_mig_slices_clearly_and_leaves_no_mode_pending(inproc):
+    # The driver will not switch MIG while another NVML client (DCGM here) holds a card: the request fails
+    # with that reason, no card is left with a pending mode, and the cards stay whole and usable.
+    fake = FakeNvml("dgx-h100")
+    for i in range(8):
+        fake.add_client(i, "dcgm")
+    d = inproc("dgx-h100", CONFIG.format(keep=0), fake=fake)
+    with Client(d.runtime_dir) as c:
+        with pytest.raises(Conflict, match="another NVML client holds the card") as err:
+            c.acquire_lease("vxpu-half")
+        assert "DCGM" in str(err.value)
+        assert all(fake.card_state(i).mig == fake.card_state(i).mig_pending == 0 for i in range(8))
+        whole = c.acquire_lease("xpu", gpus=8)
+        c.release(whole.lease.id, whole.token)
+    for i in range(8):
+        fake.remove_client(i, "dcgm")
