@@ -9,7 +9,7 @@ import pytest
 from xpud.config import DEFAULT_SLICES
 from xpud.errors import ConfigError, Conflict, NoCapacity
 from xpud.hw.fakenvml import FakeNvml
-from xpud.hw.nvml import Nvml
+from xpud.hw.nvml import Nvml, NvmlError
 from xpud.isolation import mig_map
 from xpud.isolation.base import Held
 from xpud.isolation.faketools import FakeNvidiaTools
@@ -290,3 +290,17 @@ def test_mig_processes_reads_each_instance():
     fake.add_process(0, 12, gpu_instance_id=gis[1])
     assert nvml.mig_processes(0) == {gis[0]: [], gis[1]: [11, 12]}
     assert nvml.mig_processes(1) == {}  # MIG off
+
+
+def test_a_switch_goes_on_when_the_event_set_cannot_be_made_again(caplog):
+    import pynvml
+
+    b, card, fake, nvml, _, _ = backend()
+    w = nvml.event_waiter()
+    fake.fail("nvmlEventSetCreate", pynvml.NVML_ERROR_UNKNOWN)
+    b.enter_sliced(card)  # the old set is freed: nothing of ours holds the card
+    assert nvml.mig_mode(0) == (1, 1) and "event set not left" in caplog.text
+    with pytest.raises(NvmlError, match="no event set"):
+        w.wait(10)  # its thread backs off and makes a new one (xpud.monitor.EventThread)
+    fake.unfail()
+    w.close()

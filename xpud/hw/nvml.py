@@ -937,19 +937,22 @@ class Nvml:
             self._released.add(index)
             waiters = list(self._waiters)
         try:
-            for w in waiters:
-                w.rebuild()
+            self._rebuild(waiters, index, "left")
             self._forget(index)
             yield
         finally:
             with self._idle:
                 self._released.discard(index)
             self._forget(index)
-            for w in waiters:
-                try:
-                    w.rebuild()
-                except NvmlError as e:
-                    log.warning("card %d: events could not be registered again: %s", index, e)
+            self._rebuild(waiters, index, "registered again")
+
+    @staticmethod
+    def _rebuild(waiters: list[EventWaiter], index: int, what: str) -> None:
+        for w in waiters:
+            try:
+                w.rebuild()
+            except NvmlError as e:  # the set is gone (it is made again by its thread): nothing holds the card
+                log.warning("card %d: event set not %s: %s", index, what, e)
 
     # ----------------------------------------------------------------------------------- events
 
