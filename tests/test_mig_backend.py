@@ -251,6 +251,16 @@ def test_reconcile_switches_an_empty_mig_card_the_ledger_has_whole_back_off_and_
     assert found.mode is CardMode.WHOLE and found.lost == ["y"]
 
 
+def test_reconcile_keeps_an_empty_mig_card_sliced_when_a_monitoring_agent_holds_it():
+    b, card, fake, nvml, tools, _ = backend()
+    b.enter_sliced(card)
+    fake.add_client(0, "dcgm")
+    again = MigIsolation(card, nvml, tools, mig_map.load(), DEFAULT_SLICES)
+    found = again.reconcile(card, CardMode.WHOLE, [])  # start-up goes on
+    assert found.mode is CardMode.SLICED and nvml.mig_mode(0) == (1, 1)
+    assert "another NVML client holds the card" in found.notes[0]
+
+
 def test_create_conflict_with_an_instance_made_behind_our_back_is_resolved_by_reading_the_card():
     b, card, fake, nvml, _, _ = backend()
     b.enter_sliced(card)

@@ -438,7 +438,11 @@ class MigIsolation:
         if seen or any(g.blocked for g in self._gis.values()):
             return Reconciled(CardMode.SLICED, lost, notes)
         if mode is CardMode.WHOLE and not self.switch_blocker(card, False):
-            self._set_mig(False)  # MIG on with nothing in it, on a card the ledger has whole
+            try:
+                self._set_mig(False)  # MIG on with nothing in it, on a card the ledger has whole
+            except Conflict as e:  # e.g. a monitoring agent holds the card: it stays sliced
+                notes.append(f"{e}; the card stays sliced")
+                return Reconciled(CardMode.SLICED, lost, notes)
             notes.append(f"card {self.index}: MIG was on with nothing in it; switched off (card whole)")
             return Reconciled(CardMode.WHOLE, lost, notes)
         return Reconciled(CardMode.SLICED, lost, notes)
