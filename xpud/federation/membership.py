@@ -24,6 +24,7 @@ network location and the version of its capacity summary; changing it bumps the 
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Iterable
@@ -147,6 +148,7 @@ class Member:
     state: State
     meta: str = ""
     since: float = 0.0  # when this state began here
+    heard: float = 0.0  # when it or a new fact about it was last heard here (how fresh its meta is)
 
     def update(self) -> Update:
         return Update(self.name, self.addr, self.incarnation, self.state, self.meta)
@@ -193,7 +195,9 @@ class Swim:
             self.incarnation = int(self.now * 1000)
         _check_meta(self.meta)
         self.members: dict[str, Member] = {
-            self.name: Member(self.name, self.addr, self.incarnation, State.ALIVE, self.meta, self.now)
+            self.name: Member(
+                self.name, self.addr, self.incarnation, State.ALIVE, self.meta, self.now, self.now
+            )
         }
         self._queue: dict[str, tuple[Update, int]] = {}  # name -> (fact, transmissions left)
         self._seq = 0
@@ -205,6 +209,7 @@ class Swim:
         self._next_gossip = self.now + self.rng.uniform(0, self.cfg.gossip_interval_s)
         self._next_push_pull = self.now + self.rng.uniform(0, self.cfg.push_pull_interval_s)
         self._changes: list[Change] = []
+        self._next_tombstone_sweep = self.now + 60.0
         self._seeds: list[str] = []
         self.left = False
         self._broadcast(self.members[self.name].update())
@@ -245,6 +250,7 @@ class Swim:
         self.now = max(self.now, now)
         if self.left:
             return []
+        self.members[self.name].heard = self.now
         out: list[Out] = []
         self._expire_suspicions()
         self._expire_relays()
@@ -270,6 +276,9 @@ class Swim:
         self.now = max(self.now, now)
         if self.left:
             return []
+        sender = self.members.get(msg.src)
+        if sender is not None and sender.addr == msg.src_addr and sender.state is State.ALIVE:
+            sender.heard = self.now  # its facts as known here are this fresh
         match msg:
             case Ping():
                 self._merge(msg.updates)
@@ -355,10 +364,12 @@ class Swim:
                 self._suspected_at.pop(name, None)
             elif self.now - since >= self.cfg.suspicion_s:
                 self._apply(Update(m.name, m.addr, m.incarnation, State.DEAD, m.meta))
-        horizon = self.now - self.cfg.tombstone_s
-        for name in [n for n, m in self.members.items() if m.state >= State.DEAD and m.since < horizon]:
-            if name != self.name:
-                del self.members[name]
+        if self.now >= self._next_tombstone_sweep:  # O(members): once a minute is plenty
+            self._next_tombstone_sweep = self.now + 60.0
+            horizon = self.now - self.cfg.tombstone_s
+            for name in [n for n, m in self.members.items() if m.state >= State.DEAD and m.since < horizon]:
+                if name != self.name:
+                    del self.members[name]
 
     # ------------------------------------------------------------------------------ gossip
     def _retransmits(self) -> int:
@@ -371,7 +382,7 @@ class Swim:
         """Up to MAX_UPDATES queued facts, least-sent first; each use counts as a transmission."""
         if not self._queue:
             return ()
-        picked = sorted(self._queue.items(), key=lambda kv: -kv[1][1])[:MAX_UPDATES]
+        picked = heapq.nlargest(MAX_UPDATES, self._queue.items(), key=lambda kv: kv[1][1])
         for name, (u, left) in picked:
             if left <= 1:
                 del self._queue[name]
@@ -445,7 +456,7 @@ class Swim:
             if not overrides(u, old):
                 return
         changed_state = fresh or old.state is not u.state
-        old.addr, old.incarnation, old.meta = u.addr, u.incarnation, u.meta
+        old.addr, old.incarnation, old.meta, old.heard = u.addr, u.incarnation, u.meta, self.now
         if changed_state:
             old.state, old.since = u.state, self.now
         if u.state is State.SUSPECT and changed_state:
@@ -467,7 +478,7 @@ class Swim:
     def _refresh_self(self) -> None:
         self.incarnation += 1
         me = self.members[self.name]
-        me.incarnation, me.meta, me.state = self.incarnation, self.meta, State.ALIVE
+        me.incarnation, me.meta, me.state, me.heard = self.incarnation, self.meta, State.ALIVE, self.now
         self._broadcast(me.update())
 
 
