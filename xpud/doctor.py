@@ -202,8 +202,9 @@ def _with_nvml(cfg: config.Config, host: Host, nvml) -> list[Check]:
                     name,
                     WARN,
                     f"{c.name}: MIG {state}, {'on' if pending else 'off'} pending (needs a GPU reset)",
-                    f"stop the processes on GPU{c.index}, then `nvidia-smi -i {c.index} --gpu-reset` "
-                    "(or reboot)",
+                    f"to apply it: stop the processes on GPU{c.index}, then `nvidia-smi -i {c.index} "
+                    f"--gpu-reset` (or reboot); to cancel it: `nvidia-smi -i {c.index} -mig {int(current)}` "
+                    "(a pending mode otherwise flips at the next reset)",
                 )
             )
         else:
