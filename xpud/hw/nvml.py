@@ -171,6 +171,25 @@ def _field(fv) -> int | float | None:
     return getattr(fv.value, member)
 
 
+# NVML_FI_DEV_NVLINK_GET_STATE -> trained or not. ACTIVE_TRAFFIC_DISABLED (newer drivers) is trained;
+# traffic on it is held back by the fabric manager, not lost.
+_LINK_STATES = {
+    getattr(pynvml, name): up
+    for name, up in (
+        ("NVML_NVLINK_STATE_INACTIVE", False),
+        ("NVML_NVLINK_STATE_ACTIVE", True),
+        ("NVML_NVLINK_STATE_SLEEP", True),
+        ("NVML_NVLINK_STATE_ACTIVE_TRAFFIC_DISABLED", True),
+    )
+    if hasattr(pynvml, name)
+}
+
+
+def _active(state) -> bool | None:
+    """nvmlDeviceGetNvLinkState's answer (NVML_FEATURE_ENABLED: active) as trained or not."""
+    return None if state is None else state == pynvml.NVML_FEATURE_ENABLED
+
+
 def _bits(words) -> tuple[int, ...]:
     """Set bits of an array of 64-bit words (CPU or NUMA masks), lowest first."""
     return tuple(w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1)
@@ -202,6 +221,10 @@ class Nvml:
         self._handles: dict[int, object] = {}
         self._info: dict[int, CardInfo] = {}
         self._link_count: dict[int, int] = {}
+        self._links_seen_up: dict[int, set[int]] = {}  # card -> links seen trained since start-up
+        self._mig_on: dict[int, bool] = {}  # card -> MIG mode last read (links to MIG cards are down)
+        self._link_peer: dict[tuple[int, int], str] = {}  # (card, link) -> far end's bus id
+        self._bus: dict[int, str] = {}  # card -> its bus id (kept when _info is dropped)
         self._thresholds: dict[int, tuple[int | None, int | None]] = {}
         self._no_link_counters: set[tuple[int, str]] = set()  # (card, signal) neither way can read
         self._profiles: dict[int, list[MigProfile]] = {}
@@ -341,6 +364,9 @@ class Nvml:
             mig = self._call("nvmlDeviceGetMigMode", h, card=index)
             links = self._nvlink_count(index, h)
             states = [self._call("nvmlDeviceGetNvLinkState", h, link, card=index) for link in range(links)]
+            self._mig_on[index] = bool(mig and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
+            self._bus[index] = bus_id
+            self._saw_links(index, [_active(s) for s in states], h)
             arch = self._call("nvmlDeviceGetArchitecture", h, card=index)
             info = CardInfo(
                 index=index,
@@ -608,13 +634,42 @@ class Nvml:
                     self._no_link_counters.add((index, key))
                 total = None if None in per_link or _NONE in per_link else sum(per_link)
             out[key] = None if total is None else int(total)
-        states = values[len(_NVLINK_TOTALS) :]
-        if None in states:
-            states = [self._call("nvmlDeviceGetNvLinkState", h, k, card=index) for k in range(links)]
-        out["nvlink_links_down"] = (
-            None if None in states else sum(s != pynvml.NVML_FEATURE_ENABLED for s in states)
-        )
+        states = [_LINK_STATES.get(v) for v in values[len(_NVLINK_TOTALS) :]]
+        if None in states:  # no field: nvmlDeviceGetNvLinkState says active (ENABLED) or not
+            states = [_active(self._call("nvmlDeviceGetNvLinkState", h, k, card=index)) for k in range(links)]
+        out["nvlink_links_down"] = None if None in states else self._links_down(index, h, states)
         return out
+
+    def _saw_links(self, index: int, up: list[bool | None], h) -> None:
+        """Remember the links seen trained (active or asleep), and the card at each one's far end."""
+        seen = self._links_seen_up.setdefault(index, set())
+        for k, is_up in enumerate(up):
+            if is_up and k not in seen:
+                seen.add(k)
+                pci = self._call("nvmlDeviceGetNvLinkRemotePciInfo", h, k, card=index)
+                if pci is not None:
+                    self._link_peer[(index, k)] = norm_bus_id(_decode(pci.busId))
+
+    def _links_down(self, index: int, h, up: list[bool]) -> int | None:
+        """Links that were trained since start-up and are inactive now; None if the card never had one up.
+
+        Only those count: a PCIe board without its NVLink bridge reports every link inactive, and that is
+        how it is built. A sleeping link (NVML_NVLINK_STATE_SLEEP, low power) is trained. A card in MIG
+        mode has its links down, and so do links to a MIG card (DCGM's health watch skips both: "NVML
+        reports links to MIG enabled GPUs as down"): those do not count either.
+        """
+        self._saw_links(index, up, h)
+        seen = self._links_seen_up.get(index, set())
+        if not seen:
+            return None
+        mode = self._call("nvmlDeviceGetMigMode", h, card=index)
+        self._mig_on[index] = bool(mode and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
+        if self._mig_on[index]:
+            return 0
+        mig_buses = {bus for i, bus in self._bus.items() if i != index and self._mig_on.get(i)}
+        return sum(
+            1 for k in seen if k < len(up) and not up[k] and self._link_peer.get((index, k)) not in mig_buses
+        )
 
     # ------------------------------------------------------------------- processes, compute mode
 

@@ -374,7 +374,7 @@ class SignalMemory:
                     0,
                     "links",
                     FAIL if n else OK,
-                    f"{n} NVLink link(s) down" if n else "",
+                    f"{n} NVLink link(s) down that were up since start-up" if n else "",
                 )
             )
         for name, key, what in (
