@@ -37,38 +37,48 @@ CLOCK_REASONS = {
 }
 _CLOCK_NORMAL = 0x1 | 0x2 | 0x10 | 0x100  # reasons that say nothing about the card's health
 
-# What common XIDs mean (NVIDIA's XID catalogue), for reasons people can act on.
+# What XIDs mean, after NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors), for reasons people can
+# act on. DCGM names some differently (38 "PCIe Bus Error", 39 "PCIe Fabric Error", 42 "PCIe Replay
+# Error", 60 thermal, 67/73 NVLink): these are the catalogue's names.
 XID_MEANING = {
     13: "graphics engine exception",
     31: "GPU memory page fault",
+    32: "invalid or corrupted push buffer stream",
     38: "driver firmware error",
+    39: "copy engine exception",
+    42: "video processor exception",
     43: "GPU stopped processing",
     45: "preemptive cleanup after an earlier error",
     48: "double-bit ECC error",
-    54: "auxiliary power not connected",
+    54: "auxiliary power not connected to the board",
     56: "display engine error",
     57: "error programming video memory interface",
     58: "unstable video memory interface",
-    60: "clocks: thermal or power problem",
-    61: "internal micro-controller breakpoint",
+    60: "video processor exception",
+    61: "internal micro-controller breakpoint or warning",
     62: "internal micro-controller halt",
-    63: "ECC page retirement or row remap recorded",
-    64: "ECC page retirement or row remap failed",
-    67: "NVLink: too many NVLink errors",
-    68: "video processor exception",
-    73: "NVLink: link error",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping recording failed",
+    67: "illegal access by driver",
+    68: "video decoder (NVDEC0) exception",
+    69: "graphics engine class error",
+    73: "video encoder (NVENC2) error",
     74: "NVLink error",
-    78: "vGPU start failed",
+    78: "vGPU start error",
     79: "GPU has fallen off the bus",
     92: "high single-bit ECC error rate",
+    93: "InfoROM wear limit exceeded (non-fatal)",
     94: "contained ECC error",
     95: "uncontained ECC error",
     109: "context switch timeout",
     119: "GSP RPC timeout",
     120: "GSP error",
-    121: "C2C link error",
+    121: "C2C link error (corrected)",
+    136: "link training failed",
     137: "NVLink FLA privilege error",
     140: "unrecovered ECC error",
+    143: "GPU initialization failure",
+    154: "GPU recovery action changed",
 }
 
 
