@@ -154,7 +154,11 @@ class HealthSection:
         min=0,
     )
     pcie_replay_warn_per_min: float = _key(
-        16.0, "Warn when PCIe replays in the last minute reach this (DCGM: Gen4 x16 about 16).", min=0.0
+        0.0,
+        "Warn when PCIe replays in the last minute exceed this; 0: derive it from each card's PCIe link "
+        "as DCGM does (ceil(GT/s / 1000 x 60 x lanes): Gen4 x16 16, Gen5 x16 31).",
+        min=0.0,
+        max=1e9,
     )
     nvlink_crc_fail_per_s: float = _key(
         100.0, "Fail when NVLink CRC errors (flit + data, all links) reach this rate (DCGM).", min=0.0

@@ -11,6 +11,7 @@ the card and ``clock()``, so a seed and a clock give the same readings in any ca
 Beyond the pynvml surface (all thread-safe; none needs nvmlInit):
 - processes: ``add_process``, ``remove_process``;
 - link power: ``nvlink_sleep`` (links in their low-power state: not a fault);
+- PCIe: ``add_pcie_replays`` (the replay counter rises);
 - faults: ``inject_xid``, ``inject_ecc_sbe``, ``inject_ecc_dbe``, ``set_overheat``, ``nvlink_down``,
   ``lose``, ``corrupt_inforom``, ``clear`` (faults gone, volatile counters reset), ``reset`` (a GPU
   reset: also applies a pending MIG mode; refused while processes run);
@@ -1073,6 +1074,11 @@ class FakeNvml:
                 errs[N.NVML_NVLINK_ERROR_DL_RECOVERY] += 1
                 errs[N.NVML_NVLINK_ERROR_DL_CRC_FLIT] += 40
                 errs[N.NVML_NVLINK_ERROR_DL_CRC_DATA] += 3
+
+    def add_pcie_replays(self, index: int, n: int) -> None:
+        """The PCIe link retried ``n`` more transfers (nvmlDeviceGetPcieReplayCounter rises)."""
+        with self._lock:
+            self._cards[index].pcie_replays += int(n)
 
     def nvlink_sleep(self, index: int, links: list[int] | None = None, asleep: bool = True) -> None:
         """Put links (default: all wired ones) in their low-power state, or wake them: not a fault."""

@@ -82,6 +82,21 @@ XID_MEANING = {
 }
 
 
+# PCIe transfer rate per lane by generation, GT/s.
+PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+PCIE_REPLAY_FALLBACK = 16  # the rule's value for Gen4 x16, when the card cannot say its link
+
+
+def pcie_replay_limit(gen: int | None, width: int | None) -> int | None:
+    """Replays per minute a PCIe link may have before it warns: DCGM's rule (DcgmHealthWatch.cpp,
+    GetExpectedPcieReplayRate): a bit error rate of 1e-12 at the link's rate, ceil(GT/s / 1000 * 60 * lanes)
+    (Gen3 x16 8, Gen4 x16 16, Gen5 x16 31). A generation above 6 counts as 6, as DCGM caps it. None when
+    the link is unknown."""
+    if not gen or not width or gen < 1 or width < 1:
+        return None
+    return math.ceil(PCIE_GTS[min(gen, max(PCIE_GTS))] / 1000 * 60 * width)
+
+
 def xid_class(xid: int, cfg: HealthSection) -> str:
     """``"application"``, ``FAIL``, ``WARN`` or ``"ignore"`` for an XID, by the configured lists."""
     if xid in cfg.xid_application:
@@ -169,6 +184,7 @@ class SignalMemory:
 
     cfg: HealthSection
     xid_events: bool = True  # the card reports XID events (False: the xid signal is absent)
+    pcie_link: tuple[int | None, int | None] = (None, None)  # the card's PCIe (generation, width)
     sample: CardSample | None = None
     fragmentation: float | None = None
     _xids: deque = field(default_factory=lambda: deque(maxlen=64))  # (time, xid, class)
@@ -354,21 +370,24 @@ class SignalMemory:
                 status, reason = OK, ""
             out.append(Signal("remapped_rows", n, 0, "rows", status, reason))
 
-        # PCIe replays within the last minute
+        # PCIe replays within the last minute, against what the link may have (warn when exceeded, as DCGM)
+        limit = self.pcie_replay_limit()
         if s.pcie_replay_counter is None or not self._pcie:
-            out.append(Signal("pcie_replays", None, c.pcie_replay_warn_per_min, "per min", ABSENT))
+            out.append(Signal("pcie_replays", None, limit, "per min", ABSENT))
         else:
             base = self._pcie[0][1]
             n = max(0, s.pcie_replay_counter - base) if s.pcie_replay_counter >= base else 0
-            high = n >= c.pcie_replay_warn_per_min > 0
+            high = n > limit
+            gen, width = self.pcie_link
+            link = f" (PCIe Gen{gen} x{width})" if gen and width and not c.pcie_replay_warn_per_min else ""
             out.append(
                 Signal(
                     "pcie_replays",
                     n,
-                    c.pcie_replay_warn_per_min,
+                    limit,
                     "per min",
                     WARN if high else OK,
-                    f"{n} PCIe replays in the last minute" if high else "",
+                    f"{n} PCIe replays in the last minute, more than {limit:g}{link}" if high else "",
                 )
             )
 
@@ -474,6 +493,14 @@ class SignalMemory:
                 )
             )
         return out
+
+    def pcie_replay_limit(self) -> float:
+        """Replays per minute before the PCIe signal warns: ``[health] pcie_replay_warn_per_min`` when set,
+        else DCGM's rule for the card's link (``pcie_replay_limit``)."""
+        if self.cfg.pcie_replay_warn_per_min > 0:
+            return self.cfg.pcie_replay_warn_per_min
+        derived = pcie_replay_limit(*self.pcie_link)
+        return float(PCIE_REPLAY_FALLBACK if derived is None else derived)
 
     def _rose(self, key: str, now: float) -> bool:
         counter = self._counters.get(key)
