@@ -109,3 +109,18 @@ def test_a_link_that_comes_up_late_counts_once_it_drops():
     assert nvml.sample(0).nvlink_links_down == 0
     fake.nvlink_down(0, links=[4])
     assert nvml.sample(0).nvlink_links_down == 1
+
+
+def test_the_monitor_keeps_every_unbridged_pcie_h100_in_service(tmp_path):
+    from xpud.config import Config
+    from xpud.engine import Engine
+    from xpud.ledger import Ledger
+    from xpud.monitor import HealthMonitor
+
+    fake, hw = rig("pcie-4x-h100", read_inventory=False)
+    engine = Engine(hw.cards(), hw.topology(), Config(), Ledger(tmp_path / "l.sqlite"))
+    monitor = HealthMonitor(engine, hw, engine.cfg)
+    for _ in range(3):
+        monitor.on_samples({i: hw.sample(i) for i in engine.cards})
+    assert [c.health_state for c in engine.cards.values()] == [HealthState.HEALTHY] * 4
+    assert all(c.usable for c in engine.cards.values())
