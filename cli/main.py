@@ -463,10 +463,10 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 
 def _register_commands() -> None:
-    """Commands that live in their own modules (defrag, simulator, dashboard) register themselves."""
-    from xpu_cli import defrag, simulate, top
+    """Commands that live in their own modules (defrag, simulator, dashboard, certs) register themselves."""
+    from xpu_cli import certs, defrag, simulate, top
 
-    for module in (defrag, simulate, top):
+    for module in (certs, defrag, simulate, top):
         module.register(app)
 
 

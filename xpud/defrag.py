@@ -379,19 +379,19 @@ class Defragmenter:
             if why:
                 reasons[why] = reasons.get(why, 0) + 1
         movable = active - sum(reasons.values())
-        if not movable:
+        notes: list[str] = []
+        if not movable:  # nothing to do is a result, not an error
             detail = "; ".join(f"{n} {why}" for why, n in sorted(reasons.items())) or "no active leases"
-            raise Conflict(
+            notes.append(
                 f"nothing restartable to move: {active} active lease(s) ({detail}); jobs started with "
                 "`xpu run --restartable` may be moved"
             )
-        if budget == 0:
+        elif budget == 0:
             need = math.ceil(100 / active)
-            raise BadRequest(
+            notes.append(
                 f"a move budget of {pct:g} % of {active} active lease(s) allows no move (it rounds down); "
                 f"give --move-budget {need} or more"
             )
-        notes: list[str] = []
 
         def result(moves=(), after=None, cost=0.0, target=()) -> DefragPlan:
             before = free_cards(e.topology, Books(e).idle_whole())
@@ -409,6 +409,8 @@ class Defragmenter:
                 tuple(notes),
             )
 
+        if notes:
+            return result()
         if gpus and best_group(e.topology, list(Books(e).idle_whole()), gpus):
             notes.append(f"{gpus} whole card(s) are free already: nothing to move")
             return result()
