@@ -12,11 +12,14 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from xpud.config import HealthSection
+from xpud.config import Config, HealthSection
+from xpud.engine import Engine
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.health import CardHealth
 from xpud.hw.nvml import Nvml
+from xpud.ledger import Ledger
 from xpud.model import HealthState
+from xpud.monitor import HealthMonitor
 
 
 def rig(machine: str, read_inventory: bool = True) -> tuple[FakeNvml, Nvml]:
@@ -112,12 +115,7 @@ def test_a_link_that_comes_up_late_counts_once_it_drops():
 
 
 def test_the_monitor_keeps_every_unbridged_pcie_h100_in_service(tmp_path):
-    from xpud.config import Config
-    from xpud.engine import Engine
-    from xpud.ledger import Ledger
-    from xpud.monitor import HealthMonitor
-
-    fake, hw = rig("pcie-4x-h100", read_inventory=False)
+    _, hw = rig("pcie-4x-h100", read_inventory=False)
     engine = Engine(hw.cards(), hw.topology(), Config(), Ledger(tmp_path / "l.sqlite"))
     monitor = HealthMonitor(engine, hw, engine.cfg)
     for _ in range(3):
