@@ -100,11 +100,12 @@ class LeasesSection:
 #   48, 74, 79, 95, 119, 120, 140) and 64, which its memory watch fails. Before 4.4 the health watch acted
 #   on XID 95 only.
 # - warn: DCGM's warnings (94, and its per-watch table: memory 32/63, PCIe 38/39/42, thermal 60-62, power
-#   54/56-58/78, NVLink 67/73/121/137; its 31 and 43 are application XIDs here) and 92, a high single-bit
-#   ECC rate, which the catalogue calls non-critical (the card corrected them) and DCGM does not list.
+#   54/56-58/78, NVLink 67/73/121/137, InfoROM 93 (Volta only there); its 31 and 43 are application XIDs
+#   here) and 92, a high single-bit ECC rate, which the catalogue calls non-critical (the card corrected
+#   them) and DCGM does not list.
 _XID_APPLICATION = (13, 31, 43, 45, 68, 109)
 _XID_FAIL = (48, 64, 74, 79, 95, 119, 120, 140)
-_XID_WARN = (32, 38, 39, 42, 54, 56, 57, 58, 60, 61, 62, 63, 67, 73, 78, 92, 94, 121, 137)
+_XID_WARN = (32, 38, 39, 42, 54, 56, 57, 58, 60, 61, 62, 63, 67, 73, 78, 92, 93, 94, 121, 137)
 
 
 @dataclass(frozen=True)
