@@ -76,6 +76,8 @@ def test_wheel_contents(wheel):
         "xpud/api/v1/xpu.proto",
         "xpud/api/v1/xpu_pb2.py",
         "xpu_cli/main.py",
+        "xpud/systemd/xpud.service",
+        "xpud/systemd/xpud-sysusers.conf",
         "xpud/sim/data/openb/openb_node_list_gpu_node.csv",
         "xpud/sim/data/openb/openb_pod_list_default.csv",
         "xpud/sim/data/openb/README.md",
@@ -116,6 +118,21 @@ def test_wheel_installs_and_runs(wheel, tmp_path):
         [str(target / "bin" / "xpu"), "--help"], env=env, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0 and "run" in r.stdout
+    # the unit and the sysusers entry ship in the wheel, and ExecStart names the xpud that ran
+    root = tmp_path / "root"
+    root.mkdir()
+    r = subprocess.run(
+        [str(target / "bin" / "xpud"), "install-service", "--root", str(root), "--no-start"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    unit = (root / "etc/systemd/system/xpud.service").read_text()
+    assert f"ExecStart={target / 'bin' / 'xpud'} --config" in unit
+    assert "g xpud-admin -" in (root / "etc/sysusers.d/xpud.conf").read_text()
     # the default trace ships with the package: simulate works outside the repository's layout
     r = subprocess.run(
         [str(target / "bin" / "xpu"), "simulate", "-q", "--seeds", "42", "--json"],

@@ -339,5 +339,70 @@ def check_hardware_command(
     raise typer.Exit(code)
 
 
+@app.command("install-service")
+def install_service_command(
+    root: Annotated[
+        str, typer.Option(help="Write everything under this directory (an image, a test).")
+    ] = "/",
+    prefix: Annotated[
+        str | None,
+        typer.Option(
+            help="Installation prefix on the target: the unit runs PREFIX/bin/xpud (default: this xpud)."
+        ),
+    ] = None,
+    no_start: Annotated[
+        bool, typer.Option("--no-start", help="Write the files; enable and start nothing.")
+    ] = False,
+) -> None:
+    """Install the systemd unit, the admin group's sysusers entry and a default config; enable and start."""
+    from xpud.install import install
+
+    try:
+        report = install(Path(root), prefix, start=not no_start)
+    except XpudError as e:
+        _fail(str(e))
+    typer.echo("\n".join(report.lines))
+    typer.echo("changed" if report.changed else "nothing to change")
+
+
+@app.command("uninstall-service")
+def uninstall_service_command(
+    root: Annotated[str, typer.Option(help="The directory install-service wrote under.")] = "/",
+) -> None:
+    """Stop and disable the unit and remove what install-service wrote (edited files stay)."""
+    from xpud.install import uninstall
+
+    try:
+        report = uninstall(Path(root))
+    except XpudError as e:
+        _fail(str(e))
+    typer.echo("\n".join(report.lines))
+
+
+@app.command("doctor")
+def doctor_command(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+    root: Annotated[str, typer.Option(help="Where the unit and the group database are (an image).")] = "/",
+    simulate: Annotated[
+        str | None, typer.Option(help="Check a simulated machine instead of the driver.", metavar="MACHINE")
+    ] = None,
+) -> None:
+    """Check the host before it goes live: driver, MIG, persistence, MPS, admin group, sockets, unit."""
+    import json
+
+    from xpud import doctor
+
+    cfg = ctx.obj or config.Config()
+    if simulate:
+        cfg = cfg.replace("devices", backend="simulated", machine=simulate)
+    try:
+        checks = doctor.run_checks(cfg, doctor.host_for(cfg, Path(root)))
+    except XpudError as e:
+        _fail(str(e))
+    typer.echo(json.dumps(doctor.as_json(checks), indent=2) if as_json else doctor.render(checks))
+    raise typer.Exit(doctor.exit_code(checks))
+
+
 def main() -> None:
     app(prog_name="xpud")

@@ -24,6 +24,7 @@ network location and the version of its capacity summary; changing it bumps the 
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Iterable
@@ -208,6 +209,7 @@ class Swim:
         self._next_gossip = self.now + self.rng.uniform(0, self.cfg.gossip_interval_s)
         self._next_push_pull = self.now + self.rng.uniform(0, self.cfg.push_pull_interval_s)
         self._changes: list[Change] = []
+        self._next_tombstone_sweep = self.now + 60.0
         self._seeds: list[str] = []
         self.left = False
         self._broadcast(self.members[self.name].update())
@@ -362,10 +364,12 @@ class Swim:
                 self._suspected_at.pop(name, None)
             elif self.now - since >= self.cfg.suspicion_s:
                 self._apply(Update(m.name, m.addr, m.incarnation, State.DEAD, m.meta))
-        horizon = self.now - self.cfg.tombstone_s
-        for name in [n for n, m in self.members.items() if m.state >= State.DEAD and m.since < horizon]:
-            if name != self.name:
-                del self.members[name]
+        if self.now >= self._next_tombstone_sweep:  # O(members): once a minute is plenty
+            self._next_tombstone_sweep = self.now + 60.0
+            horizon = self.now - self.cfg.tombstone_s
+            for name in [n for n, m in self.members.items() if m.state >= State.DEAD and m.since < horizon]:
+                if name != self.name:
+                    del self.members[name]
 
     # ------------------------------------------------------------------------------ gossip
     def _retransmits(self) -> int:
@@ -378,7 +382,7 @@ class Swim:
         """Up to MAX_UPDATES queued facts, least-sent first; each use counts as a transmission."""
         if not self._queue:
             return ()
-        picked = sorted(self._queue.items(), key=lambda kv: -kv[1][1])[:MAX_UPDATES]
+        picked = heapq.nlargest(MAX_UPDATES, self._queue.items(), key=lambda kv: kv[1][1])
         for name, (u, left) in picked:
             if left <= 1:
                 del self._queue[name]

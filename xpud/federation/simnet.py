@@ -121,8 +121,13 @@ class SimNet:
 
     def converged(self) -> bool:
         """Every live host knows every live host as alive."""
-        live = self.live()
-        return all(self.state_of(o, n) is State.ALIVE for o in live for n in live)
+        live = set(self.live())
+        for o in live:
+            table = self.hosts[o].members.values()
+            known = sum(1 for m in table if m.state is State.ALIVE and m.name in live)
+            if known != len(live):
+                return False
+        return True
 
     def share(self, name: str, states: tuple[State, ...]) -> float:
         """The share of live hosts (other than ``name``) that see ``name`` in one of ``states``."""

@@ -122,6 +122,7 @@ class _Card:
         self.rows = [0, 0, 0, 0]  # remapped rows: corrected, uncorrected, pending, failure
         self.pcie_replays = 0
         self.compute_mode = N.NVML_COMPUTEMODE_DEFAULT
+        self.persistence = N.NVML_FEATURE_ENABLED  # as on hosts that run nvidia-persistenced
         self.mig = self.mig_pending = int(spec.mig_enabled)
         self.gis: dict[int, _Gi] = {}
         self.mig_devices: dict[int, _Ci] = {}
@@ -679,6 +680,18 @@ class FakeNvml:
         ):
             raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
         card.compute_mode = mode
+
+    @_api
+    def nvmlDeviceGetPersistenceMode(self, handle) -> int:
+        return self._dev(handle).persistence
+
+    @_api
+    def nvmlDeviceSetPersistenceMode(self, handle, mode: int) -> None:
+        card = self._dev(handle)
+        self._need_root()
+        if mode not in (N.NVML_FEATURE_DISABLED, N.NVML_FEATURE_ENABLED):
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        card.persistence = mode
 
     # ----------------------------------------------------------------------------------- events
 

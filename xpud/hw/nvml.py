@@ -688,6 +688,11 @@ class Nvml:
         value = COMPUTE_MODES[mode.upper()] if isinstance(mode, str) else int(mode)
         self._call("nvmlDeviceSetComputeMode", self._handle(index), value, card=index, strict=True)
 
+    def persistence_mode(self, index: int) -> bool | None:
+        """Whether the driver stays loaded with no client (persistence mode); None if unknown."""
+        mode = self._call("nvmlDeviceGetPersistenceMode", self._handle(index), card=index)
+        return None if mode is None else mode == pynvml.NVML_FEATURE_ENABLED
+
     # -------------------------------------------------------------------------------------- MIG
 
     def mig_mode(self, index: int) -> tuple[int, int] | None:
