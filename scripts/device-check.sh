@@ -100,7 +100,8 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 if [[ -z $started ]]; then
-  record daemon FAIL "did not start within 30 s (log: $out/xpud.log)"
+  if kill -0 "$daemon" 2>/dev/null; then why="did not serve within 30 s"; else why="exited: $(tail -n 1 "$out/xpud.log")"; fi
+  record daemon FAIL "$why (log: $out/xpud.log)"
 else
   record daemon PASS "serving on $XPUD_RUNTIME_DIR (isolation none, mig_switch never)"
   [[ -n $simulate ]] && settings >"$out/settings-before.txt" 2>&1
