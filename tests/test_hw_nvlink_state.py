@@ -94,8 +94,8 @@ def test_links_that_mig_takes_down_are_not_counted():
     h0, h1 = fake.nvmlDeviceGetHandleByIndex(0), fake.nvmlDeviceGetHandleByIndex(1)
     assert fake.nvmlDeviceGetNvLinkState(h0, 0) == pynvml.NVML_FEATURE_DISABLED
     assert fake.nvmlDeviceGetNvLinkState(h1, 0) == pynvml.NVML_FEATURE_DISABLED  # its partner's too
+    assert nvml.sample(1).nvlink_links_down == 0  # the partner first: card 0's new mode is read then
     assert nvml.sample(0).nvlink_links_down == 0
-    assert nvml.sample(1).nvlink_links_down == 0
     assert state_of(nvml, 1) is HealthState.HEALTHY
     nvml.set_mig_mode(0, False)
     fake.reset(0)
@@ -122,3 +122,13 @@ def test_the_monitor_keeps_every_unbridged_pcie_h100_in_service(tmp_path):
         monitor.on_samples({i: hw.sample(i) for i in engine.cards})
     assert [c.health_state for c in engine.cards.values()] == [HealthState.HEALTHY] * 4
     assert all(c.usable for c in engine.cards.values())
+
+
+def test_a_partner_that_falls_off_the_bus_takes_the_bridge_down():
+    fake, nvml = rig("pcie-4x-a100-bridged")
+    assert nvml.sample(1).nvlink_links_down == 0
+    fake.lose(0)
+    assert nvml.sample(0).lost
+    assert nvml.sample(1).nvlink_links_down == 12
+    fake.clear(0)
+    assert nvml.sample(1).nvlink_links_down == 0

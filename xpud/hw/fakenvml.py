@@ -437,10 +437,11 @@ class FakeNvml:
         return card
 
     def _link_state(self, card: _Card, link: int) -> int:
-        """NVML_NVLINK_STATE_INACTIVE, _ACTIVE or _SLEEP."""
+        """NVML_NVLINK_STATE_INACTIVE, _ACTIVE or _SLEEP. A link to a peer that fell off the bus is down
+        too (NVIDIA's XID catalogue, XID 74: the far end failing takes the link down)."""
         peers = card.spec.nvlink_peers
-        mig = card.mig or (link < len(peers) and self._cards[peers[link]].mig)
-        if not card.links_up[link] or mig:
+        peer = self._cards[peers[link]] if link < len(peers) else None
+        if not card.links_up[link] or card.mig or (peer is not None and (peer.mig or peer.lost)):
             return N.NVML_NVLINK_STATE_INACTIVE
         return N.NVML_NVLINK_STATE_SLEEP if link in card.links_asleep else N.NVML_NVLINK_STATE_ACTIVE
 

@@ -222,7 +222,6 @@ class Nvml:
         self._info: dict[int, CardInfo] = {}
         self._link_count: dict[int, int] = {}
         self._links_seen_up: dict[int, set[int]] = {}  # card -> links seen trained since start-up
-        self._mig_on: dict[int, bool] = {}  # card -> MIG mode last read (links to MIG cards are down)
         self._link_peer: dict[tuple[int, int], str] = {}  # (card, link) -> far end's bus id
         self._bus: dict[int, str] = {}  # card -> its bus id (kept when _info is dropped)
         self._thresholds: dict[int, tuple[int | None, int | None]] = {}
@@ -364,7 +363,6 @@ class Nvml:
             mig = self._call("nvmlDeviceGetMigMode", h, card=index)
             links = self._nvlink_count(index, h)
             states = [self._call("nvmlDeviceGetNvLinkState", h, link, card=index) for link in range(links)]
-            self._mig_on[index] = bool(mig and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
             self._bus[index] = bus_id
             self._saw_links(index, [_active(s) for s in states], h)
             arch = self._call("nvmlDeviceGetArchitecture", h, card=index)
@@ -662,14 +660,26 @@ class Nvml:
         seen = self._links_seen_up.get(index, set())
         if not seen:
             return None
-        mode = self._call("nvmlDeviceGetMigMode", h, card=index)
-        self._mig_on[index] = bool(mode and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
-        if self._mig_on[index]:
+        if self._read_mig_on(index, h):
             return 0
-        mig_buses = {bus for i, bus in self._bus.items() if i != index and self._mig_on.get(i)}
-        return sum(
-            1 for k in seen if k < len(up) and not up[k] and self._link_peer.get((index, k)) not in mig_buses
-        )
+        card_at = {bus: i for i, bus in self._bus.items() if i != index}
+        down = 0
+        for k in sorted(seen):
+            if k >= len(up) or up[k]:
+                continue
+            peer = card_at.get(self._link_peer.get((index, k), ""))
+            if peer is not None and self._read_mig_on(peer):  # read now: it may have just switched
+                continue
+            down += 1
+        return down
+
+    def _read_mig_on(self, index: int, h=None) -> bool:
+        """Whether a card is in MIG mode now, read from the driver (False when it cannot say)."""
+        try:
+            mode = self._call("nvmlDeviceGetMigMode", h or self._handle(index), card=index)
+        except NvmlError:  # lost or unreadable: its links count as down
+            return False
+        return bool(mode and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
 
     # ------------------------------------------------------------------- processes, compute mode
 
