@@ -153,6 +153,7 @@ def _no_mps_control(host):
 def _mig_pending(host):
     lib = host.lib
     lib.nvmlInit()
+    lib.add_client(0, "dcgm")  # a monitoring agent holds the card: the driver leaves the mode pending
     lib.nvmlDeviceSetMigMode(_handle(host, 0), N.NVML_DEVICE_MIG_ENABLE)
     lib.nvmlShutdown()
 

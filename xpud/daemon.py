@@ -202,11 +202,12 @@ class Daemon:
                 os.chown(self.admin_socket, 0, grp.getgrnam(self.cfg.daemon.admin_group).gr_gid)
 
     async def stop(self) -> None:
+        """Stop in the order that keeps NVML safe: no new work (jobs, then requests), the hardware reads
+        in progress return, the event thread ends (it frees its own event set), then NVML shuts down
+        (``Nvml.close`` also waits for any other call, and nothing re-opens it afterwards)."""
         sd_notify("STOPPING=1")
         if self.jobs:
             self.jobs.stop()
-        if self.monitor:
-            self.monitor.stop()
         for s in self.servers:
             await s.stop(grace=0.5)
         if self.cred_server:
@@ -214,10 +215,16 @@ class Daemon:
         for p in (self.user_socket, self.admin_socket, self.cred_socket):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
+        if self.jobs:
+            await self.jobs.drain()
+        if self.monitor:
+            await asyncio.to_thread(self.monitor.stop)  # joins the thread: up to one NVML wait
         if self.ledger:
             self.ledger.close()
-        with contextlib.suppress(Exception):
-            self.hw.close()
+        try:
+            await asyncio.to_thread(self.hw.close)
+        except Exception as e:  # stopping goes on whatever NVML says
+            log.warning("closing NVML: %s", e)
         log.info("xpud stopped; active leases stay in the ledger and are restored at the next start")
 
 

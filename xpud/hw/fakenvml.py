@@ -9,12 +9,13 @@ Values that move (utilisation, temperature, power, memory in use) are pure funct
 the card and ``clock()``, so a seed and a clock give the same readings in any call order.
 
 Beyond the pynvml surface (all thread-safe; none needs nvmlInit):
-- processes: ``add_process``, ``remove_process``;
+- processes: ``add_process``, ``remove_process``; other NVML clients (a monitoring agent such as DCGM)
+  that hold a card: ``add_client``, ``remove_client``;
 - link power: ``nvlink_sleep`` (links in their low-power state: not a fault);
 - PCIe: ``add_pcie_replays`` (the replay counter rises);
 - faults: ``inject_xid``, ``inject_ecc_sbe``, ``inject_ecc_dbe``, ``set_overheat``, ``nvlink_down``,
   ``lose``, ``corrupt_inforom``, ``clear`` (faults gone, volatile counters reset), ``reset`` (a GPU
-  reset: also applies a pending MIG mode; refused while processes run);
+  reset, ``nvidia-smi -r``: also applies a pending MIG mode; refused while the card is held);
 - tests: ``fail(name, code, index)`` makes one call fail, ``hide(name)`` makes it missing as in an old
   binding, ``calls`` counts calls by name, ``mig_layout(index)`` shows the MIG instances.
 """
@@ -34,6 +35,25 @@ from dataclasses import dataclass, field
 import pynvml as N
 
 from xpud.hw.machines import CardSpec, Machine, MigProfileSpec, load_machine
+
+# What the fake models, and where it is deliberately simpler than the driver (nvml.h; REFERENCE.md):
+# - MIG mode (nvmlDeviceSetMigMode): the pending mode is set first; the driver then tries to activate it
+#   by resetting the card itself, which fails with activation status IN_USE while anything holds the card
+#   (a compute process, another NVML client such as DCGM, or an event set with the card registered, ours
+#   included); the pending mode stays until a later reset or until the current mode is asked for again.
+#   ``passthrough=True`` models a VM where the driver cannot reset: RESET_REQUIRED, and only ``reset``
+#   (which a VM reboot would be) applies it. Simpler: a reset keeps device handles valid (the driver may
+#   renumber minors; the adapter re-reads handles after a switch anyway), and nvidia-persistenced is not
+#   modelled (it does not block a switch on real hosts either).
+# - Profiles: GPU-instance profile calls answer NOT_SUPPORTED while MIG is off, as the driver does; a
+#   driver older than R570 knows fewer profile enums (the binding's later ones answer INVALID_ARGUMENT).
+#   Simpler: the enum count is a two-step model of driver history, not a table per release.
+# - Events: a lost card makes nvmlEventSetWait answer GPU_IS_LOST once the events queued before the loss
+#   are handed out (what the driver does with those is not documented; the adapter copes either way).
+#   Freeing a set while another thread waits on it, or shutting NVML down then, is undefined in NVML: the
+#   fake raises RuntimeError so that a test finds the misuse. Simpler: no per-process event limits, no
+#   nvmlEventSetWait_v3 contexts.
+# - Values that move are smooth noise, not physics; NVLink, clocks and power are out of this list's scope.
 
 MIB = 1 << 20
 NO_ID = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of an event or process that concerns the whole card
@@ -55,6 +75,10 @@ _CI_PROFILE_BY_SLICES = {
 }  # slices -> NVML_COMPUTE_INSTANCE_PROFILE_*
 _SUPPORTED_EVENTS = N.nvmlEventTypeXidCriticalError | N.nvmlEventTypePState | N.nvmlEventTypeClock
 _ECC_EVENTS = N.nvmlEventTypeSingleBitEccError | N.nvmlEventTypeDoubleBitEccError
+# Profile enums a driver knows: before R570 it knows the GPU-instance enums up to 1_SLICE_REV2 and the
+# compute-instance enums up to 1_SLICE_REV1; asked about a later enum it answers INVALID_ARGUMENT.
+_OLD_DRIVER_GI_PROFILES = N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2 + 1
+_OLD_DRIVER_CI_PROFILES = N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1 + 1
 _LINK_COUNTERS = 4  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
 _FIELD_TOTALS = {  # field id -> per-link counter it sums
     N.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: N.NVML_NVLINK_ERROR_DL_REPLAY,
@@ -127,6 +151,7 @@ class _Card:
         self.gis: dict[int, _Gi] = {}
         self.mig_devices: dict[int, _Ci] = {}
         self.procs: dict[int, _Proc] = {}
+        self.clients: set[str] = set()  # other NVML clients holding the card (e.g. "dcgm")
         self.handle: object = None
 
     def clear_faults(self) -> None:
@@ -145,6 +170,7 @@ class _EventSet:
     registered: dict[int, int] = field(default_factory=dict)  # card index -> event mask
     queue: deque = field(default_factory=deque)
     freed: bool = False
+    waiting: int = 0  # threads inside nvmlEventSetWait on this set
 
 
 # ---------------------------------------------------------------------------------- deterministic noise
@@ -208,9 +234,15 @@ class FakeNvml:
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
         root: bool = True,
+        passthrough: bool = False,
     ):
         self.machine = machine if isinstance(machine, Machine) else load_machine(machine)
         self.seed, self._clock, self.root = seed, clock, root
+        self.passthrough = passthrough  # a VM: the driver cannot reset a card to apply a MIG mode
+        major = self.machine.driver_version.split(".")[0]
+        old = major.isdigit() and int(major) < 570
+        self.gi_profile_count = _OLD_DRIVER_GI_PROFILES if old else N.NVML_GPU_INSTANCE_PROFILE_COUNT
+        self.ci_profile_count = _OLD_DRIVER_CI_PROFILES if old else N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._inits = 0
@@ -281,6 +313,8 @@ class FakeNvml:
 
     @_api
     def nvmlShutdown(self) -> None:
+        if self._inits == 1 and any(es.waiting for es in self._sets):
+            raise RuntimeError("nvmlShutdown while a thread is inside nvmlEventSetWait: undefined in NVML")
         self._inits -= 1
 
     @_api
@@ -726,20 +760,29 @@ class FakeNvml:
     def nvmlEventSetWait(self, eventSet, timeoutms: int):
         es = self._set(eventSet)
         deadline = time.monotonic() + timeoutms / 1000.0  # blocking is real time, not the fake clock
-        while not es.queue:
-            left = deadline - time.monotonic()
-            if es.freed:
-                raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
-            if left <= 0:
-                raise _err(N.NVML_ERROR_TIMEOUT)
-            self._cond.wait(left)
-        return es.queue.popleft()
+        es.waiting += 1
+        try:
+            while not es.queue:
+                if any(self._cards[i].lost for i in es.registered):
+                    raise _err(N.NVML_ERROR_GPU_IS_LOST)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _err(N.NVML_ERROR_TIMEOUT)
+                self._cond.wait(left)
+            return es.queue.popleft()
+        finally:
+            es.waiting -= 1
 
     nvmlEventSetWait_v2 = _alias(nvmlEventSetWait, "nvmlEventSetWait_v2")
 
     @_api
     def nvmlEventSetFree(self, eventSet) -> None:
         es = self._set(eventSet)
+        if es.waiting:
+            raise RuntimeError(
+                "nvmlEventSetFree on an event set another thread waits on: undefined in NVML "
+                "(let the waiting thread free it when its wait returns)"
+            )
         es.freed = True
         self._sets.remove(es)
         self._drop_handle(eventSet)
@@ -762,7 +805,21 @@ class FakeNvml:
             raise _err(N.NVML_ERROR_NOT_SUPPORTED)
         return card
 
+    def _held_by(self, card: _Card) -> list[str]:
+        """What keeps the driver from resetting the card: processes, other NVML clients, event sets."""
+        out = [f"process {pid}" for pid in card.procs]
+        out += sorted(card.clients)
+        out += ["an event set" for es in self._sets if card.index in es.registered]
+        return out
+
+    def _reset_card(self, card: _Card) -> None:
+        card.mig = card.mig_pending
+        card.clear_faults()
+        card.inforom_corrupt = False
+
     def _profile(self, card: _Card, profile_id: int) -> MigProfileSpec:
+        if not card.mig:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)  # profiles are answered only while MIG is on
         for p in card.model.mig_profiles:
             if p.id == profile_id:
                 return p
@@ -775,15 +832,24 @@ class FakeNvml:
 
     @_api
     def nvmlDeviceSetMigMode(self, device, mode: int) -> int:
-        """Sets the pending mode; it takes effect at ``reset(index)``. Returns the activation status."""
+        """Sets the pending mode, then activates it by resetting the card when nothing holds it. Returns
+        the activation status: SUCCESS (the mode is current), IN_USE (held: the mode stays pending) or,
+        under ``passthrough``, RESET_REQUIRED."""
         card = self._mig_card(device)
         self._need_root()
         if mode not in (N.NVML_DEVICE_MIG_DISABLE, N.NVML_DEVICE_MIG_ENABLE):
             raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
-        if card.procs or card.gis:
-            raise _err(N.NVML_ERROR_IN_USE)
+        if card.gis:
+            raise _err(N.NVML_ERROR_IN_USE)  # GPU instances must be destroyed first
         card.mig_pending = mode
-        return N.NVML_SUCCESS if mode == card.mig else N.NVML_ERROR_RESET_REQUIRED
+        if mode == card.mig:
+            return N.NVML_SUCCESS  # asking for the current mode cancels a pending change
+        if self.passthrough:
+            return N.NVML_ERROR_RESET_REQUIRED
+        if self._held_by(card):
+            return N.NVML_ERROR_IN_USE
+        self._reset_card(card)
+        return N.NVML_SUCCESS
 
     @_api
     def nvmlDeviceGetMaxMigDeviceCount(self, device) -> int:
@@ -792,6 +858,10 @@ class FakeNvml:
     @_api
     def nvmlDeviceGetGpuInstanceProfileInfo(self, device, profile: int, version: int = 2):
         card = self._mig_card(device)
+        if not 0 <= profile < self.gi_profile_count:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)  # an enum this driver does not know
+        if not card.mig:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
         spec = next((p for p in card.model.mig_profiles if p.profile == profile), None)
         if spec is None:
             raise _err(N.NVML_ERROR_NOT_SUPPORTED)
@@ -892,6 +962,8 @@ class FakeNvml:
         self, device, profile: int, engProfile: int, version: int = 2
     ):
         gi: _Gi = self._resolve(device, "gi")
+        if not 0 <= profile < self.ci_profile_count:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)  # an enum this driver does not know
         shapes = self._ci_slices(gi)
         if profile not in shapes or engProfile != N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
             raise _err(N.NVML_ERROR_NOT_SUPPORTED)
@@ -1034,6 +1106,16 @@ class FakeNvml:
         with self._lock:
             self._cards[index].procs.pop(pid, None)
 
+    def add_client(self, index: int, name: str = "dcgm") -> None:
+        """Another NVML client (a monitoring agent such as DCGM) holds the card: MIG mode changes stay
+        pending and resets are refused until it lets go."""
+        with self._lock:
+            self._cards[index].clients.add(name)
+
+    def remove_client(self, index: int, name: str = "dcgm") -> None:
+        with self._lock:
+            self._cards[index].clients.discard(name)
+
     # -------------------------------------------------------------------- beyond pynvml: faults
 
     def inject_xid(
@@ -1105,6 +1187,7 @@ class FakeNvml:
         """The card falls off the bus: every call on its handles raises NVMLError_GpuIsLost."""
         with self._lock:
             self._cards[index].lost = True
+            self._cond.notify_all()  # an event wait on the card answers GPU_IS_LOST
 
     def corrupt_inforom(self, index: int) -> None:
         with self._lock:
@@ -1118,13 +1201,13 @@ class FakeNvml:
             card.inforom_corrupt = False
 
     def reset(self, index: int) -> None:
-        """A GPU reset: refused while processes run; applies a pending MIG mode and clears faults."""
+        """A GPU reset (``nvidia-smi -r``): refused while anything holds the card (processes, other NVML
+        clients, event sets with the card registered); applies a pending MIG mode and clears faults."""
         with self._lock:
             card = self._cards[index]
-            if card.procs:
+            if self._held_by(card):
                 raise _err(N.NVML_ERROR_IN_USE)
-            card.mig = card.mig_pending
-            self.clear(index)
+            self._reset_card(card)
 
     # ---------------------------------------------------------------------- beyond pynvml: tests
 

@@ -511,11 +511,9 @@ class SignalMemory:
         )
 
     def _xid_signal(self, now: float) -> Signal:
-        if not self.xid_events:
-            return Signal("xid", None, None, "", ABSENT)
         recent = [(t, x, cls) for t, x, cls in self._xids if now - t < self.cfg.event_window_s]
-        if not recent:
-            return Signal("xid", 0, None, "", OK)
+        if not recent:  # XIDs that came before the card stopped reporting (e.g. lost) still count
+            return Signal("xid", 0 if self.xid_events else None, None, "", OK if self.xid_events else ABSENT)
         _, x, cls = max(recent, key=lambda e: (e[2] == FAIL, e[0]))
         more = f" ({len(recent)} XIDs within {self.cfg.event_window_s:g} s)" if len(recent) > 1 else ""
         return Signal("xid", x, None, "", cls, f"{xid_text(x)}{more}")
