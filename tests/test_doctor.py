@@ -333,7 +333,12 @@ def test_real_device_nodes_and_groups_are_read_from_dev_and_proc(tmp_path):
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "nvidia0").write_text("")  # not a character device: not a node
     nodes, groups = doctor.real_devices(tmp_path / "dev", proc)
-    assert nodes == [] and groups == {1: "mem", 195: "nvidia-frontend", 236: "nvidia-caps", 509: "nvidia-uvm"}
+    assert nodes == [] and groups == {
+        1: ("mem",),
+        195: ("nvidia-frontend",),
+        236: ("nvidia-caps",),
+        509: ("nvidia-uvm",),
+    }
     node = doctor.DeviceNode("/dev/nvidia-uvm", 509, 0)
     assert doctor.device_access({"DeviceAllow": ["char-nvidia-*", "/dev/null rw"]}, [node], groups) == (
         [],
@@ -373,3 +378,28 @@ def test_persistence_mode_through_the_adapter_and_the_fake():
         assert [nvml.persistence_mode(i) for i in range(2)] == [True, False]
         fake.fail("nvmlDeviceGetPersistenceMode", N.NVML_ERROR_NOT_SUPPORTED)
         assert nvml.persistence_mode(0) is None
+
+
+def test_a_unit_naming_only_nvidia_frontend_blocks_the_cards_of_a_545_driver(tmp_path):
+    """From driver 545 on major 195 is "nvidia"/"nvidiactl" in /proc/devices (no "nvidia-frontend")."""
+    proc = tmp_path / "devices"
+    proc.write_text(
+        "Character devices:\n  1 mem\n195 nvidia\n195 nvidiactl\n195 nvidia-modeset\n"
+        "236 nvidia-caps\n509 nvidia-uvm\n\nBlock devices:\n  8 sd\n"
+    )
+    _, groups = doctor.real_devices(tmp_path, proc)
+    assert groups[195] == ("nvidia", "nvidiactl", "nvidia-modeset")
+    nodes = [doctor.DeviceNode("/dev/nvidia0", 195, 0), doctor.DeviceNode("/dev/nvidiactl", 195, 255)]
+    old = {"DevicePolicy": ["closed"], "DeviceAllow": ["char-nvidia-frontend rw", "char-nvidia-uvm rw"]}
+    assert doctor.device_access(old, nodes, groups) == (nodes, [])
+    unit = tmp_path / "root" / "etc" / "systemd" / "system" / "xpud.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text(
+        "[Service]\nExecStart=/bin/true\nDevicePolicy=closed\nDeviceAllow=char-nvidia-frontend rw\n"
+    )
+    host = doctor.Host(root=tmp_path / "root", devices=lambda: (nodes, groups))
+    check = _by_name(doctor._unit(host))["unit devices"]
+    assert check.status == "fail" and "/dev/nvidia0 (nvidia/nvidiactl/nvidia-modeset)" in check.message
+    shipped = Path(__file__).parent.parent / "systemd" / "xpud.service"
+    unit.write_text(shipped.read_text().replace("/usr/local/bin/xpud", "/bin/true"))
+    assert _by_name(doctor._unit(host))["unit devices"].status == "ok"

@@ -17,7 +17,15 @@ from xpud.hw.machines import (
 from xpud.hw.topology import HOSTBRIDGE, INTERNAL, MULTIPLE, NODE, SINGLE, SYSTEM
 
 DATA = Path(__file__).parent / "data"
-SHIPPED = ["dgx-a100", "dgx-h100", "hgx-h200", "pcie-8x-l40s", "workstation-2x"]
+SHIPPED = [
+    "dgx-a100",
+    "dgx-h100",
+    "hgx-h200",
+    "pcie-8x-l40s",
+    "pcie-4x-h100",
+    "pcie-4x-a100-bridged",
+    "workstation-2x",
+]
 
 
 def test_shipped_machines_are_listed_and_found_through_the_package():
@@ -102,6 +110,15 @@ CARD = '[[cards]]\nmodel = "m"\nbus_id = "00000000:01:00.0"\n'
         (BASE + CARD + "mig_enabled = true\n", "cards[0].mig_enabled: model 'm' has no mig_profiles"),
         (BASE + "[topology]\nlevels = [[0, 10]]\n" + CARD, "topology.levels: expected a 1x1 matrix"),
         ("numa_cpus = []\n", ": name: required"),
+        (
+            BASE + 'nvlink_version = "4.0"\nnvlink_links = 40\n' + CARD,
+            "models.m.nvlink_links: expected 0 to 36",
+        ),
+        (BASE + "nvlink_links = 12\n" + CARD, "models.m.nvlink_links: needs nvlink_version"),
+        (
+            BASE + 'nvlink_version = "4.0"\nnvlink_links = 2\n' + CARD + "nvlink_switch_links = 4\n",
+            "cards[0].nvlink_peers: 4 links wired but model 'm' has 2",
+        ),
     ],
 )
 def test_mistakes_name_the_file_and_the_key(tmp_path, text, where):

@@ -127,10 +127,18 @@ class LimitsSection:
     exempt_groups: tuple[str, ...] = _key((), "Unix groups whose members these limits do not apply to.")
 
 
-# XID classes (NVIDIA's device plugin and DCGM; see REFERENCE.md, health section).
+# XID classes; where each list comes from (meanings: NVIDIA's XID catalogue, xpud.hw.signals.XID_MEANING):
+# - application: what NVIDIA's Kubernetes device plugin skips as application errors (internal/rm/health.go).
+# - fail: what DCGM's health watch always fails (DCGM >= 4.4, DcgmHealthWatch.cpp BuildXidMappings:
+#   48, 74, 79, 95, 119, 120, 140) and 64, which its memory watch fails. Before 4.4 the health watch acted
+#   on XID 95 only.
+# - warn: DCGM's warnings (94, and its per-watch table: memory 32/63, PCIe 38/39/42, thermal 60-62, power
+#   54/56-58/78, NVLink 67/73/121/137, InfoROM 93 (Volta only there); its 31 and 43 are application XIDs
+#   here) and 92, a high single-bit ECC rate, which the catalogue calls non-critical (the card corrected
+#   them) and DCGM does not list.
 _XID_APPLICATION = (13, 31, 43, 45, 68, 109)
 _XID_FAIL = (48, 64, 74, 79, 95, 119, 120, 140)
-_XID_WARN = (38, 39, 42, 54, 56, 57, 58, 60, 61, 62, 63, 67, 73, 78, 94, 121, 137)
+_XID_WARN = (32, 38, 39, 42, 54, 56, 57, 58, 60, 61, 62, 63, 67, 73, 78, 92, 93, 94, 121, 137)
 
 
 @dataclass(frozen=True)
@@ -197,8 +205,9 @@ class HealthSection:
         max=1 << 20,
     )
     pcie_replay_warn_per_min: float = _key(
-        16.0,
-        "Warn when PCIe replays in the last minute reach this (DCGM: Gen4 x16 about 16).",
+        0.0,
+        "Warn when PCIe replays in the last minute exceed this; 0: derive it from each card's PCIe link "
+        "as DCGM does (ceil(GT/s / 1000 x 60 x lanes): Gen4 x16 16, Gen5 x16 31).",
         min=0.0,
         max=1e9,
     )

@@ -26,8 +26,9 @@ from xpud.errors import XpudError
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 UNIT_DIRS = ("etc/systemd/system", "usr/lib/systemd/system", "lib/systemd/system")
 # Device nodes the daemon and what it starts (MPS control daemons and servers, MIG) open: the rest of
-# /dev/nvidia* (NVSwitch, modeset) only need to be allowed where something else uses them.
-NEEDED_GROUPS = ("nvidia-frontend", "nvidia-uvm", "nvidia-caps")
+# /dev/nvidia* (NVSwitch, modeset) only need to be allowed where something else uses them. Major 195 is
+# "nvidia" (cards) and "nvidiactl" from driver 545 on, "nvidia-frontend" before (systemd/xpud.service).
+NEEDED_GROUPS = ("nvidia", "nvidiactl", "nvidia-frontend", "nvidia-uvm", "nvidia-caps")
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,13 @@ class DeviceNode:
 class Host:
     """Where the doctor looks. ``root``: files of the system (unit, group database); ``lib``: the NVML
     library (pynvml when None, or a FakeNvml); ``tools``: the NVIDIA tool runner (its ``which``);
-    ``devices``: the /dev/nvidia* nodes and the character device groups of /proc/devices."""
+    ``devices``: the /dev/nvidia* nodes and the character device groups of /proc/devices (major -> names:
+    a major can carry several, e.g. 195 "nvidia", "nvidiactl" and "nvidia-modeset")."""
 
     root: Path = Path("/")
     lib: object | None = None
     tools: object | None = None
-    devices: Callable[[], tuple[list[DeviceNode], dict[int, str]]] | None = None
+    devices: Callable[[], tuple[list[DeviceNode], dict[int, tuple[str, ...]]]] | None = None
     group_lookup: Callable[[str], int | None] | None = None
     simulated: bool = False
 
@@ -74,7 +76,7 @@ def real_devices(dev: Path = Path("/dev"), proc_devices: Path = Path("/proc/devi
             continue
         if stat.S_ISCHR(st.st_mode):
             nodes.append(DeviceNode(str(p), os.major(st.st_rdev), os.minor(st.st_rdev)))
-    groups: dict[int, str] = {}
+    groups: dict[int, tuple[str, ...]] = {}
     try:
         text = proc_devices.read_text()
     except OSError:
@@ -83,7 +85,7 @@ def real_devices(dev: Path = Path("/dev"), proc_devices: Path = Path("/proc/devi
     for line in section.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0].isdigit():
-            groups[int(parts[0])] = parts[1]
+            groups[int(parts[0])] = (*groups.get(int(parts[0]), ()), parts[1])
     return nodes, groups
 
 
@@ -91,10 +93,12 @@ def real_devices(dev: Path = Path("/dev"), proc_devices: Path = Path("/proc/devi
 _SIM_MAJORS = {"nvidia-frontend": 195, "nvidia-uvm": 509, "nvidia-caps": 236, "nvidia-nvswitch": 508}
 
 
-def simulated_devices(machine) -> tuple[list[DeviceNode], dict[int, str]]:
+def simulated_devices(machine) -> tuple[list[DeviceNode], dict[int, tuple[str, ...]]]:
     """The nodes the NVIDIA driver makes for a simulated ``machine`` (``xpud.hw.machines.Machine``):
     nvidiaN per card and nvidiactl (major 195), nvidia-uvm and nvidia-uvm-tools, the MIG capabilities
-    /dev/nvidia-caps/nvidia-cap1 and -cap2 where a card has MIG, and NVSwitch nodes where cards use them."""
+    /dev/nvidia-caps/nvidia-cap1 and -cap2 where a card has MIG, and NVSwitch nodes where cards use them.
+    Major 195's names follow the machine's driver version: "nvidia", "nvidiactl" and "nvidia-modeset" from
+    545 on (open-gpu-kernel-modules nv.c), "nvidia-frontend" before (nv-frontend.c)."""
     m = _SIM_MAJORS
     nodes = [DeviceNode(f"/dev/nvidia{c.index}", m["nvidia-frontend"], c.index) for c in machine.cards]
     nodes += [
@@ -110,7 +114,19 @@ def simulated_devices(machine) -> tuple[list[DeviceNode], dict[int, str]]:
             for i in range(machine.nvswitch_count)
         ]
         nodes.append(DeviceNode("/dev/nvidia-nvswitchctl", m["nvidia-nvswitch"], 255))
-    return nodes, {major: name for name, major in m.items()}
+    groups = {major: (name,) for name, major in m.items()}
+    if _version(machine.driver_version) >= (545,):
+        groups[195] = ("nvidia", "nvidiactl", "nvidia-modeset")
+    return nodes, groups
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for p in text.split("."):
+        if not p.isdigit():
+            break
+        parts.append(int(p))
+    return tuple(parts)
 
 
 # ----------------------------------------------------------------------------------------- checks
@@ -415,7 +431,9 @@ def unit_settings(unit: Path) -> dict[str, list[str]]:
     return out
 
 
-def device_access(settings: dict[str, list[str]], nodes: list[DeviceNode], groups: dict[int, str]):
+def device_access(
+    settings: dict[str, list[str]], nodes: list[DeviceNode], groups: dict[int, tuple[str, ...]]
+):
     """(denied nodes, nodes allowed read-only) under the unit's DevicePolicy= and DeviceAllow=."""
     allows = settings.get("DeviceAllow", [])
     policy = (settings.get("DevicePolicy") or ["auto"])[-1]
@@ -428,8 +446,7 @@ def device_access(settings: dict[str, list[str]], nodes: list[DeviceNode], group
             spec, _, access = entry.partition(" ")
             access = access.strip() or "rwm"
             if spec.startswith("char-"):
-                group = groups.get(node.major)
-                hit = group is not None and fnmatch.fnmatchcase(group, spec[5:])
+                hit = any(fnmatch.fnmatchcase(g, spec[5:]) for g in groups.get(node.major, ()))
             else:
                 hit = spec == node.path
             if hit:
@@ -474,10 +491,10 @@ def _unit(host: Host) -> list[Check]:
         checks.append(Check("unit devices", SKIP, "no /dev/nvidia* nodes on this host"))
         return checks
     denied, readonly = device_access(settings, nodes, groups)
-    needed = [n for n in denied + readonly if groups.get(n.major) in NEEDED_GROUPS]
+    needed = [n for n in denied + readonly if set(groups.get(n.major, ())) & set(NEEDED_GROUPS)]
     other = [n for n in denied if n not in needed]
     if needed:
-        names = ", ".join(f"{n.path} ({groups.get(n.major, n.major)})" for n in needed)
+        names = ", ".join(f"{n.path} ({'/'.join(groups.get(n.major, ())) or n.major})" for n in needed)
         checks.append(
             Check(
                 "unit devices",

@@ -118,7 +118,10 @@ class CardSample:
     nvlink_recovery_errors: int | None = None
     nvlink_crc_flit_errors: int | None = None
     nvlink_crc_data_errors: int | None = None
-    nvlink_links_down: int | None = None  # links expected up but inactive
+    # NVLink links trained (active or asleep) at some point since the adapter started and inactive now;
+    # links of a MIG card, or to one, are not counted (MIG takes them down); None: no link ever came up
+    # (no NVLink, or a PCIe board without its bridge, whose links all read inactive by design).
+    nvlink_links_down: int | None = None
     inforom_valid: bool | None = None
 
 

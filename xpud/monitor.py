@@ -105,7 +105,7 @@ class HealthMonitor:
         self.engine, self.hw, self.clock = engine, hw, clock
         self.cfg = cfg.health
         self.slice_fraction = cfg.slices[cfg.health.fragmentation_slice].memory_fraction
-        self.cards = {i: CardHealth(i, self.cfg) for i in engine.cards}
+        self.cards = {i: CardHealth(i, self.cfg, pcie_link=self._pcie_link(i)) for i in engine.cards}
         self.reports: dict[int, HealthReport] = {}
         self.why: dict[int, str] = {}  # reasons of the card's last turn for the worse
         self.app_xids: Counter[str] = Counter()  # lease id -> application XIDs counted against it
@@ -113,6 +113,16 @@ class HealthMonitor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resampling: set[int] = set()
         self._lost: set[int] = set()  # cards that left the event set lost (readmitted when back)
+
+    def _pcie_link(self, i: int) -> tuple[int | None, int | None]:
+        """The card's PCIe (generation, width), which sets its replay allowance; read once, at start-up
+        (fixed per board). Unknown: (None, None)."""
+        try:
+            gen, width = self.hw.pcie_link(i)
+        except (NvmlError, AttributeError, TypeError, ValueError) as e:
+            log.warning("card %d: cannot read its PCIe link (%s): PCIe replays judged as Gen4 x16", i, e)
+            return (None, None)
+        return (gen, width)
 
     # ------------------------------------------------------------------ lifecycle
     def restore(self) -> None:

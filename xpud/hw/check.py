@@ -340,11 +340,15 @@ def _description(report: dict) -> dict:
             table["serial"] = c.serial
         if mode is not None and mode[0]:
             table["mig_enabled"] = True
-        switch = [lk for lk in links if lk.remote == "switch"]
+        switch = [lk for lk in links if lk.remote == "switch" and lk.active]
         switch_buses.update(lk.remote_bus_id for lk in switch if lk.remote_bus_id)
         if switch:
             table["nvlink_switch_links"] = len(switch)
-        peers = [lk.remote_index for lk in links if lk.remote == "gpu" and lk.remote_index is not None]
+        peers = [
+            lk.remote_index
+            for lk in links
+            if lk.remote == "gpu" and lk.active and lk.remote_index is not None
+        ]
         if peers:
             table["nvlink_peers"] = peers
         card_tables.append(table)
@@ -419,6 +423,8 @@ def _model(c: CardInfo, s: CardSample, links: list, pcie: tuple, profiles: list[
         model["nvlink_version"] = _NVLINK_VERSIONS[version]
     elif links:
         model["nvlink_version"] = "4.0"  # the card has links but cannot say which kind
+    if links:
+        model["nvlink_links"] = len(links)  # all the board's links; only the active ones are wired above
     if profiles:
         model["mig_profiles"] = [
             {

@@ -11,6 +11,8 @@ the card and ``clock()``, so a seed and a clock give the same readings in any ca
 Beyond the pynvml surface (all thread-safe; none needs nvmlInit):
 - processes: ``add_process``, ``remove_process``; other NVML clients (a monitoring agent such as DCGM)
   that hold a card: ``add_client``, ``remove_client``;
+- link power: ``nvlink_sleep`` (links in their low-power state: not a fault);
+- PCIe: ``add_pcie_replays`` (the replay counter rises);
 - faults: ``inject_xid``, ``inject_ecc_sbe``, ``inject_ecc_dbe``, ``set_overheat``, ``nvlink_down``,
   ``lose``, ``corrupt_inforom``, ``clear`` (faults gone, volatile counters reset), ``reset`` (a GPU
   reset, ``nvidia-smi -r``: also applies a pending MIG mode; refused while the card is held);
@@ -134,8 +136,10 @@ class _Card:
     def __init__(self, spec: CardSpec):
         self.spec, self.model, self.index = spec, spec.model, spec.index
         self.lost = self.overheat = self.inforom_corrupt = False
-        self.links_up = [True] * spec.nvlink_count
-        self.link_errors = [[0] * _LINK_COUNTERS for _ in range(spec.nvlink_count)]
+        # NVLink: the board's links (NVML counts them all); the wired ones come first and come up.
+        self.links_up = [k < spec.nvlink_count for k in range(spec.nvlink_links)]
+        self.links_asleep: set[int] = set()  # in the low-power (sleep) state: still trained
+        self.link_errors = [[0] * _LINK_COUNTERS for _ in range(spec.nvlink_links)]
         self.ecc = {"sbe_vol": 0, "dbe_vol": 0, "sbe_agg": 0, "dbe_agg": 0}
         self.retired: dict[int, list[int]] = {0: [], 1: []}  # NVML_PAGE_RETIREMENT_CAUSE_* -> addresses
         self.retired_pending = False
@@ -153,8 +157,8 @@ class _Card:
     def clear_faults(self) -> None:
         """What a GPU reset puts right: faults gone, volatile counters back to zero."""
         self.lost = self.overheat = False
-        self.links_up = [True] * self.spec.nvlink_count
-        self.link_errors = [[0] * _LINK_COUNTERS for _ in range(self.spec.nvlink_count)]
+        self.links_up = [k < self.spec.nvlink_count for k in range(self.spec.nvlink_links)]
+        self.link_errors = [[0] * _LINK_COUNTERS for _ in range(self.spec.nvlink_links)]
         self.ecc["sbe_vol"] = self.ecc["dbe_vol"] = 0
         self.pcie_replays = 0
         self.retired_pending = False
@@ -451,18 +455,39 @@ class FakeNvml:
 
     # ----------------------------------------------------------------------------------- NVLink
 
+    # A board has ``spec.nvlink_links`` links (a PCIe H100/A100 has them without its bridge: all
+    # inactive); the ``spec.nvlink_count`` wired ones (peers first, then NVSwitch) come up. A card in MIG
+    # mode has its links down, and so do its peers' links to it (DCGM works around exactly this:
+    # DcgmHealthWatch.cpp, "NVML reports links to MIG enabled GPUs as down"). A link in its low-power
+    # state reads SLEEP in NVML_FI_DEV_NVLINK_GET_STATE; the fake assumes nvmlDeviceGetNvLinkState
+    # (active or not) still calls it active, as it is trained.
+
     def _link(self, handle, link: int) -> _Card:
         card = self._dev(handle)
-        if not card.spec.nvlink_count:
+        if not card.spec.nvlink_links:
             raise _err(N.NVML_ERROR_NOT_SUPPORTED)
-        if not 0 <= link < card.spec.nvlink_count:
+        if not 0 <= link < card.spec.nvlink_links:
             raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
         return card
+
+    def _link_state(self, card: _Card, link: int) -> int:
+        """NVML_NVLINK_STATE_INACTIVE, _ACTIVE or _SLEEP. A link to a peer that fell off the bus is down
+        too (NVIDIA's XID catalogue, XID 74: the far end failing takes the link down)."""
+        peers = card.spec.nvlink_peers
+        peer = self._cards[peers[link]] if link < len(peers) else None
+        if not card.links_up[link] or card.mig or (peer is not None and (peer.mig or peer.lost)):
+            return N.NVML_NVLINK_STATE_INACTIVE
+        return N.NVML_NVLINK_STATE_SLEEP if link in card.links_asleep else N.NVML_NVLINK_STATE_ACTIVE
+
+    def _wired(self, card: _Card, link: int) -> None:
+        if link >= card.spec.nvlink_count:  # nothing at the far end (no bridge)
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
 
     @_api
     def nvmlDeviceGetNvLinkState(self, device, link: int) -> int:
         card = self._link(device, link)
-        return N.NVML_FEATURE_ENABLED if card.links_up[link] else N.NVML_FEATURE_DISABLED
+        inactive = self._link_state(card, link) == N.NVML_NVLINK_STATE_INACTIVE
+        return N.NVML_FEATURE_DISABLED if inactive else N.NVML_FEATURE_ENABLED
 
     @_api
     def nvmlDeviceGetNvLinkVersion(self, device, link: int) -> int:
@@ -471,12 +496,14 @@ class FakeNvml:
     @_api
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle, link: int) -> int:
         card = self._link(handle, link)
+        self._wired(card, link)
         peer = link < len(card.spec.nvlink_peers)
         return N.NVML_NVLINK_DEVICE_TYPE_GPU if peer else N.NVML_NVLINK_DEVICE_TYPE_SWITCH
 
     @_api
     def nvmlDeviceGetNvLinkRemotePciInfo(self, device, link: int):
         card = self._link(device, link)
+        self._wired(card, link)
         peers = card.spec.nvlink_peers
         if link < len(peers):  # direct links come first, then the links to NVSwitch chips
             return self._pci_info(self.machine.cards[peers[link]].bus_id)
@@ -496,7 +523,7 @@ class FakeNvml:
     def nvmlDeviceGetFieldValues(self, handle, fieldIds: list):
         card = self._dev(handle)
         values = (N.c_nvmlFieldValue_t * len(fieldIds))()
-        n = card.spec.nvlink_count
+        n = card.spec.nvlink_links
         for v, fid in zip(values, fieldIds, strict=True):
             v.fieldId, v.scopeId = fid if isinstance(fid, tuple) else (fid, 0)
             v.timestamp = int(self._clock() * 1e6)
@@ -507,7 +534,8 @@ class FakeNvml:
                 total = sum(errs[_FIELD_TOTALS[v.fieldId]] for errs in card.link_errors)
                 v.valueType, v.value.ullVal = N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, total
             elif v.fieldId == N.NVML_FI_DEV_NVLINK_GET_STATE and 0 <= v.scopeId < n:
-                v.valueType, v.value.uiVal = N.NVML_VALUE_TYPE_UNSIGNED_INT, int(card.links_up[v.scopeId])
+                state = self._link_state(card, v.scopeId)
+                v.valueType, v.value.uiVal = N.NVML_VALUE_TYPE_UNSIGNED_INT, state
             else:
                 v.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
         return values
@@ -1132,7 +1160,7 @@ class FakeNvml:
             self._cards[index].overheat = on
 
     def nvlink_down(self, index: int, links: list[int] | None = None) -> None:
-        """Take links (default: all) down; their replay/recovery/CRC counters go up."""
+        """Take links (default: all wired ones) down; their replay/recovery/CRC counters go up."""
         with self._lock:
             card = self._cards[index]
             for link in range(card.spec.nvlink_count) if links is None else links:
@@ -1142,6 +1170,18 @@ class FakeNvml:
                 errs[N.NVML_NVLINK_ERROR_DL_RECOVERY] += 1
                 errs[N.NVML_NVLINK_ERROR_DL_CRC_FLIT] += 40
                 errs[N.NVML_NVLINK_ERROR_DL_CRC_DATA] += 3
+
+    def add_pcie_replays(self, index: int, n: int) -> None:
+        """The PCIe link retried ``n`` more transfers (nvmlDeviceGetPcieReplayCounter rises)."""
+        with self._lock:
+            self._cards[index].pcie_replays += int(n)
+
+    def nvlink_sleep(self, index: int, links: list[int] | None = None, asleep: bool = True) -> None:
+        """Put links (default: all wired ones) in their low-power state, or wake them: not a fault."""
+        with self._lock:
+            card = self._cards[index]
+            chosen = set(range(card.spec.nvlink_count) if links is None else links)
+            card.links_asleep = card.links_asleep | chosen if asleep else card.links_asleep - chosen
 
     def lose(self, index: int) -> None:
         """The card falls off the bus: every call on its handles raises NVMLError_GpuIsLost."""

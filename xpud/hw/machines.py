@@ -26,6 +26,9 @@ Format (``etc/machines/dgx-h100.toml`` is a commented example)::
     pcie_gen = 5                      # maximum link generation and width
     pcie_width = 16
     nvlink_version = "4.0"            # omit for no NVLink
+    nvlink_links = 12                 # links the board has (NVML's link count), wired or not; default:
+                                      # the card's wired links. A PCIe board without its bridge reports
+                                      # all of them, inactive.
     ecc = true                        # ECC counters readable
     memory_errors = "remap"           # "remap" (row remapping, Ampere+), "retire" (page retirement), "none"
     fan = false                       # the board reports a fan speed (SXM and passive boards do not)
@@ -80,6 +83,7 @@ from xpud.hw.topology import HOSTBRIDGE, INTERNAL, MULTIPLE, NODE, SINGLE, SYSTE
 
 ARCHITECTURES = ("kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
 MEMORY_ERRORS = ("remap", "retire", "none")
+NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS in nvml.h
 _LEVELS = (INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM)
 MAX_CARDS = 256
 MAX_CPUS = 1 << 16  # CPU ids 0 .. MAX_CPUS - 1
@@ -120,6 +124,7 @@ class CardModel:
     pcie_gen: int = 4
     pcie_width: int = 16
     nvlink_version: str | None = None
+    nvlink_links: int = 0  # links the board has, wired or not (0: as many as the card has wired)
     ecc: bool = True
     memory_errors: str = "remap"
     fan: bool = False
@@ -148,7 +153,13 @@ class CardSpec:
 
     @property
     def nvlink_count(self) -> int:
+        """Links wired to something (a peer or an NVSwitch): the links that come up."""
         return self.nvlink_switch_links + len(self.nvlink_peers)
+
+    @property
+    def nvlink_links(self) -> int:
+        """Links the board has (what NVML counts), wired or not; the wired ones come first."""
+        return max(self.model.nvlink_links, self.nvlink_count)
 
 
 @dataclass(frozen=True)
@@ -381,6 +392,7 @@ def _parse_model(key: str, data: dict, source: str) -> CardModel:
         pcie_gen=t.get("pcie_gen", int, 4, span=(1, 7)),
         pcie_width=t.get("pcie_width", int, 16, span=(1, 32)),
         nvlink_version=t.get("nvlink_version", str, None),
+        nvlink_links=t.get("nvlink_links", int, 0),
         ecc=t.get("ecc", bool, True),
         memory_errors=t.get("memory_errors", str, "remap"),
         fan=t.get("fan", bool, False),
@@ -397,6 +409,10 @@ def _parse_model(key: str, data: dict, source: str) -> CardModel:
         )
     if model.memory_errors not in MEMORY_ERRORS:
         raise t.error("memory_errors", f"expected one of {', '.join(MEMORY_ERRORS)}")
+    if not 0 <= model.nvlink_links <= NVLINK_MAX_LINKS:
+        raise t.error("nvlink_links", f"expected 0 to {NVLINK_MAX_LINKS} (NVML_NVLINK_MAX_LINKS)")
+    if model.nvlink_links and not model.nvlink_version:
+        raise t.error("nvlink_links", "needs nvlink_version")
     return model
 
 
@@ -446,6 +462,10 @@ def _parse_card(index: int, data: dict, models: dict[str, CardModel], machine: s
         raise t.error("mig_enabled", f"model {key!r} has no mig_profiles")
     if card.nvlink_count and not card.model.nvlink_version:
         raise t.error("nvlink_switch_links", f"model {key!r} has no nvlink_version")
+    if card.model.nvlink_links and card.nvlink_count > card.model.nvlink_links:
+        raise t.error(
+            "nvlink_peers", f"{card.nvlink_count} links wired but model {key!r} has {card.model.nvlink_links}"
+        )
     return card
 
 

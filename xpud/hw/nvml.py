@@ -180,6 +180,25 @@ def _field(fv) -> int | float | None:
     return getattr(fv.value, member)
 
 
+# NVML_FI_DEV_NVLINK_GET_STATE -> trained or not. ACTIVE_TRAFFIC_DISABLED (newer drivers) is trained;
+# traffic on it is held back by the fabric manager, not lost.
+_LINK_STATES = {
+    getattr(pynvml, name): up
+    for name, up in (
+        ("NVML_NVLINK_STATE_INACTIVE", False),
+        ("NVML_NVLINK_STATE_ACTIVE", True),
+        ("NVML_NVLINK_STATE_SLEEP", True),
+        ("NVML_NVLINK_STATE_ACTIVE_TRAFFIC_DISABLED", True),
+    )
+    if hasattr(pynvml, name)
+}
+
+
+def _active(state) -> bool | None:
+    """nvmlDeviceGetNvLinkState's answer (NVML_FEATURE_ENABLED: active) as trained or not."""
+    return None if state is None else state == pynvml.NVML_FEATURE_ENABLED
+
+
 def _bits(words) -> tuple[int, ...]:
     """Set bits of an array of 64-bit words (CPU or NUMA masks), lowest first."""
     return tuple(w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1)
@@ -211,6 +230,9 @@ class Nvml:
         self._handles: dict[int, object] = {}
         self._info: dict[int, CardInfo] = {}
         self._link_count: dict[int, int] = {}
+        self._links_seen_up: dict[int, set[int]] = {}  # card -> links seen trained since start-up
+        self._link_peer: dict[tuple[int, int], str] = {}  # (card, link) -> far end's bus id
+        self._bus: dict[int, str] = {}  # card -> its bus id (kept when _info is dropped)
         self._thresholds: dict[int, tuple[int | None, int | None]] = {}
         self._no_link_counters: set[tuple[int, str]] = set()  # (card, signal) neither way can read
         self._profiles: dict[int, list[MigProfile]] = {}
@@ -378,6 +400,8 @@ class Nvml:
             mig = self._call("nvmlDeviceGetMigMode", h, card=index)
             links = self._nvlink_count(index, h)
             states = [self._call("nvmlDeviceGetNvLinkState", h, link, card=index) for link in range(links)]
+            self._bus[index] = bus_id
+            self._saw_links(index, [_active(s) for s in states], h)
             arch = self._call("nvmlDeviceGetArchitecture", h, card=index)
             info = CardInfo(
                 index=index,
@@ -645,13 +669,54 @@ class Nvml:
                     self._no_link_counters.add((index, key))
                 total = None if None in per_link or _NONE in per_link else sum(per_link)
             out[key] = None if total is None else int(total)
-        states = values[len(_NVLINK_TOTALS) :]
-        if None in states:
-            states = [self._call("nvmlDeviceGetNvLinkState", h, k, card=index) for k in range(links)]
-        out["nvlink_links_down"] = (
-            None if None in states else sum(s != pynvml.NVML_FEATURE_ENABLED for s in states)
-        )
+        states = [_LINK_STATES.get(v) for v in values[len(_NVLINK_TOTALS) :]]
+        if None in states:  # no field: nvmlDeviceGetNvLinkState says active (ENABLED) or not
+            states = [_active(self._call("nvmlDeviceGetNvLinkState", h, k, card=index)) for k in range(links)]
+        out["nvlink_links_down"] = None if None in states else self._links_down(index, h, states)
         return out
+
+    def _saw_links(self, index: int, up: list[bool | None], h) -> None:
+        """Remember the links seen trained (active or asleep), and the card at each one's far end."""
+        seen = self._links_seen_up.setdefault(index, set())
+        for k, is_up in enumerate(up):
+            if is_up and k not in seen:
+                seen.add(k)
+                pci = self._call("nvmlDeviceGetNvLinkRemotePciInfo", h, k, card=index)
+                if pci is not None:
+                    self._link_peer[(index, k)] = norm_bus_id(_decode(pci.busId))
+
+    def _links_down(self, index: int, h, up: list[bool]) -> int | None:
+        """Links that were trained since start-up and are inactive now; None if the card never had one up.
+
+        Only those count: a PCIe board without its NVLink bridge reports every link inactive, and that is
+        how it is built. A sleeping link (NVML_NVLINK_STATE_SLEEP, low power) is trained. A card in MIG
+        mode has its links down, and so do links to a MIG card (DCGM's health watch skips both: "NVML
+        reports links to MIG enabled GPUs as down"): those do not count either.
+        """
+        self._saw_links(index, up, h)
+        seen = self._links_seen_up.get(index, set())
+        if not seen:
+            return None
+        if self._read_mig_on(index, h):
+            return 0
+        card_at = {bus: i for i, bus in self._bus.items() if i != index}
+        down = 0
+        for k in sorted(seen):
+            if k >= len(up) or up[k]:
+                continue
+            peer = card_at.get(self._link_peer.get((index, k), ""))
+            if peer is not None and self._read_mig_on(peer):  # read now: it may have just switched
+                continue
+            down += 1
+        return down
+
+    def _read_mig_on(self, index: int, h=None) -> bool:
+        """Whether a card is in MIG mode now, read from the driver (False when it cannot say)."""
+        try:
+            mode = self._call("nvmlDeviceGetMigMode", h or self._handle(index), card=index)
+        except NvmlError:  # lost or unreadable: its links count as down
+            return False
+        return bool(mode and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
 
     # ------------------------------------------------------------------- processes, compute mode
 
