@@ -201,7 +201,7 @@ def test_restore_rebuilds_state_from_the_ledger(tmp_path):
 
 def limited(tmp_path, **limits):
     cfg = Config().replace("limits", **limits)
-    return Engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=Clock())
+    return sync_engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=Clock())
 
 
 def test_users_may_not_ask_for_a_priority_above_the_limit(tmp_path):
@@ -241,7 +241,18 @@ def test_per_uid_caps_on_leases_and_queued_requests(tmp_path):
         assert (await engine.acquire(op))[0].owner_uid == 0
         queued.cancel()
         await asyncio.gather(queued, return_exceptions=True)
-        engine.release(mine[0][0].id, Caller(1000))
+        await engine.release(mine[0][0].id, Caller(1000))
         assert (await waiting)[0].owner_uid == 1000
+
+    asyncio.run(scenario())
+
+
+def test_concurrent_requests_cannot_pass_a_per_uid_cap_together(tmp_path):
+    engine = limited(tmp_path, max_leases_per_uid=1)
+
+    async def scenario():
+        both = [engine.acquire(req("xpu", 1)), engine.acquire(req("xpu", 1))]
+        got = await asyncio.gather(*both, return_exceptions=True)
+        assert sorted(type(g).__name__ for g in got) == ["NoCapacity", "tuple"]
 
     asyncio.run(scenario())

@@ -135,6 +135,7 @@ class Engine:
         self._tasks: set[asyncio.Task] = set()
         self._pump_scheduled = False
         self._next_tidy = 0.0
+        self._granting_uids: dict[int, int] = {}  # uid -> grants under way
 
     # ------------------------------------------------------------------ restore and views
     async def restore(self) -> list[Lease]:
@@ -368,6 +369,7 @@ class Engine:
                 )
             return
         held = sum(1 for lease in self.leases.values() if lease.owner_uid == uid)
+        held += self._granting_uids.get(uid, 0)  # grants under way count as held
         if lim.max_leases_per_uid and held + queued >= lim.max_leases_per_uid:
             raise NoCapacity(
                 f"uid {uid} has {held} lease(s) and {queued} queued request(s), the most [limits] "
@@ -540,6 +542,16 @@ class Engine:
     async def _grant(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
         """Grant ``req`` on ``cards`` (claimed by the caller, unclaimed here): prepare, commit, then it is
         the caller's. A failed commit undoes the preparation."""
+        uid = req.owner_uid
+        self._granting_uids[uid] = self._granting_uids.get(uid, 0) + 1
+        try:
+            return await self._grant_now(req, cards)
+        finally:
+            n = self._granting_uids.pop(uid) - 1
+            if n:
+                self._granting_uids[uid] = n
+
+    async def _grant_now(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
         lease_id, token = self._new_id(), secrets.token_urlsafe(24)
         try:
             slices, env, switched = await self._place(lease_id, req.mode, cards, req.owner_uid)
