@@ -539,11 +539,16 @@ class Engine:
                 c.whole_lease = None
             c.slices.pop(lease_id, None)
 
+    def _claim_for(self, req: Request, cards: tuple[int, ...]) -> None:
+        """Claim ``cards`` for granting ``req`` now (no await before ``_grant`` is started): the grant
+        counts against its uid's [limits] from this instant."""
+        self._claim(cards)
+        self._granting_uids[req.owner_uid] = self._granting_uids.get(req.owner_uid, 0) + 1
+
     async def _grant(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
         """Grant ``req`` on ``cards`` (claimed by the caller, unclaimed here): prepare, commit, then it is
         the caller's. A failed commit undoes the preparation."""
         uid = req.owner_uid
-        self._granting_uids[uid] = self._granting_uids.get(uid, 0) + 1
         try:
             return await self._grant_now(req, cards)
         finally:
@@ -618,7 +623,7 @@ class Engine:
             if cards is not None and self._busy and self._switches(req, cards) and queued:
                 return None
             if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
-                self._claim(cards)
+                self._claim_for(req, cards)
                 grant = asyncio.ensure_future(self._grant(req, cards))
                 try:
                     return await asyncio.shield(grant)
@@ -725,7 +730,7 @@ class Engine:
                 if w.request.mode is Mode.XPU:
                     reserve = True
                 continue
-            self._claim(cards)
+            self._claim_for(w.request, cards)
             self.waitlist.remove(w)
             self._granting.add(w)
             self._spawn(self._grant_waiter(w, cards), f"granting queued request {w.ticket}")
