@@ -552,8 +552,8 @@ class Engine:
         try:
             return await self._grant_now(req, cards)
         finally:
-            n = self._granting_uids.pop(uid) - 1
-            if n:
+            n = self._granting_uids.pop(uid, 0) - 1
+            if n > 0:
                 self._granting_uids[uid] = n
 
     async def _grant_now(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
