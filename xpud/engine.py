@@ -206,7 +206,7 @@ class Engine:
     # ------------------------------------------------------------------ resolving names
     def resolve_card(self, selector: str) -> CardState:
         s = selector.strip()
-        if s.isdigit():
+        if s.isascii() and s.isdigit():  # str.isdigit() also takes "²" and "٣"
             if int(s) in self.cards:
                 return self.cards[int(s)]
             raise NotFound(f"no card {s}: this host has cards 0..{len(self.cards) - 1} (see `xpu ls`)")
@@ -214,8 +214,8 @@ class Engine:
         if len(matches) == 1:
             return matches[0]
         if not matches:
-            raise NotFound(f"no card matches {selector!r}: give an index or a UUID (see `xpu ls`)")
-        raise BadRequest(f"{selector!r} matches {len(matches)} cards: give more of the UUID")
+            raise NotFound(f"no card matches {selector[:80]!r}: give an index or a UUID (see `xpu ls`)")
+        raise BadRequest(f"{selector[:80]!r} matches {len(matches)} cards: give more of the UUID")
 
     def resolve_lease(self, selector: str) -> Lease:
         if selector in self.leases:
