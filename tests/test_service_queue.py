@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -10,6 +11,8 @@ import time
 import pytest
 
 from tests.conftest import ROOT, wait_until
+from tests.inproc import InProcDaemon
+from xpud.model import Caller, Mode, Request
 
 N_WAITERS = 5000
 
@@ -82,3 +85,42 @@ def test_5000_waiters_queue_and_their_cancellation_does_not_stall_other_calls(da
     # cancellations on the loaded 2-core test machine, and the daemon about as much.
     assert worst < 1.5, f"Info took {worst:.3f} s while {N_WAITERS} waiters were cancelled"
     assert d.alive()
+
+
+def test_a_release_before_a_long_queue_of_slices_costs_one_placement_per_kind(short_tmp):
+    """With 5,000 slice requests waiting, each release tried to place every one of them (about 1 s)."""
+    d = InProcDaemon(short_tmp, "pcie-8x-l40s", "[leases]\ngrace_s = 600.0\n")
+    e = d.engine
+    quarter = Request(mode=Mode("vxpu-quarter"), owner_uid=1000, wait_s=600)
+
+    fits = []
+    place = e._fit
+
+    def counted(*args, **kw):  # counts placements; places as before
+        fits.append(1)
+        return place(*args, **kw)
+
+    async def run() -> tuple[float, int]:
+        leases = []
+        while granted := e.try_grant(quarter):
+            leases.append(granted[0])
+        waiting = [asyncio.ensure_future(e.acquire(quarter)) for _ in range(5000)]
+        await asyncio.sleep(0.2)
+        assert len(e.waitlist) == 5000
+        e._fit = counted
+        t0 = time.perf_counter()
+        e.release(leases[0].id, Caller(uid=0, admin=True))
+        took = time.perf_counter() - t0
+        served = 5000 - len(e.waitlist)
+        for t in waiting:
+            t.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        return took, served
+
+    try:
+        took, served = d.call_async(run(), timeout=120)
+    finally:
+        d.stop()
+    assert served == 1  # the first in line got the freed quarter
+    assert len(fits) <= 3, f"{len(fits)} placements for one release"
+    assert took < 0.3, f"one release took {took:.3f} s with 5,000 slice requests waiting"

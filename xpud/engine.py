@@ -465,11 +465,16 @@ class Engine:
         still use free room on sliced cards, so small work flows without starving large work.
         """
         reserve = False
+        # What did not fit in this pass: an equal request behind it does not fit either (grants only
+        # take room), so a long queue costs one placement per kind of request, not one per waiter.
+        failed: set[tuple] = set()
         for w in self.waitlist.in_order():
             if w.future.done():
                 continue
-            cards = self._fit(w.request, reserve_whole=reserve)
+            kind = (w.request.mode, w.request.gpus, w.request.owner_uid, reserve)
+            cards = None if kind in failed else self._fit(w.request, reserve_whole=reserve)
             if cards is None:
+                failed.add(kind)
                 if w.request.mode is Mode.XPU:
                     reserve = True
                 continue
