@@ -15,6 +15,12 @@ from tests.inproc import InProcDaemon
 from xpud.model import Caller, Mode, Request
 
 N_WAITERS = 5000
+N_OBSERVERS = 50  # queued behind them, not cancelled: they count the position updates they get
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
 class Prober(threading.Thread):
@@ -43,8 +49,17 @@ def test_5000_waiters_queue_and_their_cancellation_does_not_stall_other_calls(da
     d = daemon_factory(config="[leases]\ngrace_s = 600.0\n")
     with d.client() as c:
         c.acquire_lease("xpu", gpus=8)  # the host is full: every request below queues
+        rss_before = rss_mib(d.proc.pid)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.queue_client", str(d.runtime_dir), str(N_WAITERS), "200"],
+            [
+                sys.executable,
+                "-m",
+                "tests.queue_client",
+                str(d.runtime_dir),
+                str(N_WAITERS),
+                "200",
+                str(N_OBSERVERS),
+            ],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -52,9 +67,12 @@ def test_5000_waiters_queue_and_their_cancellation_does_not_stall_other_calls(da
         )
         try:
             line = proc.stdout.readline()
-            assert line.startswith(f"queued {N_WAITERS} other={{}}"), line
+            assert line.startswith(f"queued {N_WAITERS + N_OBSERVERS} other={{}}"), line
+            t0 = time.monotonic()
             reply = c.leases()
-            assert len(reply.queue) + reply.queue_omitted == N_WAITERS
+            took = time.monotonic() - t0
+            print(f"ListLeases with {N_WAITERS} waiting: {reply.ByteSize()} bytes, {took:.3f} s")
+            assert len(reply.queue) + reply.queue_omitted == N_WAITERS + N_OBSERVERS
             assert reply.ByteSize() < 4 * 1024 * 1024
 
             probe = Prober(c)
@@ -64,26 +82,33 @@ def test_5000_waiters_queue_and_their_cancellation_does_not_stall_other_calls(da
             proc.stdin.write("cancel\n")
             proc.stdin.flush()
             assert proc.stdout.readline().startswith("cancelled")
-            wait_until(lambda: not c.leases().queue, timeout=60)
-            time.sleep(0.5)
+            time.sleep(3.0)  # the daemon sees the cancellations: only the prober calls meanwhile
             probe.stop.set()
             probe.join(10)
             worst = probe.worst(t_cancel)
+            wait_until(lambda: len(c.leases().queue) == N_OBSERVERS, timeout=60, step=0.5)
+            rss_after = rss_mib(d.proc.pid)
             slow = [(round((t - t_cancel) * 1000), round(dt * 1000)) for t, dt in probe.samples if dt > 0.03]
             proc.stdin.write("exit\n")
             proc.stdin.flush()
-            updates = int(proc.stdout.readline().split()[1])
+            _, updates, _, observed, most = proc.stdout.readline().split()
+            cancel_s = time.monotonic() - t_cancel
         finally:
             proc.kill()
             proc.wait(10)
     print(f"worst Info during the cancellation: {worst * 1000:.0f} ms; position updates: {updates}")
+    print(f"{N_OBSERVERS} observers got {observed} updates, at most {most} each, in {cancel_s:.1f} s")
     print(f"Info calls over 30 ms (ms after the cancel, ms taken): {slow}")
-    # Each waiter hears its position when it joins and then at most once a second while it changes.
-    assert updates < 3 * N_WAITERS
-    # Before: 1,000 cancelled waiters froze the daemon 4 s, 2,800 for 41 s (quadratic). Now the cost is
-    # gRPC's own: a bare grpc.aio server (no xpud code) stalls 0.3-0.5 s for the same burst of 5,000
-    # cancellations on the loaded 2-core test machine, and the daemon about as much.
-    assert worst < 1.5, f"Info took {worst:.3f} s while {N_WAITERS} waiters were cancelled"
+    print(f"daemon RSS {rss_before:.0f} MiB before the queue, {rss_after:.0f} MiB after its cancellation")
+    assert rss_after - rss_before < 150, (rss_before, rss_after)  # it was 73 -> 439 MiB
+    # Each waiter hears its position when it joins and then at most once a second while it changes
+    # (before: once per cancellation in front of it, 5,000 each).
+    assert int(most) <= 2 + cancel_s, (observed, most, cancel_s)
+    # Before: 1,000 cancelled waiters froze the daemon 4 s, 2,800 for 41 s (quadratic). Now most of the
+    # cost is gRPC's own: a bare grpc.aio server (no xpud code) stalls 0.3-0.5 s for the same burst of
+    # 5,000 cancellations on the shared 2-core test machine, the daemon 0.3-0.9 s; more when other work
+    # loads the machine, hence the loose bound (the update count above is the exact check).
+    assert worst < 5.0, f"Info took {worst:.3f} s while {N_WAITERS} waiters were cancelled"
     assert d.alive()
 
 
