@@ -45,9 +45,14 @@ class Waitlist:
         self.push_interval_s = push_interval_s
         self._dirty = False
         self._pusher: asyncio.Task | None = None
+        self._per_uid: dict[int, int] = {}  # owner uid -> waiters
 
     def __len__(self) -> int:
         return len(self._waiters)
+
+    def count_of(self, uid: int) -> int:
+        """Waiters of owner ``uid`` (O(1): [limits] checks it at every request)."""
+        return self._per_uid.get(uid, 0)
 
     def add(self, request: Request, now: float, on_position=None) -> Waiter:
         w = Waiter(
@@ -60,6 +65,7 @@ class Waitlist:
             on_position,
         )
         self._waiters.add(w)
+        self._per_uid[request.owner_uid] = self._per_uid.get(request.owner_uid, 0) + 1
         if on_position:  # the newcomer hears its position at once; the others from the pusher
             self._tell(w, self._waiters.index(w) + 1, len(self._waiters))
         self._touch()
@@ -69,6 +75,11 @@ class Waitlist:
         if w.queued:
             w.queued = False
             self._waiters.remove(w)
+            uid = w.request.owner_uid
+            if (n := self._per_uid[uid] - 1) > 0:
+                self._per_uid[uid] = n
+            else:
+                del self._per_uid[uid]
             self._touch()
 
     def in_order(self) -> list[Waiter]:
