@@ -72,7 +72,7 @@ LIMITS: dict[str, Limit] = {
     "ListLeasesRequest.all": Limit(),
     "ListLeasesRequest.limit": Limit(lo=0, hi=1_000_000),  # the reply is capped at MAX_ENDED_LEASES
     "HealthRequest.card": Limit(chars=ECHO_CHARS, pattern=_CARD),
-    "HealthRequest.history": Limit(lo=0, hi=10_000),
+    "HealthRequest.history": Limit(lo=0, hi=500),  # state changes per card: keeps the reply small
     "WatchRequest.min_interval_s": Limit(lo=0, hi=3600.0),
     "CardRequest.card": Limit(chars=ECHO_CHARS, pattern=_CARD),
     "DrainRequest.card": Limit(chars=ECHO_CHARS, pattern=_CARD),
