@@ -129,22 +129,30 @@ def check(request: Any) -> None:
     """Raise BadRequest if ``request`` breaks a limit; cut over-long label fields in place."""
     if isinstance(request, Undecodable):
         raise BadRequest(f"not a valid xpud.v1.{request.name} message ({request.error}): use the xpud client")
-    msg = request.DESCRIPTOR.name
-    for fd in request.DESCRIPTOR.fields:
-        where = f"{msg}.{fd.name}"
-        lim = LIMITS.get(where)
+    plan = _PLANS.get(request.DESCRIPTOR.full_name)
+    if plan is None:
+        plan = _PLANS[request.DESCRIPTOR.full_name] = _plan(request.DESCRIPTOR)
+    for name, where, fd, lim in plan:
         if lim is None:  # a field added to the proto without a limit: refuse rather than trust it
             raise BadRequest(f"{where}: this daemon has no limit for the field (a bug: report it)")
-        value = getattr(request, fd.name)
+        value = getattr(request, name)
         if fd.is_repeated:
             if len(value) > lim.items:
                 raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
             for v in value:
                 _scalar(where, fd, lim, v)
-        elif fd.type == FieldDescriptor.TYPE_STRING and lim.truncate and len(value) > lim.chars:
-            setattr(request, fd.name, value[: lim.chars - 1] + "…")
+        elif lim.truncate and len(value) > lim.chars:
+            setattr(request, name, value[: lim.chars - 1] + "…")
         else:
             _scalar(where, fd, lim, value)
+
+
+_PLANS: dict[str, list] = {}  # message name -> (field name, "Message.field", descriptor, limit) per field
+
+
+def _plan(desc) -> list:
+    where = [(fd, f"{desc.name}.{fd.name}") for fd in desc.fields]
+    return [(fd.name, w, fd, LIMITS.get(w)) for fd, w in where]
 
 
 def _scalar(where: str, fd: FieldDescriptor, lim: Limit, value: Any) -> None:
