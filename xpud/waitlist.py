@@ -1,9 +1,9 @@
 """Requests that did not fit yet: a priority queue, FIFO within a priority, with deadlines.
 
 Adding or removing a waiter costs O(log n) (a sorted list). Waiters learn their position when they join
-and then from a pusher that runs at most once per ``push_interval_s``, only while something changed, and
-tells a waiter only when its own position moved: cancelling thousands of waiters costs each of the others
-at most one update per interval, not one per cancellation.
+and then from a pusher that runs ``push_interval_s`` after a change (and then at most once per interval
+while changes go on), telling a waiter only when its own position moved: cancelling thousands of waiters
+costs each of the others at most one update per interval, not one per cancellation.
 """
 
 from __future__ import annotations
@@ -102,8 +102,13 @@ class Waitlist:
             self._pusher = asyncio.get_running_loop().create_task(self._push())
 
     async def _push(self) -> None:
-        """While positions change: tell each waiter whose position moved, then rest an interval."""
+        """While positions change: rest an interval, then tell each waiter whose position moved.
+
+        Resting first lets a burst (thousands of waiters leaving at once) end before anyone is told:
+        the waiters that were leaving too are not sent positions they will never read.
+        """
         while self._dirty:
+            await asyncio.sleep(self.push_interval_s)
             self._dirty = False
             snapshot = list(self._waiters)
             n = len(snapshot)
@@ -112,4 +117,3 @@ class Waitlist:
                     self._tell(w, pos, n)
                 if pos % PUSH_CHUNK == 0:
                     await asyncio.sleep(0)  # positions found meanwhile are corrected next round
-            await asyncio.sleep(self.push_interval_s)
