@@ -104,10 +104,10 @@ def test_5000_waiters_queue_and_their_cancellation_does_not_stall_other_calls(da
     # Each waiter hears its position when it joins and then at most once a second while it changes
     # (before: once per cancellation in front of it, 5,000 each).
     assert int(most) <= 2 + cancel_s, (observed, most, cancel_s)
-    # Before: 1,000 cancelled waiters froze the daemon 4 s, 2,800 for 41 s (quadratic). Now most of the
-    # cost is gRPC's own: a bare grpc.aio server (no xpud code) stalls 0.3-0.5 s for the same burst of
-    # 5,000 cancellations on the shared 2-core test machine, the daemon 0.3-0.9 s; more when other work
-    # loads the machine, hence the loose bound (the update count above is the exact check).
+    # Before: 1,000 cancelled waiters froze the daemon 4 s, 2,800 for 41 s (quadratic). Now the worst
+    # Info is 0.23-0.48 s on the shared 2-core test machine (the loop itself lags at most ~40 ms; a bare
+    # grpc.aio server with no xpud code behind it shows 0.09-0.5 s for the same burst), more when other
+    # work loads the machine: hence the loose bound; the update count above is the exact check.
     assert worst < 5.0, f"Info took {worst:.3f} s while {N_WAITERS} waiters were cancelled"
     assert d.alive()
 
