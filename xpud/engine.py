@@ -539,6 +539,24 @@ class Engine:
                 c.whole_lease = None
             c.slices.pop(lease_id, None)
 
+    async def _free_claimed(self, lease_id: str, cards: Iterable[int], slices: tuple[Slice, ...]) -> None:
+        """``_free`` under the cards' claims. When one of them is busy (its backend at work, perhaps hung)
+        this runs in the background and returns at once: the caller (a release, the reaper) goes on, and
+        what the lease held stays reserved in memory until its teardown is done."""
+        cards = list(cards)
+
+        async def free() -> None:
+            await self._wait_claim(cards)
+            try:
+                await self._free(lease_id, cards, slices)
+            finally:
+                self._unclaim(cards)
+
+        if self._busy.intersection(cards):
+            self._spawn(free(), f"freeing what lease {lease_id} held")
+        else:
+            await free()
+
     def _claim_for(self, req: Request, cards: tuple[int, ...]) -> None:
         """Claim ``cards`` for granting ``req`` now (no await before ``_grant`` is started): the grant
         counts against its uid's [limits] from this instant."""
@@ -813,11 +831,7 @@ class Engine:
             card=lease.cards[0] if len(lease.cards) == 1 else -1,
         )
         await self.moves.forget(lease.id)  # a move in flight: free what it reserved
-        await self._wait_claim(lease.cards)
-        try:
-            await self._free(lease.id, lease.cards, lease.slices)
-        finally:
-            self._unclaim(lease.cards)
+        await self._free_claimed(lease.id, lease.cards, lease.slices)
         self.pump()
         return ended
 
