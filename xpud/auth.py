@@ -13,14 +13,16 @@ import asyncio
 import grp
 import json
 import os
-import secrets
 import socket
 import struct
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from xpud.errors import Unauthenticated
-from xpud.model import Caller
+
+if TYPE_CHECKING:  # the client (`xpu run`) imports this module for handshake(): keep it light
+    from xpud.model import Caller
 
 METADATA_KEY = "x-xpud-credential"
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
@@ -64,6 +66,10 @@ class CredentialIssuer:
         return bool(self._admin_gids and self._admin_gids & _groups_of(uid, gid))
 
     def issue(self, pid: int, uid: int, gid: int) -> tuple[str, Credential]:
+        import secrets
+
+        from xpud.model import Caller
+
         self._expire()
         token = secrets.token_urlsafe(24)
         cred = Credential(
