@@ -234,6 +234,36 @@ def measure_cycles(spec: dict, clients: int, seconds: float, daemon_pid: int | N
     return res
 
 
+def grants(
+    runtime: Path, bare_sock: Path, bare_pid: int, daemon_pid: int, clients: list[int], seconds: float
+) -> list[dict]:
+    """At each client count: the bare ceiling, then slices, then whole cards (at most 8: the cards),
+    back to back so that the ratios compare runs under the same background load."""
+    kinds = [
+        ("bare", {"target": "bare", "socket": str(bare_sock)}, bare_pid, 10**6),
+        ("slice", {"target": "xpud", "mode": "vxpu-quarter", "gpus": 1}, daemon_pid, 32),
+        ("whole", {"target": "xpud", "mode": "xpu", "gpus": 1}, daemon_pid, 8),
+    ]
+    rows = []
+    for n in clients:
+        bare_rate = None
+        for name, spec, pid, most in kinds:
+            if n > most:
+                continue
+            say(f"{name}: {n} client(s), {seconds:g} s")
+            row = {
+                "kind": name,
+                **measure_cycles({**spec, "runtime": str(runtime), "wait_s": 30.0}, n, seconds, pid),
+            }
+            if name == "bare":
+                bare_rate = row["cycles_per_s"]
+            elif bare_rate:
+                row["ratio_to_bare"] = round(row["cycles_per_s"] / bare_rate, 3)
+            say(f"  {row['cycles_per_s']}/s, acquire p99 {row['acquire_p99_ms']} ms")
+            rows.append(row)
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------- xpu run
 def xpu_run_overhead(runtime: Path, runs: int) -> dict:
     """Median wall times of `xpu run -- true` and `python -c "import grpc"`, alternated."""
@@ -367,14 +397,16 @@ class Prober(threading.Thread):
 
 
 def waiters(runtime: Path, n: int, daemon_pid: int, timeout_s: float) -> dict:
+    """The waiters part (see the module's docstring); a failure midway keeps what was measured."""
     import psutil
 
     from xpud.api.client import Client
 
     daemon = psutil.Process(daemon_pid)
     out: dict = {"waiters": n, "rss_before_mib": round(daemon.memory_info().rss / 2**20, 1)}
-    blocker = Client(runtime)
-    hold = blocker.acquire_lease("xpu", gpus=8, command="bench: every card")
+    blocker = Client(runtime, timeout=timeout_s)
+    held = blocker.acquire("xpu", gpus=8, command="bench: every card", hold=True)  # held while we wait
+    hold = next(u.granted for u in held if u.HasField("granted"))
     prober = Prober(runtime)
     prober.start()
     w = subprocess.Popen(
@@ -401,25 +433,27 @@ def waiters(runtime: Path, n: int, daemon_pid: int, timeout_s: float) -> dict:
         w.stdin.write("cancel\n")
         w.stdin.flush()
         c = json.loads(w.stdout.readline())
-        drained = None
+        out["cancel"] = {"client_side_s": round(c["cancel_s"], 2), "queue_empty_after_s": None}
         while time.monotonic() - t2 < timeout_s:
             if not blocker.leases().queue:
-                drained = time.monotonic() - t2
+                out["cancel"]["queue_empty_after_s"] = round(time.monotonic() - t2, 2)
                 break
             time.sleep(0.05)
         t3 = time.monotonic()
         time.sleep(0.5)  # the probe goes on a little after the queue is empty
-        out["cancel"] = {
-            "client_side_s": round(c["cancel_s"], 2),
-            "queue_empty_after_s": None if drained is None else round(drained, 2),
-            "info_latency": prober.between(t2, t3 + 0.5),
-        }
+        out["cancel"]["info_latency"] = prober.between(t2, t3 + 0.5)
+        say(f"  queue empty after {out['cancel']['queue_empty_after_s']} s")
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"[:500]
+        say(f"  waiters: {out['error']}")
     finally:
         if w.poll() is None:
             w.kill()
         w.wait()
         prober.stop()
-        blocker.release(hold.lease.id, hold.token)
+        with contextlib.suppress(Exception):
+            blocker.release(hold.lease.id, hold.token)
+        held.cancel()
         blocker.close()
     out["rss_after_mib"] = round(daemon.memory_info().rss / 2**20, 1)
     return out
@@ -482,10 +516,21 @@ def main() -> None:
     say(f"starting xpud --simulate {args.machine} in {base}")
     daemon = simdaemon.start(args.machine, base, DAEMON_CONFIG, log=base / "xpud.log")
     bare = None
+
+    def part(name: str, fn, *a, **kw) -> None:
+        """Run one part; a failure is recorded (and the rest goes on); the results so far are written."""
+        try:
+            out[name] = fn(*a, **kw)
+        except Exception as e:
+            say(f"{name} failed: {type(e).__name__}: {e}")
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        if args.out:
+            Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
     try:
         if "idle" not in skip:
             say(f"daemon idle after start ({args.idle_seconds:g} s)")
-            out["idle_after_start"] = idle(daemon.pid, args.idle_seconds)
+            part("idle_after_start", idle, daemon.pid, args.idle_seconds)
         if "grants" not in skip:
             (base / "bare").mkdir()
             bare_sock = base / "bare" / "bare.sock"
@@ -496,32 +541,16 @@ def main() -> None:
             )
             if bare.stdout.readline().strip() != "ready":
                 raise SystemExit("the bare gRPC server did not start")
-            rows = []
-            kinds = [
-                ("bare", {"target": "bare", "socket": str(bare_sock)}, clients),
-                ("slice", {"target": "xpud", "mode": "vxpu-quarter", "gpus": 1}, clients),
-                ("whole", {"target": "xpud", "mode": "xpu", "gpus": 1}, [c for c in clients if c <= 8]),
-            ]
-            for name, spec, counts in kinds:
-                spec = {**spec, "runtime": str(runtime), "wait_s": 30.0}
-                for n in counts:
-                    say(f"{name}: {n} client(s), {args.seconds:g} s")
-                    pid = bare.pid if name == "bare" else daemon.pid
-                    rows.append({"kind": name, **measure_cycles(spec, n, args.seconds, pid)})
-            ceiling = {r["clients"]: r["cycles_per_s"] for r in rows if r["kind"] == "bare"}
-            for r in rows:
-                if r["kind"] != "bare" and ceiling.get(r["clients"]):
-                    r["ratio_to_bare"] = round(r["cycles_per_s"] / ceiling[r["clients"]], 3)
-            out["grants"] = rows
+            part("grants", grants, runtime, bare_sock, bare.pid, daemon.pid, clients, args.seconds)
         if "xpu_run" not in skip:
             say(f"xpu run -- true against python -c 'import grpc', {args.runs} runs each")
-            out["xpu_run"] = xpu_run_overhead(runtime, args.runs)
+            part("xpu_run", xpu_run_overhead, runtime, args.runs)
         if "waiters" not in skip:
             say(f"{args.waiters} waiters: queue, then cancel")
-            out["waiters"] = waiters(runtime, args.waiters, daemon.pid, timeout_s=60 if args.quick else 300)
+            part("waiters", waiters, runtime, args.waiters, daemon.pid, timeout_s=60 if args.quick else 300)
         if "idle" not in skip:
             say(f"daemon idle after the load ({args.idle_seconds:g} s)")
-            out["idle_after_load"] = idle(daemon.pid, args.idle_seconds)
+            part("idle_after_load", idle, daemon.pid, args.idle_seconds)
     finally:
         if bare is not None:
             bare.terminate()
