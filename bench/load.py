@@ -309,7 +309,11 @@ def waiters_worker(spec: dict) -> None:
         runtime = Path(spec["runtime"])
         md = ((METADATA_KEY, handshake(str(runtime / "cred.sock"))["credential"]),)
         n = spec["n"]
-        channels = [aio.insecure_channel(f"unix:{runtime / 'xpud.sock'}") for _ in range((n + 99) // 100)]
+        options = [("grpc.use_local_subchannel_pool", 1)]  # a connection each, not one shared by all
+        channels = [
+            aio.insecure_channel(f"unix:{runtime / 'xpud.sock'}", options=options)
+            for _ in range((n + 99) // 100)
+        ]
         stubs = [pbg.NodeStub(c) for c in channels]
         queued = asyncio.Event()
         count = [0, 0]  # queued, failed
@@ -373,7 +377,7 @@ class Prober(threading.Thread):
         super().__init__(daemon=True)
         from xpud.api.client import Client
 
-        self.client = Client(runtime, timeout=120)
+        self.client = Client(runtime, timeout=600)
         self.client.info()
         self.samples: list[tuple[float, float]] = []
         self.stopping = threading.Event()
