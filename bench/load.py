@@ -15,7 +15,9 @@ Everything runs against a real simulated daemon (``xpud --simulate pcie-8x-l40s`
   cycle. ``ratio`` = grants per second / bare cycles per second at the same number of clients: the figure
   that travels between machines (absolute rates move with the machine and its load).
 - **xpu run.** Median wall time of ``xpu run -m vxpu-quarter -- true`` against ``python -c "import grpc"``
-  (the same interpreter), alternated, ``--runs`` each.
+  (the same interpreter), alternated, ``--runs`` each; and the same run through Typer (``xpu_cli.main``,
+  the path before ``xpu_cli.entry``) for comparison. Bytecode is cached (in the temp directory) for
+  both, as in an installed copy.
 - **Waiters.** Every card held, then ``--waiters`` Acquire streams (one process, asyncio) queue for a
   whole card; once all are queued they are cancelled at once. Meanwhile another client calls ``Info``
   every 20 ms: its latency (max, p99) while they queue and while they leave, the time until the daemon's
@@ -47,6 +49,7 @@ HERE = Path(__file__).resolve()
 BARE_ACQUIRE = "/bench.Bare/Acquire"
 BARE_RELEASE = "/bench.Bare/Release"
 DAEMON_CONFIG = "[leases]\ngrace_s = 30.0\n"
+XPU_RUN_ARGS = ["run", "-m", "vxpu-quarter", "--", "true"]
 
 
 def say(msg: str) -> None:
@@ -269,10 +272,15 @@ def xpu_run_overhead(runtime: Path, runs: int) -> dict:
     """Median wall times of `xpu run -- true` and `python -c "import grpc"`, alternated."""
     import simdaemon
 
-    env = simdaemon.clean_env(runtime)
+    # Bytecode cached, as in an installed copy (pip compiles it): a PYTHONDONTWRITEBYTECODE in the
+    # environment would have every run compile xpud's modules again, but not grpc's (pip compiled those).
+    env = {**simdaemon.clean_env(runtime), "PYTHONPYCACHEPREFIX": str(runtime.parent / "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     cmds = {
-        "xpu_run": [str(simdaemon.BIN / "xpu"), "run", "-m", "vxpu-quarter", "--", "true"],
+        "xpu_run": [str(simdaemon.BIN / "xpu"), *XPU_RUN_ARGS],
         "import_grpc": [sys.executable, "-c", "import grpc"],
+        # the same run through Typer (the path every `xpu run` took before xpu_cli.entry)
+        "typer_run": [sys.executable, "-c", "from xpu_cli.main import main; main()", *XPU_RUN_ARGS],
     }
     times: dict[str, list[float]] = {k: [] for k in cmds}
     for cmd in cmds.values():  # warm the page cache and the bytecode
@@ -283,11 +291,14 @@ def xpu_run_overhead(runtime: Path, runs: int) -> dict:
             subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
             times[name].append(time.perf_counter() - t0)
     xpu, grpc_ = statistics.median(times["xpu_run"]), statistics.median(times["import_grpc"])
+    typer_ = statistics.median(times["typer_run"])
     return {
         "runs": runs,
         "xpu_run_ms": ms(xpu),
         "import_grpc_ms": ms(grpc_),
         "ratio": round(xpu / grpc_, 2),
+        "through_typer_ms": ms(typer_),
+        "through_typer_ratio": round(typer_ / grpc_, 2),
         "xpu_run_min_ms": ms(min(times["xpu_run"])),
         "import_grpc_min_ms": ms(min(times["import_grpc"])),
     }
