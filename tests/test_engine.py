@@ -133,7 +133,7 @@ def test_queue_priority_fifo_and_reservation(engine):
 
         t1 = asyncio.create_task(ask("low", req("xpu", 4, wait_s=30)))
         await asyncio.sleep(0)
-        t2 = asyncio.create_task(ask("high", req("xpu", 4, wait_s=30, priority=5)))
+        t2 = asyncio.create_task(ask("high", req("xpu", 4, wait_s=30, priority=5, exempt=True)))
         t3 = asyncio.create_task(ask("low2", req("xpu", 4, wait_s=30)))
         await asyncio.sleep(0)
         assert [q.request.priority for q in engine.queue_view()] == [5, 0, 0]
@@ -197,3 +197,51 @@ def test_restore_rebuilds_state_from_the_ledger(tmp_path):
         taken |= set(g[0].cards)
     assert taken == set(a.cards) | free
     assert e2.try_grant(req("xpu", 1)) is None  # card 6 drained, b's card sliced
+
+
+def limited(tmp_path, **limits):
+    cfg = Config().replace("limits", **limits)
+    return Engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=Clock())
+
+
+def test_users_may_not_ask_for_a_priority_above_the_limit(tmp_path):
+    engine = limited(tmp_path, max_user_priority=10)
+    with pytest.raises(
+        Forbidden, match=r"priority 11: uid 1000 may ask for 10 at most \(\[limits\] max_user_priority"
+    ):
+        engine.try_grant(req("xpu", 1, priority=11))
+    assert engine.try_grant(req("xpu", 1, priority=10)) is not None
+    assert engine.try_grant(req("xpu", 1, priority=-100)) is not None  # lowering one's own is fine
+    assert engine.try_grant(req("xpu", 1, priority=100, exempt=True)) is not None  # operators
+
+
+def test_per_uid_caps_on_leases_and_queued_requests(tmp_path):
+    engine = limited(tmp_path, max_leases_per_uid=3, max_queued_per_uid=1)
+
+    async def scenario():
+        mine = [await engine.acquire(req("xpu", 3)) for _ in range(2)]
+        # only 2 cards left; at priority -1 it does not hold them back from others
+        waiting = asyncio.create_task(engine.acquire(req("xpu", 3, wait_s=30, priority=-1)))
+        await asyncio.sleep(0)
+        assert len(engine.queue_view()) == 1
+        with pytest.raises(NoCapacity) as e:  # 2 leases + 1 queued = the cap of 3
+            await engine.acquire(req("vxpu-quarter"))
+        assert str(e.value) == (
+            "uid 1000 has 2 lease(s) and 1 queued request(s), the most [limits] max_leases_per_uid (3) "
+            "allows: release a lease first"
+        )
+        await engine.acquire(req("vxpu-quarter", uid=1001))  # another user is not held back
+        queued = asyncio.create_task(engine.acquire(req("xpu", 8, uid=1001, wait_s=30)))
+        await asyncio.sleep(0)
+        with pytest.raises(
+            NoCapacity, match=r"uid 1001 has 1 request\(s\) in the queue, the most \[limits\] "
+        ):
+            await engine.acquire(req("xpu", 8, uid=1001, wait_s=30))
+        op = req("xpu", 1, uid=0, exempt=True, priority=1)  # operators: no caps, any priority
+        assert (await engine.acquire(op))[0].owner_uid == 0
+        queued.cancel()
+        await asyncio.gather(queued, return_exceptions=True)
+        engine.release(mine[0][0].id, Caller(1000))
+        assert (await waiting)[0].owner_uid == 1000
+
+    asyncio.run(scenario())

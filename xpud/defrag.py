@@ -200,7 +200,9 @@ class Books:
             kind = e.isolation_name(i)
             if kind in BOOKS_ONLY and i in self.changed:  # its backend can only judge the card as it is
                 return f"card {i}'s {kind} layout changes earlier in this plan (tried at the next run)"
-            spec = e.cfg.slices[lease.mode.value]
+            spec = e.cfg.slices.get(lease.mode.value)
+            if spec is None:  # a restored lease of a size the config no longer has
+                return f"{lease.mode} is no longer a slice size in the config"
             if not e._backends[i].fits(c.info, list(self.slices[i].values()), spec, lease.owner_uid):
                 return f"the {kind} backend has no room for {lease.mode} on card {i}"
         return ""
@@ -379,19 +381,19 @@ class Defragmenter:
             if why:
                 reasons[why] = reasons.get(why, 0) + 1
         movable = active - sum(reasons.values())
-        if not movable:
+        notes: list[str] = []
+        if not movable:  # nothing to do is a result, not an error
             detail = "; ".join(f"{n} {why}" for why, n in sorted(reasons.items())) or "no active leases"
-            raise Conflict(
+            notes.append(
                 f"nothing restartable to move: {active} active lease(s) ({detail}); jobs started with "
                 "`xpu run --restartable` may be moved"
             )
-        if budget == 0:
+        elif budget == 0:
             need = math.ceil(100 / active)
-            raise BadRequest(
+            notes.append(
                 f"a move budget of {pct:g} % of {active} active lease(s) allows no move (it rounds down); "
                 f"give --move-budget {need} or more"
             )
-        notes: list[str] = []
 
         def result(moves=(), after=None, cost=0.0, target=()) -> DefragPlan:
             before = free_cards(e.topology, Books(e).idle_whole())
@@ -409,6 +411,8 @@ class Defragmenter:
                 tuple(notes),
             )
 
+        if notes:
+            return result()
         if gpus and best_group(e.topology, list(Books(e).idle_whole()), gpus):
             notes.append(f"{gpus} whole card(s) are free already: nothing to move")
             return result()

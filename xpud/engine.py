@@ -240,13 +240,41 @@ class Engine:
                 "use --gpus 1 or --mode xpu"
             )
         elif req.mode.value not in self.cfg.slices:
-            raise BadRequest(f"mode {req.mode}: no such slice size in the config")
+            sizes = ", ".join(["xpu", *self.cfg.slices])
+            raise BadRequest(f"mode {req.mode!r}: no such slice size in the config; use one of {sizes}")
         cap = self.cfg.leases.max_priority
         if not -cap <= req.priority <= cap:
             raise BadRequest(f"priority {req.priority} is outside -{cap}..{cap}")
         if not 0 <= req.wait_s <= self.cfg.leases.max_wait_s:
             raise BadRequest(f"--wait {req.wait_s:g}: must be 0..{self.cfg.leases.max_wait_s:g} seconds")
+        top = self.cfg.limits.max_user_priority
+        if not req.exempt and req.priority > top:
+            raise Forbidden(
+                f"priority {req.priority}: uid {req.owner_uid} may ask for {top} at most "
+                "([limits] max_user_priority; operators may go higher)"
+            )
         return req
+
+    def _check_limits(self, req: Request, queueing: bool) -> None:
+        """Per-uid caps of [limits] (operators and exempt groups pass). Raises NoCapacity naming the key."""
+        lim = self.cfg.limits
+        if req.exempt:
+            return
+        uid = req.owner_uid
+        queued = sum(1 for w in self.waitlist.in_order() if w.request.owner_uid == uid)
+        if queueing:
+            if lim.max_queued_per_uid and queued >= lim.max_queued_per_uid:
+                raise NoCapacity(
+                    f"uid {uid} has {queued} request(s) in the queue, the most [limits] max_queued_per_uid "
+                    f"({lim.max_queued_per_uid}) allows: wait for one to be granted or stop one"
+                )
+            return
+        held = sum(1 for lease in self.leases.values() if lease.owner_uid == uid)
+        if lim.max_leases_per_uid and held + queued >= lim.max_leases_per_uid:
+            raise NoCapacity(
+                f"uid {uid} has {held} lease(s) and {queued} queued request(s), the most [limits] "
+                f"max_leases_per_uid ({lim.max_leases_per_uid}) allows: release a lease first"
+            )
 
     def _capacity(self, c: CardState, avoid_extra: bool = False) -> CardCapacity:
         mem, pct = used_shares(list(c.slices.values()), c.info, self._reserved(c.info))
@@ -419,12 +447,15 @@ class Engine:
     async def acquire(
         self, req: Request, on_position: Callable[[QueuedRequest, int], None] | None = None
     ) -> tuple[Lease, str]:
-        """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry."""
+        """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry or
+        when the caller is at a [limits] cap."""
+        self._check_limits(req, queueing=False)
         granted = self.try_grant(req)
         if granted:
             return granted
         if req.wait_s <= 0:
             raise NoCapacity(self._why_not(req) + "; add --wait SECONDS to queue for it")
+        self._check_limits(req, queueing=True)
         w = self.waitlist.add(req, self.clock(), on_position)
         self._changed()
         try:

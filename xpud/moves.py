@@ -84,6 +84,8 @@ class Moves:
             )
         if not e.is_held(lease.id):
             raise Conflict(f"lease {lease.id} has no holder connected to restart its command elsewhere")
+        if lease.mode.is_slice and lease.mode.value not in e.cfg.slices:  # restored; size since removed
+            raise Conflict(f"lease {lease.id} is a {lease.mode} slice, a size the config no longer has")
         exclude = frozenset(lease.cards) | frozenset(avoid)
         if to is not None:
             cards = tuple(to)

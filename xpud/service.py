@@ -19,7 +19,7 @@ from grpc import aio
 from xpud.api import convert
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
-from xpud.auth import METADATA_KEY, CredentialIssuer
+from xpud.auth import METADATA_KEY, CredentialIssuer, member_of
 from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, XpudError
 from xpud.model import Caller, Mode, QueuedRequest, Request
@@ -121,6 +121,10 @@ class NodeService(pbg.NodeServicer):
             cards=len(self.ctx.engine.cards),
             caller_uid=caller.uid,
             caller_is_admin=caller.admin,
+            slice_sizes=[
+                pb.SliceSize(name=s.name, memory_fraction=s.memory_fraction, compute_pct=s.compute_pct)
+                for s in self.ctx.engine.cfg.slices.values()
+            ],
         )
 
     @streaming
@@ -137,6 +141,7 @@ class NodeService(pbg.NodeServicer):
                 owner_uid=caller.uid,
                 holder_pid=caller.pid or None,
                 command=request.command,
+                exempt=caller.admin or member_of(caller.uid, caller.gid, e.cfg.limits.exempt_groups),
             )
         )
         updates: asyncio.Queue = asyncio.Queue()
