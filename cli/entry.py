@@ -9,6 +9,7 @@ sure of goes to Typer, which parses it again and gives its usual help or error m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -149,8 +150,6 @@ def main() -> None:
     # The command ended and the lease is released: nothing is left to do but exit. Python's own
     # finalisation (gRPC's threads and modules torn down one by one) would add 15-30 ms to every job.
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a reader gone: the status stays the command's
             stream.flush()
-        except (OSError, ValueError):
-            code = code or 1
     os._exit(code)
