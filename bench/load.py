@@ -238,33 +238,56 @@ def measure_cycles(spec: dict, clients: int, seconds: float, daemon_pid: int | N
 
 
 def grants(
-    runtime: Path, bare_sock: Path, bare_pid: int, daemon_pid: int, clients: list[int], seconds: float
+    runtime: Path,
+    bare_sock: Path,
+    bare_pid: int,
+    daemon_pid: int,
+    clients: list[int],
+    seconds: float,
+    rounds: int = 1,
 ) -> list[dict]:
     """At each client count: the bare ceiling, then slices, then whole cards (at most 8: the cards),
-    back to back so that the ratios compare runs under the same background load."""
+    back to back so that the ratios compare runs under the same background load. With ``rounds`` > 1
+    the whole sequence is repeated and each figure is the median over the rounds (the ratio: the median
+    of the per-round ratios), with every round's rows kept under ``rounds``."""
     kinds = [
         ("bare", {"target": "bare", "socket": str(bare_sock)}, bare_pid, 10**6),
         ("slice", {"target": "xpud", "mode": "vxpu-quarter", "gpus": 1}, daemon_pid, 32),
         ("whole", {"target": "xpud", "mode": "xpu", "gpus": 1}, daemon_pid, 8),
     ]
-    rows = []
-    for n in clients:
-        bare_rate = None
-        for name, spec, pid, most in kinds:
-            if n > most:
-                continue
-            say(f"{name}: {n} client(s), {seconds:g} s")
-            row = {
-                "kind": name,
-                **measure_cycles({**spec, "runtime": str(runtime), "wait_s": 30.0}, n, seconds, pid),
-            }
-            if name == "bare":
-                bare_rate = row["cycles_per_s"]
-            elif bare_rate:
-                row["ratio_to_bare"] = round(row["cycles_per_s"] / bare_rate, 3)
-            say(f"  {row['cycles_per_s']}/s, acquire p99 {row['acquire_p99_ms']} ms")
-            rows.append(row)
-    return rows
+    every: dict[tuple[str, int], list[dict]] = {}
+    for r in range(rounds):
+        for n in clients:
+            bare_rate = None
+            for name, spec, pid, most in kinds:
+                if n > most:
+                    continue
+                say(
+                    f"{name}: {n} client(s), {seconds:g} s"
+                    + (f" (round {r + 1}/{rounds})" if rounds > 1 else "")
+                )
+                row = {
+                    "kind": name,
+                    **measure_cycles({**spec, "runtime": str(runtime), "wait_s": 30.0}, n, seconds, pid),
+                }
+                if name == "bare":
+                    bare_rate = row["cycles_per_s"]
+                elif bare_rate:
+                    row["ratio_to_bare"] = round(row["cycles_per_s"] / bare_rate, 3)
+                say(f"  {row['cycles_per_s']}/s, acquire p99 {row['acquire_p99_ms']} ms")
+                every.setdefault((name, n), []).append(row)
+    if rounds == 1:
+        return [rows[0] for rows in every.values()]
+    out = []
+    for (name, n), rows in every.items():
+        med = {"kind": name, "clients": n, "processes": rows[0]["processes"], "rounds": rows}
+        for key in ("cycles_per_s", "acquire_p50_ms", "acquire_p99_ms", "daemon_cpu_pct", "ratio_to_bare"):
+            values = [x[key] for x in rows if x.get(key) is not None]
+            if values:
+                med[key] = round(statistics.median(values), 3 if key == "ratio_to_bare" else 2)
+        med["errors"] = sum(x["errors"] for x in rows)
+        out.append(med)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- xpu run
@@ -497,6 +520,7 @@ def main() -> None:
     ap.add_argument("--machine", default="pcie-8x-l40s")
     ap.add_argument("--seconds", type=float, default=5.0, help="each throughput measurement")
     ap.add_argument("--clients", default="1,8,16,32", help="client counts, comma-separated")
+    ap.add_argument("--rounds", type=int, default=3, help="grant measurements repeated (medians)")
     ap.add_argument("--runs", type=int, default=30, help="xpu run / import grpc repetitions")
     ap.add_argument("--waiters", type=int, default=5000)
     ap.add_argument("--idle-seconds", type=float, default=10.0)
@@ -512,7 +536,7 @@ def main() -> None:
     if args.bare_server:
         return bare_server(args.bare_server)
     if args.quick:
-        args.seconds, args.clients, args.runs = 0.5, "1,4", 3
+        args.seconds, args.clients, args.runs, args.rounds = 0.5, "1,4", 3, 1
         args.waiters, args.idle_seconds = 100, 0.5
     clients = [int(c) for c in args.clients.split(",")]
     skip = set(filter(None, args.skip.split(",")))
@@ -556,7 +580,9 @@ def main() -> None:
             )
             if bare.stdout.readline().strip() != "ready":
                 raise SystemExit("the bare gRPC server did not start")
-            part("grants", grants, runtime, bare_sock, bare.pid, daemon.pid, clients, args.seconds)
+            part(
+                "grants", grants, runtime, bare_sock, bare.pid, daemon.pid, clients, args.seconds, args.rounds
+            )
         if "xpu_run" not in skip:
             say(f"xpu run -- true against python -c 'import grpc', {args.runs} runs each")
             part("xpu_run", xpu_run_overhead, runtime, args.runs)
