@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from tests.syncengine import sync_engine
 from tests.test_engine import Caller, Clock, cards, pcie_box, req
 from xpud.config import Config
 from xpud.defrag import Books, Defragmenter, free_cards, sequence
@@ -22,7 +23,8 @@ from xpud.model import CardMode, Slice
 
 def make_engine(tmp_path, isolation=None, **defrag) -> Engine:
     cfg = Config().replace("defrag", **defrag) if defrag else Config()
-    return Engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), isolation=isolation, clock=Clock())
+    led = Ledger(tmp_path / "l.sqlite")
+    return sync_engine(cards(), pcie_box(), cfg, led, isolation=isolation, clock=Clock())
 
 
 @pytest.fixture

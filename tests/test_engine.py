@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from tests.syncengine import sync_engine
 from xpud.config import Config
-from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.hw.topology import NODE, SINGLE, SYSTEM, Topology
 from xpud.ledger import Ledger
@@ -41,7 +41,7 @@ class Clock:
 
 @pytest.fixture
 def engine(tmp_path):
-    return Engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
+    return sync_engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
 
 
 def req(mode, gpus=1, **kw):
@@ -123,7 +123,7 @@ def test_drained_and_unhealthy_cards_get_nothing(engine):
 
 def test_queue_priority_fifo_and_reservation(engine):
     async def scenario():
-        big = engine.try_grant(req("xpu", 8))[0]
+        big = (await engine.try_grant(req("xpu", 8)))[0]
         order = []
 
         async def ask(name, r):
@@ -137,7 +137,7 @@ def test_queue_priority_fifo_and_reservation(engine):
         t3 = asyncio.create_task(ask("low2", req("xpu", 4, wait_s=30)))
         await asyncio.sleep(0)
         assert [q.request.priority for q in engine.queue_view()] == [5, 0, 0]
-        engine.release(big.id, Caller(1000))
+        await engine.release(big.id, Caller(1000))
         await asyncio.gather(t1, t2)
         assert order == ["high", "low"]
         assert not t3.done() and len(engine.queue_view()) == 1
@@ -149,7 +149,7 @@ def test_queue_priority_fifo_and_reservation(engine):
 
 def test_wait_expires_with_a_reason(engine):
     async def scenario():
-        engine.try_grant(req("xpu", 8))
+        await engine.try_grant(req("xpu", 8))
         with pytest.raises(NoCapacity, match=r"waited 0\.05 s"):
             await engine.acquire(req("xpu", 1, wait_s=0.05))
         with pytest.raises(NoCapacity, match="--wait"):
@@ -160,15 +160,15 @@ def test_wait_expires_with_a_reason(engine):
 
 def test_reaper_reclaims_after_grace(engine):
     async def scenario():
-        lease, _ = engine.try_grant(req("xpu", 1))
+        lease, _ = await engine.try_grant(req("xpu", 1))
         q = engine.hold_opened(lease.id)
         engine.clock.t += 100
-        assert engine.reap() == []  # held: never reclaimed
+        assert await engine.reap() == []  # held: never reclaimed
         engine.hold_closed(lease.id, q)
         engine.clock.t += engine.cfg.leases.grace_s - 0.1
-        assert engine.reap() == []
+        assert await engine.reap() == []
         engine.clock.t += 0.2
-        assert [x.id for x in engine.reap()] == [lease.id]
+        assert [x.id for x in await engine.reap()] == [lease.id]
         assert engine.ledger.recent_leases()[0].state is LeaseState.RECLAIMED
 
     asyncio.run(scenario())
@@ -176,12 +176,12 @@ def test_reaper_reclaims_after_grace(engine):
 
 def test_restore_rebuilds_state_from_the_ledger(tmp_path):
     led = Ledger(tmp_path / "l.sqlite")
-    e1 = Engine(cards(), pcie_box(), Config(), led, clock=Clock())
+    e1 = sync_engine(cards(), pcie_box(), Config(), led, clock=Clock())
     a = e1.try_grant(req("xpu", 2))[0]
     b = e1.try_grant(req("vxpu-half"))[0]
     e1.drain("6", "fan")
     led.close()
-    e2 = Engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
+    e2 = sync_engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
     restored = e2.restore()
     assert {x.id for x in restored} == {a.id, b.id}
     views = e2.card_views()

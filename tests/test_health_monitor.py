@@ -7,8 +7,8 @@ import asyncio
 import time
 from dataclasses import replace
 
+from tests.syncengine import sync_engine
 from xpud.config import Config
-from xpud.engine import Engine
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
 from xpud.ledger import Ledger
@@ -23,7 +23,7 @@ def setup(tmp_path, machine="dgx-h100", mig_card: int | None = None):
     if mig_card is not None:
         hw.set_mig_mode(mig_card, True)
         fake.reset(mig_card)
-    engine = Engine(hw.cards(), hw.topology(), Config(), Ledger(tmp_path / "l.sqlite"))
+    engine = sync_engine(hw.cards(), hw.topology(), Config(), Ledger(tmp_path / "l.sqlite"))
     return fake, hw, engine, HealthMonitor(engine, hw, engine.cfg)
 
 

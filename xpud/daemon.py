@@ -29,13 +29,14 @@ from xpud.defrag import Defragmenter
 from xpud.engine import Engine
 from xpud.errors import XpudError
 from xpud.jobs import Jobs
-from xpud.ledger import Ledger
+from xpud.ledger import Ledger, LedgerDamaged
 from xpud.monitor import HealthMonitor
 from xpud.service import AdminService, Context, NodeService
 
 log = logging.getLogger("xpud")
 
 USER_SOCKET, ADMIN_SOCKET, CRED_SOCKET = "xpud.sock", "admin.sock", "cred.sock"
+LEDGER_DAMAGED_EXIT = 3  # systemd/xpud.service: RestartPreventExitStatus=3
 
 
 class StartupError(Exception):
@@ -143,7 +144,7 @@ class Daemon:
         self.engine = Engine(
             self.hw.cards(), self.hw.topology(), self.cfg, self.ledger, isolation=self._isolation()
         )
-        self.engine.restore()
+        await self.engine.restore()
         self.monitor = HealthMonitor(self.engine, self.hw, self.cfg)
         self.monitor.restore()  # cards that were out before a restart stay out until they clear
         self.defrag = Defragmenter(self.engine, self.cfg)
@@ -315,6 +316,8 @@ def main_command(
         asyncio.run(run_daemon(cfg, hw, fake))
     except StartupError as e:
         _fail(str(e))
+    except LedgerDamaged as e:  # not restarted by systemd (RestartPreventExitStatus): an operator decides
+        _fail(str(e), LEDGER_DAMAGED_EXIT)
     except XpudError as e:
         _fail(str(e))
     except PermissionError as e:

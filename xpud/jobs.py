@@ -66,7 +66,7 @@ class Jobs:
 
     async def reap(self) -> None:
         try:
-            for lease in self.engine.reap():
+            for lease in await self.engine.reap():
                 log.info("reclaimed lease %s", lease.id)
         except Exception:
             log.exception("lease reaper failed")

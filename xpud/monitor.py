@@ -32,7 +32,7 @@ from collections.abc import Callable
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.config import Config
 from xpud.engine import Engine
-from xpud.errors import Conflict, NoCapacity
+from xpud.errors import Conflict, NoCapacity, NotFound
 from xpud.hw.health import BANDS, CardHealth, HealthReport, StateChange
 from xpud.hw.signals import memory_fragmentation, xid_class, xid_text
 from xpud.hw.types import HwEvent, NvmlError
@@ -113,6 +113,7 @@ class HealthMonitor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resampling: set[int] = set()
         self._lost: set[int] = set()  # cards that left the event set lost (readmitted when back)
+        self._moving: set[str] = set()  # leases whose move is being started
 
     def _pcie_link(self, i: int) -> tuple[int | None, int | None]:
         """The card's PCIe (generation, width), which sets its replay allowance; read once, at start-up
@@ -289,30 +290,40 @@ class HealthMonitor:
         )
 
     def _evacuate(self, i: int) -> None:
-        """Move the restartable leases off an unhealthy card; mark and tell the others (once per text)."""
+        """Move the restartable leases off an unhealthy card; mark and tell the others (once per text).
+        A move runs as a task (the engine prepares the new placement off the loop)."""
         why = self.why.get(i, "unhealthy")
         for lease in self.engine.leases_on(i):
-            if lease.id in self.engine.moves.pending:
+            if lease.id in self.engine.moves.pending or lease.id in self._moving:
                 continue
             if lease.restartable and lease.id not in self.engine.moves.timed_out:
-                try:
-                    self.engine.move(lease.id, f"card {i} is unhealthy: {why}")
-                    continue
-                except NoCapacity:
-                    text = (
-                        f"card {i} is unhealthy ({why}); no healthy card is free to move to: "
-                        "the job moves as soon as one is"
-                    )
-                except Conflict as e:
-                    text = f"card {i} is unhealthy ({why}); not moved: {e}"
-            elif lease.restartable:
+                self._moving.add(lease.id)
+                task = asyncio.ensure_future(self._move(lease.id, i, why))
+                task.add_done_callback(lambda _t, lid=lease.id: self._moving.discard(lid))
+                continue
+            if lease.restartable:
                 continue  # its holder did not follow a move: marked then, not moved again
-            else:
-                text = (
-                    f"card {i} is unhealthy ({why}): the job may fail; release the lease and run it again "
-                    "(with --restartable xpud moves it by itself)"
-                )
+            text = (
+                f"card {i} is unhealthy ({why}): the job may fail; release the lease and run it again "
+                "(with --restartable xpud moves it by itself)"
+            )
             self.engine.mark(lease.id, text)
+
+    async def _move(self, lease_id: str, i: int, why: str) -> None:
+        try:
+            await self.engine.move(lease_id, f"card {i} is unhealthy: {why}")
+            return
+        except NoCapacity:
+            text = (
+                f"card {i} is unhealthy ({why}); no healthy card is free to move to: "
+                "the job moves as soon as one is"
+            )
+        except (Conflict, NotFound) as e:
+            text = f"card {i} is unhealthy ({why}); not moved: {e}"
+        except Exception as e:  # e.g. the ledger cannot record the new card's mode now: tried again later
+            log.error("moving lease %s off card %d failed: %s", lease_id, i, e)
+            return
+        self.engine.mark(lease_id, text)
 
     def _blame(self, ev: HwEvent, instance_uuids: tuple[str, ...], now: float) -> None:
         """An application XID: count it against the lease(s) that caused it, not the card."""

@@ -212,7 +212,7 @@ class NodeService(pbg.NodeServicer):
     @unary
     async def Release(self, request, context):
         caller = self.ctx.caller(context)
-        lease = self.ctx.engine.release(request.lease_id, caller, request.token)
+        lease = await self.ctx.engine.release(request.lease_id, caller, request.token)
         return pb.ReleaseReply(lease=convert.lease_pb(lease, True))
 
     @unary
@@ -223,7 +223,7 @@ class NodeService(pbg.NodeServicer):
         ack = getattr(e, "ack_move", None)
         if ack is None:
             raise Conflict(f"no move is pending for lease {lease.id}")
-        return pb.AckMoveReply(lease=convert.lease_pb(ack(lease.id, request.token), True))
+        return pb.AckMoveReply(lease=convert.lease_pb(await ack(lease.id, request.token), True))
 
     @unary
     async def ListCards(self, request, context):
@@ -332,23 +332,23 @@ class AdminService(pbg.AdminServicer):
     @unary
     async def Drain(self, request, context):
         self._operator(context)
-        return self._card(self.ctx.engine.drain(request.card, request.reason))
+        return self._card(await self.ctx.engine.drain(request.card, request.reason))
 
     @unary
     async def Undrain(self, request, context):
         self._operator(context)
-        return self._card(self.ctx.engine.undrain(request.card))
+        return self._card(await self.ctx.engine.undrain(request.card))
 
     @unary
     async def SetCardMode(self, request, context):
         self._operator(context)
-        return self._card(self.ctx.engine.set_mode(request.card, request.mode))
+        return self._card(await self.ctx.engine.set_mode(request.card, request.mode))
 
     @unary
     async def Evict(self, request, context):
         self._operator(context)
         return pb.EvictReply(
-            lease=convert.lease_pb(self.ctx.engine.evict(request.lease_id, request.reason), True)
+            lease=convert.lease_pb(await self.ctx.engine.evict(request.lease_id, request.reason), True)
         )
 
     @unary
