@@ -15,16 +15,18 @@ import grp
 import json
 import logging
 import os
-import secrets
 import socket
 import struct
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from xpud.errors import Unauthenticated
-from xpud.model import Caller
+
+if TYPE_CHECKING:  # the client (`xpu run`) imports this module for handshake(): keep it light
+    from xpud.model import Caller
 
 log = logging.getLogger("xpud.auth")
 
@@ -100,6 +102,10 @@ class CredentialIssuer:
         return hit[0]
 
     def issue(self, pid: int, uid: int, gid: int) -> tuple[str, Credential]:
+        import secrets
+
+        from xpud.model import Caller
+
         self._expire()
         token = secrets.token_urlsafe(24)
         cred = Credential(
