@@ -54,6 +54,7 @@ from xpud.waitlist import Waitlist
 log = logging.getLogger("xpud.engine")
 
 TIDY_INTERVAL_S = 1.0  # isolation upkeep (MIG instances kept idle past [cards] mig_idle_keep_s)
+QUEUE_BUSY_WAIT_S = 0.5  # the same for a request that may wait in the queue (then it is queued)
 BUSY_WAIT_S = 10.0  # how long a request with no --wait waits for busy cards before it is refused
 
 
@@ -621,14 +622,11 @@ class Engine:
         )
         return lease, token
 
-    async def try_grant(
-        self, req: Request, wait_busy_s: float = BUSY_WAIT_S, queued: bool = False
-    ) -> tuple[Lease, str] | None:
+    async def try_grant(self, req: Request, wait_busy_s: float = BUSY_WAIT_S) -> tuple[Lease, str] | None:
         """Grant now if the request fits without jumping the queue; None otherwise. While some cards are
         busy, a request that fits on none of the others, or only by switching a card's mode, waits up to
         ``wait_busy_s`` for them first (the busy card may be the one it belongs on: packing and
-        hysteresis stay as they are when requests come one at a time). With ``queued`` (the request may
-        wait in the queue) it says None at once instead: ``pump`` places it when the cards are free."""
+        hysteresis stay as they are when requests come one at a time)."""
         self.validate(req)
         deadline = time.monotonic() + wait_busy_s
         while True:
@@ -638,8 +636,6 @@ class Engine:
             )
             cards = self._fit(req, reserve_whole=blocked_whole)
             left = deadline - time.monotonic()
-            if cards is not None and self._busy and self._switches(req, cards) and queued:
-                return None
             if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
                 self._claim_for(req, cards)
                 grant = asyncio.ensure_future(self._grant(req, cards))
@@ -671,7 +667,9 @@ class Engine:
         """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry or
         when the caller is at a [limits] cap."""
         self._check_limits(req, queueing=False)
-        granted = await self.try_grant(req, BUSY_WAIT_S, queued=req.wait_s > 0)
+        # A request that may queue waits for busy cards only briefly: beyond that it shows in the queue.
+        busy_wait = BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
+        granted = await self.try_grant(req, busy_wait)
         if granted:
             return granted
         if req.wait_s <= 0:
