@@ -128,3 +128,14 @@ def test_sixteen_short_outages_lose_no_lease(daemon_factory):
 def test_long_outages_up_to_90_s_lose_no_lease(daemon_factory):
     """4 kills, outages of 35-90 s (side by side): gRPC's default backoff alone misses the grace here."""
     _run_lanes(daemon_factory, [[35], [50], [70], [90]])
+
+
+def test_a_long_lived_client_acquires_again_after_a_restart(daemon_factory):
+    d = daemon_factory("pcie-8x-l40s", config=CONFIG)
+    with d.client() as c:
+        g = c.acquire_lease("vxpu-quarter")
+        c.release(g.lease.id, g.token)
+        d.kill(signal.SIGKILL)
+        d.start()
+        g = c.acquire_lease("vxpu-quarter")  # the new daemon does not know the old credential
+        c.release(g.lease.id, g.token)

@@ -154,14 +154,14 @@ def test_a_slice_lease_and_its_isolation_survive_a_daemon_crash(daemon_factory, 
     )
     device = p.stdout.readline().strip()
     with d.client() as c:
-        lease = wait_until(lambda: [x for x in c.leases().leases if x.held])[0]
+        lease = wait_until(lambda: [x for x in c.leases().leases if x.held], 30)[0]
     d.kill(signal.SIGKILL)
     d.start()
     with d.client() as c:
         assert [x.id for x in c.leases().leases] == [lease.id]
         ended = [x for x in c.leases(all=True).leases if x.state != "active"]
         assert ended == []
-        wait_until(lambda: [x for x in c.leases().leases if x.held])
+        wait_until(lambda: [x for x in c.leases().leases if x.held], 30)
         assert c.leases().leases[0].slices[0].handle == lease.slices[0].handle
     events = _events(d)
     assert any(adopted in m for m in events), events
@@ -180,7 +180,7 @@ def test_a_slice_lease_and_its_isolation_survive_a_daemon_crash(daemon_factory, 
     p.send_signal(signal.SIGTERM)
     p.wait(20)
     with d.client() as c:
-        assert wait_until(lambda: not c.leases().leases)
+        assert wait_until(lambda: not c.leases().leases, 30)
 
 
 def test_a_broken_state_file_stops_the_daemon_with_one_line(daemon_factory):

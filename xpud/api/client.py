@@ -165,9 +165,17 @@ class Client:
 
     def acquire_lease(self, mode: str, **kw) -> pb.Granted:
         """Acquire and return the grant (blocking through the queue)."""
-        for update in self.iterate(self.acquire(mode, **kw)):
-            if update.HasField("granted"):
-                return update.granted
+        for attempt in (0, 1):
+            try:
+                for update in self.iterate(self.acquire(mode, **kw)):
+                    if update.HasField("granted"):
+                        return update.granted
+            except Unauthenticated:
+                if attempt:
+                    raise
+                self._metadata(renew=True)  # a restarted daemon does not know our credential
+                continue
+            break
         raise Unavailable("the daemon closed the Acquire stream without a grant")
 
     def hold(self, lease_id: str, token: str):

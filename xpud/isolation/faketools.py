@@ -21,7 +21,8 @@ host runs the binaries. It records every call (``calls``) and plays the document
 - ``nvidia-smi -r -i ID`` (``--gpu-reset``) resets a card of the fake NVML (refused while processes run;
   applies a pending MIG mode). ID is an index, a UUID or a PCI bus id.
 
-Process ids are made up (from 4,000,000 up, above Linux's pid_max): nothing here touches real processes.
+Process ids are made up (above Linux's largest pid_max, 4,194,304, and apart for each process that runs
+the fake, as a restarted control daemon's pid differs): nothing here touches real processes.
 
 Control daemons are processes of their own on a real host: they outlive xpud. ``dump``/``restore`` and
 the ``on_change`` hook (called after every change, with the lock held) let ``xpud.hw.simstate`` keep them
@@ -31,6 +32,7 @@ across daemon restarts; a restored server is a compute process on its card again
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +45,7 @@ from xpud.isolation.runner import Completed
 MPS_CONTROL, SMI = "nvidia-cuda-mps-control", "nvidia-smi"
 DEFAULT_PIPE, DEFAULT_LOG = "/tmp/nvidia-mps", "/var/log/nvidia-mps"
 SERVER_MIB = 256  # device memory an MPS server's context takes on its card
-_pids = itertools.count(4_000_000)
+_pids = itertools.count(5_000_000 + 100 * os.getpid())
 
 
 @dataclass
