@@ -21,9 +21,10 @@ from xpud.errors import ERROR_CLASSES, Forbidden, Unauthenticated, Unavailable, 
 DEFAULT_RUNTIME_DIR = "/run/xpud"
 # gRPC's default reconnect backoff (1 s, x1.6, up to 120 s) leaves a holder cut off by a long daemon outage
 # waiting seconds after the daemon is back, past the leases' grace: retry the socket at least every second.
+# Not grpc.min_reconnect_backoff_ms: gRPC core takes it as the connect timeout (default 20 s), and a short
+# one fails every connection to a busy daemon.
 CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
 
