@@ -16,6 +16,10 @@ The fake answers NVML calls from Python, so the adapter's part includes the fake
 hardware each of the ~19 calls per card is a driver call instead (not measured here).
 
     python bench/health_poll.py [--seconds 60] [--machine dgx-h100] [--json bench/health_poll.json]
+
+On a GPU host, ``--real`` measures the in-process sweep over the real driver instead (read-only: the
+adapter's ``sample`` and the monitor's judging; no daemon is started, nothing on the cards is changed);
+``scripts/device-check.sh`` runs it. ``--sweep-only`` skips the two daemon measurements.
 """
 
 from __future__ import annotations
@@ -68,10 +72,11 @@ def daemon_cpu(machine: str, interval: float, seconds: float) -> dict:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def sweep_cost(machine: str, sweeps: int = 300) -> dict:
+def sweep_cost(machine: str | None, sweeps: int = 300) -> dict:
+    """CPU per poll of every card, in process; ``machine`` None: the real driver (pynvml)."""
     base = Path(tempfile.mkdtemp(prefix="xpu-bench-", dir="/tmp"))
     try:
-        hw = Nvml(FakeNvml(machine))
+        hw = Nvml(FakeNvml(machine)) if machine else Nvml()
         hw.open()
         engine = Engine(hw.cards(), hw.topology(), Config(), Ledger(base / "l.sqlite"))
         monitor = HealthMonitor(engine, hw, engine.cfg)
@@ -86,7 +91,9 @@ def sweep_cost(machine: str, sweeps: int = 300) -> dict:
         for samples in sweeps_read:
             monitor.on_samples(samples)
         judge_t = time.process_time() - t
+        hw.close()
         return {
+            "driver": "real NVML" if machine is None else f"fake ({machine})",
             "cards": len(indices),
             "sweep_ms": round(1000 * (hw_t + judge_t) / sweeps, 3),
             "adapter_ms": round(1000 * hw_t / sweeps, 3),
@@ -101,13 +108,27 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--machine", default="dgx-h100")
     ap.add_argument("--json", default="bench/health_poll.json")
+    ap.add_argument("--real", action="store_true", help="sweep over the real driver (implies --sweep-only)")
+    ap.add_argument("--sweep-only", action="store_true", help="skip the daemon measurements")
+    ap.add_argument("--sweeps", type=int, default=300)
     args = ap.parse_args()
-    sweep = sweep_cost(args.machine)
+    if not 1 <= args.sweeps <= 100_000:
+        raise SystemExit("--sweeps: use 1 to 100000")
+    sweep = sweep_cost(None if args.real else args.machine, args.sweeps)
     print(
         f"one sweep of {sweep['cards']} cards: {sweep['sweep_ms']:.2f} ms CPU "
-        f"(adapter over the fake {sweep['adapter_ms']:.2f}, judging {sweep['judge_ms']:.2f})",
+        f"(adapter over {sweep['driver']} {sweep['adapter_ms']:.2f}, judging {sweep['judge_ms']:.2f})",
         flush=True,
     )
+    if args.real or args.sweep_only:
+        at_1hz = round(sweep["sweep_ms"] / 10, 3)  # ms per s -> % of one core
+        print(f"polling at 1 Hz: about {at_1hz:.2f} % of one core (sweep only)")
+        out = {"sweep": sweep, "polling_1hz_pct_of_one_core_estimate": at_1hz, "cpu_count": os.cpu_count()}
+        out["command"] = "python bench/health_poll.py " + (
+            "--real" if args.real else f"--machine {args.machine}"
+        )
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        return
     polling = daemon_cpu(args.machine, 1.0, args.seconds)
     print(f"daemon polling at 1 Hz: {polling['pct_of_one_core']:.2f} % of one core", flush=True)
     baseline = daemon_cpu(args.machine, 3600.0, args.seconds)

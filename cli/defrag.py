@@ -68,7 +68,17 @@ def defrag(
         raise typer.Exit(130) from None
     if as_json:
         return output.print_json(reply)
-    show(reply)
+    show(reply, apply_command(move_budget, gpus))
+
+
+def apply_command(move_budget: float | None, gpus: int) -> str:
+    """The command that carries out the plan just shown: the same budget and goal, with --apply."""
+    words = ["xpu", "defrag", "--apply"]
+    if move_budget is not None:
+        words += ["--move-budget", f"{move_budget:g}"]
+    if gpus:
+        words += ["--gpus", str(gpus)]
+    return " ".join(words)
 
 
 def _picture(f) -> list[str]:
@@ -84,7 +94,7 @@ def output_cards(cards) -> str:
     return ",".join(map(str, cards)) or "-"
 
 
-def show(reply) -> None:
+def show(reply, apply_cmd: str = "xpu defrag --apply") -> None:
     """The plan (or what was done) as tables."""
     budget = (
         f"{reply.move_budget} allowed ({reply.move_budget_pct:g} % of {reply.active_leases} active "
@@ -138,7 +148,7 @@ def show(reply) -> None:
     elif reply.applied:
         print(f"done: {reply.summary}")
     else:
-        print("nothing moved: `xpu defrag --apply` moves these jobs (they restart on their new cards)")
+        print(f"nothing moved: `{apply_cmd}` moves these jobs (they restart on their new cards)")
 
 
 def register(app: typer.Typer) -> None:

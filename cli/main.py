@@ -312,6 +312,9 @@ def info(as_json: JsonOpt = False) -> None:
         f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(i.started))} ({output.age(i.started)} ago)"
     )
     shown["config_path"] = i.config_path or "(none: defaults)"
+    shown["slice_sizes"] = ", ".join(  # what --mode accepts besides xpu
+        f"{s.name} ({s.memory_fraction:.4g} memory, {s.compute_pct}% compute)" for s in i.slice_sizes
+    )
     for k, v in shown.items():
         print(f"{k:16} {v}")
 
@@ -463,10 +466,10 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 
 def _register_commands() -> None:
-    """Commands that live in their own modules (defrag, simulator, dashboard) register themselves."""
-    from xpu_cli import defrag, simulate, top
+    """Commands that live in their own modules (defrag, simulator, dashboard, certs) register themselves."""
+    from xpu_cli import certs, defrag, simulate, top
 
-    for module in (defrag, simulate, top):
+    for module in (certs, defrag, simulate, top):
         module.register(app)
 
 

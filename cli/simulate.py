@@ -16,7 +16,7 @@ import typer
 
 # Only light modules here (no NumPy): the CLI imports this one for every command. The replay, the
 # policies and the report are imported inside the command.
-from xpud.placement.names import DEFAULT_POLICY, DESCRIPTIONS, POLICY_NAMES, PROFILE_SETS
+from xpud.placement.names import DEFAULT_POLICY, DESCRIPTIONS, POLICY_NAMES, PROFILE_SETS, canonical_policy
 from xpud.sim.defaults import (
     DEFAULT_CLUSTER,
     DEFAULT_RATIO,
@@ -37,9 +37,11 @@ Protocol (ATC'23 FGD paper): the trace is shuffled per seed, then tasks resample
 the GPU request reaches {DEFAULT_RATIO}x capacity; tasks only arrive; a task that fits nowhere is dropped.
 
 Defaults: the openb cluster and default trace from ${OPENB_ENV}, or ./shared/data/openb or
-../shared/data/openb (the repository layout).
+../shared/data/openb (the repository layout), else the copy shipped with xpud (Alibaba's openb node list
+and default trace, Apache-2.0).
 
-Policies: {", ".join(f"{n} ({d})" for n, (d, _) in DESCRIPTIONS.items())}."""
+Policies: {", ".join(f"{n} ({d})" for n, (d, _) in DESCRIPTIONS.items())}. The FGD paper's names are
+accepted too: bestfit, dotprod, packing, clustering."""
 
 
 def _fail(message: str, code: int = 1):
@@ -52,13 +54,14 @@ def _policies(values: list[str] | None) -> tuple[str, ...]:
     for v in values or [DEFAULT_POLICY]:
         for part in v.split(","):
             part = part.strip()
-            if part == "all":
+            if part.lower() == "all":
                 names.extend(POLICY_NAMES)
-            elif part in POLICY_NAMES:
-                names.append(part)
+            elif canonical_policy(part):
+                names.append(canonical_policy(part))
             elif part:
                 raise typer.BadParameter(
-                    f"unknown policy {part!r}: choose from {', '.join(POLICY_NAMES)} or all"
+                    f"unknown policy {part!r}: choose from {', '.join(POLICY_NAMES)} or all "
+                    "(the FGD paper's names work too: bestfit, dotprod, packing, clustering)"
                 )
     return tuple(dict.fromkeys(names))
 

@@ -44,10 +44,12 @@ class InProcDaemon:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def call(self, fn, *args, timeout: float = 30.0):
-        """Run ``fn(*args)`` on the daemon's loop (engine state is only consistent there)."""
+        """Run ``fn(*args)`` on the daemon's loop (engine state is only consistent there); a coroutine it
+        returns is awaited there."""
 
         async def go():
-            return fn(*args)
+            result = fn(*args)
+            return await result if asyncio.iscoroutine(result) else result
 
         return self.call_async(go(), timeout)
 

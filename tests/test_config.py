@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
+import typing
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,8 @@ def test_documented_file_lists_every_key_with_its_default():
         ("[leases]\ngrace_s = -1\n", 2, ["below the minimum"]),
         ("[lease]\ngrace_s = 1\n", 1, ["unknown table", "did you mean 'leases'"]),
         ("[slices.vxpu-half]\nmemory_fraction = 1.5\n", 2, ["memory_fraction", "(0, 1]"]),
+        ("[slices.vxpu-half]\nmemory_fraction = nan\n", 2, ["memory_fraction", "(0, 1]"]),
+        ("[slices.vxpu-" + "x" * 41 + "]\nmemory_fraction = 0.5\ncompute_pct = 10\n", 1, ["45 characters"]),
         ("[slices.vxpu-eighth]\nmemory_fraction = 0.125\n", 1, ["needs both"]),
         ("[slices.big]\nmemory_fraction = 0.5\ncompute_pct = 10\n", 1, ["vxpu-<word>"]),
         ("[cards]\nreserved_memory_mib = true\n", 2, ["expected an integer"]),
@@ -58,6 +62,8 @@ def test_bad_values_name_file_line_and_key(text, line, words):
 def test_invalid_toml_is_refused():
     with pytest.raises(ConfigError, match="not valid TOML"):
         config.parse("[daemon\n", "x.toml")
+    with pytest.raises(ConfigError, match=r"^x\.toml: nested too deeply"):
+        config.parse("[health]\nxid_fail = " + "[" * 5000 + "]" * 5000 + "\n", "x.toml")
 
 
 def test_slices_are_configurable_and_new_sizes_can_be_added():
@@ -92,3 +98,60 @@ def test_round_trip_through_tomli_w():
     )
     again = config.parse(config.dumps(cfg))
     assert again.leases == cfg.leases and again.slices == cfg.slices
+
+
+def _numeric_keys() -> list[tuple[str, str, type, dict]]:
+    out = []
+    for section, cls in config.SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if hints[f.name] in (int, float, tuple[int, ...]):
+                out.append((section, f.name, hints[f.name], dict(f.metadata)))
+    return out
+
+
+def test_every_numeric_key_has_a_range():
+    missing = [f"[{s}] {k}" for s, k, _, rules in _numeric_keys() if "min" not in rules or "max" not in rules]
+    assert missing == []
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "+nan"])
+@pytest.mark.parametrize(("section", "key"), [(s, k) for s, k, kind, _ in _numeric_keys() if kind is float])
+def test_non_finite_numbers_are_refused_for_every_float_key(section, key, value):
+    text = f"[{section}]\n\n{key} = {value}\n"
+    with pytest.raises(ConfigError) as e:
+        config.parse(text, "/etc/xpud/xpud.toml")
+    assert str(e.value).startswith(f"/etc/xpud/xpud.toml:3: [{section}] {key}: ")
+    assert "not a finite number" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("section", "key", "kind", "rules"), _numeric_keys())
+def test_values_beyond_the_range_are_refused_for_every_numeric_key(section, key, kind, rules):
+    for bad in (rules["max"] + 1, rules["min"] - 1):
+        value = f"[{bad!r}]" if typing.get_origin(kind) is tuple else repr(kind(bad))
+        with pytest.raises(
+            ConfigError, match=rf"xpud.toml:2: \[{section}\] {key}: .*(outside|minimum|maximum)"
+        ):
+            config.parse(f"[{section}]\n{key} = {value}\n", "xpud.toml")
+
+
+def test_huge_lists_and_strings_are_refused():
+    with pytest.raises(ConfigError, match="300 items; at most 256"):
+        config.parse(f"[health]\nxid_fail = {list(range(300))}\n")
+    with pytest.raises(ConfigError, match=r"\[daemon\] state_dir: 5000 characters"):
+        config.parse(f"[daemon]\nstate_dir = '{'x' * 5000}'\n")
+
+
+def test_environment_overrides_are_checked_like_the_file():
+    with pytest.raises(ConfigError) as e:
+        config.load(None, environ={"XPUD_LOG_LEVEL": "loud"})
+    assert str(e.value) == (
+        "environment variable XPUD_LOG_LEVEL: [daemon] log_level: 'loud' is not one of "
+        "debug, info, warning, error"
+    )
+    cfg = config.checked(config.Config(), "leases", "grace_s", "2.5", "--grace")
+    assert cfg.leases.grace_s == 2.5
+    with pytest.raises(ConfigError, match=r"--grace: \[leases\] grace_s: nan is not a finite number"):
+        config.checked(config.Config(), "leases", "grace_s", "nan", "--grace")
+    with pytest.raises(ConfigError, match=r"--seed: \[devices\] seed: -1 is below the minimum 0"):
+        config.checked(config.Config(), "devices", "seed", -1, "--seed")

@@ -273,6 +273,59 @@ def test_bad_config_is_refused_with_file_line_and_key(daemon_factory):
     )
 
 
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ("leases", "grace_s"),
+        ("leases", "credential_ttl_s"),
+        ("leases", "max_wait_s"),
+        ("health", "poll_interval_s"),
+    ],
+)
+def test_nan_in_the_config_is_refused_at_start_up(short_tmp, table, key):
+    (short_tmp / "x.toml").write_text(f"[{table}]\n{key} = nan\n")
+    dirs = ["--runtime-dir", str(short_tmp / "run"), "--state-dir", str(short_tmp / "state")]
+    r = subprocess.run(
+        [str(BIN / "xpud"), "--config", str(short_tmp / "x.toml"), "--simulate", "dgx-h100", *dirs],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=xpu_env(short_tmp / "run"),
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"xpud: {short_tmp / 'x.toml'}:2: [{table}] {key}: nan is not a finite number")
+    r = subprocess.run(
+        [str(BIN / "xpud"), "--simulate", "dgx-h100", "--seed", "-1", *dirs],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=xpu_env(short_tmp / "run", XPUD_LOG_LEVEL="debug"),
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr
+        == "xpud: --seed: [devices] seed: -1 is below the minimum 0 (range 0..9223372036854775807)\n"
+    )
+
+
+def test_a_machine_with_impossible_numbers_is_refused_at_start_up(short_tmp):
+    machine = short_tmp / "huge.toml"
+    machine.write_text(
+        'name = "huge"\nnuma_cpus = ["0-7"]\n[models.m]\nname = "X"\nmemory_mib = 9223372036854775807\n'
+        '[[cards]]\nmodel = "m"\nbus_id = "00000000:01:00.0"\n'
+    )
+    dirs = ["--runtime-dir", str(short_tmp / "run"), "--state-dir", str(short_tmp / "state")]
+    r = subprocess.run(
+        [str(BIN / "xpud"), "--simulate", str(machine), *dirs],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=xpu_env(short_tmp / "run"),
+    )
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{machine}: models.m.memory_mib: 9223372036854775807 is outside 1..16777216" in r.stderr
+
+
 def test_unknown_simulated_machine_is_one_line_naming_the_choices(short_tmp):
     dirs = ["--runtime-dir", str(short_tmp / "run"), "--state-dir", str(short_tmp / "state")]
     r = subprocess.run(

@@ -49,9 +49,10 @@ async def ack_moves(engine, n: int) -> None:
     """Acknowledge moves as their holders would, until ``n`` were acknowledged."""
     done = 0
     while done < n:
-        for lease_id in list(engine.moves.pending):
-            engine.ack_move(lease_id, TOKENS[lease_id])
-            done += 1
+        for lease_id, pm in list(engine.moves.pending.items()):
+            if pm.ready:
+                await engine.ack_move(lease_id, TOKENS[lease_id])
+                done += 1
         await asyncio.sleep(0.01)
 
 

@@ -104,6 +104,7 @@ def test_plan_then_apply_frees_whole_cards_and_a_waiting_request_gets_them(daemo
 
     table = d.xpu("defrag", "--move-budget", "50")  # --plan is the default
     assert table.returncode == 0 and "nothing moved" in table.stdout
+    assert "`xpu defrag --apply --move-budget 50` moves these jobs" in table.stdout  # the plan shown
     for lid in moved:
         assert lid in table.stdout
     assert {x.id: list(x.cards) for x in held_leases(d)} == before  # planning moved nothing
@@ -137,17 +138,19 @@ def test_plan_then_apply_frees_whole_cards_and_a_waiting_request_gets_them(daemo
 
 def test_refusals_say_why(daemon_factory):
     d = daemon_factory("pcie-8x-l40s", config=CONFIG)
-    r = d.xpu("defrag", "--plan")
-    assert (
-        r.returncode == 1 and "nothing restartable to move: 0 active lease(s) (no active leases)" in r.stderr
-    )
+    r = d.xpu("defrag", "--plan")  # nothing to do is a result: exit 0, the reason shown
+    assert r.returncode == 0, r.stderr
+    assert "nothing restartable to move: 0 active lease(s) (no active leases)" in r.stdout
+    r = d.xpu("defrag", "--plan", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["moves"] == []
+    assert "no active leases" in json.loads(r.stdout)["notes"][0]
     with d.client() as c:
         c.acquire_lease("vxpu-quarter")
         c.acquire_lease("vxpu-half", restartable=True)  # restartable, but nobody holds it to restart it
     r = d.xpu("defrag", "--apply")
-    assert r.returncode == 1
+    assert r.returncode == 0, r.stderr
     assert (
-        "nothing restartable to move" in r.stderr and "1 no holder connected; 1 not restartable" in r.stderr
+        "nothing restartable to move" in r.stdout and "1 no holder connected; 1 not restartable" in r.stdout
     )
     r = d.xpu("defrag", "--apply", "--move-budget", "0")
     assert r.returncode == 1 and "0 % allows no move" in r.stderr

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from tests.syncengine import sync_engine
 from xpud.config import Config
-from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.hw.topology import NODE, SINGLE, SYSTEM, Topology
 from xpud.ledger import Ledger
@@ -41,7 +41,7 @@ class Clock:
 
 @pytest.fixture
 def engine(tmp_path):
-    return Engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
+    return sync_engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
 
 
 def req(mode, gpus=1, **kw):
@@ -123,7 +123,7 @@ def test_drained_and_unhealthy_cards_get_nothing(engine):
 
 def test_queue_priority_fifo_and_reservation(engine):
     async def scenario():
-        big = engine.try_grant(req("xpu", 8))[0]
+        big = (await engine.try_grant(req("xpu", 8)))[0]
         order = []
 
         async def ask(name, r):
@@ -133,11 +133,11 @@ def test_queue_priority_fifo_and_reservation(engine):
 
         t1 = asyncio.create_task(ask("low", req("xpu", 4, wait_s=30)))
         await asyncio.sleep(0)
-        t2 = asyncio.create_task(ask("high", req("xpu", 4, wait_s=30, priority=5)))
+        t2 = asyncio.create_task(ask("high", req("xpu", 4, wait_s=30, priority=5, exempt=True)))
         t3 = asyncio.create_task(ask("low2", req("xpu", 4, wait_s=30)))
         await asyncio.sleep(0)
         assert [q.request.priority for q in engine.queue_view()] == [5, 0, 0]
-        engine.release(big.id, Caller(1000))
+        await engine.release(big.id, Caller(1000))
         await asyncio.gather(t1, t2)
         assert order == ["high", "low"]
         assert not t3.done() and len(engine.queue_view()) == 1
@@ -149,7 +149,7 @@ def test_queue_priority_fifo_and_reservation(engine):
 
 def test_wait_expires_with_a_reason(engine):
     async def scenario():
-        engine.try_grant(req("xpu", 8))
+        await engine.try_grant(req("xpu", 8))
         with pytest.raises(NoCapacity, match=r"waited 0\.05 s"):
             await engine.acquire(req("xpu", 1, wait_s=0.05))
         with pytest.raises(NoCapacity, match="--wait"):
@@ -160,15 +160,15 @@ def test_wait_expires_with_a_reason(engine):
 
 def test_reaper_reclaims_after_grace(engine):
     async def scenario():
-        lease, _ = engine.try_grant(req("xpu", 1))
+        lease, _ = await engine.try_grant(req("xpu", 1))
         q = engine.hold_opened(lease.id)
         engine.clock.t += 100
-        assert engine.reap() == []  # held: never reclaimed
+        assert await engine.reap() == []  # held: never reclaimed
         engine.hold_closed(lease.id, q)
         engine.clock.t += engine.cfg.leases.grace_s - 0.1
-        assert engine.reap() == []
+        assert await engine.reap() == []
         engine.clock.t += 0.2
-        assert [x.id for x in engine.reap()] == [lease.id]
+        assert [x.id for x in await engine.reap()] == [lease.id]
         assert engine.ledger.recent_leases()[0].state is LeaseState.RECLAIMED
 
     asyncio.run(scenario())
@@ -176,12 +176,12 @@ def test_reaper_reclaims_after_grace(engine):
 
 def test_restore_rebuilds_state_from_the_ledger(tmp_path):
     led = Ledger(tmp_path / "l.sqlite")
-    e1 = Engine(cards(), pcie_box(), Config(), led, clock=Clock())
+    e1 = sync_engine(cards(), pcie_box(), Config(), led, clock=Clock())
     a = e1.try_grant(req("xpu", 2))[0]
     b = e1.try_grant(req("vxpu-half"))[0]
     e1.drain("6", "fan")
     led.close()
-    e2 = Engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
+    e2 = sync_engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
     restored = e2.restore()
     assert {x.id for x in restored} == {a.id, b.id}
     views = e2.card_views()
@@ -197,3 +197,51 @@ def test_restore_rebuilds_state_from_the_ledger(tmp_path):
         taken |= set(g[0].cards)
     assert taken == set(a.cards) | free
     assert e2.try_grant(req("xpu", 1)) is None  # card 6 drained, b's card sliced
+
+
+def limited(tmp_path, **limits):
+    cfg = Config().replace("limits", **limits)
+    return Engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=Clock())
+
+
+def test_users_may_not_ask_for_a_priority_above_the_limit(tmp_path):
+    engine = limited(tmp_path, max_user_priority=10)
+    with pytest.raises(
+        Forbidden, match=r"priority 11: uid 1000 may ask for 10 at most \(\[limits\] max_user_priority"
+    ):
+        engine.try_grant(req("xpu", 1, priority=11))
+    assert engine.try_grant(req("xpu", 1, priority=10)) is not None
+    assert engine.try_grant(req("xpu", 1, priority=-100)) is not None  # lowering one's own is fine
+    assert engine.try_grant(req("xpu", 1, priority=100, exempt=True)) is not None  # operators
+
+
+def test_per_uid_caps_on_leases_and_queued_requests(tmp_path):
+    engine = limited(tmp_path, max_leases_per_uid=3, max_queued_per_uid=1)
+
+    async def scenario():
+        mine = [await engine.acquire(req("xpu", 3)) for _ in range(2)]
+        # only 2 cards left; at priority -1 it does not hold them back from others
+        waiting = asyncio.create_task(engine.acquire(req("xpu", 3, wait_s=30, priority=-1)))
+        await asyncio.sleep(0)
+        assert len(engine.queue_view()) == 1
+        with pytest.raises(NoCapacity) as e:  # 2 leases + 1 queued = the cap of 3
+            await engine.acquire(req("vxpu-quarter"))
+        assert str(e.value) == (
+            "uid 1000 has 2 lease(s) and 1 queued request(s), the most [limits] max_leases_per_uid (3) "
+            "allows: release a lease first"
+        )
+        await engine.acquire(req("vxpu-quarter", uid=1001))  # another user is not held back
+        queued = asyncio.create_task(engine.acquire(req("xpu", 8, uid=1001, wait_s=30)))
+        await asyncio.sleep(0)
+        with pytest.raises(
+            NoCapacity, match=r"uid 1001 has 1 request\(s\) in the queue, the most \[limits\] "
+        ):
+            await engine.acquire(req("xpu", 8, uid=1001, wait_s=30))
+        op = req("xpu", 1, uid=0, exempt=True, priority=1)  # operators: no caps, any priority
+        assert (await engine.acquire(op))[0].owner_uid == 0
+        queued.cancel()
+        await asyncio.gather(queued, return_exceptions=True)
+        engine.release(mine[0][0].id, Caller(1000))
+        assert (await waiting)[0].owner_uid == 1000
+
+    asyncio.run(scenario())

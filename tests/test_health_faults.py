@@ -262,8 +262,10 @@ def test_nvlink_down_drains_and_moves_a_restartable_slice(daemon_factory, short_
     inject(d, src, "nvlink-down")
     wait_state(d, src, "unhealthy")
     h = health(d, src)
-    assert signal_of(h, "nvlink_links_down").status == "fail"
-    assert any("NVLink link(s) down" in r for r in h.reasons)
+    # The slice made the card a MIG card, whose links MIG itself takes down: those are not counted as
+    # down (as DCGM), but the replay and recovery errors of the dropped links fail the card.
+    assert signal_of(h, "nvlink_links_down").status == "ok"
+    assert signal_of(h, "nvlink_replay").status == "fail"
     assert any("NVLink replay errors rose" in r for r in h.reasons)
     wait_until(lambda: len(job.starts()) == 2, timeout=5)
     moved = lease_by_id(d, lease.id)

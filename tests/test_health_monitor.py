@@ -7,8 +7,8 @@ import asyncio
 import time
 from dataclasses import replace
 
+from tests.syncengine import sync_engine
 from xpud.config import Config
-from xpud.engine import Engine
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
 from xpud.ledger import Ledger
@@ -23,7 +23,7 @@ def setup(tmp_path, machine="dgx-h100", mig_card: int | None = None):
     if mig_card is not None:
         hw.set_mig_mode(mig_card, True)
         fake.reset(mig_card)
-    engine = Engine(hw.cards(), hw.topology(), Config(), Ledger(tmp_path / "l.sqlite"))
+    engine = sync_engine(hw.cards(), hw.topology(), Config(), Ledger(tmp_path / "l.sqlite"))
     return fake, hw, engine, HealthMonitor(engine, hw, engine.cfg)
 
 
@@ -103,3 +103,28 @@ def test_a_failing_event_wait_backs_off_and_polling_still_judges(tmp_path, caplo
     assert "retrying in 1 s" in caplog.text
     assert engine.cards[1].health_state is HealthState.UNHEALTHY
     assert "fell off the bus" in engine.cards[1].health_reason
+
+
+def test_a_lost_card_drops_its_xid_flag_and_the_other_cards_events_keep_coming(tmp_path):
+    # Regression (issue 11, item 8): once a card was lost every event wait failed (GPU_IS_LOST), the
+    # thread paused and made its set again, and the card still counted as reporting XID events.
+    fake, hw, engine, monitor = setup(tmp_path)
+
+    async def main():
+        monitor.start()
+        fake.inject_xid(3, 79)
+        await until(lambda: not monitor.cards[3].memory.xid_events)
+        await until(lambda: engine.cards[3].health_state is HealthState.UNHEALTHY)
+        assert "xid 79" in engine.cards[3].health_reason  # what came before the loss still counts
+        fake.inject_xid(5, 119)
+        await until(lambda: engine.cards[5].health_state is HealthState.UNHEALTHY)
+        assert all(monitor.cards[i].memory.xid_events for i in range(8) if i != 3)
+        assert fake.calls["nvmlEventSetCreate"] == 2  # made again once, without card 3
+        fake.clear(3)  # reset: the card answers again, and its events are registered again
+        monitor.on_samples({3: hw.sample(3)})
+        await until(lambda: monitor.cards[3].memory.xid_events)
+        fake.inject_xid(3, 31)
+        await until(lambda: any(e.kind == "xid" and e.card == 3 for e in engine.ledger.events()))
+        await asyncio.to_thread(monitor.stop)
+
+    asyncio.run(main())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.syncengine import sync_engine
 from tests.test_engine import Clock, cards, pcie_box, req
 from xpud.config import Config
-from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.ledger import Ledger
 from xpud.model import Caller, HealthState
@@ -15,7 +15,7 @@ from xpud.model import Caller, HealthState
 @pytest.fixture
 def engine(tmp_path):
     cfg = Config().replace("health", move_ack_timeout_s=5.0)
-    return Engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=Clock())
+    return sync_engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=Clock())
 
 
 def held(engine, mode="xpu", gpus=1, restartable=True):

@@ -10,7 +10,7 @@ import pytest
 
 from xpud.hw.check import check_hardware
 from xpud.hw.fakenvml import FakeNvml
-from xpud.hw.machines import load_machine
+from xpud.hw.machines import load_machine, machines_dir
 from xpud.hw.nvml import Nvml
 
 MACHINES = ["dgx-h100", "dgx-a100", "hgx-h200", "pcie-8x-l40s", "workstation-2x"]
@@ -31,7 +31,10 @@ def test_text_report_of_a_dgx_h100():
     assert "GPU0  NVIDIA H100 80GB HBM3  79.6 GiB  00000000:1B:00.0  GPU-" in text
     matrix_row = next(line for line in text.splitlines() if line.startswith("  GPU4 ") and " X " in line)
     assert matrix_row.split() == ["GPU4", *["NV18"] * 4, "X", *["NV18"] * 3, "56-111,168-223", "1"]
-    assert "profile 3g.40gb      id 9   enum 2   x2  at 0,4" in text
+    # MIG is off: the card lists no profiles (NOT_SUPPORTED, as the driver); the report still says what
+    # xpud would use, from the profile map over the model's known geometry.
+    assert "no profiles listed while MIG is off" in text and "profile 3g.40gb" not in text
+    assert "xpud uses vxpu-half     -> 3g.40gb  (map; profiles from etc/machines/dgx-h100.toml)" in text
     assert "profiles as GPU0" in text
     assert "GPU7  registered: xid, ecc-sbe, ecc-dbe" in text
     assert text.rstrip().endswith("No problems.")
@@ -108,6 +111,9 @@ def test_json_recording_replays_as_the_same_machine(machine, tmp_path):
     for i in range(len(a.cards())):
         assert b.mig_profiles(i) == a.mig_profiles(i)
         assert b.nvlinks(i) == a.nvlinks(i)
+        if a.mig_mode(i) is not None:  # MIG-capable: the replay has the same profiles once MIG is on
+            assert a.set_mig_mode(i, True) == b.set_mig_mode(i, True) == "done"
+            assert b.mig_profiles(i) == a.mig_profiles(i) != []
     s_a, s_b = a.sample(0), b.sample(0)
     for key in (
         "memory_total_bytes",
@@ -137,3 +143,32 @@ def test_recording_keeps_mig_mode_and_lists_instances(tmp_path):
         True,
         *[False] * 5,
     ]
+
+
+def test_a_card_with_mig_off_gets_its_profiles_from_a_card_of_its_model_with_mig_on(tmp_path):
+    fake = FakeNvml("dgx-h100")
+    Nvml(fake).set_mig_mode(3, True)
+    code, text = run(fake, as_json=True)
+    record = json.loads(text)
+    assert code == 0 and record["recording"]["mig_profiles_from"] == {}
+    assert {p["name"] for p in record["models"]["nvidia-h100-80gb-hbm3"]["mig_profiles"]} >= {"3g.40gb"}
+
+
+def test_mig_off_on_a_model_no_description_knows_is_explained_not_a_problem(tmp_path):
+    text = (machines_dir() / "dgx-h100.toml").read_text().replace("NVIDIA H100 80GB HBM3", "NVIDIA H999")
+    path = tmp_path / "h999.toml"
+    path.write_text(text)
+    code, report = run(FakeNvml(load_machine(path)))
+    assert code == 0
+    assert "Note: GPU0 (NVIDIA H999): MIG is off and no machine description knows" in report
+    assert "xpud uses vxpu-half     -> none  (derived once MIG is on)" in report
+
+
+def test_an_older_driver_gives_no_problems(caplog):
+    # Regression (issue 11, item 5): driver 535 answers INVALID_ARGUMENT for the binding's later profile
+    # enums; enumerating them all logged errors and made check-hardware exit 1.
+    fake = FakeNvml("dgx-a100")
+    Nvml(fake).set_mig_mode(0, True)
+    code, text = run(fake)
+    assert code == 0 and text.rstrip().endswith("No problems.") and "INVALID_ARGUMENT" not in caplog.text
+    assert "profile 3g.40gb      id 9   enum 2   x2  at 0,4" in text

@@ -27,7 +27,7 @@ def test_xid_79_loses_the_card_until_cleared():
     fake, nvml = rig()
     w = nvml.event_waiter()
     fake.inject_xid(2, 79)
-    assert [(e.card_index, e.xid) for e in w.wait(100)] == [(2, 79)]
+    assert [(e.card_index, e.kind, e.xid) for e in w.wait(100)] == [(2, "xid", 79), (2, "lost", None)]
     assert nvml.sample(2).lost and not nvml.sample(1).lost
     fake.clear(2)
     assert not nvml.sample(2).lost and nvml.sample(2).temperature_c is not None

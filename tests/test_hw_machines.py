@@ -17,7 +17,15 @@ from xpud.hw.machines import (
 from xpud.hw.topology import HOSTBRIDGE, INTERNAL, MULTIPLE, NODE, SINGLE, SYSTEM
 
 DATA = Path(__file__).parent / "data"
-SHIPPED = ["dgx-a100", "dgx-h100", "hgx-h200", "pcie-8x-l40s", "workstation-2x"]
+SHIPPED = [
+    "dgx-a100",
+    "dgx-h100",
+    "hgx-h200",
+    "pcie-8x-l40s",
+    "pcie-4x-h100",
+    "pcie-4x-a100-bridged",
+    "workstation-2x",
+]
 
 
 def test_shipped_machines_are_listed_and_found_through_the_package():
@@ -102,6 +110,15 @@ CARD = '[[cards]]\nmodel = "m"\nbus_id = "00000000:01:00.0"\n'
         (BASE + CARD + "mig_enabled = true\n", "cards[0].mig_enabled: model 'm' has no mig_profiles"),
         (BASE + "[topology]\nlevels = [[0, 10]]\n" + CARD, "topology.levels: expected a 1x1 matrix"),
         ("numa_cpus = []\n", ": name: required"),
+        (
+            BASE + 'nvlink_version = "4.0"\nnvlink_links = 40\n' + CARD,
+            "models.m.nvlink_links: expected 0 to 36",
+        ),
+        (BASE + "nvlink_links = 12\n" + CARD, "models.m.nvlink_links: needs nvlink_version"),
+        (
+            BASE + 'nvlink_version = "4.0"\nnvlink_links = 2\n' + CARD + "nvlink_switch_links = 4\n",
+            "cards[0].nvlink_peers: 4 links wired but model 'm' has 2",
+        ),
     ],
 )
 def test_mistakes_name_the_file_and_the_key(tmp_path, text, where):
@@ -132,4 +149,58 @@ def test_bad_toml_is_one_line(tmp_path):
     path = tmp_path / "broken.toml"
     path.write_text("name = \n")
     with pytest.raises(MachineError, match=r"broken\.toml: not valid TOML"):
+        load_machine(path)
+
+
+RANGE_MISTAKES = [
+    (
+        BASE.replace("1024", str(2**63)) + CARD,
+        "models.m.memory_mib: 9223372036854775808 is outside 1..16777216",
+    ),
+    (BASE.replace("1024", "0") + CARD, "models.m.memory_mib: 0 is outside 1..16777216"),
+    (BASE + "power_limit_w = -300.0\n" + CARD, "models.m.power_limit_w: -300.0 is outside 1.0..10000.0"),
+    (BASE + "power_limit_w = nan\n" + CARD, "models.m.power_limit_w: nan is not a finite number"),
+    (BASE + "power_idle_w = inf\n" + CARD, "models.m.power_idle_w: inf is not a finite number"),
+    (
+        BASE + "power_limit_w = 300.0\npower_idle_w = 400.0\n" + CARD,
+        "power_idle_w: 400.0 is outside 0.0..300.0",
+    ),
+    (BASE + "temp_slowdown_c = 100000\n" + CARD, "models.m.temp_slowdown_c: 100000 is outside -50..200"),
+    (BASE + "pcie_width = -16\n" + CARD, "models.m.pcie_width"),
+    (BASE + CARD + "nvlink_switch_links = 1000000\n", "cards[0].nvlink_switch_links: 1000000 is outside"),
+    (BASE + CARD + "numa = -1\n", "cards[0].numa: -1 is outside 0..1023"),
+    (BASE + CARD + "nvlink_peers = [-5]\n", "cards[0].nvlink_peers: expected integers in 0..255"),
+    (BASE + CARD + f"board = '{'b' * 1000}'\n", "1000 characters; at most 256"),
+    (BASE.replace('"0-7"', '"0-99999999999"') + CARD, "numa_cpus: expected cpulist strings"),
+    (BASE + "max_mig_devices = 1" + "0" * 30 + "\n" + CARD, "models.m.max_mig_devices"),
+    (BASE + CARD * 300, "cards: 300 cards; at most 256"),
+    (
+        BASE + "[[models.m.mig_profiles]]\nprofile = 0\nid = 19\nname = 'p'\nslices = 1\nmemory_mib = -1\n"
+        "instances = 7\nplacements = [0]\nplacement_size = 1\n" + CARD,
+        "models.m.mig_profiles[0].memory_mib: -1 is outside",
+    ),
+    ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+]
+
+
+@pytest.mark.parametrize(("text", "where"), RANGE_MISTAKES, ids=[w[:48] for _, w in RANGE_MISTAKES])
+def test_out_of_range_values_are_one_line_naming_the_key(tmp_path, text, where):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(MachineError) as err:
+        load_machine(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and where in message and "\n" not in message and len(message) < 300
+
+
+def test_a_recording_with_huge_or_deep_json_is_refused(tmp_path):
+    path = tmp_path / "rec.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(MachineError, match=r"rec\.json: nested too deeply"):
+        load_machine(path)
+    path.write_text(
+        '{"name": "t", "numa_cpus": ["0-7"], "models": {"m": {"name": "X", "memory_mib": 1e999}},'
+        ' "cards": [{"model": "m", "bus_id": "00000000:01:00.0"}]}'
+    )
+    with pytest.raises(MachineError, match=r"models\.m\.memory_mib: expected int, got inf"):
         load_machine(path)

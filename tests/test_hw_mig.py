@@ -24,14 +24,12 @@ MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-
 GIB = 1 << 30
 
 
-def mig_card(machine="dgx-h100", **kw) -> tuple[FakeNvml, Nvml]:
-    """A machine whose card 0 has MIG switched on (set, then reset, as on real cards)."""
+def mig_card(machine="dgx-h100", index=0, **kw) -> tuple[FakeNvml, Nvml]:
+    """A machine whose card ``index`` has MIG switched on (nothing holds it: the driver resets it itself)."""
     fake = FakeNvml(machine, clock=lambda: 1000.0, **kw)
     nvml = Nvml(fake)
-    assert nvml.set_mig_mode(0, True) is True  # pending until a reset
-    assert nvml.mig_mode(0) == (0, 1)
-    fake.reset(0)
-    assert nvml.mig_mode(0) == (1, 1)
+    assert nvml.set_mig_mode(index, True) == "done"
+    assert nvml.mig_mode(index) == (1, 1)
     return fake, nvml
 
 
@@ -50,8 +48,8 @@ def test_h100_profiles_record_enum_and_driver_id():
 
 
 def test_h200_and_a100_geometry():
-    fake = FakeNvml("hgx-h200")
-    names = {p.name: p.id for p in Nvml(fake).mig_profiles(3)}
+    _, nvml = mig_card("hgx-h200", index=3)
+    names = {p.name: p.id for p in nvml.mig_profiles(3)}
     assert names == {
         "1g.18gb": 19,
         "1g.18gb+me": 20,
@@ -61,7 +59,7 @@ def test_h200_and_a100_geometry():
         "4g.71gb": 5,
         "7g.141gb": 0,
     }
-    a100 = {p.name for p in Nvml(FakeNvml("dgx-a100")).mig_profiles(0)}
+    a100 = {p.name for p in mig_card("dgx-a100")[1].mig_profiles(0)}
     assert {"1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"} <= a100
 
 
@@ -74,7 +72,7 @@ def test_cards_without_mig():
 
 def test_create_needs_mig_mode_on():
     nvml = Nvml(FakeNvml("dgx-h100"))
-    with pytest.raises(NvmlNotSupported, match="nvmlDeviceCreateGpuInstanceWithPlacement on card 0"):
+    with pytest.raises(NvmlNotSupported, match="card 0: MIG is off"):
         nvml.create_mig_instance(0, 9, 0)
 
 
@@ -181,20 +179,84 @@ def test_profile_info_through_the_pynvml_surface():
         fake.nvmlDeviceGetGpuInstancePossiblePlacements(h, 9, small, ctypes.byref(count))
 
 
-def test_mig_mode_change_needs_an_idle_card():
+def test_a_mig_mode_change_on_a_held_card_stays_pending_until_cancelled():
+    # nvml.h: the driver sets the pending mode, then fails to activate it (IN_USE) while the card is held;
+    # the pending mode stays, so any later reset would apply it, unless the current mode is asked again.
     fake = FakeNvml("dgx-h100")
     nvml = Nvml(fake)
-    fake.add_process(1, 5, GIB)
+    for hold, let_go in (
+        (lambda: fake.add_process(1, 5, GIB), lambda: fake.remove_process(1, 5)),
+        (lambda: fake.add_client(1, "dcgm"), lambda: fake.remove_client(1, "dcgm")),
+    ):
+        hold()
+        assert nvml.set_mig_mode(1, True) == "in-use" and nvml.mig_mode(1) == (0, 1)
+        with pytest.raises(pynvml.NVMLError_InUse):
+            fake.reset(1)  # nvidia-smi -r is refused for the same reason
+        assert nvml.cancel_pending_mig_mode(1) and nvml.mig_mode(1) == (0, 0)
+        assert not nvml.cancel_pending_mig_mode(1)
+        let_go()
+    assert nvml.set_mig_mode(1, True) == "done" and nvml.card_info(1).mig_enabled
+
+
+def test_our_own_event_registration_holds_the_card_until_released():
+    fake = FakeNvml("dgx-h100")
+    nvml = Nvml(fake)
+    w = nvml.event_waiter()
+    assert nvml.set_mig_mode(2, True) == "in-use"
+    nvml.cancel_pending_mig_mode(2)
+    with nvml.card_released(2):
+        assert 2 not in w.registered and 3 in w.registered
+        assert nvml.set_mig_mode(2, True) == "done"
+    assert 2 in w.registered and nvml.mig_mode(2) == (1, 1)
+    fake.inject_xid(2, 31)
+    assert [(e.card_index, e.xid) for e in w.wait(1000)] == [(2, 31)]
+    w.close()
+
+
+def test_instances_must_go_before_mig_goes_off():
+    _, nvml = mig_card()
+    nvml.create_mig_instance(0, 9, 0)
     with pytest.raises(NvmlInUse):
-        nvml.set_mig_mode(1, True)
-    fake.remove_process(1, 5)
-    nvml.set_mig_mode(1, True)
-    fake.add_process(1, 6, GIB)
-    with pytest.raises(pynvml.NVMLError_InUse):
-        fake.reset(1)  # a reset is refused while processes run
-    fake.remove_process(1, 6)
-    fake.reset(1)
-    assert nvml.card_info(1).mig_enabled
+        nvml.set_mig_mode(0, False)
+
+
+def test_in_a_vm_the_mode_waits_for_a_reset():
+    fake = FakeNvml("dgx-h100", passthrough=True)
+    nvml = Nvml(fake)
+    assert nvml.set_mig_mode(0, True) == "reset" and nvml.mig_mode(0) == (0, 1)
+    fake.reset(0)
+    assert nvml.mig_mode(0) == (1, 1)
+
+
+def test_profiles_are_not_listed_while_mig_is_off():
+    fake = FakeNvml("dgx-h100")
+    nvml = Nvml(fake)
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # as the driver: profile calls need MIG on
+        fake.nvmlDeviceGetGpuInstanceProfileInfo(h, pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        fake.nvmlDeviceGetGpuInstancePossiblePlacements(h, 9, None, ctypes.byref(ctypes.c_uint(0)))
+    assert nvml.mig_profiles(0) == [] and not nvml.errors
+    nvml.set_mig_mode(0, True)
+    assert len(nvml.mig_profiles(0)) == 7  # read afresh once MIG is on
+
+
+def test_an_older_driver_knows_fewer_profiles_and_enumeration_stops_quietly(caplog):
+    # dgx-a100 runs driver 535: it answers INVALID_ARGUMENT for the binding's later profile enums.
+    fake, nvml = mig_card("dgx-a100")
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        fake.nvmlDeviceGetGpuInstanceProfileInfo(h, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX)
+    names = {p.name for p in nvml.mig_profiles(0)}
+    assert {"1g.10gb", "3g.40gb", "7g.80gb"} <= names
+    half = nvml.create_mig_instance(0, 9, 0)  # the compute-instance enumeration stops quietly too
+    nvml.destroy_mig_instance(0, half.gpu_instance_id)
+    assert not nvml.errors and "INVALID_ARGUMENT" not in caplog.text
+    calls = fake.calls["nvmlDeviceGetGpuInstanceProfileInfo"]
+    # ours above, then the known enums and the first unknown one
+    assert calls == 1 + pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2 + 2
 
 
 def test_mig_on_hides_utilisation_and_remapped_rows():

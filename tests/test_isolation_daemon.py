@@ -13,7 +13,7 @@ import pytest
 
 from tests.inproc import InProcDaemon
 from xpud.api.client import Client
-from xpud.errors import NoCapacity
+from xpud.errors import Conflict, NoCapacity
 from xpud.hw.check import check_hardware
 from xpud.hw.fakenvml import FakeNvml
 from xpud.model import Caller, Mode, Request
@@ -173,8 +173,11 @@ def test_mixed_demand_on_mig_cards_matches_the_fake_hardware_after_every_step(in
         c.release(whole.lease.id, whole.token)
     counts = mixed_demand(d, 160, seed=int(keep) + 1, check=lambda: check_mig(d, keep))
     assert counts["granted"] > 60 and counts["released"] > 40
-    resets = [argv for argv, _, _ in d.tools.calls if argv[:2] == ("nvidia-smi", "--gpu-reset")]
-    assert len(resets) >= 16  # on and off on every card at least once
+    # On and off on every card at least once, each time with the daemon's event set let go of the card
+    # (else the driver leaves the mode pending) and taken back after.
+    assert d.fake.calls["nvmlDeviceSetMigMode"] >= 16
+    assert all(d.fake.card_state(i).mig == d.fake.card_state(i).mig_pending for i in range(8))
+    assert sorted(d.call(lambda: d.daemon.monitor.thread.waiter.registered)) == list(range(8))
 
 
 def test_mixed_demand_on_mps_cards_matches_the_simulated_control_daemons(inproc):
@@ -291,7 +294,25 @@ def test_check_hardware_reports_the_mig_mapping_read_only(machine, expect):
     out = io.StringIO()
     assert check_hardware(fake, out=out) == 0
     text = out.getvalue()
-    assert "xpud uses vxpu-quarter  -> " + expect in text and "(map)" in text
+    assert "xpud uses vxpu-quarter  -> " + expect in text and "(map; profiles from etc/machines/" in text
     assert not [
         n for n in fake.calls if n.startswith(("nvmlDeviceSet", "nvmlDeviceCreate", "nvmlGpuInstance"))
     ]
+
+
+def test_a_monitoring_agent_on_every_card_refuses_mig_slices_clearly_and_leaves_no_mode_pending(inproc):
+    # The driver will not switch MIG while another NVML client (DCGM here) holds a card: the request fails
+    # with that reason, no card is left with a pending mode, and the cards stay whole and usable.
+    fake = FakeNvml("dgx-h100")
+    for i in range(8):
+        fake.add_client(i, "dcgm")
+    d = inproc("dgx-h100", CONFIG.format(keep=0), fake=fake)
+    with Client(d.runtime_dir) as c:
+        with pytest.raises(Conflict, match="another NVML client holds the card") as err:
+            c.acquire_lease("vxpu-half")
+        assert "DCGM" in str(err.value)
+        assert all(fake.card_state(i).mig == fake.card_state(i).mig_pending == 0 for i in range(8))
+        whole = c.acquire_lease("xpu", gpus=8)
+        c.release(whole.lease.id, whole.token)
+    for i in range(8):
+        fake.remove_client(i, "dcgm")

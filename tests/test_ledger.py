@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pytest
 
-from xpud.errors import ConfigError
+from xpud.errors import ConfigError, Unavailable
 from xpud.ledger import SCHEMA_VERSION, CardRecord, Ledger
 from xpud.model import Lease, LeaseState, Mode, Slice
 
@@ -68,3 +69,30 @@ def test_schema_version_and_refuses_a_newer_ledger(tmp_path):
     led.close()
     with pytest.raises(ConfigError, match="newer than this xpud"):
         Ledger(tmp_path / "l.sqlite")
+
+
+def test_group_commit_fails_a_bad_write_alone(tmp_path):
+    led = Ledger(tmp_path / "l.sqlite")
+    led.insert_lease(_lease("dup00001"), "tok")
+    bad = led.submit(led.insert_lease_op(_lease("dup00001"), "tok"))  # the same id again
+    good = led.submit(led.insert_lease_op(_lease("new00001"), "tok2"))
+    with pytest.raises(Unavailable):
+        bad.result(5)
+    good.result(5)
+    assert {x.id for x in led.active_leases()} == {"dup00001", "new00001"}
+    assert led.token_matches("new00001", "tok2")
+
+
+def test_a_locked_ledger_fails_writes_without_blocking_the_caller_thread(tmp_path):
+    led = Ledger(tmp_path / "l.sqlite", busy_timeout_s=0.3)
+    other = sqlite3.connect(tmp_path / "l.sqlite", isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    t0 = time.monotonic()
+    fut = led.submit(led.insert_lease_op(_lease(), "tok"))
+    assert time.monotonic() - t0 < 0.1  # queued, not written here
+    with pytest.raises(Unavailable, match="ledger busy"):
+        fut.result(5)
+    other.execute("ROLLBACK")
+    assert led.active_leases() == []
+    led.insert_lease(_lease(), "tok")
+    assert [x.id for x in led.active_leases()] == ["aaaa0001"]

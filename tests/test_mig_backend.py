@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from xpud.config import DEFAULT_SLICES
 from xpud.errors import ConfigError, Conflict, NoCapacity
 from xpud.hw.fakenvml import FakeNvml
-from xpud.hw.nvml import Nvml
+from xpud.hw.nvml import Nvml, NvmlError
 from xpud.isolation import mig_map
 from xpud.isolation.base import Held
 from xpud.isolation.faketools import FakeNvidiaTools
@@ -49,16 +51,82 @@ def layout(fake, index=0):
     return [(g["name"], g["start"]) for g in fake.mig_layout(index)]
 
 
-def test_entering_sliced_mode_switches_mig_on_with_a_reset_through_the_runner():
+def backend_on(fake, nvml, tools, index=0, switch="idle"):
+    return MigIsolation(
+        nvml.card_info(index), nvml, tools, mig_map.load(), DEFAULT_SLICES, switch=switch, clock=Clock()
+    )
+
+
+def test_entering_sliced_mode_switches_mig_on_where_the_driver_resets_the_card_itself():
     b, card, _fake, nvml, tools, _ = backend()
     assert nvml.mig_mode(0) == (0, 0)
     assert b.fits(card, [], HALF)  # an idle card may be switched
     b.enter_sliced(card)
     assert nvml.mig_mode(0) == (1, 1)
-    resets = [argv for argv, _, _ in tools.calls if argv[0] == "nvidia-smi"]
-    assert resets == [("nvidia-smi", "--gpu-reset", "-i", card.pci_bus_id)]
+    assert [argv for argv, _, _ in tools.calls if argv[0] == "nvidia-smi"] == []
     b.leave_sliced(card)
-    assert nvml.mig_mode(0) == (0, 0) and len(tools.calls) == 2
+    assert nvml.mig_mode(0) == (0, 0)
+
+
+def test_in_a_vm_the_switch_resets_the_card_through_the_runner():
+    fake = FakeNvml("dgx-h100", passthrough=True)
+    nvml = Nvml(fake)
+    tools = FakeNvidiaTools(fake)
+    b = backend_on(fake, nvml, tools)
+    b.enter_sliced(b.card)
+    assert nvml.mig_mode(0) == (1, 1)
+    resets = [argv for argv, _, _ in tools.calls if argv[0] == "nvidia-smi"]
+    assert resets == [("nvidia-smi", "--gpu-reset", "-i", b.card.pci_bus_id)]
+
+
+def test_a_switch_on_a_card_another_client_holds_fails_clearly_and_leaves_nothing_pending():
+    # Regression (issue 11, item 1): the driver left MIG pending (IN_USE) and xpud reset the card, which
+    # nvidia-smi refused; the pending mode stayed, for any later reset to flip the card silently.
+    b, card, fake, nvml, _, clock = backend()
+    fake.add_client(0, "dcgm")
+    with pytest.raises(Conflict, match=r"another NVML client holds the card.*DCGM.*MIG stays off"):
+        b.enter_sliced(card)
+    assert nvml.mig_mode(0) == (0, 0)  # nothing pending
+    assert "another NVML client" in b.switch_blocker(card, True) and not b.fits(card, [], HALF)
+    fake.remove_client(0, "dcgm")
+    clock.t += 61  # tried again after SWITCH_RETRY_S
+    assert b.fits(card, [], HALF)
+    b.enter_sliced(card)
+    assert nvml.mig_mode(0) == (1, 1)
+    fake.add_client(0, "dcgm")
+    with pytest.raises(Conflict, match=r"did not switch MIG off.*MIG stays on"):
+        b.leave_sliced(card)
+    assert nvml.mig_mode(0) == (1, 1)
+
+
+def test_in_a_vm_a_refused_reset_cancels_the_pending_mode():
+    fake = FakeNvml("dgx-h100", passthrough=True)
+    nvml = Nvml(fake)
+    b = backend_on(fake, nvml, FakeNvidiaTools(fake))
+    fake.add_client(0, "monitoring-agent")
+    with pytest.raises(Conflict, match="nvidia-smi --gpu-reset refused"):
+        b.enter_sliced(b.card)
+    assert nvml.mig_mode(0) == (0, 0)
+    fake.remove_client(0, "monitoring-agent")
+    fake.reset(0)  # an operator's later reset does not flip the card
+    assert nvml.mig_mode(0) == (0, 0)
+
+
+def test_the_switch_lets_go_of_our_event_registration_and_takes_it_back():
+    # Regression (issue 11, item 1): xpud's own event set held the card, so the driver refused the switch.
+    b, card, fake, nvml, _, _ = backend()
+    w = nvml.event_waiter()
+    got: list = []
+    t = threading.Thread(target=lambda: [got.extend(w.wait(200)) for _ in range(15)])
+    t.start()  # a thread waits on the set meanwhile, as the daemon's event thread does
+    try:
+        b.enter_sliced(card)
+        assert nvml.mig_mode(0) == (1, 1) and 0 in w.registered
+        fake.inject_xid(0, 31)
+        t.join(5)
+    finally:
+        w.close()
+    assert [(e.card_index, e.xid) for e in got] == [(0, 31)]
 
 
 def test_half_and_two_quarters_get_their_instances_and_devices():
@@ -183,6 +251,16 @@ def test_reconcile_switches_an_empty_mig_card_the_ledger_has_whole_back_off_and_
     assert found.mode is CardMode.WHOLE and found.lost == ["y"]
 
 
+def test_reconcile_keeps_an_empty_mig_card_sliced_when_a_monitoring_agent_holds_it():
+    b, card, fake, nvml, tools, _ = backend()
+    b.enter_sliced(card)
+    fake.add_client(0, "dcgm")
+    again = MigIsolation(card, nvml, tools, mig_map.load(), DEFAULT_SLICES)
+    found = again.reconcile(card, CardMode.WHOLE, [])  # start-up goes on
+    assert found.mode is CardMode.SLICED and nvml.mig_mode(0) == (1, 1)
+    assert "another NVML client holds the card" in found.notes[0]
+
+
 def test_create_conflict_with_an_instance_made_behind_our_back_is_resolved_by_reading_the_card():
     b, card, fake, nvml, _, _ = backend()
     b.enter_sliced(card)
@@ -206,6 +284,9 @@ def test_custom_size_and_derived_mapping_and_bad_map_files(tmp_path):
         mig_map.load(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         mig_map.load(tmp_path / "missing.toml")
+    bad.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        mig_map.load(bad)
     # A map naming a profile the card lacks falls back to the derived mapping.
     odd = {"NVIDIA H100 80GB HBM3": {"vxpu-half": ("5g.50gb",)}}
     b2, card2, _fake2, *_ = backend(table=odd)
@@ -222,3 +303,17 @@ def test_mig_processes_reads_each_instance():
     fake.add_process(0, 12, gpu_instance_id=gis[1])
     assert nvml.mig_processes(0) == {gis[0]: [], gis[1]: [11, 12]}
     assert nvml.mig_processes(1) == {}  # MIG off
+
+
+def test_a_switch_goes_on_when_the_event_set_cannot_be_made_again(caplog):
+    import pynvml
+
+    b, card, fake, nvml, _, _ = backend()
+    w = nvml.event_waiter()
+    fake.fail("nvmlEventSetCreate", pynvml.NVML_ERROR_UNKNOWN)
+    b.enter_sliced(card)  # the old set is freed: nothing of ours holds the card
+    assert nvml.mig_mode(0) == (1, 1) and "event set not left" in caplog.text
+    with pytest.raises(NvmlError, match="no event set"):
+        w.wait(10)  # its thread backs off and makes a new one (xpud.monitor.EventThread)
+    fake.unfail()
+    w.close()

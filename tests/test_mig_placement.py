@@ -31,6 +31,7 @@ def geometry_and_sizes(machine: str, extra: bool = False) -> tuple[Geometry, dic
     nvml = Nvml(FakeNvml(machine))
     nvml.open()
     card = nvml.card_info(0)
+    assert nvml.set_mig_mode(0, True) == "done"  # profiles are listed only with MIG on, as by the driver
     geom = mig_map.geometry(nvml.mig_profiles(0))
     slices = {**DEFAULT_SLICES, **({"vxpu-eighth": EIGHTH} if extra else {})}
     return geom, mig_map.profiles_for(card.name, geom, slices, mig_map.load())

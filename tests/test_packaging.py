@@ -3,6 +3,7 @@ the systemd unit verifies."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -75,6 +76,11 @@ def test_wheel_contents(wheel):
         "xpud/api/v1/xpu.proto",
         "xpud/api/v1/xpu_pb2.py",
         "xpu_cli/main.py",
+        "xpud/systemd/xpud.service",
+        "xpud/systemd/xpud-sysusers.conf",
+        "xpud/sim/data/openb/openb_node_list_gpu_node.csv",
+        "xpud/sim/data/openb/openb_pod_list_default.csv",
+        "xpud/sim/data/openb/README.md",
     ):
         assert needed in names
 
@@ -87,7 +93,8 @@ def test_wheel_installs_and_runs(wheel, tmp_path):
         capture_output=True,
         timeout=300,
     )
-    env = {**os.environ, "PYTHONPATH": str(target)}
+    env = {k: v for k, v in os.environ.items() if k != "XPUD_OPENB_DIR"}
+    env["PYTHONPATH"] = str(target)
     where = subprocess.run(
         [sys.executable, "-c", "import xpud, xpu_cli; print(xpud.__file__)"],
         env=env,
@@ -111,6 +118,33 @@ def test_wheel_installs_and_runs(wheel, tmp_path):
         [str(target / "bin" / "xpu"), "--help"], env=env, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0 and "run" in r.stdout
+    # the unit and the sysusers entry ship in the wheel, and ExecStart names the xpud that ran
+    root = tmp_path / "root"
+    root.mkdir()
+    r = subprocess.run(
+        [str(target / "bin" / "xpud"), "install-service", "--root", str(root), "--no-start"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    unit = (root / "etc/systemd/system/xpud.service").read_text()
+    assert f"ExecStart={target / 'bin' / 'xpud'} --config" in unit
+    assert "g xpud-admin -" in (root / "etc/sysusers.d/xpud.conf").read_text()
+    # the default trace ships with the package: simulate works outside the repository's layout
+    r = subprocess.run(
+        [str(target / "bin" / "xpu"), "simulate", "-q", "--seeds", "42", "--json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {row["policy"] for row in rows} == {"xpud"} and max(row["alloc_pct"] for row in rows) > 50
 
 
 def test_generated_grpc_code_matches_the_proto(tmp_path):

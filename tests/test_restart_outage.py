@@ -16,9 +16,9 @@ import time
 import pytest
 
 from tests.conftest import alive, poll, wait_until
+from tests.syncengine import sync_engine
 from tests.test_engine import Clock, cards, pcie_box
 from xpud.config import Config
-from xpud.engine import Engine
 from xpud.ledger import Ledger
 from xpud.model import Mode, Request
 
@@ -29,9 +29,11 @@ CONFIG = f"[leases]\ngrace_s = {GRACE_S}\nrestore_grace_s = {GRACE_S}\n"
 def test_restored_leases_get_their_grace_from_when_the_daemon_serves(tmp_path):
     led = Ledger(tmp_path / "l.sqlite")
     cfg = Config().replace("leases", grace_s=10.0, restore_grace_s=30.0)
-    lease = Engine(cards(), pcie_box(), cfg, led, clock=Clock()).try_grant(Request(Mode.XPU, owner_uid=1))[0]
+    lease = sync_engine(cards(), pcie_box(), cfg, led, clock=Clock()).try_grant(
+        Request(Mode.XPU, owner_uid=1)
+    )[0]
     led.close()
-    e = Engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=Clock())
+    e = sync_engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=Clock())
     e.restore()
     e.clock.t += 120  # a slow start-up: reconciling the hardware took two minutes
     e.serving()
@@ -44,8 +46,10 @@ def test_restored_leases_get_their_grace_from_when_the_daemon_serves(tmp_path):
 def test_a_holder_that_reconnected_after_a_restart_has_the_ordinary_grace_again(tmp_path):
     led = Ledger(tmp_path / "l.sqlite")
     cfg = Config().replace("leases", grace_s=10.0, restore_grace_s=30.0)
-    lease = Engine(cards(), pcie_box(), cfg, led, clock=Clock()).try_grant(Request(Mode.XPU, owner_uid=1))[0]
-    e = Engine(cards(), pcie_box(), cfg, led, clock=Clock())
+    lease = sync_engine(cards(), pcie_box(), cfg, led, clock=Clock()).try_grant(
+        Request(Mode.XPU, owner_uid=1)
+    )[0]
+    e = sync_engine(cards(), pcie_box(), cfg, led, clock=Clock())
     e.restore()
     e.serving()
     e.hold_closed(lease.id, e.hold_opened(lease.id))

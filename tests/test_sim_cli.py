@@ -132,7 +132,7 @@ def test_all_policies_and_terminal_plot(app, files, tmp_path):
     r = invoke(
         app, "--cluster", str(c), "--trace", str(t), "--seeds", "1", "-q", "--plot", "term", "--workers", "1"
     )
-    assert "arrived %" in r.stdout
+    assert "arrived workload, % of capacity" in r.stdout
 
 
 def test_bound_rows(app, files):
@@ -218,3 +218,33 @@ def test_light_names_match_the_registry():
     assert trace.TraceError is defaults.TraceError and protocol.DEFAULT_RATIO == defaults.DEFAULT_RATIO
     for name in names.POLICY_NAMES:
         assert registry.make_policy(name).name == name
+
+
+def test_terminal_plot_fits_80_columns_and_draws_every_point_where_it_is(app, files, monkeypatch):
+    """At COLUMNS=80 no line is wider than 80, and the 50 % point is drawn on the row of its value (an
+    earlier chart zoomed on 90..130 % and pinned lower points to the axis minimum)."""
+    c, t = files
+    monkeypatch.setenv("COLUMNS", "80")
+    r = invoke(app, "--cluster", str(c), "--trace", str(t), "--seeds", "1", "-q", "--json", "--plot", "term")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    at50 = next(row["alloc_pct"] for row in rows if row["arrived_pct"] == 50)
+    chart = r.stderr.splitlines()
+    assert chart and max(map(len, chart)) <= 80
+    full = [line for line in chart if "|" in line[:8]][:12]  # the first panel: 50..130 %
+    labels = [float(line.split("|")[0]) for line in full]
+    step = labels[0] - labels[1]
+    row = next(i for i, line in enumerate(full) if line.split("|", 1)[1][:1] == "x")
+    assert abs(labels[row] - at50) <= step / 2 + 0.05
+    assert labels[-1] <= min(row["alloc_pct"] for row in rows if 50 <= row["arrived_pct"] <= 130)
+
+
+def test_policy_accepts_the_fgd_papers_spellings(app, files):
+    c, t = files
+    r = invoke(
+        app, "--cluster", str(c), "--trace", str(t), "--seeds", "1", "-q", "--json", "--workers", "1",
+        "-p", "bestfit,DotProd", "-p", "packing", "-p", "clustering,best-fit",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    policies = list(dict.fromkeys(row["policy"] for row in json.loads(r.stdout)))
+    assert policies == ["best-fit", "dot-product", "gpu-packing", "gpu-clustering"]

@@ -87,10 +87,10 @@ class InProcessDaemon:
 def daemons(short_tmp):
     made: list[InProcessDaemon] = []
 
-    def make(machine: str = "dgx-h100") -> InProcessDaemon:
+    def make(machine: str = "dgx-h100", *config_text: str) -> InProcessDaemon:
         base = short_tmp / f"d{len(made)}"
         base.mkdir()
-        made.append(InProcessDaemon(base, machine).start())
+        made.append(InProcessDaemon(base, machine, *config_text).start())
         return made[-1]
 
     yield make
@@ -326,3 +326,22 @@ async def test_a_silent_host_turns_stale_without_new_data():
         assert str(table.get_row("host:r1/a")[5]) == "live"
         now[0] += 60  # nothing arrives for a minute
         await until(pilot, lambda: str(table.get_row("host:r1/a")[5]) == "stale 1m00s", what="stale")
+
+
+@in_asyncio
+async def test_cluster_view_counts_a_slice_size_the_config_adds(daemons):
+    tiny = "[leases]\ngrace_s = 600.0\n[slices.vxpu-tiny]\nmemory_fraction = 0.125\ncompute_pct = 10\n"
+    d = daemons("pcie-8x-l40s", tiny)
+    with d.client() as c:
+        hosts = [HostSpec.parse(f"rack-1/a={d.runtime_dir}")]
+        app = XpuTop(c, LocalHosts(hosts, interval_s=0.2), interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            view = app.query_one(ClusterView)
+            await until(pilot, lambda: ("rack-1", "a") in view.hosts, what="the host")
+            c.acquire_lease("vxpu-tiny", command="serve")
+            await until(pilot, lambda: view.hosts[("rack-1", "a")].whole_free == 7, what="the sliced card")
+            free = view.hosts[("rack-1", "a")].slices_free
+            assert free["vxpu-tiny"] == 7 and free["vxpu-half"] == 1  # 7 more eighths; 10 % compute each
+            await pilot.press("4")
+            summary = str(app.query_one("#cluster-summary").render())
+            assert "free: 7 whole, 1 ½, 3 ¼, 7 tiny ·" in summary

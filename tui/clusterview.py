@@ -16,7 +16,7 @@ from textual.containers import Vertical
 from textual.events import Key
 from textual.widgets import DataTable, Input, Static
 from xpu_tui.hostsummary import HostSummary, totals
-from xpu_tui.render import age
+from xpu_tui.render import age, slice_glyph
 from xpu_tui.tablesync import sync_rows
 
 COLUMNS = ("HOST", "WHOLE", "½", "¼", "HEALTH", "SEEN", "CARDS", "LEASES", "QUEUE", "DRAINED")
@@ -154,9 +154,15 @@ class ClusterView(Vertical):
         every = list(self.hosts.values())
         t = totals("", every, now, self.stale_after_s)
         domains = len({h.domain for h in every})
+        # ½ and ¼ have columns; other sizes a daemon's config adds are counted here only.
+        others = "".join(
+            f", {n} {slice_glyph(size)}"
+            for size, n in sorted(t.slices_free.items())
+            if size not in (HALF, QUARTER)
+        )
         text = (
             f"{t.hosts} hosts in {domains} domains · {t.stale} stale · free: {t.whole_free} whole, "
-            f"{t.slices_free.get(HALF, 0)} ½, {t.slices_free.get(QUARTER, 0)} ¼ · "
+            f"{t.slices_free.get(HALF, 0)} ½, {t.slices_free.get(QUARTER, 0)} ¼{others} · "
             f"{t.degraded} degraded, {t.unhealthy} unhealthy cards"
         )
         if len(shown) != len(every):

@@ -68,6 +68,12 @@ def whole_free(card: pb.Card) -> bool:
     return card.mode == "whole" or not card.mode_pinned
 
 
+def slice_sizes(info: pb.InfoReply) -> dict[str, SliceSpec]:
+    """The daemon's slice sizes (its config's [slices]), or the defaults from a daemon that does not say."""
+    sizes = {s.name: SliceSpec(s.name, s.memory_fraction, s.compute_pct) for s in info.slice_sizes}
+    return sizes or dict(DEFAULT_SLICES)
+
+
 def summarize(
     name: str,
     update: pb.WatchUpdate,

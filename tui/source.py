@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from xpu_tui.hostsummary import HostSummary, summarize
+from xpu_tui.hostsummary import HostSummary, slice_sizes, summarize
 
 from xpud.api.client import Client
 from xpud.api.v1 import xpu_pb2 as pb
+from xpud.config import DEFAULT_SLICES
 from xpud.errors import Forbidden, Unavailable, XpudError
 
 RETRY_S = 2.0  # wait between reconnect attempts
@@ -232,10 +233,15 @@ class LocalHosts:
         # Several local daemons share one hostname: the runtime dir is what tells them apart.
         name = host.name or str(host.runtime_dir)
         last = HostSummary(name=name, domain=host.domain)
+        sizes = dict(DEFAULT_SLICES)
+
+        def on_connect(info: pb.InfoReply, _topology) -> None:
+            nonlocal sizes
+            sizes = slice_sizes(info)
 
         def on_update(update: pb.WatchUpdate) -> None:
             nonlocal last
-            last = summarize(name, update, self.clock(), host.domain)
+            last = summarize(name, update, self.clock(), host.domain, sizes)
             publish([last])
 
         def on_error(message: str) -> None:
@@ -244,4 +250,4 @@ class LocalHosts:
             publish([last])
 
         threading.Thread(target=lambda: (stop.wait(), source.close()), daemon=True).start()
-        follow(source, self.interval_s, stop, lambda i, t: None, on_update, on_error)
+        follow(source, self.interval_s, stop, on_connect, on_update, on_error)

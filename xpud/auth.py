@@ -17,6 +17,7 @@ import secrets
 import socket
 import struct
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from xpud.errors import Unauthenticated
@@ -47,6 +48,12 @@ def _groups_of(uid: int, gid: int) -> set[int]:
     except KeyError:
         return {gid}
     return {gid, *(g.gr_gid for g in grp.getgrall() if name in g.gr_mem)}
+
+
+def member_of(uid: int, gid: int, group_names: Iterable[str]) -> bool:
+    """Whether the user is in one of these groups (by name; unknown names match nobody)."""
+    gids = {g for name in group_names for g in admin_gids(name)}
+    return bool(gids and gids & _groups_of(uid, gid))
 
 
 class CredentialIssuer:

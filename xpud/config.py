@@ -10,8 +10,10 @@ Precedence: command-line flags > ``XPUD_*`` environment variables > the file > d
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
 import os
 import re
 import tomllib
@@ -23,7 +25,7 @@ from typing import Any
 import tomli_w
 
 from xpud.errors import ConfigError
-from xpud.model import SliceSpec
+from xpud.model import SLICE_NAME, SliceSpec
 
 DEFAULT_PATH = Path("/etc/xpud/xpud.toml")
 
@@ -51,7 +53,7 @@ class DevicesSection:
         choices=("nvml", "simulated"),
     )
     machine: str = _key("dgx-h100", "Simulated machine: a name in etc/machines/ or a path to a description.")
-    seed: int = _key(0, "Seed of the simulated machine's varying values.", min=0)
+    seed: int = _key(0, "Seed of the simulated machine's varying values.", min=0, max=2**63 - 1)
     sim_state: str = _key(
         "",
         "File where the simulated machine's MIG and MPS state outlives the daemon; "
@@ -71,6 +73,7 @@ class CardsSection:
         0,
         "Memory per card kept out of slices for the driver and context (MiB); 0 = the backend's estimate.",
         min=0,
+        max=1 << 20,
     )
     mig_switch: str = _key(
         "idle",
@@ -82,6 +85,7 @@ class CardsSection:
         30.0,
         "Seconds a released, empty MIG instance is kept for reuse by a slice of its size; 0 = destroy.",
         min=0.0,
+        max=86400.0,
     )
     mig_profiles_file: str = _key(
         "", "Which MIG profiles serve each slice size, per card model; empty = xpud's etc/mig-profiles.toml."
@@ -90,7 +94,9 @@ class CardsSection:
 
 @dataclass(frozen=True)
 class LeasesSection:
-    grace_s: float = _key(10.0, "Seconds a lease survives after its holder's Hold stream breaks.", min=0.0)
+    grace_s: float = _key(
+        10.0, "Seconds a lease survives after its holder's Hold stream breaks.", min=0.0, max=86400.0
+    )
     restore_grace_s: float = _key(
         30.0,
         "Seconds a lease restored from the ledger survives, from when the restarted daemon serves, "
@@ -98,83 +104,148 @@ class LeasesSection:
         min=0.0,
         max=86400.0,
     )
-    max_wait_s: float = _key(86400.0, "Longest --wait a request may ask for (seconds).", min=0.0)
-    credential_ttl_s: float = _key(
-        300.0, "Lifetime of a peer credential issued on cred.sock (seconds).", min=1.0
+    max_wait_s: float = _key(
+        86400.0, "Longest --wait a request may ask for (seconds).", min=0.0, max=30 * 86400.0
     )
-    history_days: int = _key(30, "Ended leases are kept in the ledger this many days.", min=0)
-    max_priority: int = _key(100, "Highest priority a request may ask for; negative down to -max.", min=0)
+    credential_ttl_s: float = _key(
+        300.0, "Lifetime of a peer credential issued on cred.sock (seconds).", min=1.0, max=86400.0
+    )
+    history_days: int = _key(30, "Ended leases are kept in the ledger this many days.", min=0, max=36500)
+    max_priority: int = _key(
+        100, "Highest priority a request may ask for; negative down to -max.", min=0, max=1_000_000
+    )
 
 
-# XID classes (NVIDIA's device plugin and DCGM; see REFERENCE.md, health section).
+@dataclass(frozen=True)
+class LimitsSection:
+    """Per-user limits on requests (``Engine.validate`` and ``Engine.acquire``). Operators (root and
+    ``[daemon] admin_group``) and members of ``exempt_groups`` are exempt."""
+
+    max_user_priority: int = _key(
+        0,
+        "Highest priority a caller who is not an operator may ask for (operators: [leases] max_priority).",
+        min=-1_000_000,
+        max=1_000_000,
+    )
+    max_leases_per_uid: int = _key(
+        64,
+        "Most active leases plus queued requests one uid may have at once; 0 = no limit.",
+        min=0,
+        max=1_000_000,
+    )
+    max_queued_per_uid: int = _key(
+        16, "Most requests one uid may have waiting in the queue at once; 0 = no limit.", min=0, max=1_000_000
+    )
+    exempt_groups: tuple[str, ...] = _key((), "Unix groups whose members these limits do not apply to.")
+
+
+# XID classes; where each list comes from (meanings: NVIDIA's XID catalogue, xpud.hw.signals.XID_MEANING):
+# - application: what NVIDIA's Kubernetes device plugin skips as application errors (internal/rm/health.go).
+# - fail: what DCGM's health watch always fails (DCGM >= 4.4, DcgmHealthWatch.cpp BuildXidMappings:
+#   48, 74, 79, 95, 119, 120, 140) and 64, which its memory watch fails. Before 4.4 the health watch acted
+#   on XID 95 only.
+# - warn: DCGM's warnings (94, and its per-watch table: memory 32/63, PCIe 38/39/42, thermal 60-62, power
+#   54/56-58/78, NVLink 67/73/121/137, InfoROM 93 (Volta only there); its 31 and 43 are application XIDs
+#   here) and 92, a high single-bit ECC rate, which the catalogue calls non-critical (the card corrected
+#   them) and DCGM does not list.
 _XID_APPLICATION = (13, 31, 43, 45, 68, 109)
 _XID_FAIL = (48, 64, 74, 79, 95, 119, 120, 140)
-_XID_WARN = (38, 39, 42, 54, 56, 57, 58, 60, 61, 62, 63, 67, 73, 78, 94, 121, 137)
+_XID_WARN = (32, 38, 39, 42, 54, 56, 57, 58, 60, 61, 62, 63, 67, 73, 78, 92, 93, 94, 121, 137)
 
 
 @dataclass(frozen=True)
 class HealthSection:
     """Health signals, scoring, hysteresis and the actions on unhealthy cards (``xpud.hw.health``)."""
 
-    poll_interval_s: float = _key(5.0, "Seconds between two polls of every card's signals.", min=0.05)
+    poll_interval_s: float = _key(
+        5.0, "Seconds between two polls of every card's signals.", min=0.05, max=3600.0
+    )
     clear_s: float = _key(
-        60.0, "Seconds a card's signals must stay clear before its state improves (hysteresis).", min=0.0
+        60.0,
+        "Seconds a card's signals must stay clear before its state improves (hysteresis).",
+        min=0.0,
+        max=7 * 86400.0,
     )
-    flap_window_s: float = _key(3600.0, "Failures within this many seconds count for flap damping.", min=0.0)
+    flap_window_s: float = _key(
+        3600.0, "Failures within this many seconds count for flap damping.", min=0.0, max=30 * 86400.0
+    )
     flap_factor: float = _key(
-        2.0, "Each further failure within flap_window_s multiplies the clear time by this.", min=1.0
+        2.0,
+        "Each further failure within flap_window_s multiplies the clear time by this.",
+        min=1.0,
+        max=100.0,
     )
-    clear_max_s: float = _key(3600.0, "Longest clear time flap damping may ask for (seconds).", min=0.0)
+    clear_max_s: float = _key(
+        3600.0, "Longest clear time flap damping may ask for (seconds).", min=0.0, max=30 * 86400.0
+    )
     event_window_s: float = _key(
         300.0,
         "Seconds an XID or a rise of an error counter (ECC, remapped rows, NVLink) keeps its signal raised.",
         min=0.0,
+        max=7 * 86400.0,
     )
     move_ack_timeout_s: float = _key(
         30.0,
         "Seconds a restartable job's holder has to stop it and acknowledge a move; then the move is "
         "abandoned and the lease marked.",
         min=0.1,
+        max=3600.0,
     )
     temperature_margin_c: int = _key(
-        0, "Warn when the temperature is within this many degrees of the slowdown threshold.", min=0
+        0, "Warn when the temperature is within this many degrees of the slowdown threshold.", min=0, max=200
     )
     power_warn_ratio: float = _key(
-        1.0, "Warn when the power draw is above this share of the enforced power limit.", min=0.0
+        1.0, "Warn when the power draw is above this share of the enforced power limit.", min=0.0, max=10.0
     )
     clock_warn_mask: int = _key(
         0xE8,
         "Clock-event reasons that warn: HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, power brake 0x80.",
         min=0,
+        max=2**64 - 1,
     )
     ecc_sbe_volatile_warn: int = _key(
         1000,
         "Warn when this many corrected (single-bit) ECC errors were counted since the last reset.",
         min=1,
+        max=2**63 - 1,
     )
-    retired_pages_fail: int = _key(63, "Fail when this many pages are retired (DCGM).", min=1)
+    retired_pages_fail: int = _key(63, "Fail when this many pages are retired (DCGM).", min=1, max=1 << 20)
     retired_pages_dbe_fail: int = _key(
         15,
         "Fail when more pages than this are retired for double-bit errors and still growing (DCGM).",
         min=0,
+        max=1 << 20,
     )
     pcie_replay_warn_per_min: float = _key(
-        16.0, "Warn when PCIe replays in the last minute reach this (DCGM: Gen4 x16 about 16).", min=0.0
+        0.0,
+        "Warn when PCIe replays in the last minute exceed this; 0: derive it from each card's PCIe link "
+        "as DCGM does (ceil(GT/s / 1000 x 60 x lanes): Gen4 x16 16, Gen5 x16 31).",
+        min=0.0,
+        max=1e9,
     )
     nvlink_crc_fail_per_s: float = _key(
-        100.0, "Fail when NVLink CRC errors (flit + data, all links) reach this rate (DCGM).", min=0.0
+        100.0,
+        "Fail when NVLink CRC errors (flit + data, all links) reach this rate (DCGM).",
+        min=0.0,
+        max=1e9,
     )
     fragmentation_slice: str = _key(
         "vxpu-quarter", "Slice size that memory fragmentation is measured against (a [slices] name)."
     )
     fragmentation_info: float = _key(
-        0.5, "Report (without changing the state) fragmentation above this share of free memory.", min=0.0
+        0.5,
+        "Report (without changing the state) fragmentation above this share of free memory.",
+        min=0.0,
+        max=1.0,
     )
     xid_application: tuple[int, ...] = _key(
-        _XID_APPLICATION, "Application XIDs: counted against the lease that caused them, not the card."
+        _XID_APPLICATION,
+        "Application XIDs: counted against the lease that caused them, not the card.",
+        min=0,
+        max=65535,
     )
-    xid_fail: tuple[int, ...] = _key(_XID_FAIL, "XIDs that make a card unhealthy.")
-    xid_warn: tuple[int, ...] = _key(_XID_WARN, "XIDs that make a card degraded.")
+    xid_fail: tuple[int, ...] = _key(_XID_FAIL, "XIDs that make a card unhealthy.", min=0, max=65535)
+    xid_warn: tuple[int, ...] = _key(_XID_WARN, "XIDs that make a card degraded.", min=0, max=65535)
     xid_unlisted: str = _key(
         "fail", "What an XID in none of the lists does to the card.", choices=("fail", "warn", "ignore")
     )
@@ -198,7 +269,7 @@ class DefragSection:
     enabled: bool = _key(
         False, "Defragment periodically: plan, record the plan as an event, then move restartable jobs."
     )
-    interval_s: float = _key(300.0, "Seconds between two periodic runs (when enabled).", min=1.0)
+    interval_s: float = _key(300.0, "Seconds between two periodic runs (when enabled).", min=1.0, max=86400.0)
     move_budget_pct: float = _key(
         25.0,
         "Most moves one run may make, as a percentage of the active leases (rounded down); also the "
@@ -211,12 +282,14 @@ class DefragSection:
         "A periodic run acts only when its plan frees at least this many whole cards (0: also plans "
         "that only bring free cards together on an NVLink island or PCIe switch).",
         min=0.0,
+        max=1e6,
     )
     move_cost: float = _key(
         0.25,
         "Cost of moving one job, in idle whole cards (times the cards it holds, times 1 + its earlier "
         "moves); a plan must gain more than it costs.",
         min=0.0,
+        max=1e6,
     )
     make_room: bool = _key(
         True,
@@ -224,7 +297,10 @@ class DefragSection:
         "(within move_budget_pct) to make room for it, even with enabled = false.",
     )
     make_room_after_s: float = _key(
-        15.0, "Seconds a whole-card request waits before the defragmenter makes room for it.", min=0.0
+        15.0,
+        "Seconds a whole-card request waits before the defragmenter makes room for it.",
+        min=0.0,
+        max=86400.0,
     )
 
 
@@ -233,6 +309,7 @@ SECTIONS: dict[str, type] = {
     "devices": DevicesSection,
     "cards": CardsSection,
     "leases": LeasesSection,
+    "limits": LimitsSection,
     "health": HealthSection,
     "defrag": DefragSection,
 }
@@ -253,6 +330,7 @@ class Config:
     devices: DevicesSection = field(default_factory=DevicesSection)
     cards: CardsSection = field(default_factory=CardsSection)
     leases: LeasesSection = field(default_factory=LeasesSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
     health: HealthSection = field(default_factory=HealthSection)
     defrag: DefragSection = field(default_factory=DefragSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
@@ -315,8 +393,14 @@ def _hint(name: str, known: typing.Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+MAX_STRING = 4096  # characters in one string value (paths, names)
+MAX_LIST = 256  # items in one list value
+
+
 def _check_value(src: _Source, table: str, f: dataclasses.Field, kind: Any, value: Any) -> Any:
+    """``value`` checked against the key's type and rules: finite, in range, bounded in size."""
     rules = f.metadata
+    span = f"{rules['min']!r}..{rules['max']!r}" if "min" in rules and "max" in rules else ""
     if typing.get_origin(kind) is tuple:  # a TOML array of one type, kept as a tuple (immutable)
         item = typing.get_args(kind)[0]
         if not isinstance(value, list) or not all(
@@ -327,19 +411,52 @@ def _check_value(src: _Source, table: str, f: dataclasses.Field, kind: Any, valu
                 f.name,
                 f"expected a list of {item.__name__}s, got {value!r}; default is {list(f.default)!r}",
             )
+        if len(value) > MAX_LIST:
+            raise src.error(table, f.name, f"{len(value)} items; at most {MAX_LIST}")
+        for v in value:
+            if span and not rules["min"] <= v <= rules["max"]:
+                raise src.error(table, f.name, f"item {v!r} is outside {span}")
+            if isinstance(v, str) and not 0 < len(v) <= MAX_STRING:
+                raise src.error(table, f.name, f"item of {len(v)} characters; expected 1..{MAX_STRING}")
         return tuple(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     expected = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(kind, "?")
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise src.error(table, f.name, f"expected {expected}, got {value!r}; default is {f.default!r}")
+    if kind is float and not math.isfinite(value):
+        raise src.error(table, f.name, f"{value!r} is not a finite number; use a number in {span}")
+    if kind is str and len(value) > MAX_STRING:
+        raise src.error(table, f.name, f"{len(value)} characters; at most {MAX_STRING}")
     if "choices" in rules and value not in rules["choices"]:
         raise src.error(table, f.name, f"{value!r} is not one of {', '.join(rules['choices'])}")
     if "min" in rules and value < rules["min"]:
-        raise src.error(table, f.name, f"{value!r} is below the minimum {rules['min']!r}")
+        raise src.error(table, f.name, f"{value!r} is below the minimum {rules['min']!r} (range {span})")
     if "max" in rules and value > rules["max"]:
-        raise src.error(table, f.name, f"{value!r} is above the maximum {rules['max']!r}")
+        raise src.error(table, f.name, f"{value!r} is above the maximum {rules['max']!r} (range {span})")
     return value
+
+
+class _Origin(_Source):
+    """A value from a flag or an environment variable, for error messages."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+
+    def error(self, table: str, key: str | None, reason: str) -> ConfigError:
+        return ConfigError(f"{self.origin}: [{table}] {key}: {reason}")
+
+
+def checked(cfg: Config, section: str, key: str, value: Any, origin: str) -> Config:
+    """``cfg`` with one key set from a flag or an environment variable (``origin``, e.g. "--seed" or
+    "XPUD_LOG_LEVEL"), checked like a file's value. Text is parsed as the key's type. Raises ConfigError."""
+    cls = SECTIONS[section]
+    f = next(x for x in dataclasses.fields(cls) if x.name == key)
+    kind = typing.get_type_hints(cls)[key]
+    if isinstance(value, str) and kind in (int, float):
+        with contextlib.suppress(ValueError):  # else _check_value names the type it expected
+            value = kind(value)
+    return cfg.replace(section, **{key: _check_value(_Origin(origin), section, f, kind, value)})
 
 
 def _section(src: _Source, table: str, cls: type, data: Any) -> Any:
@@ -361,8 +478,9 @@ def _slices(src: _Source, data: Any) -> dict[str, SliceSpec]:
     out = dict(DEFAULT_SLICES)
     for name, spec in data.items():
         table = f"slices.{name}"
-        if not re.fullmatch(r"vxpu-[a-z0-9][a-z0-9-]*", name):
-            raise src.error(table, None, "a slice size is named vxpu-<word> (lowercase, digits, '-')")
+        if not SLICE_NAME.fullmatch(name):
+            reason = "a slice size is named vxpu-<word> (lowercase, digits, '-'; 45 characters at most)"
+            raise src.error(table, None, reason)
         if not isinstance(spec, dict):
             raise src.error(table, None, "expected a table with memory_fraction and compute_pct")
         for key in spec:
@@ -392,6 +510,8 @@ def parse(text: str, path: str = "<string>") -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply (arrays or tables within each other)") from None
     kwargs: dict[str, Any] = {"path": path}
     for table, value in data.items():
         if table == "slices":
@@ -429,7 +549,7 @@ def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | Non
         cfg = Config()
     for name, (section, key) in ENVIRONMENT.items():
         if environ.get(name):
-            cfg = cfg.replace(section, **{key: environ[name]})
+            cfg = checked(cfg, section, key, environ[name], f"environment variable {name}")
             if name == "XPUD_SIMULATE":
                 cfg = cfg.replace("devices", backend="simulated")
     return cfg

@@ -29,13 +29,14 @@ from xpud.defrag import Defragmenter
 from xpud.engine import Engine
 from xpud.errors import XpudError
 from xpud.jobs import Jobs
-from xpud.ledger import Ledger
+from xpud.ledger import Ledger, LedgerDamaged
 from xpud.monitor import HealthMonitor
 from xpud.service import AdminService, Context, NodeService
 
 log = logging.getLogger("xpud")
 
 USER_SOCKET, ADMIN_SOCKET, CRED_SOCKET = "xpud.sock", "admin.sock", "cred.sock"
+LEDGER_DAMAGED_EXIT = 3  # systemd/xpud.service: RestartPreventExitStatus=3
 
 
 class StartupError(Exception):
@@ -149,7 +150,7 @@ class Daemon:
         self.engine = Engine(
             self.hw.cards(), self.hw.topology(), self.cfg, self.ledger, isolation=self._isolation()
         )
-        self.engine.restore()
+        await self.engine.restore()
         self.monitor = HealthMonitor(self.engine, self.hw, self.cfg)
         self.monitor.restore()  # cards that were out before a restart stay out until they clear
         self.defrag = Defragmenter(self.engine, self.cfg)
@@ -209,11 +210,12 @@ class Daemon:
                 os.chown(self.admin_socket, 0, grp.getgrnam(self.cfg.daemon.admin_group).gr_gid)
 
     async def stop(self) -> None:
+        """Stop in the order that keeps NVML safe: no new work (jobs, then requests), the hardware reads
+        in progress return, the event thread ends (it frees its own event set), then NVML shuts down
+        (``Nvml.close`` also waits for any other call, and nothing re-opens it afterwards)."""
         sd_notify("STOPPING=1")
         if self.jobs:
             self.jobs.stop()
-        if self.monitor:
-            self.monitor.stop()
         for s in self.servers:
             await s.stop(grace=0.5)
         if self.cred_server:
@@ -221,10 +223,16 @@ class Daemon:
         for p in (self.user_socket, self.admin_socket, self.cred_socket):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
+        if self.jobs:
+            await self.jobs.drain()
+        if self.monitor:
+            await asyncio.to_thread(self.monitor.stop)  # joins the thread: up to one NVML wait
         if self.ledger:
             self.ledger.close()
-        with contextlib.suppress(Exception):
-            self.hw.close()
+        try:
+            await asyncio.to_thread(self.hw.close)
+        except Exception as e:  # stopping goes on whatever NVML says
+            log.warning("closing NVML: %s", e)
         log.info("xpud stopped; active leases stay in the ledger and are restored at the next start")
 
 
@@ -299,22 +307,23 @@ def main_command(
         raise typer.Exit()
     try:
         cfg = config.load(config_path)
+        if simulate:
+            cfg = config.checked(cfg, "devices", "machine", simulate, "--simulate")
+            cfg = cfg.replace("devices", backend="simulated")
+        if seed is not None:
+            cfg = config.checked(cfg, "devices", "seed", seed, "--seed")
+        if sim_state:
+            cfg = config.checked(cfg, "devices", "sim_state", str(Path(sim_state).absolute()), "--sim-state")
+        if runtime_dir:
+            cfg = config.checked(
+                cfg, "daemon", "runtime_dir", str(Path(runtime_dir).absolute()), "--runtime-dir"
+            )
+        if state_dir:
+            cfg = config.checked(cfg, "daemon", "state_dir", str(Path(state_dir).absolute()), "--state-dir")
+        if log_level:
+            cfg = config.checked(cfg, "daemon", "log_level", log_level, "--log-level")
     except XpudError as e:
         _fail(str(e), 2)
-    if simulate:
-        cfg = cfg.replace("devices", backend="simulated", machine=simulate)
-    if seed is not None:
-        cfg = cfg.replace("devices", seed=seed)
-    if sim_state:
-        cfg = cfg.replace("devices", sim_state=str(Path(sim_state).absolute()))
-    if runtime_dir:
-        cfg = cfg.replace("daemon", runtime_dir=str(Path(runtime_dir).absolute()))
-    if state_dir:
-        cfg = cfg.replace("daemon", state_dir=str(Path(state_dir).absolute()))
-    if log_level:
-        if log_level not in ("debug", "info", "warning", "error"):
-            _fail(f"--log-level {log_level!r}: use debug, info, warning or error", 2)
-        cfg = cfg.replace("daemon", log_level=log_level)
     ctx.obj = cfg
     if ctx.invoked_subcommand:
         return
@@ -324,6 +333,8 @@ def main_command(
         asyncio.run(run_daemon(cfg, hw, fake))
     except StartupError as e:
         _fail(str(e))
+    except LedgerDamaged as e:  # not restarted by systemd (RestartPreventExitStatus): an operator decides
+        _fail(str(e), LEDGER_DAMAGED_EXIT)
     except XpudError as e:
         _fail(str(e))
     except PermissionError as e:
@@ -354,6 +365,71 @@ def check_hardware_command(
         lib, as_json=as_json, slices=cfg.slices, profile_map=cfg.cards.mig_profiles_file or None
     )
     raise typer.Exit(code)
+
+
+@app.command("install-service")
+def install_service_command(
+    root: Annotated[
+        str, typer.Option(help="Write everything under this directory (an image, a test).")
+    ] = "/",
+    prefix: Annotated[
+        str | None,
+        typer.Option(
+            help="Installation prefix on the target: the unit runs PREFIX/bin/xpud (default: this xpud)."
+        ),
+    ] = None,
+    no_start: Annotated[
+        bool, typer.Option("--no-start", help="Write the files; enable and start nothing.")
+    ] = False,
+) -> None:
+    """Install the systemd unit, the admin group's sysusers entry and a default config; enable and start."""
+    from xpud.install import install
+
+    try:
+        report = install(Path(root), prefix, start=not no_start)
+    except XpudError as e:
+        _fail(str(e))
+    typer.echo("\n".join(report.lines))
+    typer.echo("changed" if report.changed else "nothing to change")
+
+
+@app.command("uninstall-service")
+def uninstall_service_command(
+    root: Annotated[str, typer.Option(help="The directory install-service wrote under.")] = "/",
+) -> None:
+    """Stop and disable the unit and remove what install-service wrote (edited files stay)."""
+    from xpud.install import uninstall
+
+    try:
+        report = uninstall(Path(root))
+    except XpudError as e:
+        _fail(str(e))
+    typer.echo("\n".join(report.lines))
+
+
+@app.command("doctor")
+def doctor_command(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+    root: Annotated[str, typer.Option(help="Where the unit and the group database are (an image).")] = "/",
+    simulate: Annotated[
+        str | None, typer.Option(help="Check a simulated machine instead of the driver.", metavar="MACHINE")
+    ] = None,
+) -> None:
+    """Check the host before it goes live: driver, MIG, persistence, MPS, admin group, sockets, unit."""
+    import json
+
+    from xpud import doctor
+
+    cfg = ctx.obj or config.Config()
+    if simulate:
+        cfg = cfg.replace("devices", backend="simulated", machine=simulate)
+    try:
+        checks = doctor.run_checks(cfg, doctor.host_for(cfg, Path(root)))
+    except XpudError as e:
+        _fail(str(e))
+    typer.echo(json.dumps(doctor.as_json(checks), indent=2) if as_json else doctor.render(checks))
+    raise typer.Exit(doctor.exit_code(checks))
 
 
 def main() -> None:

@@ -185,6 +185,8 @@ class Books:
                 return f"it holds card {i} (a move never targets its own cards)"
             if not c.usable:
                 return f"card {i} is drained or unhealthy"
+            if i in e.busy_cards():  # its backend is at work: not to be read now
+                return f"card {i} is busy being reconfigured"
             if lease.mode is Mode.XPU:
                 if self.busy(i):
                     return f"card {i} is not idle"
@@ -200,7 +202,9 @@ class Books:
             kind = e.isolation_name(i)
             if kind in BOOKS_ONLY and i in self.changed:  # its backend can only judge the card as it is
                 return f"card {i}'s {kind} layout changes earlier in this plan (tried at the next run)"
-            spec = e.cfg.slices[lease.mode.value]
+            spec = e.cfg.slices.get(lease.mode.value)
+            if spec is None:  # a restored lease of a size the config no longer has
+                return f"{lease.mode} is no longer a slice size in the config"
             if not e._backends[i].fits(c.info, list(self.slices[i].values()), spec, lease.owner_uid):
                 return f"the {kind} backend has no room for {lease.mode} on card {i}"
         return ""
@@ -379,19 +383,19 @@ class Defragmenter:
             if why:
                 reasons[why] = reasons.get(why, 0) + 1
         movable = active - sum(reasons.values())
-        if not movable:
+        notes: list[str] = []
+        if not movable:  # nothing to do is a result, not an error
             detail = "; ".join(f"{n} {why}" for why, n in sorted(reasons.items())) or "no active leases"
-            raise Conflict(
+            notes.append(
                 f"nothing restartable to move: {active} active lease(s) ({detail}); jobs started with "
                 "`xpu run --restartable` may be moved"
             )
-        if budget == 0:
+        elif budget == 0:
             need = math.ceil(100 / active)
-            raise BadRequest(
+            notes.append(
                 f"a move budget of {pct:g} % of {active} active lease(s) allows no move (it rounds down); "
                 f"give --move-budget {need} or more"
             )
-        notes: list[str] = []
 
         def result(moves=(), after=None, cost=0.0, target=()) -> DefragPlan:
             before = free_cards(e.topology, Books(e).idle_whole())
@@ -409,6 +413,8 @@ class Defragmenter:
                 tuple(notes),
             )
 
+        if notes:
+            return result()
         if gpus and best_group(e.topology, list(Books(e).idle_whole()), gpus):
             notes.append(f"{gpus} whole card(s) are free already: nothing to move")
             return result()
@@ -495,11 +501,11 @@ class Defragmenter:
             for wave in sorted({m.wave for m in plan.moves}):
                 todo = [o for o in outcomes if o.move.wave == wave]
                 for o in todo:
-                    self._start(o, reason)
+                    await self._start(o, reason)
                 if started:
                     started.set()
                 await self._settle(todo)
-            self._whole_again(plan, who)
+            await self._whole_again(plan, who)
             done = sum(o.state == "done" for o in outcomes)
             rest = ", ".join(f"{o.move.lease_id} {o.state}" for o in outcomes if o.state != "done")
             idle = len(Books(e).idle_whole())
@@ -514,11 +520,11 @@ class Defragmenter:
             if started:
                 started.set()
 
-    def _whole_again(self, plan: DefragPlan, who: str) -> None:
+    async def _whole_again(self, plan: DefragPlan, who: str) -> None:
         """The cards the plan freed go back to whole mode (unless something took them meanwhile)."""
         for i in sorted(set(plan.after.idle) - set(plan.before.idle)):
             try:
-                self.engine.to_whole(i, f"freed by defrag ({who})")
+                await self.engine.to_whole(i, f"freed by defrag ({who})")
             except Exception as err:  # it stays sliced and idle; a whole-card grant tries again
                 log.error("card %d: switching back to whole after defrag failed: %s", i, err)
 
@@ -526,7 +532,7 @@ class Defragmenter:
         if self.running:
             raise Conflict(f"a defragmentation is moving jobs already ({self.running}); wait for it")
 
-    def _start(self, o: MoveOutcome, reason: str) -> None:
+    async def _start(self, o: MoveOutcome, reason: str) -> None:
         lease = self.engine.leases.get(o.move.lease_id)
         if lease is None:
             o.state, o.detail = "skipped", "the lease ended"
@@ -534,7 +540,7 @@ class Defragmenter:
             o.state, o.detail = "skipped", "it moved since the plan was made"
         else:
             try:
-                self.engine.move(lease.id, reason, to=o.move.dst)
+                await self.engine.move(lease.id, reason, to=o.move.dst)
                 o.state = "moving"
             except XpudError as err:  # the engine checks again: room taken since the plan, holder gone
                 o.state, o.detail = "failed", str(err)

@@ -1,24 +1,37 @@
 """The scheduler's state machine: cards and their modes, leases, the wait queue.
 
-Everything runs on the daemon's asyncio loop, so no locks. Each change is committed to the ledger
-before the method returns (and so before the service replies). Placement decisions come from the pure
-functions in ``xpud.placement``; slice preparation from the card's isolation backend.
+It lives on the daemon's asyncio loop, and nothing in it blocks the loop:
+
+- Ledger first. A release, eviction, reclaim, move or card-state change is committed to the ledger before
+  anything is freed or changed on the hardware; a grant prepares its slice, commits, and only then is
+  the lease anyone's (a failed commit tears the prepared slice down again). A commit that fails (ledger
+  locked by another process, file system full) changes nothing in memory or on the hardware, and the
+  caller gets ``LedgerUnavailable`` (UNAVAILABLE: retry).
+- Isolation backend calls (MIG create/destroy, mode switches and resets, MPS control commands) run in
+  worker threads. A card with backend work in flight is *busy*: placement leaves it out and its backend
+  is touched by nobody else until the work ends; other cards keep serving. In-memory reservations (a
+  slice or a whole card marked held) are made before any await, so interleaved requests never pick the
+  same room, and undone when the step fails.
+
+Placement decisions come from the pure functions in ``xpud.placement``; slice preparation from the card's
+isolation backend.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from xpud.config import Config
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound
 from xpud.hw.topology import Topology
 from xpud.isolation.base import Accounting, Held, Isolation, used_shares
-from xpud.ledger import CardRecord, EventRecord, Ledger
+from xpud.ledger import CardRecord, EventRecord, Ledger, LedgerUnavailable, Op
 from xpud.model import (
     Caller,
     CardInfo,
@@ -38,6 +51,9 @@ from xpud.placement.host import CardCapacity, best_group, choose_slice_card
 from xpud.waitlist import Waitlist
 
 log = logging.getLogger("xpud.engine")
+
+TIDY_INTERVAL_S = 1.0  # isolation upkeep (MIG instances kept idle past [cards] mig_idle_keep_s)
+BUSY_WAIT_S = 10.0  # how long a request with no --wait waits for busy cards before it is refused
 
 
 @dataclass
@@ -101,9 +117,16 @@ class Engine:
         self._lease_streams: dict[str, set[asyncio.Queue]] = {}
         self._watchers: set[asyncio.Queue] = set()
         self.moves = Moves(self)
+        self._busy: set[int] = set()  # cards with backend work in flight
+        self._freed: list[asyncio.Future] = []  # woken when a busy card is free again
+        self._ending: set[str] = set()  # leases whose end is being committed
+        self._granting: set = set()  # waiters whose grant is under way
+        self._tasks: set[asyncio.Task] = set()
+        self._pump_scheduled = False
+        self._next_tidy = 0.0
 
     # ------------------------------------------------------------------ restore and views
-    def restore(self) -> list[Lease]:
+    async def restore(self) -> list[Lease]:
         """Rebuild state from the ledger (after a start or crash). Returns the active leases."""
         records = self.ledger.cards()
         by_uuid = {c.info.uuid: c for c in self.cards.values()}
@@ -117,12 +140,9 @@ class Engine:
         for lease in self.ledger.active_leases():
             missing = [u for u in lease.card_uuids if u not in by_uuid]
             if missing:
-                self.ledger.end_lease(lease.id, LeaseState.RECLAIMED, f"card {missing[0]} is gone")
-                self.event(
-                    "reclaim",
-                    f"lease {lease.id} reclaimed at start-up: card {missing[0]} is gone",
-                    lease_id=lease.id,
-                )
+                why = f"card {missing[0]} is gone"
+                if await self._try_write(self.ledger.end_lease_op(lease.id, LeaseState.RECLAIMED, why)):
+                    self.event("reclaim", f"lease {lease.id} reclaimed at start-up: {why}", lease_id=lease.id)
                 continue
             # Card indices can change across reboots: trust UUIDs.
             indices = tuple(by_uuid[u].info.index for u in lease.card_uuids)
@@ -142,7 +162,7 @@ class Engine:
             restored.append(lease)
         if restored:
             self.event("restore", f"restored {len(restored)} active lease(s) from the ledger")
-        self._reconcile()
+        await self._reconcile()
         return [lease for lease in restored if lease.id in self.leases]
 
     def serving(self) -> None:
@@ -152,27 +172,93 @@ class Engine:
         for lid in self.restored_unheld & set(self.unheld_since):
             self.unheld_since[lid] = now
 
-    def _reconcile(self) -> None:
+    async def _reconcile(self) -> None:
         """Compare each card's isolation on the hardware (MIG instances, MPS daemons) with the ledger:
         the backend adopts what matches and cleans up orphans; leases whose slice is gone are reclaimed."""
         lost: dict[str, str] = {}
         for i, c in sorted(self.cards.items()):
             held = [Held(lid, self.leases[lid].owner_uid, s) for lid, s in sorted(c.slices.items())]
+            await self._wait_claim([i])
             try:
-                found = self._backends[i].reconcile(c.info, c.mode, held)
+                found = await self._hw(self._backends[i].reconcile, c.info, c.mode, held)
             except Exception as e:  # one card's trouble must not stop the daemon: say so and go on
                 log.exception("reconciling card %d failed", i)
                 self.event("error", f"card {i}: reconciling its isolation failed: {e}", card=i)
                 continue
+            finally:
+                self._unclaim([i])
             for note in found.notes:
                 self.event("reconcile", note, card=i)
             for lid in found.lost:
                 lost[lid] = f"its slice on card {i} is gone from the hardware (found at start-up)"
             if c.whole_lease is None and found.mode is not c.mode and not set(c.slices) - set(found.lost):
-                c.mode = found.mode
-                self.ledger.save_card(c.record())
+                c.mode = found.mode  # the hardware's mode (recorded when the ledger can take it)
+                await self._try_write(self.ledger.save_card_op(c.record()))
         for lid, why in lost.items():
-            self.reclaim(lid, why)
+            try:
+                await self.reclaim(lid, why)
+            except LedgerUnavailable as e:  # the reaper tries again after the grace period
+                log.error("lease %s: %s", lid, e)
+
+    async def _try_write(self, *ops: Op) -> bool:
+        """Commit ``ops``; on failure log it and return False (for work that is retried later)."""
+        try:
+            await self.ledger.write(*ops)
+            return True
+        except LedgerUnavailable as e:
+            log.error("%s", e)
+            return False
+
+    # ------------------------------------------------------------------ busy cards, backend calls
+    def _claim(self, cards: Iterable[int]) -> None:
+        """Mark free cards busy (call right after choosing them: no await in between)."""
+        cards = list(cards)
+        assert not self._busy.intersection(cards), f"cards {cards} are busy"
+        self._busy.update(cards)
+
+    def _unclaim(self, cards: Iterable[int]) -> None:
+        self._busy.difference_update(cards)
+        waiters, self._freed = self._freed, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+        self._pump_soon()
+
+    async def _card_freed(self) -> None:
+        """Wait until some busy card is free again."""
+        f = asyncio.get_running_loop().create_future()
+        self._freed.append(f)
+        await f
+
+    async def _wait_claim(self, cards: Iterable[int]) -> None:
+        """Wait until none of ``cards`` is busy, then claim them."""
+        cards = list(cards)
+        while self._busy.intersection(cards):
+            await self._card_freed()
+        self._claim(cards)
+
+    async def _hw(self, fn: Callable, *args):
+        """Run a backend call off the loop (the caller holds the card's claim); bookkeeping-only backends
+        run inline."""
+        if isinstance(getattr(fn, "__self__", None), Accounting):
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
+
+    def _spawn(self, coro: Awaitable, what: str) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("%s failed: %s", what, t.exception())
+
+        task.add_done_callback(done)
+        return task
+
+    def busy_cards(self) -> set[int]:
+        """Cards with backend work in flight (left out of placement until it ends)."""
+        return set(self._busy)
 
     def card_views(self) -> list[CardView]:
         return [self._view(c) for c in sorted(self.cards.values(), key=lambda c: c.info.index)]
@@ -249,13 +335,41 @@ class Engine:
                 "use --gpus 1 or --mode xpu"
             )
         elif req.mode.value not in self.cfg.slices:
-            raise BadRequest(f"mode {req.mode}: no such slice size in the config")
+            sizes = ", ".join(["xpu", *self.cfg.slices])
+            raise BadRequest(f"mode {req.mode!r}: no such slice size in the config; use one of {sizes}")
         cap = self.cfg.leases.max_priority
         if not -cap <= req.priority <= cap:
             raise BadRequest(f"priority {req.priority} is outside -{cap}..{cap}")
         if not 0 <= req.wait_s <= self.cfg.leases.max_wait_s:
             raise BadRequest(f"--wait {req.wait_s:g}: must be 0..{self.cfg.leases.max_wait_s:g} seconds")
+        top = self.cfg.limits.max_user_priority
+        if not req.exempt and req.priority > top:
+            raise Forbidden(
+                f"priority {req.priority}: uid {req.owner_uid} may ask for {top} at most "
+                "([limits] max_user_priority; operators may go higher)"
+            )
         return req
+
+    def _check_limits(self, req: Request, queueing: bool) -> None:
+        """Per-uid caps of [limits] (operators and exempt groups pass). Raises NoCapacity naming the key."""
+        lim = self.cfg.limits
+        if req.exempt:
+            return
+        uid = req.owner_uid
+        queued = sum(1 for w in self.waitlist.in_order() if w.request.owner_uid == uid)
+        if queueing:
+            if lim.max_queued_per_uid and queued >= lim.max_queued_per_uid:
+                raise NoCapacity(
+                    f"uid {uid} has {queued} request(s) in the queue, the most [limits] max_queued_per_uid "
+                    f"({lim.max_queued_per_uid}) allows: wait for one to be granted or stop one"
+                )
+            return
+        held = sum(1 for lease in self.leases.values() if lease.owner_uid == uid)
+        if lim.max_leases_per_uid and held + queued >= lim.max_leases_per_uid:
+            raise NoCapacity(
+                f"uid {uid} has {held} lease(s) and {queued} queued request(s), the most [limits] "
+                f"max_leases_per_uid ({lim.max_leases_per_uid}) allows: release a lease first"
+            )
 
     def _capacity(self, c: CardState, avoid_extra: bool = False) -> CardCapacity:
         mem, pct = used_shares(list(c.slices.values()), c.info, self._reserved(c.info))
@@ -277,7 +391,7 @@ class Engine:
     def _whole_candidates(self, keep_whole_only: bool, exclude: frozenset[int] = frozenset()) -> list[int]:
         out = []
         for c in self.cards.values():
-            if not (c.usable and c.idle) or c.info.index in exclude:
+            if not (c.usable and c.idle) or c.info.index in exclude or c.info.index in self._busy:
                 continue
             if c.mode is CardMode.SLICED and (c.pinned or keep_whole_only):
                 continue
@@ -315,6 +429,7 @@ class Engine:
             feasible = (
                 c.usable
                 and c.info.index not in exclude
+                and c.info.index not in self._busy  # its backend is at work: not to be read now
                 and convertible
                 and self._backends[c.info.index].fits(c.info, list(c.slices.values()), spec, req.owner_uid)
             )
@@ -335,14 +450,98 @@ class Engine:
 
     # ------------------------------------------------------------------ grant
     def _new_id(self) -> str:
-        taken = self.leases.keys() | self.ledger.lease_ids()
+        taken = self.ledger.lease_ids()  # every id in the ledger and every one being inserted
         while True:
             lid = secrets.token_hex(4)
-            if lid not in taken:
+            if lid not in taken and lid not in self.leases:
                 return lid
 
-    def _grant(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
+    async def _place(
+        self, lease_id: str, mode: Mode, cards: tuple[int, ...], owner_uid: int
+    ) -> tuple[tuple[Slice, ...], dict[str, str], list[int]]:
+        """Bring claimed ``cards`` into the mode ``mode`` needs and prepare its slice, then reserve them for
+        ``lease_id`` in memory (whole card marked held, or the slice added). Returns (slices, environment,
+        cards whose mode was switched). On failure everything is undone and the error raised."""
+        want = CardMode.WHOLE if mode is Mode.XPU else CardMode.SLICED
+        switched: list[int] = []
+        try:
+            for i in cards:
+                c = self.cards[i]
+                if c.mode is not want:  # idle: MIG on/off, MPS started/stopped
+                    backend = self._backends[i]
+                    await self._hw(
+                        backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info
+                    )
+                    c.mode = want
+                    switched.append(i)
+            if mode is Mode.XPU:
+                env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cards[i].info.uuid for i in cards)}
+                for i in cards:
+                    self.cards[i].whole_lease = lease_id
+                return (), env, switched
+            c = self.cards[cards[0]]
+            spec = self.cfg.slices[mode.value]
+            held = list(c.slices.values())
+            s, env = await self._hw(
+                self._backends[c.info.index].prepare, c.info, held, spec, lease_id, owner_uid
+            )
+            c.slices[lease_id] = s
+            return (s,), env, switched
+        except BaseException:
+            await self._switch_back(switched, "after a failed placement")
+            raise
+
+    async def _switch_back(self, switched: list[int], why: str) -> None:
+        """Undo the mode switches of ``_place`` (cards claimed by the caller); idle cards only."""
+        for i in switched:
+            c = self.cards[i]
+            if not c.idle:
+                continue
+            back = CardMode.WHOLE if c.mode is CardMode.SLICED else CardMode.SLICED
+            backend = self._backends[i]
+            try:
+                await self._hw(
+                    backend.enter_sliced if back is CardMode.SLICED else backend.leave_sliced, c.info
+                )
+                c.mode = back
+            except Exception as e:
+                log.error("card %d: switching back to %s %s failed: %s", i, back, why, e)
+
+    async def _unplace(
+        self, lease_id: str, cards: tuple[int, ...], slices: tuple[Slice, ...], switched: list[int]
+    ) -> None:
+        """Undo ``_place`` after a failed commit: tear the slice down, switch the cards back."""
+        await self._wait_claim(cards)
+        try:
+            await self._free(lease_id, cards, slices)
+            await self._switch_back(switched, "after a failed commit")
+        finally:
+            self._unclaim(cards)
+
+    async def _free(self, lease_id: str, cards: Iterable[int], slices: tuple[Slice, ...]) -> None:
+        """Tear down ``slices`` and drop ``lease_id``'s hold on ``cards`` in memory (claims held by the
+        caller). A teardown failure is logged loudly, never raised: the ledger has moved on already."""
+        for s in slices:
+            card = self.cards[s.card_index]
+            try:
+                await self._hw(self._backends[s.card_index].teardown, card.info, s)
+            except Exception as e:
+                log.error("teardown of %s on card %d failed: %s", lease_id, s.card_index, e)
+                self.event("error", f"teardown of lease {lease_id} failed: {e}", card=s.card_index)
+        for i in cards:
+            c = self.cards[i]
+            if c.whole_lease == lease_id:
+                c.whole_lease = None
+            c.slices.pop(lease_id, None)
+
+    async def _grant(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
+        """Grant ``req`` on ``cards`` (claimed by the caller, unclaimed here): prepare, commit, then it is
+        the caller's. A failed commit undoes the preparation."""
         lease_id, token = self._new_id(), secrets.token_urlsafe(24)
+        try:
+            slices, env, switched = await self._place(lease_id, req.mode, cards, req.owner_uid)
+        finally:
+            self._unclaim(cards)
         infos = [self.cards[i].info for i in cards]
         base_env = {
             "XPU_LEASE_ID": lease_id,
@@ -350,29 +549,6 @@ class Engine:
             "XPU_RESTART_COUNT": "0",
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         }
-        slices: tuple[Slice, ...] = ()
-        if req.mode is Mode.XPU:
-            for i in cards:  # an idle sliced card goes back to whole: MIG off, MPS stopped
-                if self.cards[i].mode is CardMode.SLICED:
-                    self._backends[i].leave_sliced(self.cards[i].info)
-            env = {"CUDA_VISIBLE_DEVICES": ",".join(c.uuid for c in infos)}
-        else:
-            card = self.cards[cards[0]]
-            spec = self.cfg.slices[req.mode.value]
-            backend = self._backends[card.info.index]
-            entered = card.mode is CardMode.WHOLE
-            if entered:
-                backend.enter_sliced(card.info)
-            try:
-                s, env = backend.prepare(card.info, list(card.slices.values()), spec, lease_id, req.owner_uid)
-            except Exception:
-                if entered:  # leave the card as it was, so the engine's mode stays true
-                    try:
-                        backend.leave_sliced(card.info)
-                    except Exception as e:
-                        log.error("card %d: switching back after a failed slice: %s", card.info.index, e)
-                raise
-            slices = (s,)
         lease = Lease(
             id=lease_id,
             mode=req.mode,
@@ -387,25 +563,17 @@ class Engine:
             command=req.command[:500],
             created=self.clock(),
         )
+        ops = [self.ledger.insert_lease_op(lease, token)]
+        ops += [self.ledger.save_card_op(self.cards[i].record()) for i in switched]
         try:
-            self.ledger.insert_lease(lease, token)  # committed before anyone is told
-        except Exception:
-            for s in slices:
-                self._backends[s.card_index].teardown(self.cards[s.card_index].info, s)
+            await self.ledger.write(*ops)  # committed before anyone is told
+        except BaseException:
+            await self._unplace(lease_id, cards, slices, switched)
             raise
         self.leases[lease_id] = lease
         self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
-        for i in cards:
-            c = self.cards[i]
-            want = CardMode.WHOLE if req.mode is Mode.XPU else CardMode.SLICED
-            if c.mode is not want:
-                c.mode = want
-                self.ledger.save_card(c.record())
-                self.event("mode", f"card {i} switched to {want} for lease {lease_id}", card=i)
-            if req.mode is Mode.XPU:
-                c.whole_lease = lease_id
-            else:
-                c.slices[lease_id] = slices[0]
+        for i in switched:
+            self.event("mode", f"card {i} switched to {self.cards[i].mode} for lease {lease_id}", card=i)
         where = ",".join(map(str, cards))
         self.event(
             "grant",
@@ -415,30 +583,58 @@ class Engine:
         )
         return lease, token
 
-    def try_grant(self, req: Request) -> tuple[Lease, str] | None:
-        """Grant now if the request fits without jumping the queue; None otherwise."""
+    async def try_grant(
+        self, req: Request, wait_busy_s: float = BUSY_WAIT_S, queued: bool = False
+    ) -> tuple[Lease, str] | None:
+        """Grant now if the request fits without jumping the queue; None otherwise. While some cards are
+        busy, a request that fits on none of the others, or only by switching a card's mode, waits up to
+        ``wait_busy_s`` for them first (the busy card may be the one it belongs on: packing and
+        hysteresis stay as they are when requests come one at a time). With ``queued`` (the request may
+        wait in the queue) it says None at once instead: ``pump`` places it when the cards are free."""
         self.validate(req)
-        blocked_whole = any(
-            w.request.mode is Mode.XPU and w.request.priority >= req.priority
-            for w in self.waitlist.in_order()
-        )
-        cards = self._fit(req, reserve_whole=blocked_whole)
-        return None if cards is None else self._grant(req, cards)
+        deadline = time.monotonic() + wait_busy_s
+        while True:
+            blocked_whole = any(
+                w.request.mode is Mode.XPU and w.request.priority >= req.priority
+                for w in self.waitlist.in_order()
+            )
+            cards = self._fit(req, reserve_whole=blocked_whole)
+            left = deadline - time.monotonic()
+            if cards is not None and self._busy and self._switches(req, cards) and queued:
+                return None
+            if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
+                self._claim(cards)
+                return await self._grant(req, cards)
+            if not self._busy or left <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._card_freed(), left)
+
+    def _switches(self, req: Request, cards: tuple[int, ...]) -> bool:
+        """Whether granting ``req`` on ``cards`` switches a card's mode."""
+        want = CardMode.WHOLE if req.mode is Mode.XPU else CardMode.SLICED
+        return any(self.cards[i].mode is not want for i in cards)
 
     async def acquire(
         self, req: Request, on_position: Callable[[QueuedRequest, int], None] | None = None
     ) -> tuple[Lease, str]:
-        """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry."""
-        granted = self.try_grant(req)
+        """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry or
+        when the caller is at a [limits] cap."""
+        self._check_limits(req, queueing=False)
+        granted = await self.try_grant(req, BUSY_WAIT_S, queued=req.wait_s > 0)
         if granted:
             return granted
         if req.wait_s <= 0:
             raise NoCapacity(self._why_not(req) + "; add --wait SECONDS to queue for it")
+        self._check_limits(req, queueing=True)
         w = self.waitlist.add(req, self.clock(), on_position)
         self._changed()
+        self._pump_soon()  # a card may have been freed while this request was being placed
         try:
             return await asyncio.wait_for(asyncio.shield(w.future), timeout=max(w.deadline - self.clock(), 0))
         except TimeoutError:
+            if w in self._granting:
+                return await asyncio.shield(w.future)  # its grant is under way: let it finish
             if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
                 return w.future.result()  # granted in the same instant the wait ran out
             raise NoCapacity(f"waited {req.wait_s:g} s: {self._why_not(req)}") from None
@@ -452,13 +648,17 @@ class Engine:
         usable = [c for c in self.cards.values() if c.usable]
         if req.mode is Mode.XPU:
             free = len(self._whole_candidates(False))
+            busy = f", {len(self._busy)} busy being reconfigured" if self._busy else ""
             return (
                 f"{req.gpus} whole card(s) asked, {free} free of {len(usable)} usable "
-                f"({len(self.cards) - len(usable)} drained or unhealthy)"
+                f"({len(self.cards) - len(usable)} drained or unhealthy{busy})"
             )
         spec = self.cfg.slices.get(req.mode.value)
         reasons = []
         for c in usable:
+            if c.info.index in self._busy:
+                reasons.append(f"card {c.info.index} is busy being reconfigured")
+                continue
             why = spec and self._backends[c.info.index].why_not(
                 c.info, list(c.slices.values()), spec, req.owner_uid
             )
@@ -467,26 +667,58 @@ class Engine:
         detail = f"; {'; '.join(reasons[:3])}" if reasons else ""
         return f"no card has room for a {req.mode} slice ({len(usable)} usable card(s), see `xpu ls`){detail}"
 
+    def _pump_soon(self) -> None:
+        """Pump the queue at the loop's next turn (once, however many ask)."""
+        if self._pump_scheduled or not self.waitlist.in_order():
+            return
+        self._pump_scheduled = True
+
+        def run() -> None:
+            self._pump_scheduled = False
+            self.pump()
+
+        asyncio.get_running_loop().call_soon(run)
+
     def pump(self) -> None:
         """Grant waiting requests that now fit, in priority order (FIFO within a priority).
 
         A whole-card request that does not fit reserves the idle whole cards: requests behind it may
-        still use free room on sliced cards, so small work flows without starving large work.
+        still use free room on sliced cards, so small work flows without starving large work. The grants
+        run as tasks (their cards claimed now, so the next waiter's placement already leaves them out).
         """
         reserve = False
         for w in self.waitlist.in_order():
             if w.future.done():
                 continue
             cards = self._fit(w.request, reserve_whole=reserve)
+            switches = cards is not None and self._busy and self._switches(w.request, cards)
+            if switches and self.clock() - w.enqueued < BUSY_WAIT_S:
+                cards = None  # a busy card may be where it belongs: look again when it is free
             if cards is None:
                 if w.request.mode is Mode.XPU:
                     reserve = True
                 continue
-            try:
-                w.future.set_result(self._grant(w.request, cards))
-            except Exception as e:  # the caller gets the error; the queue goes on
-                w.future.set_exception(e)
+            self._claim(cards)
             self.waitlist.remove(w)
+            self._granting.add(w)
+            self._spawn(self._grant_waiter(w, cards), f"granting queued request {w.ticket}")
+
+    async def _grant_waiter(self, w, cards: tuple[int, ...]) -> None:
+        try:
+            got = await self._grant(w.request, cards)
+        except Exception as e:  # the caller gets the error; the queue goes on
+            if not w.future.done():
+                w.future.set_exception(e)
+            return
+        finally:
+            self._granting.discard(w)
+        if w.future.done():  # the requester went away while it was being granted
+            try:
+                await self._end(got[0], LeaseState.RECLAIMED, "its requester went away before the grant")
+            except LedgerUnavailable as e:  # not held: the reaper takes it after the grace period
+                log.error("lease %s: %s", got[0].id, e)
+            return
+        w.future.set_result(got)
 
     # ------------------------------------------------------------------ release
     def check_authority(self, lease: Lease, caller: Caller, token: str) -> None:
@@ -502,38 +734,37 @@ class Engine:
             "token), that user or an operator may act on it"
         )
 
-    def release(self, lease_id: str, caller: Caller, token: str = "") -> Lease:
+    async def release(self, lease_id: str, caller: Caller, token: str = "") -> Lease:
         lease = self.resolve_lease(lease_id)
         self.check_authority(lease, caller, token)
-        return self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}")
+        return await self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}")
 
-    def evict(self, lease_id: str, reason: str = "") -> Lease:
+    async def evict(self, lease_id: str, reason: str = "") -> Lease:
         lease = self.resolve_lease(lease_id)
-        self._notify(lease, "revoke", f"evicted by an operator: {reason or 'no reason given'}")
-        return self._end(lease, LeaseState.EVICTED, reason or "evicted by an operator")
+        why = f"evicted by an operator: {reason or 'no reason given'}"
+        return await self._end(lease, LeaseState.EVICTED, reason or "evicted by an operator", revoke=why)
 
-    def reclaim(self, lease_id: str, reason: str) -> Lease | None:
+    async def reclaim(self, lease_id: str, reason: str) -> Lease | None:
         lease = self.leases.get(lease_id)
-        return self._end(lease, LeaseState.RECLAIMED, reason) if lease else None
+        if lease is None or lease_id in self._ending:
+            return None
+        return await self._end(lease, LeaseState.RECLAIMED, reason)
 
-    def _end(self, lease: Lease, state: LeaseState, reason: str) -> Lease:
-        self.moves.forget(lease.id)  # a move in flight: free what it reserved
-        for s in lease.slices:
-            card = self.cards[s.card_index]
-            try:
-                self._backends[s.card_index].teardown(card.info, s)
-            except Exception as e:  # never lose the release over a teardown failure: log it loudly
-                log.error("teardown of %s on card %d failed: %s", lease.id, s.card_index, e)
-                self.event("error", f"teardown of lease {lease.id} failed: {e}", card=s.card_index)
-        self.ledger.end_lease(lease.id, state, reason, self.clock())
-        del self.leases[lease.id]
+    async def _end(self, lease: Lease, state: LeaseState, reason: str, revoke: str = "") -> Lease:
+        """End a lease: commit it, then tell its holder, then free its cards (tear slices down)."""
+        if lease.id in self._ending:
+            raise NotFound(f"lease {lease.id} is being released already")
+        self._ending.add(lease.id)
+        try:
+            await self.ledger.write(self.ledger.end_lease_op(lease.id, state, reason, self.clock()))
+        finally:
+            self._ending.discard(lease.id)
+        # Committed: the lease is over. What it held is freed below, after its teardown.
+        self.leases.pop(lease.id, None)
         self.unheld_since.pop(lease.id, None)
-        for i in lease.cards:
-            c = self.cards[i]
-            if c.whole_lease == lease.id:
-                c.whole_lease = None
-            c.slices.pop(lease.id, None)
         ended = replace(lease, state=state)
+        if revoke:
+            self._notify(lease, "revoke", revoke)
         self._notify(ended, "released", reason)
         self.event(
             _EVENT_KIND[state],
@@ -541,6 +772,12 @@ class Engine:
             lease_id=lease.id,
             card=lease.cards[0] if len(lease.cards) == 1 else -1,
         )
+        await self.moves.forget(lease.id)  # a move in flight: free what it reserved
+        await self._wait_claim(lease.cards)
+        try:
+            await self._free(lease.id, lease.cards, lease.slices)
+        finally:
+            self._unclaim(lease.cards)
         self.pump()
         return ended
 
@@ -565,10 +802,10 @@ class Engine:
             self.unheld_since[lease_id] = self.clock()
         self._changed()
 
-    def reap(self) -> list[Lease]:
+    async def reap(self) -> list[Lease]:
         """Reclaim leases whose holder has been gone longer than the grace period; expire waiters."""
         now, leases = self.clock(), self.cfg.leases
-        self.moves.expire(now)
+        await self.moves.expire(now)
         out = []
         for lid, since in list(self.unheld_since.items()):
             # A holder cut off by a daemon restart reconnects with backoff: it gets the longer grace.
@@ -576,21 +813,39 @@ class Engine:
                 max(leases.grace_s, leases.restore_grace_s) if lid in self.restored_unheld else leases.grace_s
             )
             if now - since >= grace and lid in self.leases:
-                out.append(self.reclaim(lid, f"holder gone for {now - since:.1f} s (grace {grace:g} s)"))
+                try:
+                    out.append(
+                        await self.reclaim(lid, f"holder gone for {now - since:.1f} s (grace {grace:g} s)")
+                    )
+                except LedgerUnavailable as e:  # tried again at the next run
+                    log.error("reclaiming lease %s: %s", lid, e)
         self._tidy_isolation()
         return [x for x in out if x]
 
     def _tidy_isolation(self) -> None:
-        """Backend upkeep (idle MIG instances kept too long, instances freed by their processes)."""
-        freed = False
-        for i, backend in self._backends.items():
-            try:
-                for note in backend.tidy(time.monotonic()):
-                    log.info("%s", note)
-                    freed = True
-            except Exception:
-                log.exception("isolation upkeep on card %d failed", i)
-        if freed:
+        """Backend upkeep (idle MIG instances kept too long, instances freed by their processes), off the
+        loop, on the cards that are not busy, at most once a TIDY_INTERVAL_S."""
+        now = time.monotonic()
+        if now < self._next_tidy:
+            return
+        self._next_tidy = now + TIDY_INTERVAL_S
+        for i in sorted(self._backends):
+            if i in self._busy or isinstance(self._backends[i], Accounting):
+                continue
+            self._claim([i])
+            self._spawn(self._tidy(i), f"isolation upkeep on card {i}")
+
+    async def _tidy(self, i: int) -> None:
+        try:
+            notes = await self._hw(self._backends[i].tidy, time.monotonic())
+        except Exception:
+            log.exception("isolation upkeep on card %d failed", i)
+            notes = []
+        finally:
+            self._unclaim([i])
+        for note in notes:
+            log.info("%s", note)
+        if notes:
             self.pump()
 
     def _notify(self, lease: Lease, kind: str, message: str) -> None:
@@ -601,17 +856,20 @@ class Engine:
             self._lease_streams.pop(lease.id, None)
 
     # ------------------------------------------------------------------ operator actions
-    def drain(self, selector: str, reason: str = "") -> CardView:
+    async def drain(self, selector: str, reason: str = "") -> CardView:
         c = self.resolve_card(selector)
-        c.drained, c.drain_reason = True, reason or "drained by an operator"
-        self.ledger.save_card(c.record())
+        reason = reason or "drained by an operator"
+        await self.ledger.write(
+            self.ledger.save_card_op(replace(c.record(), drained=True, drain_reason=reason))
+        )
+        c.drained, c.drain_reason = True, reason
         self.event("drain", f"card {c.info.index} drained: {c.drain_reason}", card=c.info.index)
         return self._view(c)
 
-    def undrain(self, selector: str) -> CardView:
+    async def undrain(self, selector: str) -> CardView:
         c = self.resolve_card(selector)
+        await self.ledger.write(self.ledger.save_card_op(replace(c.record(), drained=False, drain_reason="")))
         c.drained, c.drain_reason = False, ""
-        self.ledger.save_card(c.record())
         if c.health_state is HealthState.UNHEALTHY:  # the operator's drain is gone; the monitor's stays
             msg = f"card {c.info.index}: operator drain lifted; still out while unhealthy: {c.health_reason}"
         else:
@@ -620,45 +878,63 @@ class Engine:
         self.pump()
         return self._view(c)
 
-    def set_mode(self, selector: str, mode: str) -> CardView:
+    async def set_mode(self, selector: str, mode: str) -> CardView:
         c = self.resolve_card(selector)
-        if mode == "auto":
-            c.pinned = False
-        elif mode in ("whole", "sliced"):
-            want = CardMode(mode)
-            if want is CardMode.WHOLE and c.slices:
-                raise Conflict(
-                    f"card {c.info.index} holds {len(c.slices)} slice(s) (lease "
-                    f"{', '.join(sorted(c.slices))}): release them or wait, then switch it"
-                )
-            if want is CardMode.SLICED and c.whole_lease:
-                raise Conflict(
-                    f"card {c.info.index} is held whole by lease {c.whole_lease}: release it "
-                    "or wait, then switch it"
-                )
-            if c.mode is not want:
-                backend = self._backends[c.info.index]
-                (backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced)(c.info)
-            c.mode, c.pinned = want, True
-        else:
+        i = c.info.index
+        if mode not in ("auto", "whole", "sliced"):
             raise BadRequest(f"mode {mode!r}: use whole, sliced or auto")
-        self.ledger.save_card(c.record())
-        self.event("mode", f"card {c.info.index} set to {mode} by an operator", card=c.info.index)
+        if mode == "auto":
+            await self.ledger.write(self.ledger.save_card_op(replace(c.record(), mode_pinned=False)))
+            c.pinned = False
+        else:
+            await self._wait_claim([i])
+            try:
+                await self._switch(c, CardMode(mode), pinned=True, why="")
+            finally:
+                self._unclaim([i])
+        self.event("mode", f"card {i} set to {mode} by an operator", card=i)
         self.pump()
         return self._view(c)
 
-    def to_whole(self, index: int, reason: str) -> bool:
+    async def _switch(self, c: CardState, want: CardMode, pinned: bool, why: str) -> None:
+        """Switch a claimed card to ``want`` on the hardware, then commit (undone if the commit fails)."""
+        i = c.info.index
+        if want is CardMode.WHOLE and c.slices:
+            raise Conflict(
+                f"card {i} holds {len(c.slices)} slice(s) (lease "
+                f"{', '.join(sorted(c.slices))}): release them or wait, then switch it"
+            )
+        if want is CardMode.SLICED and c.whole_lease:
+            raise Conflict(
+                f"card {i} is held whole by lease {c.whole_lease}: release it or wait, then switch it"
+            )
+        backend = self._backends[i]
+        switched = c.mode is not want
+        if switched:
+            await self._hw(backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info)
+            c.mode = want
+        try:
+            await self.ledger.write(self.ledger.save_card_op(replace(c.record(), mode_pinned=pinned)))
+        except BaseException:
+            await self._switch_back([i] if switched else [], "after a failed commit")
+            raise
+        c.pinned = pinned
+        if why:
+            self.event("mode", f"card {i} switched to {want}: {why}", card=i)
+
+    async def to_whole(self, index: int, reason: str) -> bool:
         """Give an idle sliced card (not pinned) back to whole-card work now, as a whole-card grant would;
         the defragmenter does this for the cards it freed. Returns whether it switched."""
         c = self.cards[index]
-        if c.mode is not CardMode.SLICED or not c.idle or c.pinned:
+        if index in self._busy or c.mode is not CardMode.SLICED or not c.idle or c.pinned:
             return False
-        if self._backends[index].switch_blocker(c.info, False):
-            return False  # e.g. a process still runs on the MIG card: the next run tries again
-        self._backends[index].leave_sliced(c.info)
-        c.mode = CardMode.WHOLE
-        self.ledger.save_card(c.record())
-        self.event("mode", f"card {index} switched to whole: {reason}", card=index)
+        self._claim([index])
+        try:
+            if await self._hw(self._backends[index].switch_blocker, c.info, False):
+                return False  # e.g. a process still runs on the MIG card: the next run tries again
+            await self._switch(c, CardMode.WHOLE, pinned=False, why=reason)
+        finally:
+            self._unclaim([index])
         return True
 
     # ------------------------------------------------------------------ samples, health, events
@@ -680,14 +956,15 @@ class Engine:
         """Active leases holding card ``index`` (whole or a slice), oldest first; not move reservations."""
         return [lease for lease in self.lease_list() if index in lease.cards]
 
-    def mark(self, lease_id: str, text: str) -> Lease:
-        """Mark a lease for its holder's attention and tell the holder (a ``mark`` event); no-op if same."""
-        lease = self.leases[lease_id]
-        if lease.mark == text:
+    def mark(self, lease_id: str, text: str) -> Lease | None:
+        """Mark a lease for its holder's attention and tell the holder (a ``mark`` event); no-op if same.
+        The mark is a note, not a change of placement: its ledger write is queued, not awaited."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.mark == text:
             return lease
         lease = replace(lease, mark=text)
         self.leases[lease_id] = lease
-        self.ledger.set_mark(lease_id, text)
+        self.ledger.submit(self.ledger.set_mark_op(lease_id, text))
         self._notify(lease, "mark", text)
         self.event(
             "mark",
@@ -697,7 +974,7 @@ class Engine:
         )
         return lease
 
-    def move(
+    async def move(
         self,
         lease_id: str,
         reason: str,
@@ -708,11 +985,11 @@ class Engine:
     ) -> Lease:
         """Move a restartable lease elsewhere (see ``xpud.moves``): reserve, send ``move``, await AckMove.
         Returns the lease as it will be. Raises NoCapacity (nowhere to go) or Conflict."""
-        return self.moves.start(lease_id, reason, avoid=avoid, to=to, timeout_s=timeout_s)
+        return await self.moves.start(lease_id, reason, avoid=avoid, to=to, timeout_s=timeout_s)
 
-    def ack_move(self, lease_id: str, token: str) -> Lease:
+    async def ack_move(self, lease_id: str, token: str) -> Lease:
         """The holder stopped its command after a ``move``: commit the new placement and return it."""
-        return self.moves.ack(lease_id, token)
+        return await self.moves.ack(lease_id, token)
 
     def event(self, kind: str, message: str, card: int = -1, lease_id: str = "") -> EventRecord:
         log.info("%s", message)

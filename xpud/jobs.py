@@ -31,6 +31,7 @@ class Jobs:
         self.monitor = monitor  # xpud.monitor.HealthMonitor: judges each poll's samples
         self.defrag = defrag  # xpud.defrag.Defragmenter
         self.scheduler: AsyncIOScheduler | None = None
+        self._reading: asyncio.Future | None = None  # the hardware read in progress, if any
 
     def start(self) -> None:
         self.scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
@@ -54,25 +55,35 @@ class Jobs:
         self.scheduler.start()
 
     def stop(self) -> None:
+        """No more runs (those in progress go on: ``drain`` waits for their hardware reads)."""
         if self.scheduler and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
 
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Wait for a hardware read in progress (in its worker thread) to return: NVML is shut down next."""
+        if self._reading is not None:
+            await asyncio.wait({self._reading}, timeout=timeout_s)
+
     async def reap(self) -> None:
         try:
-            for lease in self.engine.reap():
+            for lease in await self.engine.reap():
                 log.info("reclaimed lease %s", lease.id)
         except Exception:
             log.exception("lease reaper failed")
 
     async def sample(self) -> None:
         indices = sorted(self.engine.cards)
+        loop = asyncio.get_running_loop()
+        reading = loop.run_in_executor(None, lambda: [self.hw.sample(i) for i in indices])
+        self._reading = reading
         try:
-            samples = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: [self.hw.sample(i) for i in indices]
-            )
+            samples = await reading
         except Exception:
             log.exception("sampling the cards failed")
             return
+        finally:
+            if self._reading is reading:
+                self._reading = None
         for i, s in zip(indices, samples, strict=True):
             self.engine.set_sample(i, s)
         if self.monitor is not None:

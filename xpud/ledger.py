@@ -1,21 +1,61 @@
 """The lease ledger: SQLite in WAL mode, the daemon's only durable state.
 
-Every grant, release and card-state change is committed (``synchronous=FULL``) before the daemon
-replies, so what a caller was told survives a crash. The schema is versioned with ``PRAGMA
-user_version``; migrations run in order at open, and a ledger from a newer xpud is refused.
+Durability (the guarantee xpud chooses). ``journal_mode=WAL`` with ``synchronous=NORMAL``: a commit
+survives a crash or kill of the daemon at any instant (it is in the WAL file, which the kernel writes out
+whatever happens to the process); a power loss or kernel panic may lose the last commits since the last
+WAL sync, and never corrupts the file. That is the durability a host-local lease needs: its holders die
+with the host, so a grant lost that way has no holder left, a release lost that way is reclaimed within
+the grace period after the restart, and the hardware's slices are gone too (start-up reconciles them).
+What a caller is told about is always committed first: no reply before its commit.
+
+Writes never run on the event loop. One writer thread owns the writing connection; each caller's
+statements (``Op``) are queued and the thread commits whatever is queued in one transaction (group
+commit), each caller's statements in a savepoint of their own so a bad write fails alone. The loop awaits
+``write`` without blocking. When the database is locked by another process for more than
+``BUSY_TIMEOUT_S`` (a backup, an open ``sqlite3`` shell) or the file system is full, the waiting writes
+fail with ``LedgerUnavailable`` (gRPC UNAVAILABLE, "ledger busy" / "ledger full") and the caller changes
+nothing. Events and health changes are a log: they are queued without waiting (their ids are assigned
+here) and a failure to write them is logged, not raised. Reads use a second connection (WAL readers do
+not wait for writers); the tokens of active leases and the ids in use are kept in memory.
+
+Damage. At open: the file must be SQLite, ``PRAGMA quick_check`` must say ok, the WAL's header and frame
+checksums must hold (SQLite itself would silently ignore a damaged WAL and every commit in it), and every
+active lease and card row must read back. Otherwise ``LedgerDamaged`` says what is wrong in one line, the
+damaged files are copied aside (``ledger.sqlite.damaged-<time>``) and the daemon refuses to start: move a
+backup in place, or remove the files to start empty (the leases in it are then lost: say so to the users).
+
+The ledger and its ``-wal``/``-shm`` files are created 0600 whatever the umask. The schema is versioned
+with ``PRAGMA user_version``; migrations run in order at open, and a ledger from a newer xpud is refused.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import errno
 import hashlib
+import itertools
 import json
+import logging
+import os
+import queue
+import shutil
 import sqlite3
+import struct
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpud.errors import ConfigError
+from xpud.errors import ConfigError, Unavailable, XpudError
 from xpud.model import Lease, LeaseState, Mode, Slice
+
+log = logging.getLogger("xpud.ledger")
+
+BUSY_TIMEOUT_S = 2.0  # how long a write waits for another process's lock before it fails (off the loop)
+READ_BUSY_TIMEOUT_MS = 100  # WAL readers wait for nobody, except in rare recovery cases: bound those
+GROUP_MAX = 512  # writes committed in one transaction at most
 
 MIGRATIONS: list[str] = [
     # 1: leases, card state, events
@@ -140,18 +180,177 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
     )
 
 
-class Ledger:
-    """Durable leases, card states and an event log. Not thread-safe: the daemon's loop owns it."""
+class LedgerUnavailable(Unavailable):
+    """The ledger cannot record a change now (locked by another process, file system full): the change was
+    not made; the caller may retry."""
 
-    def __init__(self, path: str | Path):
+
+class LedgerDamaged(XpudError):
+    """The ledger file cannot be trusted (found at open): the daemon refuses to start."""
+
+    code = "DATA_LOSS"
+
+
+@dataclass(frozen=True)
+class Op:
+    """Statements of one write; ``effect`` runs (in the writer thread) once they are committed."""
+
+    statements: tuple[tuple[str, tuple], ...]
+    effect: object = None  # Callable[[], None] | None
+
+
+def op(sql: str, *args, effect=None) -> Op:
+    return Op(((sql, args),), effect)
+
+
+@dataclass
+class _Write:
+    ops: tuple[Op, ...]
+    future: concurrent.futures.Future | None
+
+
+_ENVIRONMENT = {5, 6, 8, 10, 11, 13, 14, 26}  # BUSY LOCKED READONLY IOERR CORRUPT FULL CANTOPEN NOTADB
+
+
+def _primary(e: sqlite3.Error) -> int:
+    return (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
+
+
+class Ledger:
+    """Durable leases, card states and an event log. Writes from any thread go through the writer thread
+    (``write`` from the loop, ``write_sync`` elsewhere); reads use ``db`` on the caller's thread."""
+
+    def __init__(self, path: str | Path, busy_timeout_s: float = BUSY_TIMEOUT_S):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, isolation_level=None)  # explicit transactions below
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute("PRAGMA busy_timeout=5000")
-        self._migrate()
+        self.busy_timeout_s = busy_timeout_s
+        if not self.path.parent.exists():
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            self._check_wal()
+            self._create_private()
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):
+                raise  # the daemon says: run as root or give directories you own
+            raise self._unavailable(e) from None
+        try:
+            self.db = self._connect(check_same_thread=False)
+            self._check()
+            self._migrate()
+            self._load()
+        except sqlite3.Error as e:
+            code = _primary(e)
+            if code in (11, 26):  # CORRUPT, NOTADB
+                raise self._damaged(str(e)) from None
+            raise self._unavailable(e) from None
+        self.db.execute(f"PRAGMA busy_timeout={READ_BUSY_TIMEOUT_MS}")  # reads run on the loop
+        self._next_event = itertools.count(self._max_id("events") + 1)
+        self._next_health = itertools.count(self._max_id("health_changes") + 1)
+        self._pending_events: dict[int, EventRecord] = {}
+        self._pending_health: dict[int, HealthChangeRecord] = {}
+        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._run, name="xpud-ledger", daemon=True)
+        self._writer.start()
+
+    # ------------------------------------------------------------------------------ opening
+    def _connect(self, check_same_thread: bool = True) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=check_same_thread)
+        db.row_factory = sqlite3.Row
+        db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+        if db.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() != "wal":
+            raise sqlite3.OperationalError("cannot switch the ledger to WAL mode")
+        db.execute("PRAGMA synchronous=NORMAL")
+        return db
+
+    def _create_private(self) -> None:
+        """The ledger is 0600 whatever the umask; SQLite gives its -wal and -shm the ledger's mode."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+        for suffix in ("-wal", "-shm"):
+            p = Path(f"{self.path}{suffix}")
+            if p.exists():
+                os.chmod(p, 0o600)
+
+    def _check(self) -> None:
+        rows = [r[0] for r in self.db.execute("PRAGMA quick_check(5)")]
+        if rows != ["ok"]:
+            raise self._damaged(f"integrity check failed: {'; '.join(rows)}")
+
+    def _load(self) -> None:
+        """Read every active lease and card row back (a bad row refuses the start); keep the ids in use and
+        the active leases' token hashes in memory."""
+        self._ids = {r[0] for r in self.db.execute("SELECT id FROM leases")}
+        self._tokens: dict[str, str] = {}
+        for r in self.db.execute("SELECT * FROM leases WHERE state='active'"):
+            try:
+                lease = _lease_from_row(r)
+                if (lease.mode is not Mode.XPU and len(lease.slices) != 1) or not lease.card_uuids:
+                    raise ValueError("its cards or slices do not match its mode")
+            except (ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
+                raise self._damaged(f"active lease row {r['id']!r} is unreadable ({e})") from None
+            self._tokens[lease.id] = r["token_hash"]
+        for r in self.db.execute("SELECT * FROM cards"):
+            if r["mode"] not in ("whole", "sliced"):
+                raise self._damaged(f"card row {r['uuid']!r} has mode {r['mode']!r} (whole or sliced)")
+
+    def _max_id(self, table: str) -> int:
+        return self.db.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0]
+
+    def _check_wal(self) -> None:
+        """Check the WAL before SQLite reads it: SQLite stops at the first damaged frame and drops every
+        commit after it (or the whole WAL when its header is damaged) without a word."""
+        wal = Path(f"{self.path}-wal")
+        try:
+            data = wal.read_bytes()
+        except FileNotFoundError:
+            return
+        problem = wal_damage(data)
+        if problem:
+            raise self._damaged(f"its WAL file {wal.name} is damaged ({problem})")
+
+    def _damaged(self, what: str) -> LedgerDamaged:
+        kept = self._keep_aside()
+        where = f"a copy is kept as {kept}" if kept else "no copy could be made"
+        return LedgerDamaged(
+            f"ledger {self.path} is damaged: {what}; {where}. Restore a backup to {self.path}, or remove "
+            f"{self.path.name} (and its -wal, -shm) to start with an empty ledger: its leases are then lost"
+        )
+
+    def _keep_aside(self) -> str:
+        """Copy the damaged files aside once (named by their content, so a restart loop makes no more)."""
+        files = [p for p in (self.path, Path(f"{self.path}-wal")) if p.exists()]
+        h = hashlib.sha256()
+        for p in files:
+            with p.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+        name = f"{self.path}.damaged-{h.hexdigest()[:12]}"
+        try:
+            for p in files:
+                dst = Path(name + p.name[len(self.path.name) :])
+                if not dst.exists():
+                    shutil.copy2(p, dst)
+                    os.chmod(dst, 0o600)
+        except OSError as e:
+            log.error("cannot copy the damaged ledger aside: %s", e)
+            return ""
+        return name
+
+    def _unavailable(self, e: BaseException) -> LedgerUnavailable:
+        code = _primary(e) if isinstance(e, sqlite3.Error) else 0
+        if code in (5, 6):
+            return LedgerUnavailable(
+                f"ledger busy: {self.path} is locked by another process (a backup or an open sqlite3 "
+                f"shell?) for more than {self.busy_timeout_s:g} s; nothing changed: retry"
+            )
+        if code == 13 or getattr(e, "errno", None) == errno.ENOSPC:
+            return LedgerUnavailable(
+                f"ledger full: no space left in {self.path.parent} for the ledger; nothing changed: "
+                "free space there and retry"
+            )
+        return LedgerUnavailable(f"ledger unavailable: {self.path}: {e}; nothing changed: retry")
 
     def _migrate(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
@@ -172,67 +371,177 @@ class Ledger:
         return self.db.execute("PRAGMA user_version").fetchone()[0]
 
     def close(self) -> None:
+        if self._writer.is_alive():
+            self._queue.put(None)
+            self._writer.join(self.busy_timeout_s + 5)
         self.db.close()
 
+    # ------------------------------------------------------------------------------ writing
+    def submit(self, *ops: Op) -> concurrent.futures.Future:
+        """Queue ``ops`` for the writer thread (one atomic unit); the future resolves once committed."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put(_Write(ops, fut))
+        return fut
+
+    async def write(self, *ops: Op) -> None:
+        """Commit ``ops`` atomically without blocking the loop. Raises LedgerUnavailable (nothing written)."""
+        import asyncio
+
+        await asyncio.wrap_future(self.submit(*ops))
+
+    def write_sync(self, *ops: Op) -> None:
+        """``write`` for threads other than the loop (start-up, tests)."""
+        self.submit(*ops).result()
+
+    def _run(self) -> None:
+        try:
+            db = self._connect()
+        except sqlite3.Error as e:
+            err = self._unavailable(e)
+            log.error("the ledger's writer cannot open %s: %s", self.path, e)
+            db = None
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            if item is None:
+                break
+            batch = [item]
+            while len(batch) < GROUP_MAX:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            if db is None:
+                self._finish(batch, [err] * len(batch))
+            else:
+                self._commit(db, batch)
+        if db is not None:
+            db.close()
+
+    def _commit(self, db: sqlite3.Connection, batch: list[_Write]) -> None:
+        results: list[BaseException | None] = []
+        single = len(batch) == 1  # no savepoint needed: it fails alone anyway
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            for w in batch:
+                if not single:
+                    db.execute("SAVEPOINT w")
+                try:
+                    for o in w.ops:
+                        for sql, args in o.statements:
+                            db.execute(sql, args)
+                except sqlite3.Error as e:
+                    if single or _primary(e) in _ENVIRONMENT:
+                        raise
+                    db.execute("ROLLBACK TO w")
+                    results.append(self._unavailable(e))
+                else:
+                    results.append(None)
+                if not single:
+                    db.execute("RELEASE w")
+            db.execute("COMMIT")
+        except (sqlite3.Error, OSError) as e:
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            err = self._unavailable(e)
+            if _primary(e) in _ENVIRONMENT:
+                log.error("%s", err)
+            self._finish(batch, [err] * len(batch))
+            return
+        self._finish(batch, results)
+
+    def _finish(self, batch: list[_Write], results: Sequence[BaseException | None]) -> None:
+        for w, err in zip(batch, results, strict=True):
+            if err is None:
+                for o in w.ops:
+                    if o.effect is not None:
+                        o.effect()
+            if w.future is not None:
+                if err is None:
+                    w.future.set_result(None)
+                else:
+                    w.future.set_exception(err)
+
     # leases -------------------------------------------------------------------------------------
+    def insert_lease_op(self, lease: Lease, token: str) -> Op:
+        token_hash = hash_token(token)
+
+        def effect() -> None:
+            self._tokens[lease.id] = token_hash
+
+        self._ids.add(lease.id)  # taken from now on, whether or not the insert commits
+        return op(
+            "INSERT INTO leases (id, token_hash, mode, owner_uid, cards, card_uuids, slices, env,"
+            " priority, restartable, holder_pid, command, created, state, restart_count, mark)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            lease.id,
+            token_hash,
+            lease.mode.value,
+            lease.owner_uid,
+            json.dumps(list(lease.cards)),
+            json.dumps(list(lease.card_uuids)),
+            json.dumps([_slice_to_json(s) for s in lease.slices]),
+            json.dumps(lease.env),
+            lease.priority,
+            int(lease.restartable),
+            lease.holder_pid,
+            lease.command,
+            lease.created,
+            lease.state.value,
+            lease.restart_count,
+            lease.mark,
+            effect=effect,
+        )
+
+    def update_placement_op(self, lease: Lease) -> Op:
+        """A lease's new cards/slices/env (after a move)."""
+        return op(
+            "UPDATE leases SET cards=?, card_uuids=?, slices=?, env=?, restart_count=?, mark=? WHERE id=?",
+            json.dumps(list(lease.cards)),
+            json.dumps(list(lease.card_uuids)),
+            json.dumps([_slice_to_json(s) for s in lease.slices]),
+            json.dumps(lease.env),
+            lease.restart_count,
+            lease.mark,
+            lease.id,
+        )
+
+    def set_mark_op(self, lease_id: str, mark: str) -> Op:
+        return op("UPDATE leases SET mark=? WHERE id=?", mark, lease_id)
+
+    def end_lease_op(
+        self, lease_id: str, state: LeaseState, reason: str = "", when: float | None = None
+    ) -> Op:
+        def effect() -> None:
+            self._tokens.pop(lease_id, None)
+
+        return op(
+            "UPDATE leases SET state=?, ended=?, end_reason=? WHERE id=? AND state='active'",
+            state.value,
+            when or time.time(),
+            reason,
+            lease_id,
+            effect=effect,
+        )
+
     def insert_lease(self, lease: Lease, token: str) -> None:
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute(
-                "INSERT INTO leases (id, token_hash, mode, owner_uid, cards, card_uuids, slices, env,"
-                " priority, restartable, holder_pid, command, created, state, restart_count, mark)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    lease.id,
-                    hash_token(token),
-                    lease.mode.value,
-                    lease.owner_uid,
-                    json.dumps(list(lease.cards)),
-                    json.dumps(list(lease.card_uuids)),
-                    json.dumps([_slice_to_json(s) for s in lease.slices]),
-                    json.dumps(lease.env),
-                    lease.priority,
-                    int(lease.restartable),
-                    lease.holder_pid,
-                    lease.command,
-                    lease.created,
-                    lease.state.value,
-                    lease.restart_count,
-                    lease.mark,
-                ),
-            )
+        self.write_sync(self.insert_lease_op(lease, token))
 
     def update_placement(self, lease: Lease) -> None:
-        """Record a lease's new cards/slices/env (after a move)."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute(
-                "UPDATE leases SET cards=?, card_uuids=?, slices=?, env=?, restart_count=?, mark=?"
-                " WHERE id=?",
-                (
-                    json.dumps(list(lease.cards)),
-                    json.dumps(list(lease.card_uuids)),
-                    json.dumps([_slice_to_json(s) for s in lease.slices]),
-                    json.dumps(lease.env),
-                    lease.restart_count,
-                    lease.mark,
-                    lease.id,
-                ),
-            )
+        self.write_sync(self.update_placement_op(lease))
 
     def set_mark(self, lease_id: str, mark: str) -> None:
-        with self.db:
-            self.db.execute("UPDATE leases SET mark=? WHERE id=?", (mark, lease_id))
+        self.write_sync(self.set_mark_op(lease_id, mark))
 
     def end_lease(
         self, lease_id: str, state: LeaseState, reason: str = "", when: float | None = None
     ) -> None:
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute(
-                "UPDATE leases SET state=?, ended=?, end_reason=? WHERE id=? AND state='active'",
-                (state.value, when or time.time(), reason, lease_id),
-            )
+        self.write_sync(self.end_lease_op(lease_id, state, reason, when))
 
     def active_leases(self) -> list[Lease]:
         rows = self.db.execute("SELECT * FROM leases WHERE state='active' ORDER BY created").fetchall()
@@ -243,34 +552,48 @@ class Ledger:
         return [_lease_from_row(r) for r in rows]
 
     def token_matches(self, lease_id: str, token: str) -> bool:
-        row = self.db.execute("SELECT token_hash FROM leases WHERE id=?", (lease_id,)).fetchone()
-        return row is not None and row["token_hash"] == hash_token(token)
+        stored = self._tokens.get(lease_id)
+        if stored is None:
+            row = self.db.execute("SELECT token_hash FROM leases WHERE id=?", (lease_id,)).fetchone()
+            stored = row["token_hash"] if row else None
+        return stored is not None and stored == hash_token(token)
 
     def lease_ids(self) -> set[str]:
-        return {r[0] for r in self.db.execute("SELECT id FROM leases")}
+        """Every lease id in the ledger (and every one being inserted)."""
+        return self._ids
 
     def prune(self, older_than_days: int, now: float | None = None) -> int:
         cutoff = (now or time.time()) - older_than_days * 86400
-        with self.db:
-            cur = self.db.execute("DELETE FROM leases WHERE state!='active' AND ended < ?", (cutoff,))
-            self.db.execute("DELETE FROM events WHERE ts < ?", (cutoff,))
+        before = self.db.execute(
+            "SELECT COUNT(*) FROM leases WHERE state!='active' AND ended < ?", (cutoff,)
+        ).fetchone()[0]
+        self.write_sync(
+            op("DELETE FROM leases WHERE state!='active' AND ended < ?", cutoff),
+            op("DELETE FROM events WHERE ts < ?", cutoff),
             # keep each card's latest change: it is the state restored at the next start
-            self.db.execute(
+            op(
                 "DELETE FROM health_changes WHERE ts < ? AND id NOT IN"
                 " (SELECT MAX(id) FROM health_changes GROUP BY card_uuid)",
-                (cutoff,),
-            )
-        return cur.rowcount
+                cutoff,
+            ),
+        )
+        return before
 
     # cards --------------------------------------------------------------------------------------
+    def save_card_op(self, rec: CardRecord) -> Op:
+        return op(
+            "INSERT INTO cards (uuid, mode, mode_pinned, drained, drain_reason) VALUES (?,?,?,?,?)"
+            " ON CONFLICT(uuid) DO UPDATE SET mode=excluded.mode, mode_pinned=excluded.mode_pinned,"
+            " drained=excluded.drained, drain_reason=excluded.drain_reason",
+            rec.uuid,
+            rec.mode,
+            int(rec.mode_pinned),
+            int(rec.drained),
+            rec.drain_reason,
+        )
+
     def save_card(self, rec: CardRecord) -> None:
-        with self.db:
-            self.db.execute(
-                "INSERT INTO cards (uuid, mode, mode_pinned, drained, drain_reason) VALUES (?,?,?,?,?)"
-                " ON CONFLICT(uuid) DO UPDATE SET mode=excluded.mode, mode_pinned=excluded.mode_pinned,"
-                " drained=excluded.drained, drain_reason=excluded.drain_reason",
-                (rec.uuid, rec.mode, int(rec.mode_pinned), int(rec.drained), rec.drain_reason),
-            )
+        self.write_sync(self.save_card_op(rec))
 
     def cards(self) -> dict[str, CardRecord]:
         rows = self.db.execute("SELECT * FROM cards").fetchall()
@@ -285,48 +608,71 @@ class Ledger:
     def add_event(
         self, kind: str, message: str, card: int = -1, lease_id: str = "", ts: float | None = None
     ) -> EventRecord:
-        ts = ts or time.time()
-        with self.db:
-            cur = self.db.execute(
-                "INSERT INTO events (ts, kind, card, lease_id, message) VALUES (?,?,?,?,?)",
-                (ts, kind, card, lease_id, message),
-            )
-        return EventRecord(cur.lastrowid, ts, kind, card, lease_id, message)
+        """Log an event (queued: it is committed with the next write; a failure is logged, not raised)."""
+        ev = EventRecord(next(self._next_event), ts or time.time(), kind, card, lease_id, message)
+        self._pending_events[ev.id] = ev
+
+        def done() -> None:
+            self._pending_events.pop(ev.id, None)
+
+        o = op(
+            "INSERT INTO events (id, ts, kind, card, lease_id, message) VALUES (?,?,?,?,?,?)",
+            ev.id,
+            ev.ts,
+            kind,
+            card,
+            lease_id,
+            message,
+            effect=done,
+        )
+        self.submit(o).add_done_callback(_logged(done))
+        return ev
 
     def events(self, limit: int = 200, card: int | None = None) -> list[EventRecord]:
+        pending = [e for e in list(self._pending_events.values()) if card is None or e.card == card]
         q, args = "SELECT * FROM events", []
         if card is not None:
             q, args = q + " WHERE card=?", [card]
         rows = self.db.execute(q + " ORDER BY id DESC LIMIT ?", [*args, limit]).fetchall()
-        return [
-            EventRecord(r["id"], r["ts"], r["kind"], r["card"], r["lease_id"], r["message"])
-            for r in reversed(rows)
-        ]
+        out = {
+            r["id"]: EventRecord(r["id"], r["ts"], r["kind"], r["card"], r["lease_id"], r["message"])
+            for r in rows
+        }
+        out.update((e.id, e) for e in pending)
+        return [out[i] for i in sorted(out)[-limit:]]
 
     # health ---------------------------------------------------------------------------------------
     def add_health_change(self, rec: HealthChangeRecord) -> None:
-        with self.db:
-            self.db.execute(
-                "INSERT INTO health_changes (ts, card_uuid, card, from_state, to_state, score, reasons)"
-                " VALUES (?,?,?,?,?,?,?)",
-                (
-                    rec.ts,
-                    rec.card_uuid,
-                    rec.card,
-                    rec.from_state,
-                    rec.to_state,
-                    rec.score,
-                    json.dumps(rec.reasons),
-                ),
-            )
+        """Record a card's state change (queued like an event)."""
+        hid = next(self._next_health)
+        self._pending_health[hid] = rec
+
+        def done() -> None:
+            self._pending_health.pop(hid, None)
+
+        o = op(
+            "INSERT INTO health_changes (id, ts, card_uuid, card, from_state, to_state, score, reasons)"
+            " VALUES (?,?,?,?,?,?,?,?)",
+            hid,
+            rec.ts,
+            rec.card_uuid,
+            rec.card,
+            rec.from_state,
+            rec.to_state,
+            rec.score,
+            json.dumps(rec.reasons),
+            effect=done,
+        )
+        self.submit(o).add_done_callback(_logged(done))
 
     def health_changes(self, card_uuid: str, limit: int = 20) -> list[HealthChangeRecord]:
         """A card's latest state changes, oldest first."""
+        pending = [(i, r) for i, r in list(self._pending_health.items()) if r.card_uuid == card_uuid]
         rows = self.db.execute(
             "SELECT * FROM health_changes WHERE card_uuid=? ORDER BY id DESC LIMIT ?", (card_uuid, limit)
         ).fetchall()
-        return [
-            HealthChangeRecord(
+        out = {
+            r["id"]: HealthChangeRecord(
                 r["ts"],
                 r["card_uuid"],
                 r["card"],
@@ -335,11 +681,72 @@ class Ledger:
                 r["score"],
                 tuple(json.loads(r["reasons"])),
             )
-            for r in reversed(rows)
-        ]
+            for r in rows
+        }
+        out.update(pending)
+        return [out[i] for i in sorted(out)[-limit:]]
+
+
+_last_lost_log = -1e9
+
+
+def _logged(done):
+    """A done-callback for a log entry nobody waits for: forget it as pending; say when it was lost."""
+
+    def callback(fut: concurrent.futures.Future) -> None:
+        done()
+        global _last_lost_log
+        if fut.exception() is not None and time.monotonic() - _last_lost_log > 60:
+            _last_lost_log = time.monotonic()  # at most one line a minute while the ledger is unavailable
+            log.warning("log entries (events, health changes) are not recorded: %s", fut.exception())
+
+    return callback
 
 
 def _statements(script: str) -> list[str]:
     """Split a migration script into statements (no semicolons inside our statements)."""
     lines = [ln.split("--", 1)[0] for ln in script.splitlines()]
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+WAL_MAGIC = (0x377F0682, 0x377F0683)  # checksums little-endian, big-endian
+
+
+def _wal_sum(data: bytes, big: bool, s0: int = 0, s1: int = 0) -> tuple[int, int]:
+    words = struct.unpack(f"{'>' if big else '<'}{len(data) // 4}I", data)
+    for i in range(0, len(words), 2):
+        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
+        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
+    return s0, s1
+
+
+def wal_damage(data: bytes) -> str:
+    """What is wrong with a WAL file's bytes ("" when nothing): a damaged header, or a damaged frame with
+    frames of the same log after it (SQLite would drop all of them silently). A zero header or a torn
+    last frame is what a crash leaves, and not damage."""
+    if len(data) < 32 or not any(data[:32]):
+        return "" if not any(data[:32]) else f"{len(data)} bytes, shorter than a WAL header"
+    magic, version, page_size, _seq, salt1, salt2, c0, c1 = struct.unpack(">8I", data[:32])
+    if magic not in WAL_MAGIC:
+        return f"bad magic number {magic:#x}"
+    big = magic & 1 == 1
+    if (c0, c1) != _wal_sum(data[:24], big):
+        return "header checksum wrong"
+    if version != 3007000 or page_size < 512 or page_size > 65536 or page_size & (page_size - 1):
+        return f"header version {version} / page size {page_size} invalid"
+    s = (c0, c1)
+    frame = 24 + page_size
+    off, broken_at = 32, None
+    while off + frame <= len(data):
+        _pg, _commit, f1, f2, fc0, fc1 = struct.unpack(">6I", data[off : off + 24])
+        ours = (f1, f2) == (salt1, salt2)
+        if broken_at is None:
+            if ours:
+                s = _wal_sum(data[off : off + 8] + data[off + 24 : off + frame], big, *s)
+            if not ours or s != (fc0, fc1):
+                broken_at = off
+        elif ours:
+            n = (broken_at - 32) // frame
+            return f"frame {n} is damaged and frames of the same log follow it"
+        off += frame
+    return ""

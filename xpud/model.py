@@ -7,20 +7,45 @@ never zero.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import ClassVar
+
+# A slice size's name: what [slices.<name>] in xpud.toml may be called, and what a request may name.
+SLICE_NAME = re.compile(r"vxpu-[a-z0-9][a-z0-9-]{0,39}")
 
 
-class Mode(StrEnum):
-    """How a lease uses cards."""
+class Mode(str):
+    """How a lease uses cards: ``xpu`` (N whole cards) or a slice size (``vxpu-half``, ``vxpu-quarter`` or
+    any other ``[slices.<name>]`` of the config). A validated string, not a fixed list: which sizes exist
+    is the config's business (``Engine.validate``). ``Mode("xpu") is Mode.XPU`` always holds."""
 
-    XPU = "xpu"  # N whole cards
-    VXPU_HALF = "vxpu-half"
-    VXPU_QUARTER = "vxpu-quarter"
+    XPU: ClassVar[Mode]
+    VXPU_HALF: ClassVar[Mode]
+    VXPU_QUARTER: ClassVar[Mode]
+
+    def __new__(cls, value: str) -> Mode:
+        if isinstance(value, Mode):
+            return value
+        if value == "xpu" and hasattr(cls, "XPU"):
+            return cls.XPU
+        if not isinstance(value, str) or not (value == "xpu" or SLICE_NAME.fullmatch(value)):
+            raise ValueError(f"{value!r} is not a mode: xpu or a slice size named vxpu-<word>")
+        return super().__new__(cls, value)
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
 
     @property
     def is_slice(self) -> bool:
         return self is not Mode.XPU
+
+
+Mode.XPU = Mode("xpu")
+Mode.VXPU_HALF = Mode("vxpu-half")
+Mode.VXPU_QUARTER = Mode("vxpu-quarter")
 
 
 class CardMode(StrEnum):
@@ -93,7 +118,10 @@ class CardSample:
     nvlink_recovery_errors: int | None = None
     nvlink_crc_flit_errors: int | None = None
     nvlink_crc_data_errors: int | None = None
-    nvlink_links_down: int | None = None  # links expected up but inactive
+    # NVLink links trained (active or asleep) at some point since the adapter started and inactive now;
+    # links of a MIG card, or to one, are not counted (MIG takes them down); None: no link ever came up
+    # (no NVLink, or a PCIe board without its bridge, whose links all read inactive by design).
+    nvlink_links_down: int | None = None
     inforom_valid: bool | None = None
 
 
@@ -140,6 +168,12 @@ class Request:
     owner_uid: int = -1
     holder_pid: int | None = None
     command: str = ""
+    exempt: bool = (
+        False  # the caller is an operator or in [limits] exempt_groups: per-user limits do not apply
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", Mode(self.mode))  # a plain "xpu" becomes Mode.XPU
 
 
 @dataclass(frozen=True)
@@ -159,6 +193,9 @@ class Lease:
     state: LeaseState = LeaseState.ACTIVE
     restart_count: int = 0
     mark: str = ""  # set when the daemon needs the holder's attention (e.g. "card 3 unhealthy")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", Mode(self.mode))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.config import Config
 from xpud.engine import Engine
-from xpud.errors import Conflict, NoCapacity
+from xpud.errors import Conflict, NoCapacity, NotFound
 from xpud.hw.health import BANDS, CardHealth, HealthReport, StateChange
 from xpud.hw.signals import memory_fragmentation, xid_class, xid_text
 from xpud.hw.types import HwEvent, NvmlError
@@ -42,6 +42,7 @@ from xpud.model import CardSample, HealthState
 log = logging.getLogger("xpud.monitor")
 
 EVENT_WAIT_MS = 500  # how long one NVML wait blocks: bounds how long stopping the thread takes
+STOP_WAIT_S = 5.0  # beyond one wait: a rebuild or a delivery in progress when asked to stop
 HISTORY = 20  # state changes `xpu health` shows by default
 
 
@@ -104,13 +105,25 @@ class HealthMonitor:
         self.engine, self.hw, self.clock = engine, hw, clock
         self.cfg = cfg.health
         self.slice_fraction = cfg.slices[cfg.health.fragmentation_slice].memory_fraction
-        self.cards = {i: CardHealth(i, self.cfg) for i in engine.cards}
+        self.cards = {i: CardHealth(i, self.cfg, pcie_link=self._pcie_link(i)) for i in engine.cards}
         self.reports: dict[int, HealthReport] = {}
         self.why: dict[int, str] = {}  # reasons of the card's last turn for the worse
         self.app_xids: Counter[str] = Counter()  # lease id -> application XIDs counted against it
         self.thread: EventThread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resampling: set[int] = set()
+        self._lost: set[int] = set()  # cards that left the event set lost (readmitted when back)
+        self._moving: set[str] = set()  # leases whose move is being started
+
+    def _pcie_link(self, i: int) -> tuple[int | None, int | None]:
+        """The card's PCIe (generation, width), which sets its replay allowance; read once, at start-up
+        (fixed per board). Unknown: (None, None)."""
+        try:
+            gen, width = self.hw.pcie_link(i)
+        except (NvmlError, AttributeError, TypeError, ValueError) as e:
+            log.warning("card %d: cannot read its PCIe link (%s): PCIe replays judged as Gen4 x16", i, e)
+            return (None, None)
+        return (gen, width)
 
     # ------------------------------------------------------------------ lifecycle
     def restore(self) -> None:
@@ -156,9 +169,15 @@ class HealthMonitor:
         self.thread.start()
 
     def stop(self) -> None:
+        """End the event thread and wait until it has (it frees its event set itself, after its last
+        wait): NVML must not be shut down under it. Blocks up to a wait plus ``STOP_WAIT_S``: call it
+        off the loop."""
         if self.thread is not None:
             self.thread.stop()
-            self.thread.join(EVENT_WAIT_MS / 1000 + 1.0)
+            limit = EVENT_WAIT_MS / 1000 + STOP_WAIT_S
+            self.thread.join(limit)
+            if self.thread.is_alive():
+                log.warning("the NVML event thread did not end within %g s", limit)
             self.thread = None
 
     # ------------------------------------------------------------------ inputs
@@ -170,6 +189,9 @@ class HealthMonitor:
                 continue
             ch.observe_sample(sample, self._fragmentation(i))
             self._judge(i, self.clock())
+            if i in self._lost and not sample.lost:  # back after a reset: its events too
+                self._lost.discard(i)
+                self._readmit(i)
 
     def on_events(self, batch: list[tuple[HwEvent, tuple[str, ...]]]) -> None:
         """A batch of NVML events from the event thread."""
@@ -187,10 +209,30 @@ class HealthMonitor:
                     log.warning("card %d: %s", ev.card_index, xid_text(ev.xid))
             elif ev.kind == "ecc-dbe":
                 ch.observe_ecc_dbe(now)
+            elif ev.kind == "lost":  # the card left the event set: its XID signal is absent from now
+                ch.memory.xid_events = False
+                self._lost.add(ev.card_index)
+                log.error("card %d is lost (fallen off the bus): it reports no more events", ev.card_index)
             touched.add(ev.card_index)
         for i in sorted(touched):
             self._judge(i, now)
         self._resample(touched)  # the counters behind the event, without waiting for the next poll
+
+    def _readmit(self, i: int) -> None:
+        """Register the events of a card that was lost and answers again (off the loop: it waits for the
+        event thread's current wait)."""
+        thread, loop = self.thread, self._loop
+        if thread is None or thread.waiter is None or loop is None:
+            return
+        waiter = thread.waiter
+
+        async def readmit() -> None:
+            try:
+                self.cards[i].memory.xid_events = await loop.run_in_executor(None, waiter.readmit, i)
+            except NvmlError as e:
+                log.warning("card %d: its events could not be registered again: %s", i, e)
+
+        loop.create_task(readmit())
 
     def _resample(self, indices: set[int]) -> None:
         todo = sorted(set(indices) - self._resampling)
@@ -248,30 +290,40 @@ class HealthMonitor:
         )
 
     def _evacuate(self, i: int) -> None:
-        """Move the restartable leases off an unhealthy card; mark and tell the others (once per text)."""
+        """Move the restartable leases off an unhealthy card; mark and tell the others (once per text).
+        A move runs as a task (the engine prepares the new placement off the loop)."""
         why = self.why.get(i, "unhealthy")
         for lease in self.engine.leases_on(i):
-            if lease.id in self.engine.moves.pending:
+            if lease.id in self.engine.moves.pending or lease.id in self._moving:
                 continue
             if lease.restartable and lease.id not in self.engine.moves.timed_out:
-                try:
-                    self.engine.move(lease.id, f"card {i} is unhealthy: {why}")
-                    continue
-                except NoCapacity:
-                    text = (
-                        f"card {i} is unhealthy ({why}); no healthy card is free to move to: "
-                        "the job moves as soon as one is"
-                    )
-                except Conflict as e:
-                    text = f"card {i} is unhealthy ({why}); not moved: {e}"
-            elif lease.restartable:
+                self._moving.add(lease.id)
+                task = asyncio.ensure_future(self._move(lease.id, i, why))
+                task.add_done_callback(lambda _t, lid=lease.id: self._moving.discard(lid))
+                continue
+            if lease.restartable:
                 continue  # its holder did not follow a move: marked then, not moved again
-            else:
-                text = (
-                    f"card {i} is unhealthy ({why}): the job may fail; release the lease and run it again "
-                    "(with --restartable xpud moves it by itself)"
-                )
+            text = (
+                f"card {i} is unhealthy ({why}): the job may fail; release the lease and run it again "
+                "(with --restartable xpud moves it by itself)"
+            )
             self.engine.mark(lease.id, text)
+
+    async def _move(self, lease_id: str, i: int, why: str) -> None:
+        try:
+            await self.engine.move(lease_id, f"card {i} is unhealthy: {why}")
+            return
+        except NoCapacity:
+            text = (
+                f"card {i} is unhealthy ({why}); no healthy card is free to move to: "
+                "the job moves as soon as one is"
+            )
+        except (Conflict, NotFound) as e:
+            text = f"card {i} is unhealthy ({why}); not moved: {e}"
+        except Exception as e:  # e.g. the ledger cannot record the new card's mode now: tried again later
+            log.error("moving lease %s off card %d failed: %s", lease_id, i, e)
+            return
+        self.engine.mark(lease_id, text)
 
     def _blame(self, ev: HwEvent, instance_uuids: tuple[str, ...], now: float) -> None:
         """An application XID: count it against the lease(s) that caused it, not the card."""

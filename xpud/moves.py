@@ -23,6 +23,12 @@ decides (the health monitor marks the lease and tries again at its next poll).
 A move never targets the cards the lease holds now (moving within a card, e.g. to another MIG slot, is not
 supported). A daemon that dies mid-move restarts with the committed (old) placement; a slice prepared for
 the move is left to the isolation backend's reconcile.
+
+Ledger first and off the loop: the reservation is prepared on the target card(s) by the engine's
+``_place`` (backend work in a worker thread, the card busy meanwhile); the move is in ``pending`` from the
+start (not ``ready`` until its reservation is made, and not acknowledgeable before); ``ack`` commits the
+new placement before the old one is torn down; a commit that fails leaves the lease where it was, its
+move still pending (the holder may acknowledge again).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.model import CardMode, Lease, Mode, Request, Slice
 
 if TYPE_CHECKING:
-    from xpud.engine import CardState, Engine
+    from xpud.engine import Engine
 
 log = logging.getLogger("xpud.moves")
 
@@ -48,6 +54,8 @@ class PendingMove:
     reason: str
     started: float  # engine clock, seconds
     deadline: float
+    ready: bool = True  # False while the reservation is being prepared
+    switched: tuple[int, ...] = ()  # target cards whose mode the reservation switched
 
 
 def _where(lease: Lease) -> str:
@@ -61,9 +69,10 @@ class Moves:
         self.engine = engine
         self.pending: dict[str, PendingMove] = {}
         self.timed_out: set[str] = set()  # leases whose holder did not acknowledge a move
+        self._committing: set[str] = set()  # acknowledged moves being committed: not to expire
 
     # ------------------------------------------------------------------ 1. reserve and tell
-    def start(
+    async def start(
         self,
         lease_id: str,
         reason: str,
@@ -84,6 +93,8 @@ class Moves:
             )
         if not e.is_held(lease.id):
             raise Conflict(f"lease {lease.id} has no holder connected to restart its command elsewhere")
+        if lease.mode.is_slice and lease.mode.value not in e.cfg.slices:  # restored; size since removed
+            raise Conflict(f"lease {lease.id} is a {lease.mode} slice, a size the config no longer has")
         exclude = frozenset(lease.cards) | frozenset(avoid)
         if to is not None:
             cards = tuple(to)
@@ -103,10 +114,33 @@ class Moves:
                 )
                 raise NoCapacity(f"no healthy card is free for {kind} to move lease {lease.id} to")
             cards = found
-        new = self._reserve(lease, cards)
+        e._claim(cards)
         now = e.clock()
         timeout = e.cfg.health.move_ack_timeout_s if timeout_s is None else timeout_s
-        self.pending[lease.id] = PendingMove(lease, new, reason, now, now + timeout)
+        placeholder = replace(lease, cards=cards, slices=())
+        self.pending[lease.id] = pm = PendingMove(lease, placeholder, reason, now, now + timeout, ready=False)
+        try:
+            slices, env, switched = await e._place(lease.id, lease.mode, cards, lease.owner_uid)
+        except BaseException:
+            self.pending.pop(lease.id, None)
+            raise
+        finally:
+            e._unclaim(cards)
+        new = self._moved(lease, cards, slices, env)
+        if self.pending.get(lease.id) is not pm:  # the lease ended while the reservation was made
+            await e._unplace(lease.id, cards, slices, switched)
+            raise Conflict(f"lease {lease.id} ended while its move was being prepared")
+        if switched:  # the target's new mode is recorded; the lease's placement only on the ack
+            try:
+                await e.ledger.write(*(e.ledger.save_card_op(e.cards[i].record()) for i in switched))
+            except BaseException:
+                self.pending.pop(lease.id, None)
+                await e._unplace(lease.id, cards, slices, switched)
+                raise
+            for i in switched:
+                e.event("mode", f"card {i} switched to {e.cards[i].mode} for lease {lease.id}", card=i)
+        now = e.clock()
+        self.pending[lease.id] = PendingMove(lease, new, reason, now, now + timeout, True, tuple(switched))
         e._notify(new, "move", f"moving from card {_where(lease)} to card {_where(new)}: {reason}")
         e.event(
             "move",
@@ -129,6 +163,8 @@ class Moves:
                 raise BadRequest(f"lease {lease.id} cannot move to card {i}: it holds it or must avoid it")
             if not c.usable:
                 raise Conflict(f"card {i} is drained or unhealthy: lease {lease.id} cannot move there")
+            if i in e.busy_cards():
+                raise Conflict(f"card {i} is busy being reconfigured: move lease {lease.id} there later")
             if lease.mode is Mode.XPU:
                 ok = c.idle and not (c.mode is CardMode.SLICED and c.pinned)
             else:
@@ -139,34 +175,11 @@ class Moves:
             if not ok:
                 raise NoCapacity(f"card {i} has no room for lease {lease.id} ({lease.mode})")
 
-    def _reserve(self, lease: Lease, cards: tuple[int, ...]) -> Lease:
+    def _moved(
+        self, lease: Lease, cards: tuple[int, ...], slices: tuple[Slice, ...], placement_env: dict[str, str]
+    ) -> Lease:
+        """The lease as it will be on its new placement."""
         e = self.engine
-        slices: tuple[Slice, ...] = ()
-        if lease.mode is Mode.XPU:
-            placement_env = {"CUDA_VISIBLE_DEVICES": ",".join(e.cards[i].info.uuid for i in cards)}
-            for i in cards:
-                if e.cards[i].mode is CardMode.SLICED:  # an idle sliced card goes back to whole
-                    e._backends[i].leave_sliced(e.cards[i].info)
-                self._set_mode(e.cards[i], CardMode.WHOLE, lease.id)
-                e.cards[i].whole_lease = lease.id
-        else:
-            c = e.cards[cards[0]]
-            backend = e._backends[c.info.index]
-            entered = c.mode is CardMode.WHOLE
-            if entered:
-                backend.enter_sliced(c.info)
-            spec = e.cfg.slices[lease.mode.value]
-            try:
-                s, placement_env = backend.prepare(
-                    c.info, list(c.slices.values()), spec, lease.id, lease.owner_uid
-                )
-            except Exception:
-                if entered:  # leave the card as it was, so the engine's mode stays true
-                    backend.leave_sliced(c.info)
-                raise
-            self._set_mode(c, CardMode.SLICED, lease.id)
-            c.slices[lease.id] = s
-            slices = (s,)
         # Keep the lease's own variables (XPU_*, CUDA_DEVICE_ORDER); the placement's come new, so nothing
         # of the old isolation (e.g. MPS pipe directories) leaks into the restarted command.
         kept = {k: v for k, v in lease.env.items() if k.startswith("XPU_") or k == "CUDA_DEVICE_ORDER"}
@@ -181,16 +194,8 @@ class Moves:
             mark="",
         )
 
-    def _set_mode(self, c: CardState, want: CardMode, lease_id: str) -> None:
-        if c.mode is not want:
-            c.mode = want
-            self.engine.ledger.save_card(c.record())
-            self.engine.event(
-                "mode", f"card {c.info.index} switched to {want} for lease {lease_id}", card=c.info.index
-            )
-
     # ------------------------------------------------------------------ 2. commit on the holder's ack
-    def ack(self, lease_id: str, token: str) -> Lease:
+    async def ack(self, lease_id: str, token: str) -> Lease:
         """The holder stopped its command: commit the new placement, free the old one, return the lease."""
         e = self.engine
         pm = self.pending.get(lease_id)
@@ -199,10 +204,24 @@ class Moves:
             raise Conflict(f"no move is pending for lease {lease_id}{late}")
         if not e.ledger.token_matches(lease_id, token):
             raise Forbidden(f"wrong token for lease {lease_id}: AckMove needs the lease's token")
-        e.ledger.update_placement(pm.new)  # committed before the reply
+        if not pm.ready:
+            raise Conflict(f"the move of lease {lease_id} is still being prepared")
+        self._committing.add(lease_id)
+        try:
+            await e.ledger.write(e.ledger.update_placement_op(pm.new))  # committed before the reply
+        finally:
+            self._committing.discard(lease_id)
+        if self.pending.get(lease_id) is not pm:  # abandoned or ended while the commit ran
+            raise Conflict(f"the move of lease {lease_id} was abandoned")
         del self.pending[lease_id]
-        self._free(pm.old, pm.old.slices)
-        e.leases[lease_id] = pm.new
+        if lease_id in e.leases:
+            e.leases[lease_id] = pm.new
+        old = [i for i in pm.old.cards if i not in pm.new.cards]
+        await e._wait_claim(old)
+        try:
+            await e._free(lease_id, old, pm.old.slices)
+        finally:
+            e._unclaim(old)
         took = e.clock() - pm.started
         e.event(
             "move",
@@ -215,23 +234,30 @@ class Moves:
         return pm.new
 
     # ------------------------------------------------------------------ 3. give up
-    def cancel(self, lease_id: str, pump: bool = True) -> PendingMove | None:
-        """Free a move's reservation (the lease ends, or its holder did not acknowledge in time)."""
+    async def cancel(self, lease_id: str, pump: bool = True) -> PendingMove | None:
+        """Free a move's reservation (the lease ends, or its holder did not acknowledge in time). A move
+        still being prepared is dropped here and freed by ``start`` when its preparation ends."""
         pm = self.pending.pop(lease_id, None)
-        if pm is not None:
-            self._free(pm.new, pm.new.slices)
+        if pm is not None and pm.ready:
+            e = self.engine
+            cards = [i for i in pm.new.cards if i not in pm.old.cards]
+            await e._wait_claim(cards)
+            try:
+                await e._free(lease_id, cards, pm.new.slices)
+            finally:
+                e._unclaim(cards)
             if pump:
-                self.engine.pump()
+                e.pump()
         return pm
 
-    def expire(self, now: float) -> list[PendingMove]:
+    async def expire(self, now: float) -> list[PendingMove]:
         """Abandon the moves whose holder did not acknowledge in time: the lease stays and is marked."""
         e = self.engine
         out = []
         for lease_id, pm in list(self.pending.items()):
-            if now < pm.deadline:
+            if now < pm.deadline or not pm.ready or lease_id in self._committing:
                 continue
-            self.cancel(lease_id)
+            await self.cancel(lease_id)
             self.timed_out.add(lease_id)
             waited = pm.deadline - pm.started
             e.event(
@@ -248,21 +274,7 @@ class Moves:
             out.append(pm)
         return out
 
-    def forget(self, lease_id: str) -> None:
+    async def forget(self, lease_id: str) -> None:
         """The lease ended: drop what is known about its moves (the caller pumps the queue)."""
-        self.cancel(lease_id, pump=False)
         self.timed_out.discard(lease_id)
-
-    def _free(self, lease: Lease, slices: tuple[Slice, ...]) -> None:
-        e = self.engine
-        for s in slices:
-            try:
-                e._backends[s.card_index].teardown(e.cards[s.card_index].info, s)
-            except Exception as err:  # never lose the move over a teardown failure: log it loudly
-                log.error("teardown of %s on card %d failed: %s", lease.id, s.card_index, err)
-                e.event("error", f"teardown of lease {lease.id} failed: {err}", card=s.card_index)
-        for i in lease.cards:
-            c = e.cards[i]
-            if c.whole_lease == lease.id:
-                c.whole_lease = None
-            c.slices.pop(lease.id, None)
+        await self.cancel(lease_id, pump=False)

@@ -19,7 +19,7 @@ from grpc import aio
 from xpud.api import convert
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
-from xpud.auth import METADATA_KEY, CredentialIssuer
+from xpud.auth import METADATA_KEY, CredentialIssuer, member_of
 from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, XpudError
 from xpud.model import Caller, Mode, QueuedRequest, Request
@@ -121,6 +121,10 @@ class NodeService(pbg.NodeServicer):
             cards=len(self.ctx.engine.cards),
             caller_uid=caller.uid,
             caller_is_admin=caller.admin,
+            slice_sizes=[
+                pb.SliceSize(name=s.name, memory_fraction=s.memory_fraction, compute_pct=s.compute_pct)
+                for s in self.ctx.engine.cfg.slices.values()
+            ],
         )
 
     @streaming
@@ -137,6 +141,7 @@ class NodeService(pbg.NodeServicer):
                 owner_uid=caller.uid,
                 holder_pid=caller.pid or None,
                 command=request.command,
+                exempt=caller.admin or member_of(caller.uid, caller.gid, e.cfg.limits.exempt_groups),
             )
         )
         updates: asyncio.Queue = asyncio.Queue()
@@ -207,7 +212,7 @@ class NodeService(pbg.NodeServicer):
     @unary
     async def Release(self, request, context):
         caller = self.ctx.caller(context)
-        lease = self.ctx.engine.release(request.lease_id, caller, request.token)
+        lease = await self.ctx.engine.release(request.lease_id, caller, request.token)
         return pb.ReleaseReply(lease=convert.lease_pb(lease, True))
 
     @unary
@@ -218,7 +223,7 @@ class NodeService(pbg.NodeServicer):
         ack = getattr(e, "ack_move", None)
         if ack is None:
             raise Conflict(f"no move is pending for lease {lease.id}")
-        return pb.AckMoveReply(lease=convert.lease_pb(ack(lease.id, request.token), True))
+        return pb.AckMoveReply(lease=convert.lease_pb(await ack(lease.id, request.token), True))
 
     @unary
     async def ListCards(self, request, context):
@@ -327,23 +332,23 @@ class AdminService(pbg.AdminServicer):
     @unary
     async def Drain(self, request, context):
         self._operator(context)
-        return self._card(self.ctx.engine.drain(request.card, request.reason))
+        return self._card(await self.ctx.engine.drain(request.card, request.reason))
 
     @unary
     async def Undrain(self, request, context):
         self._operator(context)
-        return self._card(self.ctx.engine.undrain(request.card))
+        return self._card(await self.ctx.engine.undrain(request.card))
 
     @unary
     async def SetCardMode(self, request, context):
         self._operator(context)
-        return self._card(self.ctx.engine.set_mode(request.card, request.mode))
+        return self._card(await self.ctx.engine.set_mode(request.card, request.mode))
 
     @unary
     async def Evict(self, request, context):
         self._operator(context)
         return pb.EvictReply(
-            lease=convert.lease_pb(self.ctx.engine.evict(request.lease_id, request.reason), True)
+            lease=convert.lease_pb(await self.ctx.engine.evict(request.lease_id, request.reason), True)
         )
 
     @unary

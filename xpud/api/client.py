@@ -45,7 +45,8 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
 def to_error(e: grpc.RpcError, where: str) -> XpudError:
     code = e.code() if hasattr(e, "code") else None
     detail = (e.details() if hasattr(e, "details") else "") or ""
-    if code in (grpc.StatusCode.UNAVAILABLE, None) and "Socket closed" not in detail:
+    daemon_said = detail.startswith("ledger ")  # the daemon's own UNAVAILABLE (ledger busy or full): retry
+    if code in (grpc.StatusCode.UNAVAILABLE, None) and "Socket closed" not in detail and not daemon_said:
         return Unavailable(
             f"cannot reach xpud at {where}: is the daemon running? (systemctl status xpud; "
             "or point --runtime-dir / XPUD_RUNTIME_DIR at its sockets)"

@@ -5,6 +5,12 @@ The text report has the driver and CUDA versions, the inventory, the topology ma
 event-registration probe. ``--json`` prints the same as a machine description (see ``machines.py``) with
 the measurements under ``recording``, so a recording of a real host replays as a simulated machine:
 ``xpud --simulate recording.json``.
+
+A MIG-capable card lists no profiles while MIG is off (the driver answers NOT_SUPPORTED). Its profiles are
+then taken from another card of the same model that has MIG on, else from the machine descriptions that
+ship with xpud (``etc/machines``), so that the report can still say which profiles xpud would use (from
+``etc/mig-profiles.toml``) and the recording still replays the card as MIG-capable. Where neither knows
+the model, the report says so and the recording keeps the card without MIG.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from xpud.errors import XpudError
-from xpud.hw.machines import ARCHITECTURES, format_cpulist
+from xpud.hw.machines import ARCHITECTURES, MachineError, format_cpulist, list_machines, load_machine
 from xpud.hw.nvml import MIB, MigProfile, Nvml, NvmlError, NvmlNotSupported, NvmlUnavailable
 from xpud.hw.topology import LEVEL_MEANING, Topology
 from xpud.model import CardInfo, CardSample, SliceSpec
@@ -49,6 +55,13 @@ def check_hardware(
         report = _probe(nvml)
     finally:
         nvml.close()
+    report["model_profiles"] = _model_profiles(report["cards"], report["mig_profiles"])
+    for c in report["cards"]:
+        if c.mig_capable and not report["model_profiles"][c.name][0]:
+            report["notes"].append(
+                f"GPU{c.index} ({c.name}): MIG is off and no machine description knows this model's "
+                "profiles: the recording replays it without MIG (record again with MIG on to keep them)"
+            )
     report["mig_mapping"] = _mig_mapping(report, slices, profile_map)
     problems = report["problems"] + [e for e in nvml.errors if e not in report["problems"]]
     if as_json:
@@ -61,8 +74,8 @@ def check_hardware(
 
 
 def _mig_mapping(report: dict, slices, profile_map) -> dict[str, dict[str, tuple[list[str], str]]]:
-    """Card model -> slice size -> (profile names xpud would use, "map" or "derived"). Pure: it reads only
-    the profiles already probed."""
+    """Card model -> slice size -> (profile names xpud would use, where they come from). Pure but for
+    reading the packaged machine descriptions: it uses the profiles already probed (or known by model)."""
     from xpud.config import DEFAULT_SLICES
     from xpud.isolation import mig_map
 
@@ -72,15 +85,65 @@ def _mig_mapping(report: dict, slices, profile_map) -> dict[str, dict[str, tuple
         report["problems"].append(f"MIG profile map: {e}")
         table = {}
     out = {}
-    for c, profiles in zip(report["cards"], report["mig_profiles"], strict=True):
-        if profiles and c.name not in out:
-            geom = mig_map.geometry(profiles)
-            ids = mig_map.profiles_for(c.name, geom, slices or DEFAULT_SLICES, table)
+    for c in report["cards"]:
+        if not c.mig_capable or c.name in out:
+            continue
+        profiles, origin = report["model_profiles"].get(c.name, ([], ""))
+        if not profiles:  # MIG off and the model unknown: the map's names, unchecked
+            named = table.get(c.name, {})
             out[c.name] = {
-                size: ([geom.profile(i).name for i in chosen], mig_map.source(c.name, size, table))
-                for size, chosen in ids.items()
+                size: (list(named.get(size, ())), "map" if named.get(size) else "derived once MIG is on")
+                for size in slices or DEFAULT_SLICES
             }
+            continue
+        geom = mig_map.geometry(profiles)
+        ids = mig_map.profiles_for(c.name, geom, slices or DEFAULT_SLICES, table)
+        note = f"; profiles from {origin}" if origin else ""
+        out[c.name] = {
+            size: ([geom.profile(i).name for i in chosen], mig_map.source(c.name, size, table) + note)
+            for size, chosen in ids.items()
+        }
     return out
+
+
+def _model_profiles(cards: list[CardInfo], probed: list[list[MigProfile]]) -> dict:
+    """Card model name -> (its MIG profiles, "" when a card of this host listed them, else where they come
+    from): a card lists none while MIG is off, so another card of the model, or a packaged machine
+    description that has the model, stands in."""
+    out: dict[str, tuple[list[MigProfile], str]] = {}
+    for c, profiles in zip(cards, probed, strict=True):
+        if profiles and not out.get(c.name, ([], ""))[0]:
+            out[c.name] = (profiles, "")
+    for c in cards:
+        if c.mig_capable and c.name not in out:
+            out[c.name] = _packaged_profiles(c.name)
+    return out
+
+
+def _packaged_profiles(name: str) -> tuple[list[MigProfile], str]:
+    for machine in list_machines():
+        try:
+            m = load_machine(machine)
+        except MachineError:
+            continue
+        model = next((c.model for c in m.cards if c.model.name == name and c.model.mig_profiles), None)
+        if model is not None:
+            profiles = [
+                MigProfile(
+                    p.profile,
+                    p.id,
+                    p.name,
+                    p.slices,
+                    p.placement_size,
+                    p.memory_mib * MIB,
+                    p.instances,
+                    p.multiprocessors,
+                    tuple((start, p.placement_size) for start in p.placements),
+                )
+                for p in model.mig_profiles
+            ]
+            return profiles, f"etc/machines/{machine}.toml"
+    return [], ""
 
 
 def _probe(nvml: Nvml) -> dict:
@@ -113,6 +176,7 @@ def _probe(nvml: Nvml) -> dict:
         ],
         "events": {},
         "problems": problems,
+        "notes": [],
     }
     problems.extend(f"card {i}: lost (fallen off the bus)" for i, s in enumerate(report["samples"]) if s.lost)
     try:
@@ -180,6 +244,8 @@ def _print_report(report: dict, problems: list[str], out: TextIO) -> None:
             p(f"        profiles as GPU{shown[c.name]}")
         else:
             shown[c.name] = c.index
+            if not profiles and mode[0] != 1:
+                p("        no profiles listed while MIG is off (the driver lists them with MIG on)")
             for pr in profiles:
                 starts = ",".join(str(s) for s, _ in pr.placements)
                 shape = f"{pr.name:<12} id {pr.id:<3} enum {pr.profile:<3}"
@@ -195,6 +261,8 @@ def _print_report(report: dict, problems: list[str], out: TextIO) -> None:
     for i, (kinds, why) in sorted(report["events"].items()):
         p(f"  GPU{i}  " + (f"registered: {kinds}" if why is None else f"not registered: {why}"))
     p()
+    for line in report["notes"]:
+        p(f"Note: {line}")
     if problems:
         p(f"{len(problems)} problem(s):")
         for line in problems:
@@ -248,6 +316,7 @@ def _description(report: dict) -> dict:
     cards: list[CardInfo] = report["cards"]
     models: dict[str, dict] = {}
     card_tables = []
+    profile_sources: dict[str, str] = {}
     switch_buses: set[str] = set()
     for c, sample, links, pcie, profiles, mode in zip(
         cards,
@@ -260,7 +329,10 @@ def _description(report: dict) -> dict:
     ):
         key = re.sub(r"[^a-z0-9]+", "-", c.name.lower()).strip("-") or f"card{c.index}"
         if key not in models:
+            profiles, origin = report["model_profiles"].get(c.name, (profiles, ""))
             models[key] = _model(c, sample, links, pcie, profiles)
+            if origin:
+                profile_sources[key] = f"{origin} (MIG was off: the cards listed no profiles)"
         table = {"model": key, "bus_id": c.pci_bus_id, "uuid": c.uuid}
         if c.numa_node is not None:
             table["numa"] = c.numa_node
@@ -268,11 +340,15 @@ def _description(report: dict) -> dict:
             table["serial"] = c.serial
         if mode is not None and mode[0]:
             table["mig_enabled"] = True
-        switch = [lk for lk in links if lk.remote == "switch"]
+        switch = [lk for lk in links if lk.remote == "switch" and lk.active]
         switch_buses.update(lk.remote_bus_id for lk in switch if lk.remote_bus_id)
         if switch:
             table["nvlink_switch_links"] = len(switch)
-        peers = [lk.remote_index for lk in links if lk.remote == "gpu" and lk.remote_index is not None]
+        peers = [
+            lk.remote_index
+            for lk in links
+            if lk.remote == "gpu" and lk.active and lk.remote_index is not None
+        ]
         if peers:
             table["nvlink_peers"] = peers
         card_tables.append(table)
@@ -300,6 +376,8 @@ def _description(report: dict) -> dict:
                 for model, sizes in report["mig_mapping"].items()
             },
             "events": {str(i): {"registered": k, "error": e} for i, (k, e) in report["events"].items()},
+            "mig_profiles_from": profile_sources,
+            "notes": report["notes"],
         },
     }
     if topo is not None:
@@ -345,6 +423,8 @@ def _model(c: CardInfo, s: CardSample, links: list, pcie: tuple, profiles: list[
         model["nvlink_version"] = _NVLINK_VERSIONS[version]
     elif links:
         model["nvlink_version"] = "4.0"  # the card has links but cannot say which kind
+    if links:
+        model["nvlink_links"] = len(links)  # all the board's links; only the active ones are wired above
     if profiles:
         model["mig_profiles"] = [
             {

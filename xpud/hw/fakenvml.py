@@ -9,10 +9,13 @@ Values that move (utilisation, temperature, power, memory in use) are pure funct
 the card and ``clock()``, so a seed and a clock give the same readings in any call order.
 
 Beyond the pynvml surface (all thread-safe; none needs nvmlInit):
-- processes: ``add_process``, ``remove_process``;
+- processes: ``add_process``, ``remove_process``; other NVML clients (a monitoring agent such as DCGM)
+  that hold a card: ``add_client``, ``remove_client``;
+- link power: ``nvlink_sleep`` (links in their low-power state: not a fault);
+- PCIe: ``add_pcie_replays`` (the replay counter rises);
 - faults: ``inject_xid``, ``inject_ecc_sbe``, ``inject_ecc_dbe``, ``set_overheat``, ``nvlink_down``,
   ``lose``, ``corrupt_inforom``, ``clear`` (faults gone, volatile counters reset), ``reset`` (a GPU
-  reset: also applies a pending MIG mode; refused while processes run);
+  reset, ``nvidia-smi -r``: also applies a pending MIG mode; refused while the card is held);
 - tests: ``fail(name, code, index)`` makes one call fail, ``hide(name)`` makes it missing as in an old
   binding, ``calls`` counts calls by name, ``mig_layout(index)`` shows the MIG instances.
 """
@@ -32,6 +35,25 @@ from dataclasses import dataclass, field
 import pynvml as N
 
 from xpud.hw.machines import CardSpec, Machine, MigProfileSpec, load_machine
+
+# What the fake models, and where it is deliberately simpler than the driver (nvml.h; REFERENCE.md):
+# - MIG mode (nvmlDeviceSetMigMode): the pending mode is set first; the driver then tries to activate it
+#   by resetting the card itself, which fails with activation status IN_USE while anything holds the card
+#   (a compute process, another NVML client such as DCGM, or an event set with the card registered, ours
+#   included); the pending mode stays until a later reset or until the current mode is asked for again.
+#   ``passthrough=True`` models a VM where the driver cannot reset: RESET_REQUIRED, and only ``reset``
+#   (which a VM reboot would be) applies it. Simpler: a reset keeps device handles valid (the driver may
+#   renumber minors; the adapter re-reads handles after a switch anyway), and nvidia-persistenced is not
+#   modelled (it does not block a switch on real hosts either).
+# - Profiles: GPU-instance profile calls answer NOT_SUPPORTED while MIG is off, as the driver does; a
+#   driver older than R570 knows fewer profile enums (the binding's later ones answer INVALID_ARGUMENT).
+#   Simpler: the enum count is a two-step model of driver history, not a table per release.
+# - Events: a lost card makes nvmlEventSetWait answer GPU_IS_LOST once the events queued before the loss
+#   are handed out (what the driver does with those is not documented; the adapter copes either way).
+#   Freeing a set while another thread waits on it, or shutting NVML down then, is undefined in NVML: the
+#   fake raises RuntimeError so that a test finds the misuse. Simpler: no per-process event limits, no
+#   nvmlEventSetWait_v3 contexts.
+# - Values that move are smooth noise, not physics; NVLink, clocks and power are out of this list's scope.
 
 MIB = 1 << 20
 NO_ID = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of an event or process that concerns the whole card
@@ -53,6 +75,10 @@ _CI_PROFILE_BY_SLICES = {
 }  # slices -> NVML_COMPUTE_INSTANCE_PROFILE_*
 _SUPPORTED_EVENTS = N.nvmlEventTypeXidCriticalError | N.nvmlEventTypePState | N.nvmlEventTypeClock
 _ECC_EVENTS = N.nvmlEventTypeSingleBitEccError | N.nvmlEventTypeDoubleBitEccError
+# Profile enums a driver knows: before R570 it knows the GPU-instance enums up to 1_SLICE_REV2 and the
+# compute-instance enums up to 1_SLICE_REV1; asked about a later enum it answers INVALID_ARGUMENT.
+_OLD_DRIVER_GI_PROFILES = N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2 + 1
+_OLD_DRIVER_CI_PROFILES = N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1 + 1
 _LINK_COUNTERS = 4  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
 _FIELD_TOTALS = {  # field id -> per-link counter it sums
     N.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: N.NVML_NVLINK_ERROR_DL_REPLAY,
@@ -110,25 +136,29 @@ class _Card:
     def __init__(self, spec: CardSpec):
         self.spec, self.model, self.index = spec, spec.model, spec.index
         self.lost = self.overheat = self.inforom_corrupt = False
-        self.links_up = [True] * spec.nvlink_count
-        self.link_errors = [[0] * _LINK_COUNTERS for _ in range(spec.nvlink_count)]
+        # NVLink: the board's links (NVML counts them all); the wired ones come first and come up.
+        self.links_up = [k < spec.nvlink_count for k in range(spec.nvlink_links)]
+        self.links_asleep: set[int] = set()  # in the low-power (sleep) state: still trained
+        self.link_errors = [[0] * _LINK_COUNTERS for _ in range(spec.nvlink_links)]
         self.ecc = {"sbe_vol": 0, "dbe_vol": 0, "sbe_agg": 0, "dbe_agg": 0}
         self.retired: dict[int, list[int]] = {0: [], 1: []}  # NVML_PAGE_RETIREMENT_CAUSE_* -> addresses
         self.retired_pending = False
         self.rows = [0, 0, 0, 0]  # remapped rows: corrected, uncorrected, pending, failure
         self.pcie_replays = 0
         self.compute_mode = N.NVML_COMPUTEMODE_DEFAULT
+        self.persistence = N.NVML_FEATURE_ENABLED  # as on hosts that run nvidia-persistenced
         self.mig = self.mig_pending = int(spec.mig_enabled)
         self.gis: dict[int, _Gi] = {}
         self.mig_devices: dict[int, _Ci] = {}
         self.procs: dict[int, _Proc] = {}
+        self.clients: set[str] = set()  # other NVML clients holding the card (e.g. "dcgm")
         self.handle: object = None
 
     def clear_faults(self) -> None:
         """What a GPU reset puts right: faults gone, volatile counters back to zero."""
         self.lost = self.overheat = False
-        self.links_up = [True] * self.spec.nvlink_count
-        self.link_errors = [[0] * _LINK_COUNTERS for _ in range(self.spec.nvlink_count)]
+        self.links_up = [k < self.spec.nvlink_count for k in range(self.spec.nvlink_links)]
+        self.link_errors = [[0] * _LINK_COUNTERS for _ in range(self.spec.nvlink_links)]
         self.ecc["sbe_vol"] = self.ecc["dbe_vol"] = 0
         self.pcie_replays = 0
         self.retired_pending = False
@@ -140,6 +170,7 @@ class _EventSet:
     registered: dict[int, int] = field(default_factory=dict)  # card index -> event mask
     queue: deque = field(default_factory=deque)
     freed: bool = False
+    waiting: int = 0  # threads inside nvmlEventSetWait on this set
 
 
 # ---------------------------------------------------------------------------------- deterministic noise
@@ -215,9 +246,15 @@ class FakeNvml:
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
         root: bool = True,
+        passthrough: bool = False,
     ):
         self.machine = machine if isinstance(machine, Machine) else load_machine(machine)
         self.seed, self._clock, self.root = seed, clock, root
+        self.passthrough = passthrough  # a VM: the driver cannot reset a card to apply a MIG mode
+        major = self.machine.driver_version.split(".")[0]
+        old = major.isdigit() and int(major) < 570
+        self.gi_profile_count = _OLD_DRIVER_GI_PROFILES if old else N.NVML_GPU_INSTANCE_PROFILE_COUNT
+        self.ci_profile_count = _OLD_DRIVER_CI_PROFILES if old else N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._inits = 0
@@ -290,6 +327,8 @@ class FakeNvml:
 
     @_api
     def nvmlShutdown(self) -> None:
+        if self._inits == 1 and any(es.waiting for es in self._sets):
+            raise RuntimeError("nvmlShutdown while a thread is inside nvmlEventSetWait: undefined in NVML")
         self._inits -= 1
 
     @_api
@@ -430,18 +469,39 @@ class FakeNvml:
 
     # ----------------------------------------------------------------------------------- NVLink
 
+    # A board has ``spec.nvlink_links`` links (a PCIe H100/A100 has them without its bridge: all
+    # inactive); the ``spec.nvlink_count`` wired ones (peers first, then NVSwitch) come up. A card in MIG
+    # mode has its links down, and so do its peers' links to it (DCGM works around exactly this:
+    # DcgmHealthWatch.cpp, "NVML reports links to MIG enabled GPUs as down"). A link in its low-power
+    # state reads SLEEP in NVML_FI_DEV_NVLINK_GET_STATE; the fake assumes nvmlDeviceGetNvLinkState
+    # (active or not) still calls it active, as it is trained.
+
     def _link(self, handle, link: int) -> _Card:
         card = self._dev(handle)
-        if not card.spec.nvlink_count:
+        if not card.spec.nvlink_links:
             raise _err(N.NVML_ERROR_NOT_SUPPORTED)
-        if not 0 <= link < card.spec.nvlink_count:
+        if not 0 <= link < card.spec.nvlink_links:
             raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
         return card
+
+    def _link_state(self, card: _Card, link: int) -> int:
+        """NVML_NVLINK_STATE_INACTIVE, _ACTIVE or _SLEEP. A link to a peer that fell off the bus is down
+        too (NVIDIA's XID catalogue, XID 74: the far end failing takes the link down)."""
+        peers = card.spec.nvlink_peers
+        peer = self._cards[peers[link]] if link < len(peers) else None
+        if not card.links_up[link] or card.mig or (peer is not None and (peer.mig or peer.lost)):
+            return N.NVML_NVLINK_STATE_INACTIVE
+        return N.NVML_NVLINK_STATE_SLEEP if link in card.links_asleep else N.NVML_NVLINK_STATE_ACTIVE
+
+    def _wired(self, card: _Card, link: int) -> None:
+        if link >= card.spec.nvlink_count:  # nothing at the far end (no bridge)
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
 
     @_api
     def nvmlDeviceGetNvLinkState(self, device, link: int) -> int:
         card = self._link(device, link)
-        return N.NVML_FEATURE_ENABLED if card.links_up[link] else N.NVML_FEATURE_DISABLED
+        inactive = self._link_state(card, link) == N.NVML_NVLINK_STATE_INACTIVE
+        return N.NVML_FEATURE_DISABLED if inactive else N.NVML_FEATURE_ENABLED
 
     @_api
     def nvmlDeviceGetNvLinkVersion(self, device, link: int) -> int:
@@ -450,12 +510,14 @@ class FakeNvml:
     @_api
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle, link: int) -> int:
         card = self._link(handle, link)
+        self._wired(card, link)
         peer = link < len(card.spec.nvlink_peers)
         return N.NVML_NVLINK_DEVICE_TYPE_GPU if peer else N.NVML_NVLINK_DEVICE_TYPE_SWITCH
 
     @_api
     def nvmlDeviceGetNvLinkRemotePciInfo(self, device, link: int):
         card = self._link(device, link)
+        self._wired(card, link)
         peers = card.spec.nvlink_peers
         if link < len(peers):  # direct links come first, then the links to NVSwitch chips
             return self._pci_info(self.machine.cards[peers[link]].bus_id)
@@ -475,7 +537,7 @@ class FakeNvml:
     def nvmlDeviceGetFieldValues(self, handle, fieldIds: list):
         card = self._dev(handle)
         values = (N.c_nvmlFieldValue_t * len(fieldIds))()
-        n = card.spec.nvlink_count
+        n = card.spec.nvlink_links
         for v, fid in zip(values, fieldIds, strict=True):
             v.fieldId, v.scopeId = fid if isinstance(fid, tuple) else (fid, 0)
             v.timestamp = int(self._clock() * 1e6)
@@ -486,7 +548,8 @@ class FakeNvml:
                 total = sum(errs[_FIELD_TOTALS[v.fieldId]] for errs in card.link_errors)
                 v.valueType, v.value.ullVal = N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, total
             elif v.fieldId == N.NVML_FI_DEV_NVLINK_GET_STATE and 0 <= v.scopeId < n:
-                v.valueType, v.value.uiVal = N.NVML_VALUE_TYPE_UNSIGNED_INT, int(card.links_up[v.scopeId])
+                state = self._link_state(card, v.scopeId)
+                v.valueType, v.value.uiVal = N.NVML_VALUE_TYPE_UNSIGNED_INT, state
             else:
                 v.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
         return values
@@ -667,6 +730,18 @@ class FakeNvml:
             raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
         card.compute_mode = mode
 
+    @_api
+    def nvmlDeviceGetPersistenceMode(self, handle) -> int:
+        return self._dev(handle).persistence
+
+    @_api
+    def nvmlDeviceSetPersistenceMode(self, handle, mode: int) -> None:
+        card = self._dev(handle)
+        self._need_root()
+        if mode not in (N.NVML_FEATURE_DISABLED, N.NVML_FEATURE_ENABLED):
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        card.persistence = mode
+
     # ----------------------------------------------------------------------------------- events
 
     def _set(self, handle) -> _EventSet:
@@ -699,20 +774,29 @@ class FakeNvml:
     def nvmlEventSetWait(self, eventSet, timeoutms: int):
         es = self._set(eventSet)
         deadline = time.monotonic() + timeoutms / 1000.0  # blocking is real time, not the fake clock
-        while not es.queue:
-            left = deadline - time.monotonic()
-            if es.freed:
-                raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
-            if left <= 0:
-                raise _err(N.NVML_ERROR_TIMEOUT)
-            self._cond.wait(left)
-        return es.queue.popleft()
+        es.waiting += 1
+        try:
+            while not es.queue:
+                if any(self._cards[i].lost for i in es.registered):
+                    raise _err(N.NVML_ERROR_GPU_IS_LOST)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _err(N.NVML_ERROR_TIMEOUT)
+                self._cond.wait(left)
+            return es.queue.popleft()
+        finally:
+            es.waiting -= 1
 
     nvmlEventSetWait_v2 = _alias(nvmlEventSetWait, "nvmlEventSetWait_v2")
 
     @_api
     def nvmlEventSetFree(self, eventSet) -> None:
         es = self._set(eventSet)
+        if es.waiting:
+            raise RuntimeError(
+                "nvmlEventSetFree on an event set another thread waits on: undefined in NVML "
+                "(let the waiting thread free it when its wait returns)"
+            )
         es.freed = True
         self._sets.remove(es)
         self._drop_handle(eventSet)
@@ -735,7 +819,21 @@ class FakeNvml:
             raise _err(N.NVML_ERROR_NOT_SUPPORTED)
         return card
 
+    def _held_by(self, card: _Card) -> list[str]:
+        """What keeps the driver from resetting the card: processes, other NVML clients, event sets."""
+        out = [f"process {pid}" for pid in card.procs]
+        out += sorted(card.clients)
+        out += ["an event set" for es in self._sets if card.index in es.registered]
+        return out
+
+    def _reset_card(self, card: _Card) -> None:
+        card.mig = card.mig_pending
+        card.clear_faults()
+        card.inforom_corrupt = False
+
     def _profile(self, card: _Card, profile_id: int) -> MigProfileSpec:
+        if not card.mig:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)  # profiles are answered only while MIG is on
         for p in card.model.mig_profiles:
             if p.id == profile_id:
                 return p
@@ -748,15 +846,24 @@ class FakeNvml:
 
     @_api
     def nvmlDeviceSetMigMode(self, device, mode: int) -> int:
-        """Sets the pending mode; it takes effect at ``reset(index)``. Returns the activation status."""
+        """Sets the pending mode, then activates it by resetting the card when nothing holds it. Returns
+        the activation status: SUCCESS (the mode is current), IN_USE (held: the mode stays pending) or,
+        under ``passthrough``, RESET_REQUIRED."""
         card = self._mig_card(device)
         self._need_root()
         if mode not in (N.NVML_DEVICE_MIG_DISABLE, N.NVML_DEVICE_MIG_ENABLE):
             raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
-        if card.procs or card.gis:
-            raise _err(N.NVML_ERROR_IN_USE)
+        if card.gis:
+            raise _err(N.NVML_ERROR_IN_USE)  # GPU instances must be destroyed first
         card.mig_pending = mode
-        return N.NVML_SUCCESS if mode == card.mig else N.NVML_ERROR_RESET_REQUIRED
+        if mode == card.mig:
+            return N.NVML_SUCCESS  # asking for the current mode cancels a pending change
+        if self.passthrough:
+            return N.NVML_ERROR_RESET_REQUIRED
+        if self._held_by(card):
+            return N.NVML_ERROR_IN_USE
+        self._reset_card(card)
+        return N.NVML_SUCCESS
 
     @_api
     def nvmlDeviceGetMaxMigDeviceCount(self, device) -> int:
@@ -765,6 +872,10 @@ class FakeNvml:
     @_api
     def nvmlDeviceGetGpuInstanceProfileInfo(self, device, profile: int, version: int = 2):
         card = self._mig_card(device)
+        if not 0 <= profile < self.gi_profile_count:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)  # an enum this driver does not know
+        if not card.mig:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
         spec = next((p for p in card.model.mig_profiles if p.profile == profile), None)
         if spec is None:
             raise _err(N.NVML_ERROR_NOT_SUPPORTED)
@@ -865,6 +976,8 @@ class FakeNvml:
         self, device, profile: int, engProfile: int, version: int = 2
     ):
         gi: _Gi = self._resolve(device, "gi")
+        if not 0 <= profile < self.ci_profile_count:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)  # an enum this driver does not know
         shapes = self._ci_slices(gi)
         if profile not in shapes or engProfile != N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
             raise _err(N.NVML_ERROR_NOT_SUPPORTED)
@@ -1007,6 +1120,16 @@ class FakeNvml:
         with self._lock:
             self._cards[index].procs.pop(pid, None)
 
+    def add_client(self, index: int, name: str = "dcgm") -> None:
+        """Another NVML client (a monitoring agent such as DCGM) holds the card: MIG mode changes stay
+        pending and resets are refused until it lets go."""
+        with self._lock:
+            self._cards[index].clients.add(name)
+
+    def remove_client(self, index: int, name: str = "dcgm") -> None:
+        with self._lock:
+            self._cards[index].clients.discard(name)
+
     # -------------------------------------------------------------------- beyond pynvml: faults
 
     def inject_xid(
@@ -1051,7 +1174,7 @@ class FakeNvml:
             self._cards[index].overheat = on
 
     def nvlink_down(self, index: int, links: list[int] | None = None) -> None:
-        """Take links (default: all) down; their replay/recovery/CRC counters go up."""
+        """Take links (default: all wired ones) down; their replay/recovery/CRC counters go up."""
         with self._lock:
             card = self._cards[index]
             for link in range(card.spec.nvlink_count) if links is None else links:
@@ -1062,10 +1185,23 @@ class FakeNvml:
                 errs[N.NVML_NVLINK_ERROR_DL_CRC_FLIT] += 40
                 errs[N.NVML_NVLINK_ERROR_DL_CRC_DATA] += 3
 
+    def add_pcie_replays(self, index: int, n: int) -> None:
+        """The PCIe link retried ``n`` more transfers (nvmlDeviceGetPcieReplayCounter rises)."""
+        with self._lock:
+            self._cards[index].pcie_replays += int(n)
+
+    def nvlink_sleep(self, index: int, links: list[int] | None = None, asleep: bool = True) -> None:
+        """Put links (default: all wired ones) in their low-power state, or wake them: not a fault."""
+        with self._lock:
+            card = self._cards[index]
+            chosen = set(range(card.spec.nvlink_count) if links is None else links)
+            card.links_asleep = card.links_asleep | chosen if asleep else card.links_asleep - chosen
+
     def lose(self, index: int) -> None:
         """The card falls off the bus: every call on its handles raises NVMLError_GpuIsLost."""
         with self._lock:
             self._cards[index].lost = True
+            self._cond.notify_all()  # an event wait on the card answers GPU_IS_LOST
 
     def corrupt_inforom(self, index: int) -> None:
         with self._lock:
@@ -1079,13 +1215,13 @@ class FakeNvml:
             card.inforom_corrupt = False
 
     def reset(self, index: int) -> None:
-        """A GPU reset: refused while processes run; applies a pending MIG mode and clears faults."""
+        """A GPU reset (``nvidia-smi -r``): refused while anything holds the card (processes, other NVML
+        clients, event sets with the card registered); applies a pending MIG mode and clears faults."""
         with self._lock:
             card = self._cards[index]
-            if card.procs:
+            if self._held_by(card):
                 raise _err(N.NVML_ERROR_IN_USE)
-            card.mig = card.mig_pending
-            self.clear(index)
+            self._reset_card(card)
             if self.on_change is not None:
                 self.on_change()
 

@@ -87,9 +87,10 @@ class CardHealth:
     failures: list[float] = field(default_factory=list)  # times the card left healthy
     memory: SignalMemory = field(init=False)
     _since: dict[int, float | None] = field(default_factory=lambda: {0: None, 1: None, 2: None})
+    pcie_link: tuple[int | None, int | None] = (None, None)  # (generation, width): the replay allowance
 
     def __post_init__(self) -> None:
-        self.memory = SignalMemory(self.cfg)
+        self.memory = SignalMemory(self.cfg, pcie_link=self.pcie_link)
 
     # ------------------------------------------------------------------ inputs
     def observe_sample(self, sample: CardSample, fragmentation: float | None = None) -> None:

@@ -26,6 +26,9 @@ Format (``etc/machines/dgx-h100.toml`` is a commented example)::
     pcie_gen = 5                      # maximum link generation and width
     pcie_width = 16
     nvlink_version = "4.0"            # omit for no NVLink
+    nvlink_links = 12                 # links the board has (NVML's link count), wired or not; default:
+                                      # the card's wired links. A PCIe board without its bridge reports
+                                      # all of them, inactive.
     ecc = true                        # ECC counters readable
     memory_errors = "remap"           # "remap" (row remapping, Ampere+), "retire" (page retirement), "none"
     fan = false                       # the board reports a fan speed (SXM and passive boards do not)
@@ -59,12 +62,17 @@ Format (``etc/machines/dgx-h100.toml`` is a commented example)::
     levels = [[0, 18, ...], ...]
 
 A top-level ``recording`` table (what check-hardware measured) is accepted and ignored.
+
+Every number is checked against a range (``_Table.get``'s ``span``: what real hardware can report and what
+the NVML surface can carry, e.g. memory that fits NVML's 64-bit byte counts), floats must be finite, strings
+and lists are bounded, and a file nested too deeply is refused (one line, not a traceback).
 """
 
 from __future__ import annotations
 
 import importlib.resources
 import json
+import math
 import tomllib
 import uuid as uuidlib
 from dataclasses import dataclass
@@ -75,7 +83,13 @@ from xpud.hw.topology import HOSTBRIDGE, INTERNAL, MULTIPLE, NODE, SINGLE, SYSTE
 
 ARCHITECTURES = ("kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
 MEMORY_ERRORS = ("remap", "retire", "none")
+NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS in nvml.h
 _LEVELS = (INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM)
+MAX_CARDS = 256
+MAX_CPUS = 1 << 16  # CPU ids 0 .. MAX_CPUS - 1
+MAX_MEMORY_MIB = 1 << 24  # 16 TiB: far above any card, far below NVML's 64-bit byte counts
+MAX_STRING = 256  # characters in a name, an id or a version
+MAX_LIST = 1024  # items in one list
 
 
 class MachineError(ValueError):
@@ -110,6 +124,7 @@ class CardModel:
     pcie_gen: int = 4
     pcie_width: int = 16
     nvlink_version: str | None = None
+    nvlink_links: int = 0  # links the board has, wired or not (0: as many as the card has wired)
     ecc: bool = True
     memory_errors: str = "remap"
     fan: bool = False
@@ -138,7 +153,13 @@ class CardSpec:
 
     @property
     def nvlink_count(self) -> int:
+        """Links wired to something (a peer or an NVSwitch): the links that come up."""
         return self.nvlink_switch_links + len(self.nvlink_peers)
+
+    @property
+    def nvlink_links(self) -> int:
+        """Links the board has (what NVML counts), wired or not; the wired ones come first."""
+        return max(self.model.nvlink_links, self.nvlink_count)
 
 
 @dataclass(frozen=True)
@@ -185,7 +206,10 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
     cpus: list[int] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
+        first, last = int(lo), int(hi or lo)
+        if not 0 <= first <= last < MAX_CPUS:
+            raise ValueError(f"CPU range {part!r}: expected ids 0..{MAX_CPUS - 1}, low to high")
+        cpus.extend(range(first, last + 1))
     return tuple(cpus)
 
 
@@ -231,6 +255,8 @@ def load_machine(name_or_path: str | Path) -> Machine:
         data = json.loads(raw) if path.suffix == ".json" else tomllib.loads(raw.decode())
     except (ValueError, UnicodeDecodeError) as e:
         raise MachineError(f"{path}: not valid {path.suffix[1:].upper()}: {e}") from None
+    except RecursionError:
+        raise MachineError(f"{path}: nested too deeply (arrays or tables within each other)") from None
     return parse_machine(data, source=str(path))
 
 
@@ -250,7 +276,15 @@ class _Table:
     def error(self, key: str, why: str) -> MachineError:
         return MachineError(f"{self.source}: {self.where + '.' if self.where else ''}{key}: {why}")
 
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = _REQUIRED) -> Any:
+    def get(
+        self,
+        key: str,
+        kind: type | tuple[type, ...],
+        default: Any = _REQUIRED,
+        span: tuple[float, float] | None = None,
+    ) -> Any:
+        """The value of ``key``, of type ``kind``; numbers within ``span`` (inclusive), floats finite,
+        strings and lists bounded in size."""
         self.seen.add(key)
         if key not in self.data or self.data[key] is None:
             if default is _REQUIRED:
@@ -262,19 +296,36 @@ class _Table:
             value = float(value)
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             names = " or ".join(k.__name__ for k in kinds)
-            raise self.error(key, f"expected {names}, got {value!r}")
+            raise self.error(key, f"expected {names}, got {_short(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.error(key, f"{value!r} is not a finite number")
+        if span is not None and isinstance(value, int | float) and not span[0] <= value <= span[1]:
+            raise self.error(key, f"{value!r} is outside {span[0]!r}..{span[1]!r}")
+        if isinstance(value, str) and len(value) > MAX_STRING:
+            raise self.error(key, f"{len(value)} characters; at most {MAX_STRING}")
+        if isinstance(value, list) and len(value) > MAX_LIST:
+            raise self.error(key, f"{len(value)} items; at most {MAX_LIST}")
         return value
 
-    def ints(self, key: str, default: tuple[int, ...] = ()) -> tuple[int, ...]:
+    def ints(
+        self, key: str, default: tuple[int, ...] = (), span: tuple[int, int] = (0, 255)
+    ) -> tuple[int, ...]:
         values = self.get(key, list, list(default))
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise self.error(key, f"expected a list of integers, got {values!r}")
+            raise self.error(key, f"expected a list of integers, got {_short(values)}")
+        if not all(span[0] <= v <= span[1] for v in values):
+            raise self.error(key, f"expected integers in {span[0]}..{span[1]}, got {_short(values)}")
         return tuple(values)
 
     def done(self) -> None:
         unknown = sorted(set(self.data) - self.seen)
         if unknown:
             raise self.error(unknown[0], "unknown key")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def parse_machine(data: dict, source: str = "<machine>") -> Machine:
@@ -286,7 +337,8 @@ def parse_machine(data: dict, source: str = "<machine>") -> Machine:
         numa_cpus = tuple(parse_cpulist(t) for t in numa_texts)
     except (ValueError, AttributeError, TypeError):
         raise top.error(
-            "numa_cpus", f"expected cpulist strings like '0-55,112-167', got {numa_texts!r}"
+            "numa_cpus",
+            f"expected cpulist strings like '0-55,112-167' (ids 0..{MAX_CPUS - 1}), got {_short(numa_texts)}",
         ) from None
     models_table = _Table(top.get("models", dict), "models", source)
     models = {key: _parse_model(key, models_table.get(key, dict), source) for key in list(models_table.data)}
@@ -294,6 +346,8 @@ def parse_machine(data: dict, source: str = "<machine>") -> Machine:
     raw_cards = top.get("cards", list)
     if not raw_cards:
         raise top.error("cards", "at least one card is required")
+    if len(raw_cards) > MAX_CARDS:
+        raise top.error("cards", f"{len(raw_cards)} cards; at most {MAX_CARDS}")
     cards = tuple(_parse_card(i, c, models, name, source) for i, c in enumerate(raw_cards))
     levels = None
     topo = top.get("topology", dict, None)
@@ -311,7 +365,7 @@ def parse_machine(data: dict, source: str = "<machine>") -> Machine:
         description=top.get("description", str, ""),
         driver_version=top.get("driver_version", str, "550.90.07"),
         cuda_version=top.get("cuda_version", str, "12.4"),
-        nvswitch_count=top.get("nvswitch_count", int, 4),
+        nvswitch_count=top.get("nvswitch_count", int, 4, span=(0, 64)),
         levels=levels,
         source=source,
     )
@@ -322,25 +376,27 @@ def parse_machine(data: dict, source: str = "<machine>") -> Machine:
 
 def _parse_model(key: str, data: dict, source: str) -> CardModel:
     t = _Table(data, f"models.{key}", source)
-    limit = t.get("power_limit_w", float, 300.0)
+    limit = t.get("power_limit_w", float, 300.0, span=(1.0, 10000.0))
+    temp = (-50, 200)  # degrees C
     model = CardModel(
         key=key,
         name=t.get("name", str),
-        memory_mib=t.get("memory_mib", int),
+        memory_mib=t.get("memory_mib", int, span=(1, MAX_MEMORY_MIB)),
         architecture=t.get("architecture", str, "unknown"),
         power_limit_w=limit,
-        power_idle_w=t.get("power_idle_w", float, round(limit * 0.15, 1)),
-        temp_idle_c=t.get("temp_idle_c", int, 35),
-        temp_load_c=t.get("temp_load_c", int, 75),
-        temp_slowdown_c=t.get("temp_slowdown_c", int, None),
-        temp_shutdown_c=t.get("temp_shutdown_c", int, None),
-        pcie_gen=t.get("pcie_gen", int, 4),
-        pcie_width=t.get("pcie_width", int, 16),
+        power_idle_w=t.get("power_idle_w", float, round(limit * 0.15, 1), span=(0.0, limit)),
+        temp_idle_c=t.get("temp_idle_c", int, 35, span=temp),
+        temp_load_c=t.get("temp_load_c", int, 75, span=temp),
+        temp_slowdown_c=t.get("temp_slowdown_c", int, None, span=temp),
+        temp_shutdown_c=t.get("temp_shutdown_c", int, None, span=temp),
+        pcie_gen=t.get("pcie_gen", int, 4, span=(1, 7)),
+        pcie_width=t.get("pcie_width", int, 16, span=(1, 32)),
         nvlink_version=t.get("nvlink_version", str, None),
+        nvlink_links=t.get("nvlink_links", int, 0),
         ecc=t.get("ecc", bool, True),
         memory_errors=t.get("memory_errors", str, "remap"),
         fan=t.get("fan", bool, False),
-        max_mig_devices=t.get("max_mig_devices", int, 7),
+        max_mig_devices=t.get("max_mig_devices", int, 7, span=(0, 64)),
         mig_profiles=tuple(
             _parse_profile(p, f"models.{key}.mig_profiles[{i}]", source)
             for i, p in enumerate(t.get("mig_profiles", list, []))
@@ -353,23 +409,25 @@ def _parse_model(key: str, data: dict, source: str) -> CardModel:
         )
     if model.memory_errors not in MEMORY_ERRORS:
         raise t.error("memory_errors", f"expected one of {', '.join(MEMORY_ERRORS)}")
-    if model.memory_mib <= 0:
-        raise t.error("memory_mib", "must be positive")
+    if not 0 <= model.nvlink_links <= NVLINK_MAX_LINKS:
+        raise t.error("nvlink_links", f"expected 0 to {NVLINK_MAX_LINKS} (NVML_NVLINK_MAX_LINKS)")
+    if model.nvlink_links and not model.nvlink_version:
+        raise t.error("nvlink_links", "needs nvlink_version")
     return model
 
 
 def _parse_profile(data: dict, where: str, source: str) -> MigProfileSpec:
     t = _Table(data, where, source)
     p = MigProfileSpec(
-        profile=t.get("profile", int),
-        id=t.get("id", int),
+        profile=t.get("profile", int, span=(0, 63)),
+        id=t.get("id", int, span=(0, 1023)),
         name=t.get("name", str),
-        slices=t.get("slices", int),
-        memory_mib=t.get("memory_mib", int),
-        instances=t.get("instances", int),
-        placements=t.ints("placements"),
-        placement_size=t.get("placement_size", int),
-        multiprocessors=t.get("multiprocessors", int, 0),
+        slices=t.get("slices", int, span=(1, 8)),
+        memory_mib=t.get("memory_mib", int, span=(1, MAX_MEMORY_MIB)),
+        instances=t.get("instances", int, span=(1, 8)),
+        placements=t.ints("placements", span=(0, 7)),
+        placement_size=t.get("placement_size", int, span=(1, 8)),
+        multiprocessors=t.get("multiprocessors", int, 0, span=(0, 4096)),
     )
     t.done()
     if not p.placements or any(s < 0 or s + p.placement_size > 8 for s in p.placements):
@@ -391,12 +449,12 @@ def _parse_card(index: int, data: dict, models: dict[str, CardModel], machine: s
         bus_id=t.get("bus_id", str),
         uuid=t.get("uuid", str, _derived_uuid("GPU", machine, index)),
         serial=t.get("serial", str, f"{1650000000000 + _stable_int(machine, index) % 10**10}"),
-        numa=t.get("numa", int, None),
+        numa=t.get("numa", int, None, span=(0, 1023)),
         host_bridge=t.get("host_bridge", str, f"rc-card{index}"),
         switches=tuple(switches),
         board=t.get("board", str, None),
-        nvlink_switch_links=t.get("nvlink_switch_links", int, 0),
-        nvlink_peers=t.ints("nvlink_peers"),
+        nvlink_switch_links=t.get("nvlink_switch_links", int, 0, span=(0, 64)),
+        nvlink_peers=t.ints("nvlink_peers", span=(0, MAX_CARDS - 1)),
         mig_enabled=t.get("mig_enabled", bool, False),
     )
     t.done()
@@ -404,6 +462,10 @@ def _parse_card(index: int, data: dict, models: dict[str, CardModel], machine: s
         raise t.error("mig_enabled", f"model {key!r} has no mig_profiles")
     if card.nvlink_count and not card.model.nvlink_version:
         raise t.error("nvlink_switch_links", f"model {key!r} has no nvlink_version")
+    if card.model.nvlink_links and card.nvlink_count > card.model.nvlink_links:
+        raise t.error(
+            "nvlink_peers", f"{card.nvlink_count} links wired but model {key!r} has {card.model.nvlink_links}"
+        )
     return card
 
 

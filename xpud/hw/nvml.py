@@ -9,10 +9,15 @@ into a lost sample); any other NVML error either raises a one-line ``NvmlError``
 whose failure the caller must know about) or is recorded in ``Nvml.errors`` and read as ``None``.
 
 Units: bytes, watts, degrees Celsius, GB/s; times are seconds since the epoch.
+
+Closing: ``close`` waits (up to ``CLOSE_WAIT_S``) for calls other threads are making to return before it
+shuts NVML down, and a closed adapter never re-opens by itself (only an explicit ``open`` does): calls
+after ``close`` raise NvmlUnavailable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
@@ -62,6 +67,7 @@ __all__ = [
 log = logging.getLogger("xpud.hw.nvml")
 
 MIB = 1 << 20
+CLOSE_WAIT_S = 5.0  # how long close waits for other threads' NVML calls to return
 NO_ID = 0xFFFFFFFF  # instance id meaning "the whole card" in events and process lists
 ARCHITECTURES = {
     getattr(pynvml, n): n.removeprefix("NVML_DEVICE_ARCH_").lower()
@@ -122,6 +128,9 @@ _TYPED = {
 }
 _ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 _NONE = object()  # "not supported", where the caller must tell it from a failed read
+_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+_END = object()  # a profile enum the driver does not know: the enumeration is over
 
 
 def _error(name: str, card: int | None, e: pynvml.NVMLError) -> NvmlError:
@@ -171,6 +180,25 @@ def _field(fv) -> int | float | None:
     return getattr(fv.value, member)
 
 
+# NVML_FI_DEV_NVLINK_GET_STATE -> trained or not. ACTIVE_TRAFFIC_DISABLED (newer drivers) is trained;
+# traffic on it is held back by the fabric manager, not lost.
+_LINK_STATES = {
+    getattr(pynvml, name): up
+    for name, up in (
+        ("NVML_NVLINK_STATE_INACTIVE", False),
+        ("NVML_NVLINK_STATE_ACTIVE", True),
+        ("NVML_NVLINK_STATE_SLEEP", True),
+        ("NVML_NVLINK_STATE_ACTIVE_TRAFFIC_DISABLED", True),
+    )
+    if hasattr(pynvml, name)
+}
+
+
+def _active(state) -> bool | None:
+    """nvmlDeviceGetNvLinkState's answer (NVML_FEATURE_ENABLED: active) as trained or not."""
+    return None if state is None else state == pynvml.NVML_FEATURE_ENABLED
+
+
 def _bits(words) -> tuple[int, ...]:
     """Set bits of an array of 64-bit words (CPU or NUMA masks), lowest first."""
     return tuple(w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1)
@@ -202,9 +230,17 @@ class Nvml:
         self._handles: dict[int, object] = {}
         self._info: dict[int, CardInfo] = {}
         self._link_count: dict[int, int] = {}
+        self._links_seen_up: dict[int, set[int]] = {}  # card -> links seen trained since start-up
+        self._link_peer: dict[tuple[int, int], str] = {}  # (card, link) -> far end's bus id
+        self._bus: dict[int, str] = {}  # card -> its bus id (kept when _info is dropped)
         self._thresholds: dict[int, tuple[int | None, int | None]] = {}
         self._no_link_counters: set[tuple[int, str]] = set()  # (card, signal) neither way can read
         self._profiles: dict[int, list[MigProfile]] = {}
+        self._idle = threading.Condition()  # guards the three below
+        self._busy = 0  # NVML calls in progress, on any thread
+        self._shut = False  # closed: no call may re-open NVML
+        self._released: set[int] = set()  # cards let go of for a MIG mode change (``card_released``)
+        self._waiters: list[EventWaiter] = []
         self._missing: set[str] = set()
         self._logged: set[tuple] = set()
         self.errors: deque[str] = deque(maxlen=200)  # NVML errors read as None, newest last
@@ -235,6 +271,10 @@ class Nvml:
             if strict:
                 raise NvmlNotSupported(f"{names[0]}: not in this NVML binding (upgrade nvidia-ml-py)")
             return unsupported
+        with self._idle:
+            if self._shut:
+                raise NvmlUnavailable(f"{names[0]}: NVML is closed (xpud is stopping)")
+            self._busy += 1
         try:
             return _decode(fn(*args))
         except pynvml.NVMLError as e:
@@ -248,6 +288,11 @@ class Nvml:
                 raise err from None
             self._record(err, names[0], card)
             return None
+        finally:
+            with self._idle:
+                self._busy -= 1
+                if not self._busy:
+                    self._idle.notify_all()
 
     def _record(self, err: NvmlError, name: str, card: int | None) -> None:
         self.errors.append(str(err))
@@ -272,6 +317,8 @@ class Nvml:
         with self._lock:
             if self._open:
                 return
+            with self._idle:
+                self._shut = False
             try:
                 self._lib.nvmlInit()  # not through _call: its failures get their own message
             except pynvml.NVMLError as e:
@@ -290,14 +337,26 @@ class Nvml:
 
     def _ensure_open(self) -> None:
         if not self._open:
+            if self._shut:
+                raise NvmlUnavailable("NVML is closed (xpud is stopping); it is not opened again")
             self.open()
 
     def close(self) -> None:
+        """Shut NVML down once the calls other threads are making have returned (``CLOSE_WAIT_S`` at
+        most: after that NVML is left open, never pulled from under a call). No call re-opens it."""
         with self._lock:
-            if self._open:
-                self._open = False
-                self._handles.clear()
-                self._call("nvmlShutdown")
+            if not self._open:
+                return
+            with self._idle:
+                self._shut = True
+                drained = self._idle.wait_for(lambda: self._busy == 0, CLOSE_WAIT_S)
+            self._open = False
+            self._handles.clear()
+            if not drained:
+                log.warning("NVML calls still running after %g s: leaving NVML initialised", CLOSE_WAIT_S)
+                return
+            with contextlib.suppress(pynvml.NVMLError):
+                self._lib.nvmlShutdown()
 
     def __enter__(self) -> Nvml:
         self.open()
@@ -341,6 +400,8 @@ class Nvml:
             mig = self._call("nvmlDeviceGetMigMode", h, card=index)
             links = self._nvlink_count(index, h)
             states = [self._call("nvmlDeviceGetNvLinkState", h, link, card=index) for link in range(links)]
+            self._bus[index] = bus_id
+            self._saw_links(index, [_active(s) for s in states], h)
             arch = self._call("nvmlDeviceGetArchitecture", h, card=index)
             info = CardInfo(
                 index=index,
@@ -608,13 +669,54 @@ class Nvml:
                     self._no_link_counters.add((index, key))
                 total = None if None in per_link or _NONE in per_link else sum(per_link)
             out[key] = None if total is None else int(total)
-        states = values[len(_NVLINK_TOTALS) :]
-        if None in states:
-            states = [self._call("nvmlDeviceGetNvLinkState", h, k, card=index) for k in range(links)]
-        out["nvlink_links_down"] = (
-            None if None in states else sum(s != pynvml.NVML_FEATURE_ENABLED for s in states)
-        )
+        states = [_LINK_STATES.get(v) for v in values[len(_NVLINK_TOTALS) :]]
+        if None in states:  # no field: nvmlDeviceGetNvLinkState says active (ENABLED) or not
+            states = [_active(self._call("nvmlDeviceGetNvLinkState", h, k, card=index)) for k in range(links)]
+        out["nvlink_links_down"] = None if None in states else self._links_down(index, h, states)
         return out
+
+    def _saw_links(self, index: int, up: list[bool | None], h) -> None:
+        """Remember the links seen trained (active or asleep), and the card at each one's far end."""
+        seen = self._links_seen_up.setdefault(index, set())
+        for k, is_up in enumerate(up):
+            if is_up and k not in seen:
+                seen.add(k)
+                pci = self._call("nvmlDeviceGetNvLinkRemotePciInfo", h, k, card=index)
+                if pci is not None:
+                    self._link_peer[(index, k)] = norm_bus_id(_decode(pci.busId))
+
+    def _links_down(self, index: int, h, up: list[bool]) -> int | None:
+        """Links that were trained since start-up and are inactive now; None if the card never had one up.
+
+        Only those count: a PCIe board without its NVLink bridge reports every link inactive, and that is
+        how it is built. A sleeping link (NVML_NVLINK_STATE_SLEEP, low power) is trained. A card in MIG
+        mode has its links down, and so do links to a MIG card (DCGM's health watch skips both: "NVML
+        reports links to MIG enabled GPUs as down"): those do not count either.
+        """
+        self._saw_links(index, up, h)
+        seen = self._links_seen_up.get(index, set())
+        if not seen:
+            return None
+        if self._read_mig_on(index, h):
+            return 0
+        card_at = {bus: i for i, bus in self._bus.items() if i != index}
+        down = 0
+        for k in sorted(seen):
+            if k >= len(up) or up[k]:
+                continue
+            peer = card_at.get(self._link_peer.get((index, k), ""))
+            if peer is not None and self._read_mig_on(peer):  # read now: it may have just switched
+                continue
+            down += 1
+        return down
+
+    def _read_mig_on(self, index: int, h=None) -> bool:
+        """Whether a card is in MIG mode now, read from the driver (False when it cannot say)."""
+        try:
+            mode = self._call("nvmlDeviceGetMigMode", h or self._handle(index), card=index)
+        except NvmlError:  # lost or unreadable: its links count as down
+            return False
+        return bool(mode and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
 
     # ------------------------------------------------------------------- processes, compute mode
 
@@ -633,6 +735,11 @@ class Nvml:
         value = COMPUTE_MODES[mode.upper()] if isinstance(mode, str) else int(mode)
         self._call("nvmlDeviceSetComputeMode", self._handle(index), value, card=index, strict=True)
 
+    def persistence_mode(self, index: int) -> bool | None:
+        """Whether the driver stays loaded with no client (persistence mode); None if unknown."""
+        mode = self._call("nvmlDeviceGetPersistenceMode", self._handle(index), card=index)
+        return None if mode is None else mode == pynvml.NVML_FEATURE_ENABLED
+
     # -------------------------------------------------------------------------------------- MIG
 
     def mig_mode(self, index: int) -> tuple[int, int] | None:
@@ -640,14 +747,33 @@ class Nvml:
         mode = self._call("nvmlDeviceGetMigMode", self._handle(index), card=index)
         return None if mode is None else (int(mode[0]), int(mode[1]))
 
+    def _profile_info(self, name: str, index: int, *args):
+        """One profile enum's info, as nvml.h describes the enumeration: None when the card does not offer
+        it (NOT_SUPPORTED: go on), ``_END`` when the driver does not know the enum (INVALID_ARGUMENT: an
+        older driver than the binding; no later enum is known either)."""
+        try:
+            return self._call(name, *args, card=index, strict=True)
+        except NvmlNotSupported:
+            return None
+        except NvmlGpuLost:
+            raise
+        except NvmlError as e:
+            if e.code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+                return _END
+            self._record(e, name, index)
+            return None
+
     def mig_profiles(self, index: int) -> list[MigProfile]:
-        """The GPU-instance profiles the card offers (none without MIG), with their placements."""
+        """The GPU-instance profiles the card offers, with their placements. None while MIG is off: the
+        driver answers profile calls only with MIG on (``etc/mig-profiles.toml`` names them by model)."""
         if index in self._profiles:
             return self._profiles[index]
         h = self._handle(index)
         out = []
         for enum in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
-            info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", h, enum, card=index)
+            info = self._profile_info("nvmlDeviceGetGpuInstanceProfileInfo", index, h, enum)
+            if info is _END:
+                break
             if info is None:
                 continue
             count = ctypes.c_uint(0)
@@ -762,6 +888,9 @@ class Nvml:
         h = self._handle(index)
         prof = next((p for p in self.mig_profiles(index) if p.id == profile_id), None)
         if prof is None:
+            mode = self.mig_mode(index)
+            if mode is not None and mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+                raise NvmlNotSupported(f"card {index}: MIG is off (no profiles until it is on)")
             raise NvmlNotSupported(f"card {index} has no MIG profile id {profile_id}")
         size = next((s for st, s in prof.placements if st == start), None)
         if size is None:
@@ -787,16 +916,16 @@ class Nvml:
         gi_id = self._call("nvmlGpuInstanceGetInfo", gi, card=index, strict=True).id
         return next(m for m in self.mig_instances(index) if m.gpu_instance_id == gi_id)
 
+    def _ci_profile_info(self, index: int, gi, enum: int):
+        shared = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        return self._profile_info("nvmlGpuInstanceGetComputeInstanceProfileInfo", index, gi, enum, shared)
+
     def _full_ci_profile(self, index: int, gi, slices: int) -> int:
         """Driver id of the compute-instance profile that spans the whole GPU instance."""
         for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            info = self._call(
-                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-                gi,
-                enum,
-                pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
-                card=index,
-            )
+            info = self._ci_profile_info(index, gi, enum)
+            if info is _END:
+                break
             if info is not None and info.sliceCount == slices:
                 return int(info.id)
         raise NvmlNotSupported(f"card {index}: no compute-instance profile spans {slices} slices")
@@ -807,13 +936,9 @@ class Nvml:
         h = self._handle(index)
         gi = self._call("nvmlDeviceGetGpuInstanceById", h, gpu_instance_id, card=index, strict=True)
         for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            info = self._call(
-                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-                gi,
-                enum,
-                pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
-                card=index,
-            )
+            info = self._ci_profile_info(index, gi, enum)
+            if info is _END:
+                break
             if info is None:
                 continue
             count = ctypes.c_uint(0)
@@ -831,16 +956,73 @@ class Nvml:
                 self._call("nvmlComputeInstanceDestroy", ci, card=index, strict=True)
         self._call("nvmlGpuInstanceDestroy", gi, card=index, strict=True)
 
-    def set_mig_mode(self, index: int, enabled: bool) -> bool:
-        """Request MIG on or off (root; the card must be idle). True when a GPU reset must follow.
+    def set_mig_mode(self, index: int, enabled: bool) -> str:
+        """Ask the driver for MIG on or off (root; no GPU instances may exist). The driver makes the mode
+        pending and then tries to activate it by resetting the card itself. Returns how that went:
 
-        Changes the card's whole personality: only the MIG isolation backend calls it, on an idle card, when
-        the card switches between whole and sliced mode (``[cards] mig_switch = "idle"``).
+        - "done": the mode is current;
+        - "in-use": the driver could not reset the card because something holds it (a process, another
+          NVML client such as DCGM, or an event registration of this process: see ``card_released``);
+          the mode stays pending, and any later reset would apply it (``cancel_pending_mig_mode``);
+        - "reset": the driver cannot reset the card here (e.g. a VM): pending until a GPU reset.
+
+        Raises NvmlError when the request itself is refused. Only the MIG isolation backend calls this,
+        on an idle card, inside ``card_released`` (``[cards] mig_switch = "idle"``).
         """
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
         status = self._call("nvmlDeviceSetMigMode", self._handle(index), mode, card=index, strict=True)
+        self._forget(index)  # the driver may have reset the card: handles and attributes change
+        if status in (None, pynvml.NVML_SUCCESS):
+            return "done"
+        if status == pynvml.NVML_ERROR_IN_USE:
+            return "in-use"
+        if status == pynvml.NVML_ERROR_RESET_REQUIRED:
+            return "reset"
+        name = _CODE_NAMES.get(status, f"NVML error {status}")
+        raise NvmlError(f"nvmlDeviceSetMigMode on card {index}: activation failed ({name})", status)
+
+    def cancel_pending_mig_mode(self, index: int) -> bool:
+        """Ask for the current MIG mode again, so that a pending change that did not take effect is
+        dropped (else the next GPU reset, anyone's, would apply it). True when one was pending."""
+        mode = self.mig_mode(index)
+        if mode is None or mode[0] == mode[1]:
+            return False
+        self._call("nvmlDeviceSetMigMode", self._handle(index), mode[0], card=index, strict=True)
+        self._forget(index)
+        return True
+
+    def _forget(self, index: int) -> None:
+        """Drop what is cached about a card whose driver state changes (a MIG mode change, a reset)."""
+        self._handles.pop(index, None)
         self._info.pop(index, None)
-        return status not in (None, pynvml.NVML_SUCCESS)
+        self._profiles.pop(index, None)
+
+    @contextlib.contextmanager
+    def card_released(self, index: int):
+        """Let go of what this process holds on a card while the block runs, so that the driver can reset
+        it: the card leaves every event set (NVML cannot unregister one card, so each set is made again
+        without it, between two waits) and its cached handle is dropped. Afterwards the card's events are
+        registered again (a new handle, as after a reset)."""
+        with self._idle:
+            self._released.add(index)
+            waiters = list(self._waiters)
+        try:
+            self._rebuild(waiters, index, "left")
+            self._forget(index)
+            yield
+        finally:
+            with self._idle:
+                self._released.discard(index)
+            self._forget(index)
+            self._rebuild(waiters, index, "registered again")
+
+    @staticmethod
+    def _rebuild(waiters: list[EventWaiter], index: int, what: str) -> None:
+        for w in waiters:
+            try:
+                w.rebuild()
+            except NvmlError as e:  # the set is gone (it is made again by its thread): nothing holds the card
+                log.warning("card %d: event set not %s: %s", index, what, e)
 
     # ----------------------------------------------------------------------------------- events
 
@@ -850,18 +1032,46 @@ class Nvml:
 
 
 class EventWaiter:
-    """Blocks for hardware events of some cards. ``wait`` on one thread, ``close`` from any."""
+    """Blocks for hardware events of some cards. ``wait`` on one thread; ``close`` and ``rebuild`` from
+    any: they never free the event set under a waiting thread (NVML does not say that is safe), they
+    take their turn between two waits (so they wait at most one wait's timeout).
+
+    A card that is lost makes NVML's wait answer GPU_IS_LOST for the whole set: ``wait`` then finds the
+    lost card(s), makes the set again without them, and returns a "lost" event for each, so the other
+    cards' events keep coming. Cards let go of by ``Nvml.card_released`` are left out while released.
+    """
 
     def __init__(self, nvml: Nvml, indices: list[int]):
         self._nvml = nvml
+        self._indices = list(indices)
+        self._cond = threading.Condition()
+        self._waiting = False  # a thread is inside wait()
+        self._turns = 0  # threads waiting for their turn to change the set
         self._closed = False
+        self._set = None
+        self._lost: set[int] = set()
         self.registered: dict[int, list[str]] = {}  # card -> event kinds it will report
         self.unregistered: dict[int, NvmlError] = {}  # card -> why not (NvmlNotSupported: cannot)
-        nvml._ensure_open()
-        self._set = nvml._call("nvmlEventSetCreate", strict=True)
         self._by_handle: dict[int | None, int] = {}
-        for index in indices:
+        nvml._ensure_open()
+        self._build()
+        with nvml._idle:
+            nvml._waiters.append(self)
+
+    def _build(self) -> None:
+        """(Re)make the event set and register the cards. Only with the set to ourselves."""
+        nvml = self._nvml
+        self._free()
+        self.registered, self.unregistered, self._by_handle = {}, {}, {}
+        self._set = nvml._call("nvmlEventSetCreate", strict=True)
+        with nvml._idle:
+            released = set(nvml._released)
+        for index in self._indices:
+            if index in released:
+                continue
             try:
+                if index in self._lost:
+                    raise NvmlGpuLost(f"card {index}: lost (fallen off the bus)", _LOST)
                 h = nvml._handle(index)
                 supported = nvml._call("nvmlDeviceGetSupportedEventTypes", h, card=index, strict=True)
                 mask = _EVENT_MASK & supported
@@ -874,25 +1084,100 @@ class EventWaiter:
             self._by_handle[_handle_key(h)] = index
             self.registered[index] = [k for t, k in _EVENT_KINDS.items() if mask & t]
 
+    def _free(self) -> None:
+        if self._set is not None:
+            es, self._set = self._set, None
+            with contextlib.suppress(NvmlError):
+                self._nvml._call("nvmlEventSetFree", es)
+
+    @contextlib.contextmanager
+    def _turn(self):
+        """The set to ourselves: after the running wait returns, before the next one starts."""
+        with self._cond:
+            self._turns += 1
+            try:
+                self._cond.wait_for(lambda: not self._waiting)
+            finally:
+                self._turns -= 1
+            try:
+                yield
+            finally:
+                self._cond.notify_all()
+
+    def readmit(self, index: int) -> bool:
+        """A card that was lost answers again (after a reset): register its events again, with a fresh
+        handle. True when they are registered."""
+        with self._turn():
+            if self._closed:
+                return False
+            self._lost.discard(index)
+            if index not in self.registered:
+                self._nvml._forget(index)
+                self._build()
+            return index in self.registered
+
+    def rebuild(self) -> None:
+        """Make the set again (cards released or taken back since)."""
+        with self._turn():
+            if not self._closed:
+                self._build()
+
     def wait(self, timeout_ms: int) -> list[HwEvent]:
         """Events that arrive within ``timeout_ms`` (all that are queued once one arrives); [] on timeout.
         Raises NvmlError when NVML fails for another reason (the caller should back off)."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._turns)  # a rebuild or close waits: let it go first
+            if self._closed:
+                return []
+            if self._set is None:
+                raise NvmlError("no event set (making it again failed); retry")
+            self._waiting = True
         out: list[HwEvent] = []
-        timeout = int(timeout_ms)
-        while not self._closed and len(out) < 64:
-            try:
-                ev = self._nvml._call(
-                    "nvmlEventSetWait", self._set, timeout, strict=True, absent=(pynvml.NVML_ERROR_TIMEOUT,)
-                )
-            except NvmlError:
-                if self._closed:
+        lost = False
+        try:
+            timeout = int(timeout_ms)
+            while len(out) < 64:
+                try:
+                    ev = self._nvml._call(
+                        "nvmlEventSetWait", self._set, timeout, strict=True, absent=(_TIMEOUT,)
+                    )
+                except NvmlGpuLost:
+                    lost = True
                     break
-                raise
-            if ev is None:
-                break
-            out.append(self._event(ev))
-            timeout = 0  # drain what is already queued, without waiting again
+                if ev is None or self._closed:
+                    break
+                out.append(self._event(ev))
+                timeout = 0  # drain what is already queued, without waiting again
+        finally:
+            with self._cond:
+                self._waiting = False
+                try:
+                    if self._closed:
+                        self._free()
+                    elif lost:
+                        out += self._drop_lost()
+                finally:
+                    self._cond.notify_all()
         return out
+
+    def _drop_lost(self) -> list[HwEvent]:
+        """After GPU_IS_LOST: find the lost card(s), make the set again without them, one event each."""
+        gone = []
+        for index in self.registered:
+            try:
+                h = self._nvml._handle(index)
+                self._nvml._call("nvmlDeviceGetMemoryInfo", h, card=index, strict=True)
+            except NvmlGpuLost:
+                gone.append(index)
+            except NvmlError:
+                pass
+        if not gone:
+            raise NvmlGpuLost("nvmlEventSetWait: gpu is lost, but every registered card answers")
+        log.warning("card(s) %s lost: no more events from them; the other cards' still come", gone)
+        self._lost.update(gone)
+        self._build()
+        now = time.time()
+        return [HwEvent(index, "lost", timestamp=now) for index in gone]
 
     def _event(self, ev) -> HwEvent:
         index = self._by_handle.get(_handle_key(ev.device), -1)
@@ -908,6 +1193,13 @@ class EventWaiter:
         )
 
     def close(self) -> None:
-        if not self._closed:
+        """Stop waiting. From another thread while a wait runs: that wait frees the set when it returns
+        (within its timeout) and reports nothing more."""
+        with self._cond:
+            if self._closed:
+                return
             self._closed = True
-            self._nvml._call("nvmlEventSetFree", self._set)
+            if not self._waiting:
+                self._free()
+        with self._nvml._idle, contextlib.suppress(ValueError):
+            self._nvml._waiters.remove(self)

@@ -37,39 +37,64 @@ CLOCK_REASONS = {
 }
 _CLOCK_NORMAL = 0x1 | 0x2 | 0x10 | 0x100  # reasons that say nothing about the card's health
 
-# What common XIDs mean (NVIDIA's XID catalogue), for reasons people can act on.
+# What XIDs mean, after NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors), for reasons people can
+# act on. DCGM names some differently (38 "PCIe Bus Error", 39 "PCIe Fabric Error", 42 "PCIe Replay
+# Error", 60 thermal, 67/73 NVLink): these are the catalogue's names.
 XID_MEANING = {
     13: "graphics engine exception",
     31: "GPU memory page fault",
+    32: "invalid or corrupted push buffer stream",
     38: "driver firmware error",
+    39: "copy engine exception",
+    42: "video processor exception",
     43: "GPU stopped processing",
     45: "preemptive cleanup after an earlier error",
     48: "double-bit ECC error",
-    54: "auxiliary power not connected",
+    54: "auxiliary power not connected to the board",
     56: "display engine error",
     57: "error programming video memory interface",
     58: "unstable video memory interface",
-    60: "clocks: thermal or power problem",
-    61: "internal micro-controller breakpoint",
+    60: "video processor exception",
+    61: "internal micro-controller breakpoint or warning",
     62: "internal micro-controller halt",
-    63: "ECC page retirement or row remap recorded",
-    64: "ECC page retirement or row remap failed",
-    67: "NVLink: too many NVLink errors",
-    68: "video processor exception",
-    73: "NVLink: link error",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping recording failed",
+    67: "illegal access by driver",
+    68: "video decoder (NVDEC0) exception",
+    69: "graphics engine class error",
+    73: "video encoder (NVENC2) error",
     74: "NVLink error",
-    78: "vGPU start failed",
+    78: "vGPU start error",
     79: "GPU has fallen off the bus",
     92: "high single-bit ECC error rate",
+    93: "InfoROM wear limit exceeded (non-fatal)",
     94: "contained ECC error",
     95: "uncontained ECC error",
     109: "context switch timeout",
     119: "GSP RPC timeout",
     120: "GSP error",
-    121: "C2C link error",
+    121: "C2C link error (corrected)",
+    136: "link training failed",
     137: "NVLink FLA privilege error",
     140: "unrecovered ECC error",
+    143: "GPU initialization failure",
+    154: "GPU recovery action changed",
 }
+
+
+# PCIe transfer rate per lane by generation, GT/s.
+PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+PCIE_REPLAY_FALLBACK = 16  # the rule's value for Gen4 x16, when the card cannot say its link
+
+
+def pcie_replay_limit(gen: int | None, width: int | None) -> int | None:
+    """Replays per minute a PCIe link may have before it warns: DCGM's rule (DcgmHealthWatch.cpp,
+    GetExpectedPcieReplayRate): a bit error rate of 1e-12 at the link's rate, ceil(GT/s / 1000 * 60 * lanes)
+    (Gen3 x16 8, Gen4 x16 16, Gen5 x16 31). A generation above 6 counts as 6, as DCGM caps it. None when
+    the link is unknown."""
+    if not gen or not width or gen < 1 or width < 1:
+        return None
+    return math.ceil(PCIE_GTS[min(gen, max(PCIE_GTS))] / 1000 * 60 * width)
 
 
 def xid_class(xid: int, cfg: HealthSection) -> str:
@@ -159,6 +184,7 @@ class SignalMemory:
 
     cfg: HealthSection
     xid_events: bool = True  # the card reports XID events (False: the xid signal is absent)
+    pcie_link: tuple[int | None, int | None] = (None, None)  # the card's PCIe (generation, width)
     sample: CardSample | None = None
     fragmentation: float | None = None
     _xids: deque = field(default_factory=lambda: deque(maxlen=64))  # (time, xid, class)
@@ -344,21 +370,24 @@ class SignalMemory:
                 status, reason = OK, ""
             out.append(Signal("remapped_rows", n, 0, "rows", status, reason))
 
-        # PCIe replays within the last minute
+        # PCIe replays within the last minute, against what the link may have (warn when exceeded, as DCGM)
+        limit = self.pcie_replay_limit()
         if s.pcie_replay_counter is None or not self._pcie:
-            out.append(Signal("pcie_replays", None, c.pcie_replay_warn_per_min, "per min", ABSENT))
+            out.append(Signal("pcie_replays", None, limit, "per min", ABSENT))
         else:
             base = self._pcie[0][1]
             n = max(0, s.pcie_replay_counter - base) if s.pcie_replay_counter >= base else 0
-            high = n >= c.pcie_replay_warn_per_min > 0
+            high = n > limit
+            gen, width = self.pcie_link
+            link = f" (PCIe Gen{gen} x{width})" if gen and width and not c.pcie_replay_warn_per_min else ""
             out.append(
                 Signal(
                     "pcie_replays",
                     n,
-                    c.pcie_replay_warn_per_min,
+                    limit,
                     "per min",
                     WARN if high else OK,
-                    f"{n} PCIe replays in the last minute" if high else "",
+                    f"{n} PCIe replays in the last minute, more than {limit:g}{link}" if high else "",
                 )
             )
 
@@ -374,7 +403,7 @@ class SignalMemory:
                     0,
                     "links",
                     FAIL if n else OK,
-                    f"{n} NVLink link(s) down" if n else "",
+                    f"{n} NVLink link(s) down that were up since start-up" if n else "",
                 )
             )
         for name, key, what in (
@@ -465,6 +494,14 @@ class SignalMemory:
             )
         return out
 
+    def pcie_replay_limit(self) -> float:
+        """Replays per minute before the PCIe signal warns: ``[health] pcie_replay_warn_per_min`` when set,
+        else DCGM's rule for the card's link (``pcie_replay_limit``)."""
+        if self.cfg.pcie_replay_warn_per_min > 0:
+            return self.cfg.pcie_replay_warn_per_min
+        derived = pcie_replay_limit(*self.pcie_link)
+        return float(PCIE_REPLAY_FALLBACK if derived is None else derived)
+
     def _rose(self, key: str, now: float) -> bool:
         counter = self._counters.get(key)
         return (
@@ -474,11 +511,9 @@ class SignalMemory:
         )
 
     def _xid_signal(self, now: float) -> Signal:
-        if not self.xid_events:
-            return Signal("xid", None, None, "", ABSENT)
         recent = [(t, x, cls) for t, x, cls in self._xids if now - t < self.cfg.event_window_s]
-        if not recent:
-            return Signal("xid", 0, None, "", OK)
+        if not recent:  # XIDs that came before the card stopped reporting (e.g. lost) still count
+            return Signal("xid", 0 if self.xid_events else None, None, "", OK if self.xid_events else ABSENT)
         _, x, cls = max(recent, key=lambda e: (e[2] == FAIL, e[0]))
         more = f" ({len(recent)} XIDs within {self.cfg.event_window_s:g} s)" if len(recent) > 1 else ""
         return Signal("xid", x, None, "", cls, f"{xid_text(x)}{more}")

@@ -1,11 +1,11 @@
 """The simulated machine's hardware state outlives the daemon, as the real driver's does.
 
-On a real host, MIG mode, GPU and compute instances, compute modes and MPS control daemons (with their
-servers and limits) belong to the driver and to processes of their own: they survive a restart or a
-crash of xpud. ``SimState`` gives the simulated machine the same property: every change of that state in
-``FakeNvml`` (its ``on_change`` hook) or ``FakeNvidiaTools`` (likewise) rewrites one JSON file atomically
-(write beside it, then rename: a process killed at any moment leaves the old file or the new one), and
-a new daemon reads it at start-up, before the adapter opens the fake.
+On a real host, MIG mode, GPU and compute instances, compute and persistence modes and MPS control
+daemons (with their servers and limits) belong to the driver and to processes of their own: they survive
+a restart or a crash of xpud. ``SimState`` gives the simulated machine the same property: every change of
+that state in ``FakeNvml`` (its ``on_change`` hook) or ``FakeNvidiaTools`` (likewise) rewrites one JSON
+file atomically (write beside it, then rename: a process killed at any moment leaves the old file or the
+new one), and a new daemon reads it at start-up, before the adapter opens the fake.
 
 Not kept: faults, counters and processes other than MPS servers (a daemon restart is not a reboot, but
 the simulated cards' faults are test injections of one daemon's life). A file written for another
@@ -148,6 +148,7 @@ def _dump_nvml(fake) -> dict[str, Any]:
                     "mig": card.mig,
                     "mig_pending": card.mig_pending,
                     "compute_mode": card.compute_mode,
+                    "persistence": card.persistence,
                     "gpu_instances": [
                         {
                             "id": gi.id,
@@ -197,6 +198,7 @@ def _load_nvml(fake, data: dict[str, Any]) -> None:
             if mode not in modes:
                 raise ValueError(f"{where} compute_mode = {mode}: not a mode the driver sets")
             card.compute_mode = mode
+            card.persistence = _int(saved["persistence"], f"{where} persistence", 0, 1)
             gis = saved["gpu_instances"]
             mig, pending = (_int(saved[k], f"{where} {k}", 0, 1) for k in ("mig", "mig_pending"))
             if (mig or pending or gis) and not card.model.mig_capable:

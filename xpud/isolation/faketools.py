@@ -73,8 +73,9 @@ class ControlDaemon:
 class FakeNvidiaTools:
     """A ``Runner`` that simulates ``nvidia-cuda-mps-control`` and ``nvidia-smi -r`` (thread-safe)."""
 
-    def __init__(self, nvml=None):
+    def __init__(self, nvml=None, missing: Sequence[str] = ()):
         self.nvml = nvml  # a FakeNvml, or None (no card effects)
+        self.missing = set(missing)  # tools this host lacks (not installed): they answer 127
         self.calls: list[tuple[tuple[str, ...], dict[str, str], str | None]] = []
         self.daemons: dict[str, ControlDaemon] = {}  # pipe dir -> daemon
         self.on_change: Callable[[], None] | None = None  # after each change of the daemons (simstate)
@@ -93,6 +94,8 @@ class FakeNvidiaTools:
         with self._lock:
             self.calls.append((argv, {k: v for k, v in env.items() if k.startswith("CUDA_")}, input))
             tool = Path(argv[0]).name
+            if tool in self.missing:
+                return Completed(argv, 127, "", f"{argv[0]}: not found")
             if tool == MPS_CONTROL:
                 try:
                     return self._mps(argv, env, input or "")
@@ -101,6 +104,10 @@ class FakeNvidiaTools:
             if tool == SMI:
                 return self._smi(argv)
             return Completed(argv, 127, "", f"{argv[0]}: not found")
+
+    def which(self, tool: str) -> str | None:
+        """Where the simulated ``tool`` is installed, or None when it is missing."""
+        return None if tool in self.missing or tool not in (MPS_CONTROL, SMI) else f"/usr/bin/{tool}"
 
     # ----------------------------------------------------------------------------- MPS
     def _mps(self, argv, env: Mapping[str, str], text: str) -> Completed:

@@ -6,15 +6,21 @@ Sizes map to profiles through the profile map (``mig_map``); where an instance g
 Modes. A card with MIG on cannot do whole-card CUDA work across cards (no P2P, no NVLink collectives over
 MIG devices), so a MIG card is sliced exactly when MIG is on. With ``[cards] mig_switch = "idle"`` (the
 default) xpud switches MIG on when the engine turns an idle whole card into a sliced one, and off when it
-gives an idle sliced card back to whole-card work: ``nvmlDeviceSetMigMode``, then, when the driver says a
-reset is needed, ``nvidia-smi --gpu-reset -i <bus id>`` through the runner, then a check that the mode
-took. Never while any process runs on the card or any instance is in use (``switch_blocker``; the engine
-asks before it chooses a card). Hysteresis comes from the engine: slices go to already-sliced cards first
-and whole-card work to whole cards first, so a card changes mode only when demand of the other kind finds
-no card in the right mode, never back and forth by itself. A switch blocks the daemon for as long as the
-reset takes (seconds on real boards). With ``mig_switch = "never"`` xpud leaves MIG modes to the operator
-(e.g. mig-parted): a card with MIG on serves only slices, one with MIG off only whole-card work (under
-``isolation = "auto"`` its slices use MPS instead).
+gives an idle sliced card back to whole-card work. The driver changes the mode only when no process and no
+NVML client holds the card (a monitoring agent such as DCGM does; so does xpud's own event registration),
+so the switch runs inside ``Nvml.card_released`` (xpud lets go of the card's events and handle, and takes
+them back after): ``nvmlDeviceSetMigMode``; where the driver cannot reset the card itself (a VM: "reset
+required") ``nvidia-smi --gpu-reset -i <bus id>`` through the runner; then a check that the mode took.
+When it did not (the card is held: "in use", or the reset was refused), the pending mode is cancelled, so
+that no later reset flips the card behind xpud's back, and the switch fails with what holds the card; the
+card is then not offered for a switch for ``SWITCH_RETRY_S``. Never while any process runs on the card or
+any instance is in use (``switch_blocker``; the engine asks before it chooses a card). Hysteresis comes
+from the engine: slices go to already-sliced cards first and whole-card work to whole cards first, so a
+card changes mode only when demand of the other kind finds no card in the right mode, never back and forth
+by itself. A switch blocks its caller for as long as the driver's reset takes (seconds on real boards).
+With ``mig_switch = "never"`` xpud leaves MIG modes to the operator (e.g. mig-parted): a card with MIG on
+serves only slices, one with MIG off only whole-card work (under ``isolation = "auto"`` its slices use MPS
+instead).
 
 Idle instances. A released instance with no process left in it stays, idle, for ``[cards]
 mig_idle_keep_s`` seconds (0: destroyed at once): a new slice of a size it serves reuses it when that
@@ -39,13 +45,19 @@ from xpud.errors import Conflict, NoCapacity
 from xpud.hw.types import MigInstance, NvmlError, NvmlInsufficientResources, NvmlInUse, NvmlNotFound
 from xpud.isolation.base import Reconciled
 from xpud.isolation.mig_map import ProfileMap, geometry, profiles_for
-from xpud.isolation.runner import Runner, check
+from xpud.isolation.runner import Runner
 from xpud.model import CardInfo, CardMode, Slice, SliceSpec
 from xpud.placement.mig import Geometry, Instance, choose
 
 log = logging.getLogger("xpud.isolation.mig")
 
 RECHECK_S = 5.0  # how often tidy looks again at instances blocked by processes
+SWITCH_RETRY_S = 60.0  # after a switch the driver refused (card held), how long before trying again
+HELD_BY = (
+    "another NVML client holds the card (a monitoring agent such as DCGM or dcgm-exporter, nvidia-smi "
+    "polling, a profiler; nvidia-persistenced does not count): stop it, or set [cards] mig_switch = "
+    '"never" and set MIG modes with mig-parted'
+)
 
 
 @dataclass
@@ -92,6 +104,7 @@ class MigIsolation:
         self._geom: Geometry | None = None
         self._map: dict[str, tuple[int, ...]] = {}
         self._next_recheck = 0.0
+        self._refused: tuple[float, str] | None = None  # (clock, why) of the last refused switch
 
     # ------------------------------------------------------------------------------ reading
     def mapping(self) -> tuple[Geometry | None, dict[str, tuple[int, ...]]]:
@@ -275,6 +288,8 @@ class MigIsolation:
                 f'card {self.index}: MIG is {"on" if on else "off"} and [cards] mig_switch = "never" '
                 "(the operator sets MIG modes)"
             )
+        if self._refused is not None and self.clock() - self._refused[0] < SWITCH_RETRY_S:
+            return f"{self._refused[1]} (tried {self.clock() - self._refused[0]:.0f} s ago)"
         busy = [gi for gi, g in self._gis.items() if g.busy]
         if busy:
             return f"card {self.index}: MIG instances {', '.join(map(str, busy))} are in use"
@@ -312,22 +327,59 @@ class MigIsolation:
         self._set_mig(False)
 
     def _set_mig(self, enabled: bool) -> None:
+        """Switch MIG on or off, or leave the card as it was (nothing pending) and raise Conflict."""
         word = "on" if enabled else "off"
-        try:
-            reset = self.hw.set_mig_mode(self.index, enabled)
-        except NvmlError as e:
-            raise Conflict(f"card {self.index}: cannot switch MIG {word}: {e}") from None
-        if reset:
-            check(self.runner.run(["nvidia-smi", "--gpu-reset", "-i", self.card.pci_bus_id], timeout_s=120))
-        mode = self.hw.mig_mode(self.index)
-        if mode is None or mode[0] != int(enabled):
-            raise Conflict(
-                f"card {self.index}: MIG is still {'off' if enabled else 'on'} after the switch "
-                f"(current, pending = {mode}); reset the GPU (`nvidia-smi -r -i {self.card.pci_bus_id}`)"
-            )
+        with self.hw.card_released(self.index):
+            try:
+                outcome = self.hw.set_mig_mode(self.index, enabled)
+            except NvmlError as e:
+                self._cancel_pending(word)
+                raise Conflict(f"card {self.index}: cannot switch MIG {word}: {e}") from None
+            why = ""
+            if outcome == "reset":  # the driver cannot reset the card itself here
+                bus = self.card.pci_bus_id
+                done = self.runner.run(["nvidia-smi", "--gpu-reset", "-i", bus], timeout_s=120)
+                if not done.ok:
+                    said = (done.stderr or done.stdout).strip().splitlines()
+                    why = f"nvidia-smi --gpu-reset refused ({said[0] if said else done.returncode})"
+            mode = self.hw.mig_mode(self.index)
+            if mode is None or mode[0] != int(enabled):
+                self._cancel_pending(word)
+                why = why or self._held_by()
+                msg = f"card {self.index}: the driver did not switch MIG {word}: {why}; MIG stays "
+                msg += "on" if not enabled else "off"
+                self._refused = (self.clock(), msg)
+                raise Conflict(msg)
+        self._refused = None
         self._gis.clear()
         self._sync()
         log.info("card %d: MIG switched %s", self.index, word)
+
+    def _cancel_pending(self, word: str) -> None:
+        try:
+            if self.hw.cancel_pending_mig_mode(self.index):
+                log.info("card %d: the pending MIG %s is cancelled", self.index, word)
+        except NvmlError as e:
+            log.error(
+                "card %d: MIG %s stays pending (%s): the next GPU reset would switch it; cancel it with "
+                "`nvidia-smi -i %s -mig %d`",
+                self.index,
+                word,
+                e,
+                self.card.pci_bus_id,
+                0 if word == "on" else 1,
+            )
+
+    def _held_by(self) -> str:
+        """What holds the card, as far as NVML can tell (it lists processes, not other NVML clients)."""
+        try:
+            procs = self.hw.processes(self.index)
+        except NvmlError:
+            procs = []
+        if procs:
+            pids = ", ".join(str(p) for p, _ in procs[:5])
+            return f"the card is in use by {len(procs)} process(es) (pid {pids})"
+        return HELD_BY
 
     def _sync(self) -> None:
         """Bring our books in line with the card: add instances we did not know of, drop vanished ones."""
@@ -386,7 +438,11 @@ class MigIsolation:
         if seen or any(g.blocked for g in self._gis.values()):
             return Reconciled(CardMode.SLICED, lost, notes)
         if mode is CardMode.WHOLE and not self.switch_blocker(card, False):
-            self._set_mig(False)  # MIG on with nothing in it, on a card the ledger has whole
+            try:
+                self._set_mig(False)  # MIG on with nothing in it, on a card the ledger has whole
+            except Conflict as e:  # e.g. a monitoring agent holds the card: it stays sliced
+                notes.append(f"{e}; the card stays sliced")
+                return Reconciled(CardMode.SLICED, lost, notes)
             notes.append(f"card {self.index}: MIG was on with nothing in it; switched off (card whole)")
             return Reconciled(CardMode.WHOLE, lost, notes)
         return Reconciled(CardMode.SLICED, lost, notes)

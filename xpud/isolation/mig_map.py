@@ -43,6 +43,8 @@ def load(path: str | Path | None = None) -> ProfileMap:
         raise ConfigError(f"{p}: cannot read the MIG profile map: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: nested too deeply (arrays or tables within each other)") from None
     unknown = set(data) - {"models"}
     if unknown:
         raise ConfigError(f'{p}: unknown table [{sorted(unknown)[0]}]; the map has only [models."<name>"]')

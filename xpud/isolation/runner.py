@@ -9,6 +9,7 @@ NVML and records every call.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -66,6 +67,10 @@ def check(done: Completed) -> Completed:
 
 class CommandRunner:
     """Runs the real tools with subprocess."""
+
+    def which(self, tool: str) -> str | None:
+        """Where ``tool`` is on PATH, or None (``xpud doctor``)."""
+        return shutil.which(tool)
 
     def run(self, argv, *, env=None, input=None, timeout_s=30.0, detach=False) -> Completed:
         argv = tuple(argv)

@@ -23,6 +23,29 @@ DESCRIPTIONS: dict[str, tuple[str, bool]] = {
 }
 POLICY_NAMES: tuple[str, ...] = tuple(DESCRIPTIONS)
 
+# The FGD paper's and its simulator's spellings (and a few obvious variants) -> our names.
+ALIASES: dict[str, str] = {
+    "bestfit": "best-fit",
+    "best_fit": "best-fit",
+    "dotprod": "dot-product",
+    "dot_product": "dot-product",
+    "dotproduct": "dot-product",
+    "packing": "gpu-packing",
+    "gpupacking": "gpu-packing",
+    "clustering": "gpu-clustering",
+    "gpuclustering": "gpu-clustering",
+    "randomfit": "random",
+    "random-fit": "random",
+    "fgd-offline": "fgd",
+}
+
+
+def canonical_policy(name: str) -> str | None:
+    """Our name for ``name`` (ours, or an alias; case-insensitive), or None."""
+    key = name.strip().lower()
+    return key if key in DESCRIPTIONS else ALIASES.get(key)
+
+
 # Named profile sets: the sizes a fractional request may be rounded up to (milli-cards).
 PROFILE_SETS: dict[str, tuple[int, ...]] = {
     "free": (),  # MPS: any size, no rounding

@@ -38,9 +38,13 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(seeds))
 
 
+PACKAGED_OPENB = Path(__file__).resolve().parent / "data" / "openb"  # node list + default trace
+
+
 def openb_dir() -> Path | None:
     """Where the openb CSVs are: ``$XPUD_OPENB_DIR``, else ``shared/data/openb`` or ``../shared/data/openb``
-    from the current directory or from this checkout (the layout of the xpud repository)."""
+    from the current directory or from this checkout (the layout of the xpud repository, which also holds
+    the trace variants), else the copy shipped in the package (node list and default trace only)."""
     env = os.environ.get(OPENB_ENV)
     if env:
         return Path(env)
@@ -50,9 +54,11 @@ def openb_dir() -> Path | None:
             cand = (base / rel).resolve()
             if (cand / DEFAULT_CLUSTER).is_file():
                 return cand
+    if (PACKAGED_OPENB / DEFAULT_CLUSTER).is_file():
+        return PACKAGED_OPENB
     return None
 
 
 def default_path(filename: str) -> Path:
     d = openb_dir()
-    return (d if d is not None else Path("../shared/data/openb")) / filename
+    return (d if d is not None else PACKAGED_OPENB) / filename

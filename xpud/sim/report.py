@@ -5,6 +5,7 @@ Numbers are percentages of the cluster's GPU capacity, averaged over seeds.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -179,27 +180,51 @@ def plot_png(report: SimReport, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def plot_terminal(report: SimReport, width: int = 81, height: int = 16) -> str:
-    """The mean curves as characters (one letter per policy), arrived 50..130 % left to right; the vertical
-    range follows the curves where they separate (90..130 %)."""
+def plot_terminal(report: SimReport, columns: int | None = None, height: int = 12) -> str:
+    """The mean curves as characters (one letter per policy, ``*`` where several meet), fitted to
+    ``columns`` (default: the terminal's width): arrived 50..130 % on the full vertical range, then
+    100..130 % zoomed on its own range, where the curves separate. Every point is drawn on the row of its
+    value: none is pinned to an edge of a chart."""
+    if columns is None:
+        columns = shutil.get_terminal_size((100, 24)).columns
+    width = max(21, min(81, columns - 9))  # 8 columns of y labels and the axis, 1 to spare
     names = report.policies()
     means = {n: report.curves(n).mean(axis=0)[50:131] for n in names}
-    tail = np.concatenate([m[40:] for m in means.values()])
-    lo, hi = float(np.floor(tail.min()) - 1), float(np.ceil(tail.max()) + 1)
     marks: dict[str, str] = {}
     for n in names:
         marks[n] = next(
             (ch for ch in n + "abcdefghijklmnopqrstuvwxyz" if ch.isalnum() and ch not in marks.values()), "*"
         )
+    lines = _panel({marks[n]: m for n, m in means.items()}, 50, 130, width, height)
+    lines += _panel({marks[n]: m[50:] for n, m in means.items()}, 100, 130, width, height)
+    lines.append(" " * 8 + "x: arrived workload, % of capacity; y: GPU allocation %")
+    legend, line = [], " "
+    for item in [*(f"{marks[n]}={n}" for n in names), "*=several"]:
+        if len(line) + len(item) + 2 > columns and line.strip():
+            legend.append(line.rstrip())
+            line = " "
+        line += " " + item + " "
+    legend.append(line.rstrip())
+    return "\n".join(lines + legend)
+
+
+def _panel(curves: dict[str, np.ndarray], first: int, last: int, width: int, height: int) -> list[str]:
+    """One chart: ``curves`` (mark -> values at arrived ``first``..``last`` %) on a range that holds them."""
+    every = np.concatenate(list(curves.values()))
+    lo, hi = float(every.min()), float(every.max())
+    pad = max((hi - lo) * 0.05, 0.05)
+    lo, hi = lo - pad, hi + pad
     grid = [[" "] * width for _ in range(height)]
-    for n in names:
-        m = means[n]
+    span = last - first
+    for mark, values in curves.items():
         for col in range(width):
-            v = m[round(col * 80 / (width - 1))]
-            row = round((hi - min(max(v, lo), hi)) / (hi - lo) * (height - 1))
-            grid[row][col] = marks[n]
-    lines = [f"{hi - (hi - lo) * r / (height - 1):6.1f} |" + "".join(g) for r, g in enumerate(grid)]
+            v = float(values[round(col * span / (width - 1))])
+            row = round((hi - v) / (hi - lo) * (height - 1))
+            grid[row][col] = mark if grid[row][col] in (" ", mark) else "*"
+    digits = 2 if hi - lo < 5 else 1
+    lines = [f"{hi - (hi - lo) * r / (height - 1):6.{digits}f} |" + "".join(g) for r, g in enumerate(grid)]
     lines.append(" " * 7 + "+" + "-" * width)
-    lines.append(" " * 8 + "50" + " " * (width // 2 - 4) + "90" + " " * (width // 2 - 4) + "130  arrived %")
-    lines.append("  " + "  ".join(f"{marks[n]}={n}" for n in names) + "   (y: GPU allocation %)")
-    return "\n".join(lines)
+    mid, ends = (width - 1) // 2, (f"{first}", f"{(first + last) // 2}", f"{last}")
+    axis = ends[0].ljust(mid - len(ends[1]) // 2) + ends[1]
+    lines.append(" " * 8 + axis.ljust(width - len(ends[2])) + ends[2])
+    return lines

@@ -11,7 +11,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoReply(_message.Message):
-    __slots__ = ("version", "hostname", "backend", "driver_version", "started", "cards", "user_socket", "admin_socket", "config_path", "caller_uid", "caller_is_admin")
+    __slots__ = ("version", "hostname", "backend", "driver_version", "started", "cards", "user_socket", "admin_socket", "config_path", "caller_uid", "caller_is_admin", "slice_sizes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class InfoReply(_message.Message):
     CONFIG_PATH_FIELD_NUMBER: _ClassVar[int]
     CALLER_UID_FIELD_NUMBER: _ClassVar[int]
     CALLER_IS_ADMIN_FIELD_NUMBER: _ClassVar[int]
+    SLICE_SIZES_FIELD_NUMBER: _ClassVar[int]
     version: str
     hostname: str
     backend: str
@@ -34,7 +35,18 @@ class InfoReply(_message.Message):
     config_path: str
     caller_uid: int
     caller_is_admin: bool
-    def __init__(self, version: _Optional[str] = ..., hostname: _Optional[str] = ..., backend: _Optional[str] = ..., driver_version: _Optional[str] = ..., started: _Optional[float] = ..., cards: _Optional[int] = ..., user_socket: _Optional[str] = ..., admin_socket: _Optional[str] = ..., config_path: _Optional[str] = ..., caller_uid: _Optional[int] = ..., caller_is_admin: _Optional[bool] = ...) -> None: ...
+    slice_sizes: _containers.RepeatedCompositeFieldContainer[SliceSize]
+    def __init__(self, version: _Optional[str] = ..., hostname: _Optional[str] = ..., backend: _Optional[str] = ..., driver_version: _Optional[str] = ..., started: _Optional[float] = ..., cards: _Optional[int] = ..., user_socket: _Optional[str] = ..., admin_socket: _Optional[str] = ..., config_path: _Optional[str] = ..., caller_uid: _Optional[int] = ..., caller_is_admin: _Optional[bool] = ..., slice_sizes: _Optional[_Iterable[_Union[SliceSize, _Mapping]]] = ...) -> None: ...
+
+class SliceSize(_message.Message):
+    __slots__ = ("name", "memory_fraction", "compute_pct")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    memory_fraction: float
+    compute_pct: int
+    def __init__(self, name: _Optional[str] = ..., memory_fraction: _Optional[float] = ..., compute_pct: _Optional[int] = ...) -> None: ...
 
 class SliceHeld(_message.Message):
     __slots__ = ("lease_id", "size", "memory_bytes", "compute_pct", "handle", "placement")

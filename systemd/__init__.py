@@ -1,0 +1,1 @@
+"""Package data: the systemd unit and the sysusers.d entry that ``xpud install-service`` writes."""

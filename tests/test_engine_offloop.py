@@ -1,0 +1,76 @@
+"""Slow hardware never stalls the daemon: while one card's MIG switch hangs in the driver for seconds,
+another card's lease is granted, the API answers and an XID on a third card is acted on in the usual time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.inproc import InProcDaemon
+from xpud.api.client import Client
+
+HANG_S = 4.0
+
+
+@pytest.fixture
+def inproc(short_tmp):
+    made = []
+
+    def make(machine, config_text=""):
+        base = short_tmp / f"d{len(made)}"
+        base.mkdir()
+        d = InProcDaemon(base, machine, config_text)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.stop()
+
+
+def test_a_hanging_card_does_not_stall_the_others(inproc):
+    d = inproc("dgx-h100", "[leases]\ngrace_s = 60.0\n")
+    fake = d.fake
+    real = fake.nvmlDeviceSetMigMode
+    hung = threading.Event()
+    hung_card: list[int] = []
+
+    def slow_set_mig_mode(device, mode):  # the driver takes its time (a switch and a reset on real cards)
+        hung_card.append(fake.nvmlDeviceGetIndex(device))
+        hung.set()
+        time.sleep(HANG_S)
+        return real(device, mode)
+
+    fake.nvmlDeviceSetMigMode = slow_set_mig_mode
+    slice_result: dict = {}
+
+    def ask_slice():
+        t0 = time.monotonic()
+        with Client(d.runtime_dir) as c:
+            g = c.acquire_lease("vxpu-quarter")
+        slice_result.update(lease=g.lease, took=time.monotonic() - t0)
+
+    t = threading.Thread(target=ask_slice)
+    t.start()
+    assert hung.wait(10)
+    t0 = time.monotonic()
+    with Client(d.runtime_dir) as c:
+        whole = c.acquire_lease("xpu")  # another card, already in the right mode
+        granted_after = time.monotonic() - t0
+        c.cards()
+    with Client(d.runtime_dir, admin=True) as admin:
+        target = next(i for i in range(8) if i not in whole.lease.cards and i not in hung_card)
+        t1 = time.monotonic()
+        admin.inject_fault(str(target), "xid", 79)
+        wait_until(lambda: admin.health(str(target)).cards[0].state == "unhealthy", timeout=HANG_S, step=0.01)
+        acted_after = time.monotonic() - t1
+    still_hanging = time.monotonic() - t0 < HANG_S - 0.5
+    t.join(HANG_S + 20)
+    assert granted_after < 1.0, f"a whole card took {granted_after:.2f} s while another card hung"
+    assert acted_after < 1.5, f"the XID was acted on after {acted_after:.2f} s"
+    assert still_hanging, "the checks above ran after the hang was over: they prove nothing"
+    assert slice_result["took"] >= HANG_S and list(slice_result["lease"].cards) == hung_card[:1]

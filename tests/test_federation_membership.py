@@ -1,0 +1,124 @@
+"""SWIM membership (xpud.federation.membership) over the in-process network: joining, failure detection,
+suspicion and refutation, restarts, leaving, loss and partitions. Simulated time: fast and repeatable."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from xpud.federation.membership import (
+    Ack,
+    Ping,
+    State,
+    Swim,
+    SwimConfig,
+    Update,
+)
+from xpud.federation.simnet import SimNet
+
+
+def first_time(net: SimNet, cond, limit: float, step: float = 0.05) -> float | None:
+    """Simulated seconds until ``cond()`` holds (None if not within ``limit``)."""
+    start = net.now
+    while net.now - start < limit:
+        if cond():
+            return net.now - start
+        net.run(step)
+    return net.now - start if cond() else None
+
+
+def test_hosts_join_through_one_seed_and_converge():
+    net = SimNet(30, seed=1)
+    took = first_time(net, net.converged, limit=30)
+    assert took is not None and took < 20  # one push-pull with the seed, then gossip
+
+
+def test_a_crashed_host_is_suspected_within_about_2_s_and_dead_everywhere_within_dead_after():
+    """Over 12 seeds: suspected at the median within 1 s (at worst 3 s: no prober may pick it for a few
+    periods), dead at every peer within dead_after_s = 10 s of the crash (a little more at worst)."""
+    suspected, dead = [], []
+    for seed in range(12):
+        net = SimNet(20, seed=seed, cfg=SwimConfig.for_dead_after(10.0))
+        assert first_time(net, net.converged, limit=30) is not None
+        net.crash("h7")
+        s = first_time(net, lambda n=net: n.share("h7", (State.SUSPECT, State.DEAD)) > 0, limit=10)
+        d = first_time(net, lambda n=net: n.share("h7", (State.DEAD,)) == 1.0, limit=20)
+        assert s is not None and d is not None
+        suspected.append(s)
+        dead.append(s + d)
+    assert statistics.median(suspected) <= 1.0 and max(suspected) <= 3.0
+    assert statistics.median(dead) <= 9.0 and max(dead) <= 10.5
+
+
+def test_no_false_death_under_5_percent_loss():
+    net = SimNet(40, seed=4, loss=0.05, cfg=SwimConfig.for_dead_after(10.0))
+    assert first_time(net, net.converged, limit=40) is not None
+    for h in net.hosts.values():
+        h.pop_changes()
+    net.run(120)
+    deaths = [c for h in net.hosts.values() for c in h.pop_changes() if c.state is State.DEAD]
+    assert deaths == []
+    assert net.converged()
+
+
+def test_a_wrongly_suspected_host_refutes_with_a_higher_incarnation():
+    net = SimNet(10, seed=5)
+    assert first_time(net, net.converged, limit=30) is not None
+    victim = net.hosts["h3"]
+    before = victim.incarnation
+    accuser = net.hosts["h0"]
+    accuser._apply(Update("h3", victim.addr, before, State.SUSPECT))
+    assert net.state_of("h0", "h3") is State.SUSPECT
+    back = first_time(net, lambda: net.share("h3", (State.ALIVE,)) == 1.0, limit=5)
+    assert back is not None and victim.incarnation > before
+
+
+def test_a_restarted_host_wins_over_its_old_state():
+    net = SimNet(10, seed=6, cfg=SwimConfig.for_dead_after(6.0))
+    assert first_time(net, net.converged, limit=30) is not None
+    old = net.hosts["h4"].incarnation
+    net.crash("h4")
+    assert first_time(net, lambda: net.share("h4", (State.DEAD,)) == 1.0, limit=15) is not None
+    new = net.restart("h4")
+    assert new.incarnation > old  # taken from the clock at start
+    assert first_time(net, net.converged, limit=20) is not None
+
+
+def test_a_host_that_leaves_is_never_suspected_or_refuted():
+    net = SimNet(10, seed=7)
+    assert first_time(net, net.converged, limit=30) is not None
+    net._send("h2", net.hosts["h2"].leave())
+    gone = first_time(net, lambda: net.share("h2", (State.LEFT,)) == 1.0, limit=3)
+    assert gone is not None
+    net.run(20)
+    assert net.share("h2", (State.LEFT,)) == 1.0
+
+
+def test_a_partition_heals_when_the_link_comes_back():
+    net = SimNet(12, seed=8, cfg=SwimConfig.for_dead_after(6.0, push_pull_interval_s=5.0))
+    assert first_time(net, net.converged, limit=30) is not None
+    left, right = {f"h{i}" for i in range(6)}, {f"h{i}" for i in range(6, 12)}
+    net.partition(left, right)
+    split = first_time(net, lambda: net.share("h0", (State.DEAD,)) >= 5 / 11, limit=20)
+    assert split is not None  # the other side sees h0 dead
+    net.run(30)  # long enough that no gossip goes to the dead any more
+    net.heal()
+    assert first_time(net, net.converged, limit=30) is not None
+
+
+def test_a_stale_address_or_an_ack_for_someone_else_counts_for_nothing():
+    a = Swim("a", "a:1", 0.0, incarnation=1)
+    assert a.handle(Ping(1, "b", "b:1", (), target="someone-else"), 0.0) == []
+    out = a.handle(Ping(2, "b", "b:1", (), target="a"), 0.0)
+    assert len(out) == 1 and isinstance(out[0][1], Ack) and out[0][0] == "b:1"
+
+
+def test_facts_from_the_wire_are_bounded():
+    a = Swim("a", "a:1", 0.0, incarnation=1)
+    a.handle(Ping(1, "b", "b:1", (Update("x" * 300, "x:1", 1, State.ALIVE),), target="a"), 0.0)
+    a.handle(Ping(1, "b", "b:1", (Update("y", "y:1", -5, State.ALIVE),), target="a"), 0.0)
+    a.handle(Ping(1, "b", "b:1", (Update("z", "z:1", 1, State.ALIVE, "m" * 5000),), target="a"), 0.0)
+    assert set(a.members) == {"a"}
+    with pytest.raises(ValueError, match="at most"):
+        a.set_meta("m" * 5000)

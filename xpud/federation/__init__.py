@@ -1,0 +1,1 @@
+"""Federation: daemons that know their peers (membership, cluster view, multi-host reservations)."""

@@ -1,0 +1,158 @@
+"""The cluster view: what every host offers, spread with the membership protocol. Pure.
+
+Each host puts a compact summary of itself in its membership ``meta`` (``encode``): network location,
+free whole cards, the bandwidth of its best free group per size, free slices by size, its weakest free
+card's health, queue length and card count. ``membership.Swim`` spreads it with the host's incarnation, so
+every peer holds the newest summary it heard, with its age. ``offers`` turns a membership table into the
+``placement.multihost.HostOffer`` snapshot that multi-host placement reads.
+
+Summaries from the wire are checked like any input: bounded size, known keys, finite numbers in range;
+a summary that fails is dropped (the host then offers nothing), never trusted in part.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from xpud.federation.membership import MAX_META, Member, State
+from xpud.placement.multihost import HostOffer
+
+MAX_CARDS = 64
+MAX_SIZES = 16
+_FIELD = 64  # characters of a location or size name
+
+
+@dataclass(frozen=True)
+class HostSummary:
+    cards: int
+    free_whole: int
+    group_gbps: tuple[float, ...] = ()  # [k-1]: bus GB/s of the best free k-card group (inf for k = 1)
+    free_slices: Mapping[str, int] = field(default_factory=dict)
+    health: int = 100  # the weakest score among free cards (100 with none)
+    queue: int = 0
+    zone: str = ""
+    block: str = ""
+    domain: str = ""
+
+
+class BadSummary(ValueError):
+    pass
+
+
+def encode(s: HostSummary) -> str:
+    """The summary as compact JSON for ``Swim.set_meta`` (at most ``MAX_META`` bytes)."""
+    doc = {
+        "c": s.cards,
+        "w": s.free_whole,
+        "g": [None if math.isinf(x) else round(x, 1) for x in s.group_gbps[:MAX_CARDS]],
+        "s": dict(list(s.free_slices.items())[:MAX_SIZES]),
+        "h": s.health,
+        "q": s.queue,
+        "l": [s.zone, s.block, s.domain],
+    }
+    text = json.dumps(doc, separators=(",", ":"))
+    if len(text.encode()) > MAX_META:
+        raise BadSummary(f"host summary is {len(text.encode())} bytes; at most {MAX_META}")
+    return text
+
+
+def _int(v, lo: int, hi: int, what: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise BadSummary(f"{what}: {v!r} is not an integer in {lo}..{hi}")
+    return v
+
+
+def _name(v, what: str) -> str:
+    if not isinstance(v, str) or len(v) > _FIELD or not v.isprintable():
+        raise BadSummary(f"{what}: not a short printable name")
+    return v
+
+
+def decode(text: str) -> HostSummary:
+    """A summary from a peer, checked; raises ``BadSummary``."""
+    if len(text.encode()) > MAX_META:
+        raise BadSummary("summary too long")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise BadSummary(f"not JSON: {e}") from None
+    if not isinstance(doc, dict) or set(doc) != {"c", "w", "g", "s", "h", "q", "l"}:
+        raise BadSummary("unknown shape")
+    cards = _int(doc["c"], 0, MAX_CARDS, "cards")
+    free = _int(doc["w"], 0, cards, "free whole cards")
+    if not isinstance(doc["g"], list) or len(doc["g"]) > cards:
+        raise BadSummary("group bandwidths: a list of at most one per card")
+    gbps = []
+    for x in doc["g"]:
+        if x is None:
+            gbps.append(math.inf)
+        elif isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= 1e6:
+            gbps.append(float(x))
+        else:
+            raise BadSummary(f"group bandwidth {x!r}: give 0..1e6 GB/s")
+    if not isinstance(doc["s"], dict) or len(doc["s"]) > MAX_SIZES:
+        raise BadSummary("free slices: a map of at most 16 sizes")
+    slices = {
+        _name(k, "slice size"): _int(v, 0, 64 * MAX_CARDS, f"free {k} slices") for k, v in doc["s"].items()
+    }
+    loc = doc["l"]
+    if not isinstance(loc, list) or len(loc) != 3:
+        raise BadSummary("location: [zone, block, domain]")
+    zone, block, domain = (_name(x, "location") for x in loc)
+    return HostSummary(
+        cards,
+        free,
+        tuple(gbps),
+        slices,
+        _int(doc["h"], 0, 100, "health"),
+        _int(doc["q"], 0, 10**6, "queue"),
+        zone,
+        block,
+        domain,
+    )
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One host as this daemon sees it: its state, summary (None: none or a bad one) and age."""
+
+    name: str
+    addr: str
+    state: State
+    incarnation: int
+    age_s: float
+    summary: HostSummary | None
+
+
+def entries(members: Iterable[Member], now: float) -> list[HostEntry]:
+    out = []
+    for m in members:
+        try:
+            summary = decode(m.meta) if m.meta else None
+        except BadSummary:
+            summary = None
+        out.append(HostEntry(m.name, m.addr, m.state, m.incarnation, max(now - m.heard, 0.0), summary))
+    return sorted(out, key=lambda e: e.name)
+
+
+def offers(view: Iterable[HostEntry]) -> list[HostOffer]:
+    """The snapshot multi-host placement reads: alive hosts with a summary (suspect ones are left out:
+    a gang must not start on a host that may be gone)."""
+    return [
+        HostOffer(
+            e.name,
+            e.summary.free_whole,
+            e.summary.group_gbps,
+            e.summary.health,
+            e.summary.domain,
+            e.summary.block,
+            e.summary.zone,
+            dict(e.summary.free_slices),
+            e.summary.queue,
+        )
+        for e in view
+        if e.state is State.ALIVE and e.summary is not None
+    ]
