@@ -85,6 +85,7 @@ def test_a_file_of_another_machine_is_ignored_and_a_broken_one_refused(tmp_path)
         ("{", "Expecting"),
         ('{"version": 9}', "not a version-1"),
         ("[]", "not a version-1"),
+        ("[" * 100_000 + "]" * 100_000, "recursion"),
     ]:
         path.write_text(text)
         with pytest.raises(SimStateError, match=f"{path}: .*{why}.*delete the file"):

@@ -60,7 +60,7 @@ class SimState:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise self._bad(str(e)) from None
         if not isinstance(data, dict) or data.get("version") != VERSION:
             raise self._bad(f"not a version-{VERSION} simulated hardware state")
