@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -192,3 +194,32 @@ def test_a_broken_state_file_stops_the_daemon_with_one_line(daemon_factory):
         d.start()
     lines = [x for x in d.log.read_text().splitlines() if x.startswith("xpud:")]
     assert len(lines) == 1 and FILE_NAME in lines[0] and "delete the file" in lines[0], lines
+
+
+def test_a_mig_switch_is_not_held_up_by_an_event_wait_started_in_between(tmp_path):
+    """Writing the state file (I/O) inside a MIG switch lets the event thread run: it must not start a
+    new wait between ``card_released``'s two rebuilds, or the switch ends a whole wait timeout later."""
+    _, _, hw = _machine(tmp_path / FILE_NAME)
+    waiter = hw.event_waiter()
+    stop = threading.Event()
+
+    def events():
+        while not stop.is_set():
+            waiter.wait(500)
+
+    t = threading.Thread(target=events, daemon=True)
+    t.start()
+    time.sleep(0.1)
+    ends = []
+    try:
+        for i in range(3):
+            with hw.card_released(i):
+                hw.set_mig_mode(i, True)
+                time.sleep(0.02)  # more I/O: the event thread certainly runs meanwhile
+                body_done = time.monotonic()
+            ends.append(time.monotonic() - body_done)
+    finally:
+        stop.set()
+        t.join(2)
+        waiter.close()
+    assert max(ends) < 0.25, ends
