@@ -201,7 +201,7 @@ def test_restore_rebuilds_state_from_the_ledger(tmp_path):
 
 def limited(tmp_path, **limits):
     cfg = Config().replace("limits", **limits)
-    return Engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=Clock())
+    return sync_engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=Clock())
 
 
 def test_users_may_not_ask_for_a_priority_above_the_limit(tmp_path):
@@ -241,7 +241,7 @@ def test_per_uid_caps_on_leases_and_queued_requests(tmp_path):
         assert (await engine.acquire(op))[0].owner_uid == 0
         queued.cancel()
         await asyncio.gather(queued, return_exceptions=True)
-        engine.release(mine[0][0].id, Caller(1000))
+        await engine.release(mine[0][0].id, Caller(1000))
         assert (await waiting)[0].owner_uid == 1000
 
     asyncio.run(scenario())

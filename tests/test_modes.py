@@ -3,6 +3,7 @@ ledger, `xpu run`, `xpu ls` and `xpu leases` (real daemons, the real CLI)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pickle
 import signal
@@ -10,9 +11,9 @@ import signal
 import pytest
 
 from tests.conftest import wait_until
+from tests.syncengine import sync_engine
 from tests.test_engine import Clock, cards, pcie_box
 from xpud.config import Config, parse
-from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict
 from xpud.ledger import Ledger
 from xpud.model import Caller, Mode, Request
@@ -74,14 +75,14 @@ def test_a_configured_size_works_end_to_end(daemon_factory, machine, isolation):
 
 def test_a_restored_lease_of_a_size_since_removed_is_kept_released_and_never_moved(tmp_path):
     led = Ledger(tmp_path / "l.sqlite")
-    e1 = Engine(cards(), pcie_box(), parse(TINY), led, clock=Clock())
+    e1 = sync_engine(cards(), pcie_box(), parse(TINY), led, clock=Clock())
     lease, token = e1.try_grant(Request("vxpu-tiny", owner_uid=1000, restartable=True))
     led.close()
-    e2 = Engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
+    e2 = sync_engine(cards(), pcie_box(), Config(), Ledger(tmp_path / "l.sqlite"), clock=Clock())
     assert [x.mode for x in e2.restore()] == ["vxpu-tiny"]
     e2.hold_opened(lease.id)
     with pytest.raises(Conflict, match="a vxpu-tiny slice, a size the config no longer has"):
-        e2.moves.start(lease.id, "card unhealthy")
+        asyncio.run(e2._engine.moves.start(lease.id, "card unhealthy"))
     with pytest.raises(BadRequest, match="no such slice size"):
         e2.try_grant(Request("vxpu-tiny", owner_uid=1000))
     assert e2.release(lease.id, Caller(1000), token).id == lease.id

@@ -10,21 +10,38 @@ user's uid this way: the kernel fills in SO_PEERCRED.
 from __future__ import annotations
 
 import asyncio
+import errno
 import grp
 import json
+import logging
 import os
-import secrets
 import socket
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from xpud.errors import Unauthenticated
-from xpud.model import Caller
+
+if TYPE_CHECKING:  # the client (`xpu run`) imports this module for handshake(): keep it light
+    from xpud.model import Caller
+
+log = logging.getLogger("xpud.auth")
 
 METADATA_KEY = "x-xpud-credential"
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
+
+# A flood of handshakes must cost the daemon little and other users nothing: each uid holds at most
+# MAX_PER_UID live credentials (a new one retires that uid's oldest: its client renews once), at most
+# MAX_HANDSHAKES are answered at once, and a peer that does not take its reply in HANDSHAKE_TIMEOUT_S is
+# dropped. The listen backlog absorbs bursts; clients retry a connect the kernel refuses as busy.
+MAX_PER_UID = 256
+MAX_HANDSHAKES = 64
+HANDSHAKE_TIMEOUT_S = 1.0
+BACKLOG = 1024
+GROUPS_TTL_S = 30.0  # how long an operator check (the group database) is cached per (uid, gid)
 
 
 @dataclass(frozen=True)
@@ -63,19 +80,42 @@ class CredentialIssuer:
         self.ttl_s = ttl_s
         self.clock = clock
         self._admin_gids = admin_gids(admin_group)
-        self._issued: dict[str, Credential] = {}
+        self._issued: OrderedDict[str, Credential] = OrderedDict()  # oldest first = soonest to expire
+        self._by_uid: dict[int, OrderedDict[str, None]] = {}
+        self._admin_cache: dict[tuple[int, int], tuple[bool, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._issued)
 
     def is_admin(self, uid: int, gid: int) -> bool:
         if uid in (0, os.getuid()):
             return True
-        return bool(self._admin_gids and self._admin_gids & _groups_of(uid, gid))
+        if not self._admin_gids:
+            return False
+        now = time.monotonic()
+        hit = self._admin_cache.get((uid, gid))
+        if hit is None or now - hit[1] > GROUPS_TTL_S:  # the group database can be slow (NSS, LDAP)
+            if len(self._admin_cache) > 4096:
+                self._admin_cache.clear()
+            hit = (bool(self._admin_gids & _groups_of(uid, gid)), now)
+            self._admin_cache[(uid, gid)] = hit
+        return hit[0]
 
     def issue(self, pid: int, uid: int, gid: int) -> tuple[str, Credential]:
+        import secrets
+
+        from xpud.model import Caller
+
         self._expire()
         token = secrets.token_urlsafe(24)
         cred = Credential(
             Caller(uid=uid, pid=pid, gid=gid, admin=self.is_admin(uid, gid)), self.clock() + self.ttl_s
         )
+        mine = self._by_uid.setdefault(uid, OrderedDict())
+        if len(mine) >= MAX_PER_UID:  # retire this uid's oldest credential
+            old, _ = mine.popitem(last=False)
+            self._issued.pop(old, None)
+        mine[token] = None
         self._issued[token] = cred
         return token, cred
 
@@ -90,42 +130,66 @@ class CredentialIssuer:
         return cred.caller
 
     def _expire(self) -> None:
+        """Drop expired credentials: O(1) per credential, oldest first (all share one lifetime)."""
         now = self.clock()
-        for t in [t for t, c in self._issued.items() if c.expires < now]:
-            del self._issued[t]
+        while self._issued:
+            token, cred = next(iter(self._issued.items()))
+            if cred.expires >= now:
+                break
+            del self._issued[token]
+            mine = self._by_uid.get(cred.caller.uid)
+            if mine is not None:
+                mine.pop(token, None)
+                if not mine:
+                    del self._by_uid[cred.caller.uid]
 
     async def serve(self, path: str) -> asyncio.AbstractServer:
         """Listen on ``path`` and answer each connection with a credential for its peer."""
+        busy = asyncio.Semaphore(MAX_HANDSHAKES)
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
-                sock = writer.get_extra_info("socket")
-                pid, uid, gid = _UCRED.unpack(
-                    sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-                )
-                token, cred = self.issue(pid, uid, gid)
-                reply = {
-                    "credential": token,
-                    "uid": uid,
-                    "pid": pid,
-                    "admin": cred.caller.admin,
-                    "expires_in": self.ttl_s,
-                }
-                writer.write((json.dumps(reply) + "\n").encode())
-                await writer.drain()
-            except (OSError, ConnectionError):
+                async with busy:
+                    sock = writer.get_extra_info("socket")
+                    pid, uid, gid = _UCRED.unpack(
+                        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+                    )
+                    token, cred = self.issue(pid, uid, gid)
+                    reply = {
+                        "credential": token,
+                        "uid": uid,
+                        "pid": pid,
+                        "admin": cred.caller.admin,
+                        "expires_in": self.ttl_s,
+                    }
+                    writer.write((json.dumps(reply) + "\n").encode())
+                    await asyncio.wait_for(writer.drain(), HANDSHAKE_TIMEOUT_S)
+            except (OSError, ConnectionError, TimeoutError):
                 pass
+            except Exception:  # never let one connection's trouble reach the loop's log as a traceback
+                log.exception("credential handshake failed")
             finally:
-                writer.close()
+                if writer.transport.get_write_buffer_size():
+                    writer.transport.abort()  # the peer did not take its reply: drop it now
+                else:
+                    writer.close()
 
-        return await asyncio.start_unix_server(handle, path=path)
+        return await asyncio.start_unix_server(handle, path=path, backlog=BACKLOG)
 
 
 def handshake(path: str, timeout: float = 5.0) -> dict:
     """Client side: connect to ``cred.sock`` and read the credential the daemon issues us."""
+    deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
-        s.connect(path)
+        while True:
+            try:
+                s.connect(path)
+                break
+            except BlockingIOError as e:  # the listen queue is full (a burst): the kernel says EAGAIN
+                if e.errno != errno.EAGAIN or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
         data = b""
         while not data.endswith(b"\n"):
             chunk = s.recv(4096)

@@ -23,7 +23,6 @@ import typer
 from grpc import aio
 
 from xpud import __version__, config
-from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.auth import CredentialIssuer
 from xpud.defrag import Defragmenter
 from xpud.engine import Engine
@@ -31,12 +30,20 @@ from xpud.errors import XpudError
 from xpud.jobs import Jobs
 from xpud.ledger import Ledger, LedgerDamaged
 from xpud.monitor import HealthMonitor
-from xpud.service import AdminService, Context, NodeService
+from xpud.service import AdminService, Context, NodeService, add_to_server
 
 log = logging.getLogger("xpud")
 
 USER_SOCKET, ADMIN_SOCKET, CRED_SOCKET = "xpud.sock", "admin.sock", "cred.sock"
 LEDGER_DAMAGED_EXIT = 3  # systemd/xpud.service: RestartPreventExitStatus=3
+
+# gRPC core cancels incoming calls that wait for the Python server to pick them up once more than
+# max_pending_requests (default 1,000; all of them past 3,000) are waiting: a burst of thousands of queued
+# Acquire streams then saw CANCELLED. Waiting requests cost little; the daemon takes them at its pace.
+SERVER_OPTIONS = [
+    ("grpc.server.max_pending_requests", 50_000),
+    ("grpc.server.max_pending_requests_hard_limit", 100_000),
+]
 
 
 class StartupError(Exception):
@@ -175,12 +182,12 @@ class Daemon:
         )
         self.context = ctx
         self.cred_server = await issuer.serve(str(self.cred_socket))
-        user = aio.server()
-        pbg.add_NodeServicer_to_server(NodeService(ctx), user)
+        user = aio.server(options=SERVER_OPTIONS)
+        add_to_server(NodeService(ctx), user)
         user.add_insecure_port(f"unix:{self.user_socket}")
-        admin = aio.server()
-        pbg.add_NodeServicer_to_server(NodeService(ctx), admin)
-        pbg.add_AdminServicer_to_server(AdminService(ctx), admin)
+        admin = aio.server(options=SERVER_OPTIONS)
+        add_to_server(NodeService(ctx), admin)
+        add_to_server(AdminService(ctx), admin)
         admin.add_insecure_port(f"unix:{self.admin_socket}")
         for s in (user, admin):
             await s.start()

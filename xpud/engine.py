@@ -301,7 +301,7 @@ class Engine:
     # ------------------------------------------------------------------ resolving names
     def resolve_card(self, selector: str) -> CardState:
         s = selector.strip()
-        if s.isdigit():
+        if s.isascii() and s.isdigit():  # str.isdigit() also takes "²" and "٣"
             if int(s) in self.cards:
                 return self.cards[int(s)]
             raise NotFound(f"no card {s}: this host has cards 0..{len(self.cards) - 1} (see `xpu ls`)")
@@ -309,8 +309,8 @@ class Engine:
         if len(matches) == 1:
             return matches[0]
         if not matches:
-            raise NotFound(f"no card matches {selector!r}: give an index or a UUID (see `xpu ls`)")
-        raise BadRequest(f"{selector!r} matches {len(matches)} cards: give more of the UUID")
+            raise NotFound(f"no card matches {selector[:80]!r}: give an index or a UUID (see `xpu ls`)")
+        raise BadRequest(f"{selector[:80]!r} matches {len(matches)} cards: give more of the UUID")
 
     def resolve_lease(self, selector: str) -> Lease:
         if selector in self.leases:
@@ -356,7 +356,7 @@ class Engine:
         if req.exempt:
             return
         uid = req.owner_uid
-        queued = sum(1 for w in self.waitlist.in_order() if w.request.owner_uid == uid)
+        queued = self.waitlist.count_of(uid)
         if queueing:
             if lim.max_queued_per_uid and queued >= lim.max_queued_per_uid:
                 raise NoCapacity(
@@ -669,7 +669,7 @@ class Engine:
 
     def _pump_soon(self) -> None:
         """Pump the queue at the loop's next turn (once, however many ask)."""
-        if self._pump_scheduled or not self.waitlist.in_order():
+        if self._pump_scheduled or not len(self.waitlist):
             return
         self._pump_scheduled = True
 
@@ -687,14 +687,19 @@ class Engine:
         run as tasks (their cards claimed now, so the next waiter's placement already leaves them out).
         """
         reserve = False
+        # What did not fit in this pass: an equal request behind it does not fit either (grants only
+        # take room), so a long queue costs one placement per kind of request, not one per waiter.
+        failed: set[tuple] = set()
         for w in self.waitlist.in_order():
             if w.future.done():
                 continue
-            cards = self._fit(w.request, reserve_whole=reserve)
+            kind = (w.request.mode, w.request.gpus, w.request.owner_uid, reserve)
+            cards = None if kind in failed else self._fit(w.request, reserve_whole=reserve)
             switches = cards is not None and self._busy and self._switches(w.request, cards)
             if switches and self.clock() - w.enqueued < BUSY_WAIT_S:
                 cards = None  # a busy card may be where it belongs: look again when it is free
             if cards is None:
+                failed.add(kind)
                 if w.request.mode is Mode.XPU:
                     reserve = True
                 continue

@@ -7,6 +7,7 @@ unexpected is logged and answered INTERNAL, so the daemon never dies on a bad re
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from xpud.api import convert
+from xpud.api import convert, validate
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.auth import METADATA_KEY, CredentialIssuer, member_of
@@ -31,15 +32,40 @@ def _status(e: XpudError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, e.code, grpc.StatusCode.UNKNOWN)
 
 
+def _detail(e: XpudError) -> str:
+    """The error's message, bounded (status details travel in HTTP/2 headers, which have a size limit)."""
+    return validate.clip(str(e), 1000)
+
+
+def add_to_server(servicer: Any, server: aio.Server) -> None:
+    """Register ``servicer`` (a NodeService or AdminService) on ``server``, as the generated
+    ``add_*Servicer_to_server`` does, but with deserializers that let a corrupt message be refused with
+    INVALID_ARGUMENT (``validate.tolerant``) instead of UNKNOWN and a traceback."""
+    name = "Admin" if isinstance(servicer, pbg.AdminServicer) else "Node"
+    service = pb.DESCRIPTOR.services_by_name[name]
+    handlers = {}
+    for m in service.methods:
+        streams = m.server_streaming
+        kind = grpc.unary_stream_rpc_method_handler if streams else grpc.unary_unary_rpc_method_handler
+        handlers[m.name] = kind(
+            getattr(servicer, m.name),
+            request_deserializer=validate.tolerant(getattr(pb, m.input_type.name)),
+            response_serializer=getattr(pb, m.output_type.name).SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
 def unary(fn: Callable) -> Callable:
     @functools.wraps(fn)
     async def wrapper(self, request, context):
         try:
+            validate.check(request)
             return await fn(self, request, context)
         except aio.AbortError:
             raise
         except XpudError as e:
-            await context.abort(_status(e), str(e))
+            await context.abort(_status(e), _detail(e))
         except Exception:
             log.exception("%s failed", fn.__name__)
             await context.abort(
@@ -53,12 +79,13 @@ def streaming(fn: Callable) -> Callable:
     @functools.wraps(fn)
     async def wrapper(self, request, context):
         try:
+            validate.check(request)
             async for item in fn(self, request, context):
                 yield item
         except aio.AbortError:
             raise
         except XpudError as e:
-            await context.abort(_status(e), str(e))
+            await context.abort(_status(e), _detail(e))
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception:
@@ -90,15 +117,42 @@ class Context:
         e = self.engine
         return [convert.card_pb(v, e.isolation_name(v.info.index)) for v in e.card_views()]
 
-    def lease_msgs(self, caller: Caller) -> list[pb.Lease]:
+    def leases_reply(self, caller: Caller, budget: int, leases: list | None = None) -> pb.ListLeasesReply:
+        """Leases (active ones unless given) then the queue, as many as fit in ``budget`` bytes; the reply
+        counts what it left out, so no listing can outgrow gRPC's message limit."""
         e = self.engine
-        return [
+        leases = e.lease_list() if leases is None else leases
+        lease_msgs = (
             convert.lease_pb(le, caller.admin or caller.uid == le.owner_uid, e.is_held(le.id))
-            for le in e.lease_list()
-        ]
+            for le in leases
+        )
+        kept, budget = _fit(lease_msgs, budget)
+        queue = e.queue_view()
+        queued, _ = _fit((convert.queue_pb(q) for q in queue), budget)
+        return pb.ListLeasesReply(
+            leases=kept,
+            queue=queued,
+            leases_omitted=len(leases) - len(kept),
+            queue_omitted=len(queue) - len(queued),
+        )
 
-    def queue_msgs(self) -> list[pb.QueueEntry]:
-        return [convert.queue_pb(q) for q in self.engine.queue_view()]
+
+REPLY_BUDGET = 3 * 1024 * 1024  # bytes per reply: gRPC refuses messages over 4 MiB unless told otherwise
+MAX_ENDED_LEASES = 1000  # `ListLeases(all)` lists at most this many
+MAX_WATCH_EVENTS = 200  # a Watch update carries at most the latest this many events
+MIN_WATCH_INTERVAL_S = 0.1
+
+
+def _fit(msgs, budget: int) -> tuple[list, int]:
+    """The leading messages of ``msgs`` whose encoded sizes fit in ``budget`` bytes; and what is left."""
+    kept = []
+    for m in msgs:
+        size = m.ByteSize() + 8  # + the field's tag and length
+        if size > budget:
+            break
+        kept.append(m)
+        budget -= size
+    return kept, budget
 
 
 def _mode(text: str, ctx: Context) -> Mode:
@@ -106,7 +160,7 @@ def _mode(text: str, ctx: Context) -> Mode:
         return Mode(text)
     except ValueError:
         sizes = ", ".join(["xpu", *ctx.engine.cfg.slices])
-        raise BadRequest(f"mode {text!r}: use one of {sizes}") from None
+        raise BadRequest(f"mode {validate.clip(text)!r}: use one of {sizes}") from None
 
 
 class NodeService(pbg.NodeServicer):
@@ -151,16 +205,11 @@ class NodeService(pbg.NodeServicer):
             updates.put_nowait(pb.AcquireUpdate(queued=queued))
 
         task = asyncio.ensure_future(e.acquire(req, on_position))
+        task.add_done_callback(updates.put_nowait)  # the finished task itself comes last down the queue
         try:
-            while True:
-                getter = asyncio.ensure_future(updates.get())
-                done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    yield getter.result()
-                    continue
-                getter.cancel()
-                lease, token = task.result()
-                break
+            while (item := await updates.get()) is not task:
+                yield item
+            lease, token = task.result()
         finally:
             if not task.done():
                 task.cancel()  # the caller went away: leave the queue
@@ -233,16 +282,10 @@ class NodeService(pbg.NodeServicer):
     @unary
     async def ListLeases(self, request, context):
         caller = self.ctx.caller(context)
+        leases = None
         if request.all:
-            e = self.ctx.engine
-            limit = request.limit or 100
-            leases = [
-                convert.lease_pb(le, caller.admin or caller.uid == le.owner_uid, e.is_held(le.id))
-                for le in e.ledger.recent_leases(limit)
-            ]
-        else:
-            leases = self.ctx.lease_msgs(caller)
-        return pb.ListLeasesReply(leases=leases, queue=self.ctx.queue_msgs())
+            leases = self.ctx.engine.ledger.recent_leases(min(request.limit or 100, MAX_ENDED_LEASES))
+        return self.ctx.leases_reply(caller, REPLY_BUDGET, leases)
 
     @unary
     async def GetTopology(self, request, context):
@@ -281,20 +324,19 @@ class NodeService(pbg.NodeServicer):
     async def Watch(self, request, context):
         caller = self.ctx.caller(context)
         e = self.ctx.engine
-        interval = min(max(request.min_interval_s or 1.0, 0.1), 60.0)
+        interval = min(max(request.min_interval_s or 1.0, MIN_WATCH_INTERVAL_S), 60.0)  # finite: checked
         loop = asyncio.get_running_loop()
         q = e.watch()
         try:
-            events = [convert.event_pb(ev) for ev in e.ledger.events(limit=50)]
+            recent = e.ledger.events(limit=50)
+            events = collections.deque((convert.event_pb(ev) for ev in recent), MAX_WATCH_EVENTS)
             while True:
+                cards = pb.ListCardsReply(cards=self.ctx.card_msgs(), hostname=self.ctx.info["hostname"])
+                budget = REPLY_BUDGET - cards.ByteSize() - sum(ev.ByteSize() + 8 for ev in events)
                 yield pb.WatchUpdate(
-                    cards=pb.ListCardsReply(cards=self.ctx.card_msgs(), hostname=self.ctx.info["hostname"]),
-                    leases=pb.ListLeasesReply(
-                        leases=self.ctx.lease_msgs(caller), queue=self.ctx.queue_msgs()
-                    ),
-                    events=events,
+                    cards=cards, leases=self.ctx.leases_reply(caller, budget), events=list(events)
                 )
-                events = []
+                events.clear()
                 deadline = loop.time() + interval
                 while (remaining := deadline - loop.time()) > 0:
                     try:

@@ -364,12 +364,16 @@ class ListLeasesRequest(_message.Message):
     def __init__(self, all: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class ListLeasesReply(_message.Message):
-    __slots__ = ("leases", "queue")
+    __slots__ = ("leases", "queue", "leases_omitted", "queue_omitted")
     LEASES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    LEASES_OMITTED_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OMITTED_FIELD_NUMBER: _ClassVar[int]
     leases: _containers.RepeatedCompositeFieldContainer[Lease]
     queue: _containers.RepeatedCompositeFieldContainer[QueueEntry]
-    def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ...) -> None: ...
+    leases_omitted: int
+    queue_omitted: int
+    def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ..., leases_omitted: _Optional[int] = ..., queue_omitted: _Optional[int] = ...) -> None: ...
 
 class TopologyRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,609 @@
+"""Load: grant throughput and latency beside the bare-gRPC ceiling, `xpu run` start-up against
+`python -c "import grpc"`, a 5,000-waiter queue and its cancellation, and the daemon's idle CPU and RSS.
+
+    .venv/bin/python bench/load.py --out bench/load.json        # the full run, ~3 minutes
+    .venv/bin/python bench/load.py --quick                      # a smoke test, ~20 s
+
+Everything runs against a real simulated daemon (``xpud --simulate pcie-8x-l40s``) on temp sockets.
+
+- **Grants.** Clients in several processes (1 client: one process; else 4 processes, clients/4 threads
+  each, one channel per thread) do Acquire (a server stream, answered up to the grant) then Release (a
+  unary call) as fast as they can for ``--seconds``. Slices (vxpu-quarter, 32 of them: every client's
+  slice fits) and whole cards (8 cards: 1 and 8 clients) are measured separately.
+- **The ceiling.** A bare grpc-python aio server, in its own process on a Unix socket, with one
+  server-stream and one unary method that do no work; the same clients, the same processes, the same
+  cycle. ``ratio`` = grants per second / bare cycles per second at the same number of clients: the figure
+  that travels between machines (absolute rates move with the machine and its load).
+- **xpu run.** Median wall time of ``xpu run -m vxpu-quarter -- true`` against ``python -c "import grpc"``
+  (the same interpreter), alternated, ``--runs`` each; and the same run through Typer (``xpu_cli.main``,
+  the path before ``xpu_cli.entry``) for comparison. Bytecode is cached (in the temp directory) for
+  both, as in an installed copy.
+- **Waiters.** Every card held, then ``--waiters`` Acquire streams (one process, asyncio) queue for a
+  whole card; once all are queued they are cancelled at once. Meanwhile another client calls ``Info``
+  every 20 ms: its latency (max, p99) while they queue and while they leave, the time until the daemon's
+  queue is empty, and the daemon's RSS before and after.
+- **Idle.** The daemon's CPU (% of one core) and RSS over ``--idle-seconds`` with no client, after start
+  and after all the load.
+
+Progress goes to stderr, a summary to stdout, everything to ``--out`` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+HERE = Path(__file__).resolve()
+BARE_ACQUIRE = "/bench.Bare/Acquire"
+BARE_RELEASE = "/bench.Bare/Release"
+DAEMON_CONFIG = "[leases]\ngrace_s = 30.0\n"
+XPU_RUN_ARGS = ["run", "-m", "vxpu-quarter", "--", "true"]
+
+
+def say(msg: str) -> None:
+    sys.stderr.write(f"load: {msg}\n")
+    sys.stderr.flush()
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * q))]
+
+
+def ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1e3, 2)
+
+
+# ---------------------------------------------------------------------------------------------- bare server
+def bare_server(path: str) -> None:
+    """A grpc-python aio server with one server-stream and one unary method that do nothing."""
+    import asyncio
+
+    import grpc
+    from grpc import aio
+
+    async def acquire(request, context):
+        yield b"granted"
+
+    async def release(request, context):
+        return b""
+
+    async def serve() -> None:
+        server = aio.server()
+        handler = grpc.method_handlers_generic_handler(
+            "bench.Bare",
+            {
+                "Acquire": grpc.unary_stream_rpc_method_handler(acquire),
+                "Release": grpc.unary_unary_rpc_method_handler(release),
+            },
+        )
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+        print("ready", flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+# ---------------------------------------------------------------------------------------------- cycle workers
+def _cycle_fn(spec: dict):
+    """A function doing one Acquire+Release cycle, returning the acquire latency (s)."""
+    if spec["target"] == "bare":
+        import grpc
+
+        channel = grpc.insecure_channel(f"unix:{spec['socket']}")
+        acquire = channel.unary_stream(BARE_ACQUIRE)
+        release = channel.unary_unary(BARE_RELEASE)
+
+        def cycle() -> float:
+            t0 = time.perf_counter()
+            for _ in acquire(b"acquire", timeout=30):
+                break
+            t1 = time.perf_counter()
+            release(b"release", timeout=30)
+            return t1 - t0
+
+        return cycle, channel.close
+
+    from xpud.api.client import Client
+
+    client = Client(spec["runtime"])
+
+    def cycle() -> float:
+        t0 = time.perf_counter()
+        g = client.acquire_lease(spec["mode"], gpus=spec["gpus"], wait_s=spec["wait_s"], command="bench")
+        t1 = time.perf_counter()
+        client.release(g.lease.id, g.token)
+        return t1 - t0
+
+    return cycle, client.close
+
+
+def cycle_worker(spec: dict) -> None:
+    """``spec["threads"]`` threads, each with its own channel; warm up, say "ready", read the window
+    (monotonic start, stop) from stdin, cycle in it, print the results as JSON."""
+    n = spec["threads"]
+    ready = threading.Barrier(n + 1)
+    window: dict = {}
+    go = threading.Event()
+    results: list[dict] = [{} for _ in range(n)]
+
+    def thread(i: int) -> None:
+        cycle, close = _cycle_fn(spec)
+        cycle()  # connect, handshake, one grant: not counted
+        ready.wait()
+        go.wait()
+        start, stop = window["start"], window["stop"]
+        while time.monotonic() < start:
+            time.sleep(0.001)
+        lat, cycles, errors = [], 0, 0
+        while True:
+            t0 = time.monotonic()
+            if t0 >= stop:
+                break
+            try:
+                acq = cycle()
+            except Exception as e:  # counted and shown: the bench goes on
+                errors += 1
+                results[i]["error"] = f"{type(e).__name__}: {e}"[:300]
+                time.sleep(0.01)
+                continue
+            if time.monotonic() <= stop:
+                cycles += 1
+                lat.append(acq)
+        results[i].update(cycles=cycles, errors=errors, acquire_s=lat)
+        close()
+
+    threads = [threading.Thread(target=thread, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    print("ready", flush=True)
+    window.update(json.loads(sys.stdin.readline()))
+    go.set()
+    for t in threads:
+        t.join()
+    out = {
+        "cycles": sum(r.get("cycles", 0) for r in results),
+        "errors": sum(r.get("errors", 0) for r in results),
+        "error": next((r["error"] for r in results if "error" in r), None),
+        "acquire_s": [x for r in results for x in r.get("acquire_s", [])],
+    }
+    print(json.dumps(out), flush=True)
+
+
+def measure_cycles(spec: dict, clients: int, seconds: float, daemon_pid: int | None = None) -> dict:
+    """Run ``clients`` clients (in up to 4 processes) for ``seconds``; cycles/s and acquire p50/p99."""
+    import psutil
+
+    procs = 1 if clients == 1 else min(4, clients)
+    per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(HERE), "--worker", json.dumps({**spec, "threads": k})],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for k in per
+    ]
+    try:
+        for w in workers:
+            if w.stdout.readline().strip() != "ready":
+                raise SystemExit(f"a {spec['target']} worker did not start (exit {w.wait()})")
+        start = time.monotonic() + 0.2
+        window = json.dumps({"start": start, "stop": start + seconds})
+        daemon = psutil.Process(daemon_pid) if daemon_pid else None
+        cpu0 = sum(daemon.cpu_times()[:2]) if daemon else 0.0
+        for w in workers:
+            w.stdin.write(window + "\n")
+            w.stdin.flush()
+        time.sleep(max(0.0, start + seconds - time.monotonic()))
+        cpu1 = sum(daemon.cpu_times()[:2]) if daemon else 0.0
+        outs = [json.loads(w.stdout.readline()) for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.wait(30)
+    lat = [x for o in outs for x in o["acquire_s"]]
+    cycles = sum(o["cycles"] for o in outs)
+    res = {
+        "clients": clients,
+        "processes": procs,
+        "cycles_per_s": round(cycles / seconds, 1),
+        "acquire_p50_ms": ms(pct(lat, 0.5)),
+        "acquire_p99_ms": ms(pct(lat, 0.99)),
+        "errors": sum(o["errors"] for o in outs),
+    }
+    if daemon:
+        res["daemon_cpu_pct"] = round(100 * (cpu1 - cpu0) / seconds, 1)
+    if res["errors"]:
+        res["first_error"] = next(o["error"] for o in outs if o["error"])
+    return res
+
+
+def grants(
+    runtime: Path,
+    bare_sock: Path,
+    bare_pid: int,
+    daemon_pid: int,
+    clients: list[int],
+    seconds: float,
+    rounds: int = 1,
+) -> list[dict]:
+    """At each client count: the bare ceiling, then slices, then whole cards (at most 8: the cards),
+    back to back so that the ratios compare runs under the same background load. With ``rounds`` > 1
+    the whole sequence is repeated and each figure is the median over the rounds (the ratio: the median
+    of the per-round ratios), with every round's rows kept under ``rounds``."""
+    kinds = [
+        ("bare", {"target": "bare", "socket": str(bare_sock)}, bare_pid, 10**6),
+        ("slice", {"target": "xpud", "mode": "vxpu-quarter", "gpus": 1}, daemon_pid, 32),
+        ("whole", {"target": "xpud", "mode": "xpu", "gpus": 1}, daemon_pid, 8),
+    ]
+    every: dict[tuple[str, int], list[dict]] = {}
+    for r in range(rounds):
+        for n in clients:
+            bare_rate = None
+            for name, spec, pid, most in kinds:
+                if n > most:
+                    continue
+                say(
+                    f"{name}: {n} client(s), {seconds:g} s"
+                    + (f" (round {r + 1}/{rounds})" if rounds > 1 else "")
+                )
+                row = {
+                    "kind": name,
+                    **measure_cycles({**spec, "runtime": str(runtime), "wait_s": 30.0}, n, seconds, pid),
+                }
+                if name == "bare":
+                    bare_rate = row["cycles_per_s"]
+                elif bare_rate:
+                    row["ratio_to_bare"] = round(row["cycles_per_s"] / bare_rate, 3)
+                say(f"  {row['cycles_per_s']}/s, acquire p99 {row['acquire_p99_ms']} ms")
+                every.setdefault((name, n), []).append(row)
+    if rounds == 1:
+        return [rows[0] for rows in every.values()]
+    out = []
+    for (name, n), rows in every.items():
+        med = {"kind": name, "clients": n, "processes": rows[0]["processes"], "rounds": rows}
+        for key in ("cycles_per_s", "acquire_p50_ms", "acquire_p99_ms", "daemon_cpu_pct", "ratio_to_bare"):
+            values = [x[key] for x in rows if x.get(key) is not None]
+            if values:
+                med[key] = round(statistics.median(values), 3 if key == "ratio_to_bare" else 2)
+        med["errors"] = sum(x["errors"] for x in rows)
+        out.append(med)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- xpu run
+def xpu_run_overhead(runtime: Path, runs: int) -> dict:
+    """Median wall times of `xpu run -- true` and `python -c "import grpc"`, alternated."""
+    import simdaemon
+
+    # Bytecode cached, as in an installed copy (pip compiles it): a PYTHONDONTWRITEBYTECODE in the
+    # environment would have every run compile xpud's modules again, but not grpc's (pip compiled those).
+    env = {**simdaemon.clean_env(runtime), "PYTHONPYCACHEPREFIX": str(runtime.parent / "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    cmds = {
+        "xpu_run": [str(simdaemon.BIN / "xpu"), *XPU_RUN_ARGS],
+        "import_grpc": [sys.executable, "-c", "import grpc"],
+        # the same run through Typer (the path every `xpu run` took before xpu_cli.entry)
+        "typer_run": [sys.executable, "-c", "from xpu_cli.main import main; main()", *XPU_RUN_ARGS],
+    }
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    for cmd in cmds.values():  # warm the page cache and the bytecode
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    for _ in range(runs):
+        for name, cmd in cmds.items():
+            t0 = time.perf_counter()
+            subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+            times[name].append(time.perf_counter() - t0)
+    xpu, grpc_ = statistics.median(times["xpu_run"]), statistics.median(times["import_grpc"])
+    typer_ = statistics.median(times["typer_run"])
+    return {
+        "runs": runs,
+        "xpu_run_ms": ms(xpu),
+        "import_grpc_ms": ms(grpc_),
+        "ratio": round(xpu / grpc_, 2),
+        "through_typer_ms": ms(typer_),
+        "through_typer_ratio": round(typer_ / grpc_, 2),
+        "xpu_run_min_ms": ms(min(times["xpu_run"])),
+        "import_grpc_min_ms": ms(min(times["import_grpc"])),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- waiters
+def waiters_worker(spec: dict) -> None:
+    """Open ``spec["n"]`` Acquire streams for a whole card (asyncio, 100 per channel); say "queued S" once
+    each has its first queue position (or "timeout" with the count); on "cancel" cancel them all."""
+    import asyncio
+
+    from grpc import aio
+
+    from xpud.api.v1 import xpu_pb2 as pb
+    from xpud.api.v1 import xpu_pb2_grpc as pbg
+    from xpud.auth import METADATA_KEY, handshake
+
+    async def main() -> None:
+        runtime = Path(spec["runtime"])
+        md = ((METADATA_KEY, handshake(str(runtime / "cred.sock"))["credential"]),)
+        n = spec["n"]
+        options = [("grpc.use_local_subchannel_pool", 1)]  # a connection each, not one shared by all
+        channels = [
+            aio.insecure_channel(f"unix:{runtime / 'xpud.sock'}", options=options)
+            for _ in range((n + 99) // 100)
+        ]
+        stubs = [pbg.NodeStub(c) for c in channels]
+        queued = asyncio.Event()
+        count = [0, 0]  # queued, failed
+        failures: list[str] = []
+
+        async def one(i: int) -> None:
+            req = pb.AcquireRequest(mode="xpu", gpus=1, wait_s=spec["wait_s"], command=f"waiter {i}")
+            call = stubs[i % len(stubs)].Acquire(req, metadata=md)
+            first = True
+            try:
+                async for _ in call:
+                    if first:
+                        first = False
+                        count[0] += 1
+                        if count[0] + count[1] == n:
+                            queued.set()
+            except (aio.AioRpcError, asyncio.CancelledError) as e:
+                if first:
+                    count[1] += 1
+                    if isinstance(e, aio.AioRpcError) and len(failures) < 3:
+                        failures.append(f"{e.code().name}: {e.details()}"[:200])
+                    if count[0] + count[1] == n:
+                        queued.set()
+
+        t0 = time.monotonic()
+        tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
+        try:
+            await asyncio.wait_for(queued.wait(), spec["timeout_s"])
+            status = "queued"
+        except TimeoutError:
+            status = "timeout"
+        took = time.monotonic() - t0
+        print(
+            json.dumps(
+                {
+                    "status": status,
+                    "seconds": took,
+                    "queued": count[0],
+                    "failed": count[1],
+                    "failures": failures,
+                }
+            ),
+            flush=True,
+        )
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        t0 = time.monotonic()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for c in channels:
+            await c.close()
+        print(json.dumps({"cancel_s": time.monotonic() - t0}), flush=True)
+
+    asyncio.run(main())
+
+
+class Prober(threading.Thread):
+    """Calls Info every 20 ms and records (when, latency)."""
+
+    def __init__(self, runtime: Path):
+        super().__init__(daemon=True)
+        from xpud.api.client import Client
+
+        self.client = Client(runtime, timeout=600)
+        self.client.info()
+        self.samples: list[tuple[float, float]] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            t0 = time.monotonic()
+            with contextlib.suppress(Exception):  # a failed call counts with its latency too
+                self.client.info()
+            self.samples.append((t0, time.monotonic() - t0))
+            self.stopping.wait(0.02)
+
+    def between(self, a: float, b: float) -> dict:
+        lat = [d for t, d in self.samples if a <= t <= b or a <= t + d <= b]
+        return {"calls": len(lat), "max_ms": ms(max(lat, default=None)), "p99_ms": ms(pct(lat, 0.99))}
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+        self.client.close()
+
+
+def waiters(runtime: Path, n: int, daemon_pid: int, timeout_s: float) -> dict:
+    """The waiters part (see the module's docstring); a failure midway keeps what was measured."""
+    import psutil
+
+    from xpud.api.client import Client
+
+    daemon = psutil.Process(daemon_pid)
+    out: dict = {"waiters": n, "rss_before_mib": round(daemon.memory_info().rss / 2**20, 1)}
+    blocker = Client(runtime, timeout=timeout_s)
+    held = blocker.acquire("xpu", gpus=8, command="bench: every card", hold=True)  # held while we wait
+    hold = next(u.granted for u in held if u.HasField("granted"))
+    prober = Prober(runtime)
+    prober.start()
+    w = subprocess.Popen(
+        [sys.executable, str(HERE), "--waiters-worker",
+         json.dumps({"runtime": str(runtime), "n": n, "wait_s": 3600, "timeout_s": timeout_s})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        q = json.loads(w.stdout.readline())
+        t1 = time.monotonic()
+        out["queue"] = {
+            "status": q["status"],
+            "seconds": round(q["seconds"], 2),
+            "queued": q["queued"],
+            "refused": q["failed"],
+            "refusals": q["failures"],
+            "info_latency": prober.between(t0, t1),
+        }
+        out["queue_length_seen"] = len(blocker.leases().queue)
+        out["rss_queued_mib"] = round(daemon.memory_info().rss / 2**20, 1)
+        say(f"  {q['queued']} queued in {q['seconds']:.1f} s ({q['failed']} refused); cancelling them")
+        t2 = time.monotonic()
+        w.stdin.write("cancel\n")
+        w.stdin.flush()
+        c = json.loads(w.stdout.readline())
+        out["cancel"] = {"client_side_s": round(c["cancel_s"], 2), "queue_empty_after_s": None}
+        while time.monotonic() - t2 < timeout_s:
+            if not blocker.leases().queue:
+                out["cancel"]["queue_empty_after_s"] = round(time.monotonic() - t2, 2)
+                break
+            time.sleep(0.05)
+        t3 = time.monotonic()
+        time.sleep(0.5)  # the probe goes on a little after the queue is empty
+        out["cancel"]["info_latency"] = prober.between(t2, t3 + 0.5)
+        say(f"  queue empty after {out['cancel']['queue_empty_after_s']} s")
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"[:500]
+        say(f"  waiters: {out['error']}")
+    finally:
+        if w.poll() is None:
+            w.kill()
+        w.wait()
+        prober.stop()
+        with contextlib.suppress(Exception):
+            blocker.release(hold.lease.id, hold.token)
+        held.cancel()
+        blocker.close()
+    out["rss_after_mib"] = round(daemon.memory_info().rss / 2**20, 1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- idle
+def idle(daemon_pid: int, seconds: float) -> dict:
+    import psutil
+
+    p = psutil.Process(daemon_pid)
+    c0, t0 = sum(p.cpu_times()[:2]), time.monotonic()
+    time.sleep(seconds)
+    c1, t1 = sum(p.cpu_times()[:2]), time.monotonic()
+    return {
+        "seconds": seconds,
+        "cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 2),
+        "rss_mib": round(p.memory_info().rss / 2**20, 1),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write the results here (JSON)")
+    ap.add_argument("--quick", action="store_true", help="a smoke test: short and small (~20 s)")
+    ap.add_argument("--machine", default="pcie-8x-l40s")
+    ap.add_argument("--seconds", type=float, default=5.0, help="each throughput measurement")
+    ap.add_argument("--clients", default="1,8,16,32", help="client counts, comma-separated")
+    ap.add_argument("--rounds", type=int, default=3, help="grant measurements repeated (medians)")
+    ap.add_argument("--runs", type=int, default=30, help="xpu run / import grpc repetitions")
+    ap.add_argument("--waiters", type=int, default=5000)
+    ap.add_argument("--idle-seconds", type=float, default=10.0)
+    ap.add_argument("--skip", default="", help="parts to skip: grants,xpu_run,waiters,idle")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--waiters-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--bare-server", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return cycle_worker(json.loads(args.worker))
+    if args.waiters_worker:
+        return waiters_worker(json.loads(args.waiters_worker))
+    if args.bare_server:
+        return bare_server(args.bare_server)
+    if args.quick:
+        args.seconds, args.clients, args.runs, args.rounds = 0.5, "1,4", 3, 1
+        args.waiters, args.idle_seconds = 100, 0.5
+    clients = [int(c) for c in args.clients.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+
+    import simdaemon
+
+    base = Path(tempfile.mkdtemp(prefix="xpu-load-", dir="/tmp"))
+    runtime = base / "run"
+    out: dict = {
+        "machine": args.machine,
+        "cpus": os.cpu_count(),
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "seconds": args.seconds,
+        "quick": args.quick,
+    }
+    say(f"starting xpud --simulate {args.machine} in {base}")
+    daemon = simdaemon.start(args.machine, base, DAEMON_CONFIG, log=base / "xpud.log")
+    bare = None
+
+    def part(name: str, fn, *a, **kw) -> None:
+        """Run one part; a failure is recorded (and the rest goes on); the results so far are written."""
+        try:
+            out[name] = fn(*a, **kw)
+        except Exception as e:
+            say(f"{name} failed: {type(e).__name__}: {e}")
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        if args.out:
+            Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
+    try:
+        if "idle" not in skip:
+            say(f"daemon idle after start ({args.idle_seconds:g} s)")
+            part("idle_after_start", idle, daemon.pid, args.idle_seconds)
+        if "grants" not in skip:
+            (base / "bare").mkdir()
+            bare_sock = base / "bare" / "bare.sock"
+            bare = subprocess.Popen(
+                [sys.executable, str(HERE), "--bare-server", str(bare_sock)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            if bare.stdout.readline().strip() != "ready":
+                raise SystemExit("the bare gRPC server did not start")
+            part(
+                "grants", grants, runtime, bare_sock, bare.pid, daemon.pid, clients, args.seconds, args.rounds
+            )
+        if "xpu_run" not in skip:
+            say(f"xpu run -- true against python -c 'import grpc', {args.runs} runs each")
+            part("xpu_run", xpu_run_overhead, runtime, args.runs)
+        if "waiters" not in skip:
+            say(f"{args.waiters} waiters: queue, then cancel")
+            part("waiters", waiters, runtime, args.waiters, daemon.pid, timeout_s=60 if args.quick else 300)
+        if "idle" not in skip:
+            say(f"daemon idle after the load ({args.idle_seconds:g} s)")
+            part("idle_after_load", idle, daemon.pid, args.idle_seconds)
+    finally:
+        if bare is not None:
+            bare.terminate()
+            bare.wait()
+        simdaemon.stop(daemon)
+        shutil.rmtree(base, ignore_errors=True)
+    out["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

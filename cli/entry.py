@@ -1,0 +1,155 @@
+"""The `xpu` entry point: `xpu run` on a fast path, every other command (and every `run` it cannot parse
+with certainty: --help, a bad or unknown option) through Typer in ``xpu_cli.main``.
+
+`xpu run` wraps each job, so its start-up is paid per job. Typer, Click and the listings' modules cost
+more than gRPC itself; here `run`'s options are parsed by hand (the same grammar as Click's, checked
+against it by tests/test_run_entry.py) and only what a run needs is imported. Anything this parser is not
+sure of goes to Typer, which parses it again and gives its usual help or error message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+# run's options: long and short names -> (parameter, kind). Kinds: "str", "int", "int>=1", "float>=0",
+# a flag's value (True/False). tests/test_run_entry.py checks this against the Typer command.
+RUN_OPTIONS: dict[str, tuple[str, object]] = {
+    "--mode": ("mode", "str"),
+    "-m": ("mode", "str"),
+    "--gpus": ("gpus", "int>=1"),
+    "-g": ("gpus", "int>=1"),
+    "--wait": ("wait", "float>=0"),
+    "-w": ("wait", "float>=0"),
+    "--priority": ("priority", "int"),
+    "-p": ("priority", "int"),
+    "--kill-grace": ("kill_grace", "float>=0"),
+    "--restartable": ("restartable", True),
+    "--no-restartable": ("restartable", False),
+    "--json-env": ("json_env", True),
+}
+RUN_DEFAULTS = {
+    "mode": "xpu",
+    "gpus": 1,
+    "wait": 0.0,
+    "priority": 0,
+    "restartable": False,
+    "kill_grace": 10.0,
+    "json_env": False,
+}
+
+
+def _value(kind: str, text: str):
+    """``text`` as Click would take it for ``kind``, or None when Click might read it otherwise (or
+    refuse it): then Typer handles the whole command line."""
+    if kind == "str":
+        return text if text[:1] != "-" else None
+    if kind.startswith("int"):
+        digits = text[1:] if text[:1] == "-" else text
+        if not (digits.isascii() and digits.isdigit()):
+            return None
+        n = int(text)
+        return n if kind == "int" or n >= 1 else None
+    # float>=0: plain decimals only (no sign, exponent, inf or nan)
+    if not text.isascii() or not text.replace(".", "", 1).isdigit():
+        return None
+    return float(text)
+
+
+def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
+    """(runtime dir, run's options, command) for ``xpu [--runtime-dir DIR] run [OPTIONS] [--] COMMAND``,
+    or None when Typer should handle ``args``."""
+    runtime_dir = None
+    i = 0
+    while i < len(args) and args[i] != "run":
+        arg = args[i]
+        if arg == "--runtime-dir" and i + 1 < len(args) and args[i + 1][:1] != "-":
+            runtime_dir, i = args[i + 1], i + 2
+        elif arg.startswith("--runtime-dir=") and len(arg) > len("--runtime-dir="):
+            runtime_dir, i = arg.partition("=")[2], i + 1
+        else:
+            return None
+    if i == len(args):
+        return None
+    opts = dict(RUN_DEFAULTS)
+    i += 1
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg[:1] != "-" or arg == "-":
+            break  # the command starts; Click stops parsing options here too (no interspersed args)
+        name, eq, attached = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if not arg.startswith("--") and len(arg) > 2:
+            name, eq, attached = arg[:2], "", arg[2:]  # -g2: a short option with its value attached
+        spec = RUN_OPTIONS.get(name)
+        if spec is None:
+            return None  # --help, a typo, an option this parser does not know: Typer says what is wrong
+        param, kind = spec
+        if isinstance(kind, bool):
+            if eq or attached:
+                return None
+            opts[param], i = kind, i + 1
+            continue
+        if eq or attached:
+            text, i = attached, i + 1
+        elif i + 1 < len(args):
+            text, i = args[i + 1], i + 2
+        else:
+            return None
+        value = _value(kind, text) if text else None
+        if value is None:
+            return None
+        opts[param] = value
+    return runtime_dir, opts, args[i:]
+
+
+def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
+    """What `xpu run` does in ``xpu_cli.main``, without Typer: the exit code (or death by the command's
+    signal, through ``die_like``)."""
+    from xpu_cli.child import die_like
+    from xpu_cli.run import run as run_leased
+
+    from xpud.api.client import Client
+    from xpud.errors import XpudError
+
+    try:
+        with Client(runtime_dir) as c:
+            outcome = run_leased(
+                c,
+                command,
+                mode=opts["mode"],
+                gpus=opts["gpus"],
+                wait_s=opts["wait"],
+                priority=opts["priority"],
+                restartable=opts["restartable"],
+                kill_grace_s=opts["kill_grace"],
+                json_env=opts["json_env"],
+            )
+    except XpudError as e:
+        sys.stderr.write(f"xpu: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return die_like(outcome)
+
+
+def main() -> None:
+    parsed = parse_run(sys.argv[1:])
+    if parsed is None:
+        from xpu_cli.main import main as typer_main
+
+        typer_main()
+        return
+    try:
+        code = run_fast(*parsed)
+    except BrokenPipeError:
+        code = 1
+    # The command ended and the lease is released: nothing is left to do but exit. Python's own
+    # finalisation (gRPC's threads and modules torn down one by one) would add 15-30 ms to every job.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone: the status stays the command's
+            stream.flush()
+    os._exit(code)

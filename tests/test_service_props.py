@@ -1,0 +1,108 @@
+"""Property: every RPC of Node and Admin, given arbitrary field values (or arbitrary bytes), answers with
+a proper gRPC status (never UNKNOWN or INTERNAL) and the daemon goes on serving.
+
+One real daemon serves the whole module; an operator's credential reaches both services (admin.sock).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.descriptor import FieldDescriptor as FD
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import DaemonProc
+from tests.test_service_input import Raw
+from xpud.api.v1 import xpu_pb2 as pb
+
+BAD = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE}
+METHODS = [
+    (service, m.name)
+    for service in ("Node", "Admin")
+    for m in pb.DESCRIPTOR.services_by_name[service].methods
+]
+PROPS = settings(
+    max_examples=25,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+WORDS = ["", "0", "3", "7", "xpu", "vxpu-half", "vxpu-quarter", "whole", "sliced", "auto", "xid", "lost"]
+WORDS += ["ecc-dbe", "overheat", "GPU-", "MIG-", "²", "٣", "0" * 30, " 1", "-1", "\x00", "🙂", "a/b"]
+strings = st.one_of(
+    st.sampled_from(WORDS),
+    st.text(max_size=40),
+    st.builds(lambda ch, n: ch * n, st.characters(), st.integers(60, 300_000)),
+)
+int32s = st.one_of(st.sampled_from([0, 1, 2, 8, -1, 2**31 - 1, -(2**31)]), st.integers(-(2**31), 2**31 - 1))
+doubles = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 100.0, -1.0, 1e308]), st.floats())
+SCALARS = {
+    FD.TYPE_STRING: strings,
+    FD.TYPE_INT32: int32s,
+    FD.TYPE_DOUBLE: doubles,
+    FD.TYPE_BOOL: st.booleans(),
+}
+
+
+def message(cls) -> st.SearchStrategy:
+    """Any value of ``cls`` (a request message): each field arbitrary, optional fields maybe absent."""
+    fields = {}
+    for f in cls.DESCRIPTOR.fields:
+        value = SCALARS[f.type]
+        fields[f.name] = st.one_of(st.none(), value) if f.has_presence else value
+    return st.fixed_dictionaries(fields).map(lambda kw: cls(**{k: v for k, v in kw.items() if v is not None}))
+
+
+@pytest.fixture(scope="module")
+def served():
+    base = Path(tempfile.mkdtemp(prefix="xpu-", dir="/tmp"))
+    d = DaemonProc(base, "pcie-8x-l40s", "[leases]\ngrace_s = 5.0\n").start()
+    raw = Raw(d, admin=True)
+    yield d, raw
+    raw.close()
+    try:
+        assert d.alive(), d.log.read_text()[-3000:]
+        assert "Traceback" not in d.log.read_text(), d.log.read_text()[-3000:]
+    finally:
+        d.kill(signal.SIGTERM)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _check(raw, service: str, method: str, request) -> None:
+    code, detail = raw.code(service, method, request, timeout=20)
+    assert code not in BAD and code != grpc.StatusCode.DEADLINE_EXCEEDED, (method, code, detail[:300])
+    assert len(detail) <= 1000
+    code, detail = raw.code("Node", "Info", pb.InfoRequest())
+    assert code == grpc.StatusCode.OK, (code, detail)
+
+
+@pytest.mark.parametrize(("service", "method"), METHODS)
+def test_any_field_values_get_a_proper_status(served, service, method):
+    _, raw = served
+    cls = getattr(pb, pb.DESCRIPTOR.services_by_name[service].methods_by_name[method].input_type.name)
+
+    @PROPS
+    @given(message(cls))
+    def prop(request):
+        _check(raw, service, method, request)
+
+    prop()
+
+
+@pytest.mark.parametrize(("service", "method"), METHODS)
+def test_any_bytes_get_a_proper_status(served, service, method):
+    _, raw = served
+
+    @settings(PROPS, max_examples=10)
+    @given(st.binary(max_size=64))
+    def prop(payload):
+        _check(raw, service, method, payload)
+
+    prop()

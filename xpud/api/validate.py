@@ -1,0 +1,175 @@
+"""Checks every request on the way in, before a servicer sees it.
+
+Each field of each request message in ``xpu.proto`` has an entry in ``LIMITS`` (a test enforces it):
+strings have a length bound (and for selectors an alphabet), numbers must be finite and in range,
+repeated fields have a count bound. A request that breaks one is refused with INVALID_ARGUMENT naming
+the field and the limit; the offending value is never echoed beyond ``ECHO_CHARS`` characters, so an
+error reply stays small whatever the caller sent. A message the protobuf runtime cannot parse arrives as
+``Undecodable`` (see ``tolerant``) and is refused the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError
+
+from xpud.errors import BadRequest
+
+log = logging.getLogger("xpud.service")
+
+ECHO_CHARS = 80  # the most characters of a caller's input an error message repeats
+COMMAND_CHARS = 500  # a command is a label for listings: kept to this many characters on the way in
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What one field may hold. Strings: ``chars`` and optionally a ``pattern`` (full match); numbers:
+    ``lo``..``hi`` (and finite); repeated fields: at most ``items`` entries. ``truncate``: a string over
+    ``chars`` is cut (a label) instead of refused."""
+
+    chars: int = 0
+    pattern: Alphabet | None = None
+    lo: float = -math.inf
+    hi: float = math.inf
+    items: int = 0
+    truncate: bool = False
+
+
+@dataclass(frozen=True)
+class Alphabet:
+    """The characters a selector may use (a full-match regex) and how an error describes them."""
+
+    regex: re.Pattern
+    text: str
+
+
+_ID = Alphabet(re.compile(r"[0-9A-Za-z_.-]*"), "a lease id (ASCII letters, digits, '.', '_' and '-')")
+_CARD = Alphabet(re.compile(r"[0-9A-Za-z-]*"), "a card index or UUID (ASCII digits, letters and '-')")
+_NAME = Alphabet(re.compile(r"[0-9A-Za-z._-]*"), "a name (ASCII letters, digits, '.', '_' and '-')")
+_TOKEN = Alphabet(re.compile(r"[0-9A-Za-z_-]*"), "a lease token (ASCII letters, digits, '_' and '-')")
+
+LIMITS: dict[str, Limit] = {
+    "AcquireRequest.mode": Limit(chars=64, pattern=_NAME),
+    "AcquireRequest.gpus": Limit(lo=0, hi=4096),
+    "AcquireRequest.priority": Limit(lo=-1_000_000, hi=1_000_000),  # the config's max_priority is stricter
+    "AcquireRequest.wait_s": Limit(lo=0, hi=10 * 365 * 86400.0),  # the config's max_wait_s is stricter
+    "AcquireRequest.restartable": Limit(),
+    "AcquireRequest.command": Limit(chars=COMMAND_CHARS, truncate=True),
+    "AcquireRequest.hold": Limit(),
+    "HoldRequest.lease_id": Limit(chars=64, pattern=_ID),
+    "HoldRequest.token": Limit(chars=64, pattern=_TOKEN),
+    "ReleaseRequest.lease_id": Limit(chars=64, pattern=_ID),
+    "ReleaseRequest.token": Limit(chars=64, pattern=_TOKEN),
+    "AckMoveRequest.lease_id": Limit(chars=64, pattern=_ID),
+    "AckMoveRequest.token": Limit(chars=64, pattern=_TOKEN),
+    "ListLeasesRequest.all": Limit(),
+    "ListLeasesRequest.limit": Limit(lo=0, hi=1_000_000),  # the reply is capped at MAX_ENDED_LEASES
+    "HealthRequest.card": Limit(chars=ECHO_CHARS, pattern=_CARD),
+    "HealthRequest.history": Limit(lo=0, hi=500),  # state changes per card: keeps the reply small
+    "WatchRequest.min_interval_s": Limit(lo=0, hi=3600.0),
+    "CardRequest.card": Limit(chars=ECHO_CHARS, pattern=_CARD),
+    "DrainRequest.card": Limit(chars=ECHO_CHARS, pattern=_CARD),
+    "DrainRequest.reason": Limit(chars=500),
+    "SetCardModeRequest.card": Limit(chars=ECHO_CHARS, pattern=_CARD),
+    "SetCardModeRequest.mode": Limit(chars=64, pattern=_NAME),
+    "EvictRequest.lease_id": Limit(chars=64, pattern=_ID),
+    "EvictRequest.reason": Limit(chars=500),
+    "FaultRequest.card": Limit(chars=ECHO_CHARS, pattern=_CARD),
+    "FaultRequest.kind": Limit(chars=64, pattern=_NAME),
+    "FaultRequest.xid": Limit(lo=0, hi=1_000_000),
+    "DefragRequest.apply": Limit(),
+    "DefragRequest.move_budget_pct": Limit(lo=0, hi=100),
+    "DefragRequest.gpus": Limit(lo=0, hi=4096),
+    "DefragRequest.wait": Limit(),
+}
+
+
+def clip(text: str, n: int = ECHO_CHARS) -> str:
+    """``text`` cut to ``n`` characters (marked with "…") for quoting in an error message."""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+class Undecodable:
+    """Stands in for a request the protobuf runtime could not parse (see ``tolerant``)."""
+
+    def __init__(self, name: str, error: str):
+        self.name, self.error = name, error
+
+
+_last_log = 0.0
+
+
+def tolerant(cls: Any):
+    """A request deserializer for ``cls`` that turns a corrupt message into ``Undecodable`` instead of
+    raising (gRPC would answer UNKNOWN and log a traceback for each one)."""
+    name = cls.DESCRIPTOR.name
+
+    def parse(data: bytes):
+        try:
+            return cls.FromString(data)
+        except (DecodeError, RuntimeError, ValueError) as e:  # RecursionError is a RuntimeError
+            global _last_log
+            now = time.monotonic()
+            if now - _last_log >= 10.0:  # one line per 10 s at most, however many arrive
+                _last_log = now
+                log.warning("refused an undecodable %s (%d bytes): %s", name, len(data), clip(str(e)))
+            return Undecodable(name, clip(str(e)))
+
+    return parse
+
+
+def check(request: Any) -> None:
+    """Raise BadRequest if ``request`` breaks a limit; cut over-long label fields in place."""
+    if isinstance(request, Undecodable):
+        raise BadRequest(f"not a valid xpud.v1.{request.name} message ({request.error}): use the xpud client")
+    plan = _PLANS.get(request.DESCRIPTOR.full_name)
+    if plan is None:
+        plan = _PLANS[request.DESCRIPTOR.full_name] = _plan(request.DESCRIPTOR)
+    for name, where, fd, lim in plan:
+        if lim is None:  # a field added to the proto without a limit: refuse rather than trust it
+            raise BadRequest(f"{where}: this daemon has no limit for the field (a bug: report it)")
+        value = getattr(request, name)
+        if fd.is_repeated:
+            if len(value) > lim.items:
+                raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
+            for v in value:
+                _scalar(where, fd, lim, v)
+        elif lim.truncate and len(value) > lim.chars:
+            setattr(request, name, value[: lim.chars - 1] + "…")
+        else:
+            _scalar(where, fd, lim, value)
+
+
+_PLANS: dict[str, list] = {}  # message name -> (field name, "Message.field", descriptor, limit) per field
+
+
+def _plan(desc) -> list:
+    where = [(fd, f"{desc.name}.{fd.name}") for fd in desc.fields]
+    return [(fd.name, w, fd, LIMITS.get(w)) for fd, w in where]
+
+
+def _scalar(where: str, fd: FieldDescriptor, lim: Limit, value: Any) -> None:
+    t = fd.type
+    if t == FieldDescriptor.TYPE_STRING:
+        if len(value) > lim.chars:
+            raise BadRequest(f"{where}: {len(value)} characters; at most {lim.chars}")
+        if lim.pattern and not lim.pattern.regex.fullmatch(value):
+            raise BadRequest(f"{where} {clip(value)!r}: not {lim.pattern.text}")
+    elif t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        if not math.isfinite(value):
+            raise BadRequest(f"{where}: {value} is not a finite number")
+        if not lim.lo <= value <= lim.hi:
+            raise BadRequest(f"{where}: {value:g} is outside {_range(lim)}")
+    elif t != FieldDescriptor.TYPE_BOOL and isinstance(value, int) and not lim.lo <= value <= lim.hi:
+        raise BadRequest(f"{where}: {value} is outside {_range(lim)}")
+
+
+def _range(lim: Limit) -> str:
+    return "..".join(str(int(x)) if float(x).is_integer() else f"{x:g}" for x in (lim.lo, lim.hi))
