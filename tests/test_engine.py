@@ -245,3 +245,34 @@ def test_per_uid_caps_on_leases_and_queued_requests(tmp_path):
         assert (await waiting)[0].owner_uid == 1000
 
     asyncio.run(scenario())
+
+
+def test_concurrent_requests_cannot_pass_a_per_uid_cap_together(tmp_path):
+    engine = limited(tmp_path, max_leases_per_uid=1)
+
+    async def scenario():
+        both = [engine.acquire(req("xpu", 1)), engine.acquire(req("xpu", 1))]
+        got = await asyncio.gather(*both, return_exceptions=True)
+        assert sorted(type(g).__name__ for g in got) == ["NoCapacity", "tuple"]
+
+    asyncio.run(scenario())
+
+
+def test_a_grant_whose_requester_goes_away_is_reclaimed_not_lost(engine):
+    async def scenario():
+        asking = asyncio.create_task(engine.acquire(req("xpu", 1)))
+        await asyncio.sleep(0)  # placed and committing
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+        for _ in range(200):
+            ended = engine.ledger.recent_leases(1)
+            if ended and ended[0].state is not LeaseState.ACTIVE and not engine._tasks:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.leases == {} and engine.ledger.active_leases() == []
+        [ended] = engine.ledger.recent_leases(1)
+        assert ended.state is LeaseState.RECLAIMED
+        assert all(c.whole_lease is None for c in engine.cards.values())
+
+    asyncio.run(scenario())

@@ -74,3 +74,44 @@ def test_a_hanging_card_does_not_stall_the_others(inproc):
     assert acted_after < 1.5, f"the XID was acted on after {acted_after:.2f} s"
     assert still_hanging, "the checks above ran after the hang was over: they prove nothing"
     assert slice_result["took"] >= HANG_S and list(slice_result["lease"].cards) == hung_card[:1]
+
+
+def test_a_release_on_a_hanging_card_answers_at_once_and_frees_the_slice_after(inproc):
+    d = inproc("dgx-h100", "[leases]\ngrace_s = 60.0\n")
+    with Client(d.runtime_dir) as c:
+        first = c.acquire_lease("vxpu-quarter")
+    card = first.lease.cards[0]
+    fake = d.fake
+    real = fake.nvmlDeviceCreateGpuInstanceWithPlacement
+    hung = threading.Event()
+
+    def slow_create(device, profile_id, placement):  # the next instance takes the driver seconds
+        hung.set()
+        time.sleep(HANG_S)
+        return real(device, profile_id, placement)
+
+    fake.nvmlDeviceCreateGpuInstanceWithPlacement = slow_create
+    second: dict = {}
+
+    def ask_slice():
+        with Client(d.runtime_dir) as c:
+            second["grant"] = c.acquire_lease("vxpu-quarter")
+
+    t = threading.Thread(target=ask_slice)
+    t.start()
+    assert hung.wait(10)
+    assert d.call(lambda: card in d.engine.busy_cards())  # the second slice is being made on that card
+    with Client(d.runtime_dir) as c:
+        took = timed(lambda: c.release(first.lease.id, first.token))
+        assert first.lease.id not in {x.id for x in c.leases().leases}
+    assert took < 1.0, f"the release waited {took:.2f} s for the card's backend"
+    assert d.call(lambda: first.lease.id in d.engine.cards[card].slices)  # freed after the teardown
+    t.join(HANG_S + 20)
+    wait_until(lambda: d.call(lambda: first.lease.id not in d.engine.cards[card].slices), timeout=10)
+    assert second["grant"].lease.cards[0] == card
+
+
+def timed(fn) -> float:
+    t0 = time.monotonic()
+    fn()
+    return time.monotonic() - t0

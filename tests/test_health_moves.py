@@ -85,6 +85,7 @@ def test_a_move_nobody_acknowledges_is_abandoned_and_the_lease_marked(engine):
     assert engine.leases[lease.id].cards == lease.cards
     [ev] = events(q)
     assert ev.kind == "mark" and "did not acknowledge" in ev.message and "stays on card" in ev.message
+    engine.ledger.flush()  # a mark is a note: its write is queued, not awaited
     assert engine.ledger.active_leases()[0].mark == ev.message
     with pytest.raises(Conflict, match="abandoned"):
         engine.ack_move(lease.id, token)

@@ -138,6 +138,27 @@ def test_a_full_state_directory_refuses_changes_with_unavailable_and_recovers(da
     assert "Traceback" not in d.log.read_text()
 
 
+def test_a_grant_the_full_ledger_cannot_record_leaves_no_mig_instance_behind(daemon_factory, small_tmpfs):
+    d = daemon_factory("dgx-h100", config=MIG, start=False)
+    d.state_dir = small_tmpfs / "state"
+    d.start()
+    filler = fill(small_tmpfs)
+    try:
+        with d.client() as c:
+            with pytest.raises(Unavailable, match="ledger full"):
+                for _ in range(200):  # the first grant the WAL has no page for
+                    g = c.acquire_lease("vxpu-quarter")
+                    c.release(g.lease.id, g.token)
+            assert list(c.leases().leases) == []
+            cards = c.cards().cards
+            assert not any(card.slices for card in cards)  # the prepared instance was torn down
+    finally:
+        filler.unlink()
+    with d.client() as c:
+        g = c.acquire_lease("vxpu-quarter")
+        assert g.lease.env["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
+
+
 def test_a_full_state_directory_at_start_up_is_one_line(daemon_factory, small_tmpfs):
     d = daemon_factory("pcie-8x-l40s", start=False)
     d.state_dir = small_tmpfs / "state"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -54,6 +55,17 @@ log = logging.getLogger("xpud.engine")
 
 TIDY_INTERVAL_S = 1.0  # isolation upkeep (MIG instances kept idle past [cards] mig_idle_keep_s)
 BUSY_WAIT_S = 10.0  # how long a request with no --wait waits for busy cards before it is refused
+
+
+def _uninterrupted(fn):
+    """A state change runs to its end even when its caller goes away (a cancelled gRPC call): what the
+    ledger records, what memory holds and what the hardware holds stay the same."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args, **kw):
+        return await asyncio.shield(fn(*args, **kw))
+
+    return wrapper
 
 
 @dataclass
@@ -124,6 +136,7 @@ class Engine:
         self._tasks: set[asyncio.Task] = set()
         self._pump_scheduled = False
         self._next_tidy = 0.0
+        self._granting_uids: dict[int, int] = {}  # uid -> grants under way
 
     # ------------------------------------------------------------------ restore and views
     async def restore(self) -> list[Lease]:
@@ -365,6 +378,7 @@ class Engine:
                 )
             return
         held = sum(1 for lease in self.leases.values() if lease.owner_uid == uid)
+        held += self._granting_uids.get(uid, 0)  # grants under way count as held
         if lim.max_leases_per_uid and held + queued >= lim.max_leases_per_uid:
             raise NoCapacity(
                 f"uid {uid} has {held} lease(s) and {queued} queued request(s), the most [limits] "
@@ -534,9 +548,42 @@ class Engine:
                 c.whole_lease = None
             c.slices.pop(lease_id, None)
 
+    async def _free_claimed(self, lease_id: str, cards: Iterable[int], slices: tuple[Slice, ...]) -> None:
+        """``_free`` under the cards' claims. When one of them is busy (its backend at work, perhaps hung)
+        this runs in the background and returns at once: the caller (a release, the reaper) goes on, and
+        what the lease held stays reserved in memory until its teardown is done."""
+        cards = list(cards)
+
+        async def free() -> None:
+            await self._wait_claim(cards)
+            try:
+                await self._free(lease_id, cards, slices)
+            finally:
+                self._unclaim(cards)
+
+        if self._busy.intersection(cards):
+            self._spawn(free(), f"freeing what lease {lease_id} held")
+        else:
+            await free()
+
+    def _claim_for(self, req: Request, cards: tuple[int, ...]) -> None:
+        """Claim ``cards`` for granting ``req`` now (no await before ``_grant`` is started): the grant
+        counts against its uid's [limits] from this instant."""
+        self._claim(cards)
+        self._granting_uids[req.owner_uid] = self._granting_uids.get(req.owner_uid, 0) + 1
+
     async def _grant(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
         """Grant ``req`` on ``cards`` (claimed by the caller, unclaimed here): prepare, commit, then it is
         the caller's. A failed commit undoes the preparation."""
+        uid = req.owner_uid
+        try:
+            return await self._grant_now(req, cards)
+        finally:
+            n = self._granting_uids.pop(uid, 0) - 1
+            if n > 0:
+                self._granting_uids[uid] = n
+
+    async def _grant_now(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
         lease_id, token = self._new_id(), secrets.token_urlsafe(24)
         try:
             slices, env, switched = await self._place(lease_id, req.mode, cards, req.owner_uid)
@@ -603,12 +650,24 @@ class Engine:
             if cards is not None and self._busy and self._switches(req, cards) and queued:
                 return None
             if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
-                self._claim(cards)
-                return await self._grant(req, cards)
+                self._claim_for(req, cards)
+                grant = asyncio.ensure_future(self._grant(req, cards))
+                try:
+                    return await asyncio.shield(grant)
+                except asyncio.CancelledError:  # the requester went away: the grant runs to its end
+                    grant.add_done_callback(self._orphaned)
+                    raise
             if not self._busy or left <= 0:
                 return None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._card_freed(), left)
+
+    def _orphaned(self, grant: asyncio.Future) -> None:
+        """A grant whose requester went away: end the lease it made."""
+        if not grant.cancelled() and grant.exception() is None:
+            lease = grant.result()[0]
+            why = "its requester went away before the grant"
+            self._spawn(self.reclaim(lease.id, why), f"reclaiming lease {lease.id}")
 
     def _switches(self, req: Request, cards: tuple[int, ...]) -> bool:
         """Whether granting ``req`` on ``cards`` switches a card's mode."""
@@ -703,7 +762,7 @@ class Engine:
                 if w.request.mode is Mode.XPU:
                     reserve = True
                 continue
-            self._claim(cards)
+            self._claim_for(w.request, cards)
             self.waitlist.remove(w)
             self._granting.add(w)
             self._spawn(self._grant_waiter(w, cards), f"granting queued request {w.ticket}")
@@ -739,16 +798,19 @@ class Engine:
             "token), that user or an operator may act on it"
         )
 
+    @_uninterrupted
     async def release(self, lease_id: str, caller: Caller, token: str = "") -> Lease:
         lease = self.resolve_lease(lease_id)
         self.check_authority(lease, caller, token)
         return await self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}")
 
+    @_uninterrupted
     async def evict(self, lease_id: str, reason: str = "") -> Lease:
         lease = self.resolve_lease(lease_id)
         why = f"evicted by an operator: {reason or 'no reason given'}"
         return await self._end(lease, LeaseState.EVICTED, reason or "evicted by an operator", revoke=why)
 
+    @_uninterrupted
     async def reclaim(self, lease_id: str, reason: str) -> Lease | None:
         lease = self.leases.get(lease_id)
         if lease is None or lease_id in self._ending:
@@ -778,11 +840,7 @@ class Engine:
             card=lease.cards[0] if len(lease.cards) == 1 else -1,
         )
         await self.moves.forget(lease.id)  # a move in flight: free what it reserved
-        await self._wait_claim(lease.cards)
-        try:
-            await self._free(lease.id, lease.cards, lease.slices)
-        finally:
-            self._unclaim(lease.cards)
+        await self._free_claimed(lease.id, lease.cards, lease.slices)
         self.pump()
         return ended
 
@@ -861,6 +919,7 @@ class Engine:
             self._lease_streams.pop(lease.id, None)
 
     # ------------------------------------------------------------------ operator actions
+    @_uninterrupted
     async def drain(self, selector: str, reason: str = "") -> CardView:
         c = self.resolve_card(selector)
         reason = reason or "drained by an operator"
@@ -871,6 +930,7 @@ class Engine:
         self.event("drain", f"card {c.info.index} drained: {c.drain_reason}", card=c.info.index)
         return self._view(c)
 
+    @_uninterrupted
     async def undrain(self, selector: str) -> CardView:
         c = self.resolve_card(selector)
         await self.ledger.write(self.ledger.save_card_op(replace(c.record(), drained=False, drain_reason="")))
@@ -883,6 +943,7 @@ class Engine:
         self.pump()
         return self._view(c)
 
+    @_uninterrupted
     async def set_mode(self, selector: str, mode: str) -> CardView:
         c = self.resolve_card(selector)
         i = c.info.index
@@ -927,6 +988,7 @@ class Engine:
         if why:
             self.event("mode", f"card {i} switched to {want}: {why}", card=i)
 
+    @_uninterrupted
     async def to_whole(self, index: int, reason: str) -> bool:
         """Give an idle sliced card (not pinned) back to whole-card work now, as a whole-card grant would;
         the defragmenter does this for the cards it freed. Returns whether it switched."""
@@ -979,6 +1041,7 @@ class Engine:
         )
         return lease
 
+    @_uninterrupted
     async def move(
         self,
         lease_id: str,
@@ -992,6 +1055,7 @@ class Engine:
         Returns the lease as it will be. Raises NoCapacity (nowhere to go) or Conflict."""
         return await self.moves.start(lease_id, reason, avoid=avoid, to=to, timeout_s=timeout_s)
 
+    @_uninterrupted
     async def ack_move(self, lease_id: str, token: str) -> Lease:
         """The holder stopped its command after a ``move``: commit the new placement and return it."""
         return await self.moves.ack(lease_id, token)

@@ -393,6 +393,10 @@ class Ledger:
         """``write`` for threads other than the loop (start-up, tests)."""
         self.submit(*ops).result()
 
+    def flush(self) -> None:
+        """Wait until everything queued so far is committed (or failed); not for the loop."""
+        self.submit().result()
+
     def _run(self) -> None:
         try:
             db = self._connect()

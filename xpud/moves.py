@@ -217,11 +217,7 @@ class Moves:
         if lease_id in e.leases:
             e.leases[lease_id] = pm.new
         old = [i for i in pm.old.cards if i not in pm.new.cards]
-        await e._wait_claim(old)
-        try:
-            await e._free(lease_id, old, pm.old.slices)
-        finally:
-            e._unclaim(old)
+        await e._free_claimed(lease_id, old, pm.old.slices)
         took = e.clock() - pm.started
         e.event(
             "move",
@@ -241,11 +237,7 @@ class Moves:
         if pm is not None and pm.ready:
             e = self.engine
             cards = [i for i in pm.new.cards if i not in pm.old.cards]
-            await e._wait_claim(cards)
-            try:
-                await e._free(lease_id, cards, pm.new.slices)
-            finally:
-                e._unclaim(cards)
+            await e._free_claimed(lease_id, cards, pm.new.slices)
             if pump:
                 e.pump()
         return pm
