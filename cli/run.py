@@ -113,6 +113,9 @@ class Signals:
             signal.signal(s, h)
 
 
+SOCKET_POLL_S = 0.05  # how often a wrapper cut off from its daemon looks for the socket's return
+
+
 class LeaseStream(threading.Thread):
     """Reads the Acquire stream into ``events`` (kind, payload), then keeps the lease held.
 
@@ -170,13 +173,17 @@ class LeaseStream(threading.Thread):
         self._hold(granted.lease.id, granted.token)
 
     def _hold(self, lease_id: str, token: str) -> None:
-        """The Acquire stream broke after the grant: hold through Hold streams, reconnecting."""
-        backoff, lost_since = 0.1, time.monotonic()
+        """The Acquire stream broke after the grant: hold through Hold streams, reconnecting.
+
+        A restarted daemon gives restored leases a grace period from when it serves again: reconnect
+        well within it. The wait between attempts (0.1 s doubling to 1 s; the client's channel retries as
+        often) ends early when the socket file reappears, and an expired credential is renewed at once."""
+        backoff, lost_since, renewed = 0.1, time.monotonic(), False
         while not self._stopping.is_set():
             try:
                 self._call = self.client.hold(lease_id, token)
                 for ev in self._call:
-                    lost_since = None
+                    lost_since, backoff, renewed = None, 0.1, False
                     self._put(ev.kind, ev)
                     if ev.kind == "released":
                         return
@@ -186,18 +193,28 @@ class LeaseStream(threading.Thread):
                 if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
                     self._put("lost", e.details())
                     return
-                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    with contextlib.suppress(XpudError):
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED and not renewed:
+                    with contextlib.suppress(XpudError):  # a new daemon: a new credential, and try again now
                         self.client._metadata(renew=True)
+                        renewed = True
+                        continue
             except XpudError:  # the handshake failed: the daemon is down or restarting; keep trying
                 if self._stopping.is_set():
                     return
+            renewed = False
             lost_since = lost_since or time.monotonic()
             if time.monotonic() - lost_since > self.reconnect_s:
                 self._put("lost", f"the daemon was unreachable for {self.reconnect_s:g} s")
                 return
-            self._stopping.wait(backoff)
+            self._pause(backoff)
             backoff = min(backoff * 2, 1.0)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` before the next Hold, or less when the daemon's socket reappears."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping.wait(min(SOCKET_POLL_S, max(0.0, deadline - time.monotonic()))):
+            if self.client.reconnect_if_restarted() or time.monotonic() >= deadline:
+                return
 
     def stop(self) -> None:
         self._stopping.set()

@@ -54,6 +54,11 @@ class DevicesSection:
     )
     machine: str = _key("dgx-h100", "Simulated machine: a name in etc/machines/ or a path to a description.")
     seed: int = _key(0, "Seed of the simulated machine's varying values.", min=0, max=2**63 - 1)
+    sim_state: str = _key(
+        "",
+        "File where the simulated machine's MIG and MPS state outlives the daemon; "
+        "empty = simulated-hardware.json in state_dir.",
+    )
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,13 @@ class CardsSection:
 class LeasesSection:
     grace_s: float = _key(
         10.0, "Seconds a lease survives after its holder's Hold stream breaks.", min=0.0, max=86400.0
+    )
+    restore_grace_s: float = _key(
+        30.0,
+        "Seconds a lease restored from the ledger survives, from when the restarted daemon serves, "
+        "until its holder reconnects (at least grace_s).",
+        min=0.0,
+        max=86400.0,
     )
     max_wait_s: float = _key(
         86400.0, "Longest --wait a request may ask for (seconds).", min=0.0, max=30 * 86400.0

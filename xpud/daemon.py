@@ -70,9 +70,11 @@ def open_hardware(cfg: config.Config):
     if cfg.devices.backend == "simulated":
         from xpud.hw.fakenvml import FakeNvml
         from xpud.hw.machines import MachineError, load_machine
+        from xpud.hw.simstate import FILE_NAME, SimState
 
         try:
             fake = FakeNvml(load_machine(cfg.devices.machine), seed=cfg.devices.seed)
+            SimState(cfg.devices.sim_state or cfg.state_dir / FILE_NAME).attach(fake)  # MIG/MPS outlive us
         except (XpudError, MachineError) as e:  # these name the machine or its file already
             raise StartupError(str(e)) from None
         except (OSError, ValueError, KeyError) as e:
@@ -133,7 +135,11 @@ class Daemon:
         if self.fake is not None:
             from xpud.isolation.faketools import FakeNvidiaTools
 
-            return FakeNvidiaTools(self.fake)
+            tools = FakeNvidiaTools(self.fake)
+            state = getattr(self.fake, "sim_state", None)
+            if state is not None:
+                state.attach_tools(tools)  # the MPS control daemons that outlived the last daemon
+            return tools
         from xpud.isolation.runner import CommandRunner
 
         return CommandRunner()
@@ -187,6 +193,7 @@ class Daemon:
             await s.start()
         self.servers = [user, admin]
         self._set_permissions()
+        self.engine.serving()  # restored leases' holders can reconnect from now: their grace starts
         self.jobs = Jobs(
             self.engine, self.hw, self.cfg.health.poll_interval_s, self.monitor, defrag=self.defrag
         )
@@ -290,6 +297,14 @@ def main_command(
     runtime_dir: Annotated[str | None, typer.Option(help="Directory for the sockets.")] = None,
     state_dir: Annotated[str | None, typer.Option(help="Directory for the ledger.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of the simulated machine.")] = None,
+    sim_state: Annotated[
+        str | None,
+        typer.Option(
+            help="File keeping the simulated machine's MIG and MPS state across restarts "
+            "(default: simulated-hardware.json in the state directory).",
+            metavar="PATH",
+        ),
+    ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
@@ -304,6 +319,8 @@ def main_command(
             cfg = cfg.replace("devices", backend="simulated")
         if seed is not None:
             cfg = config.checked(cfg, "devices", "seed", seed, "--seed")
+        if sim_state:
+            cfg = config.checked(cfg, "devices", "sim_state", str(Path(sim_state).absolute()), "--sim-state")
         if runtime_dir:
             cfg = config.checked(
                 cfg, "daemon", "runtime_dir", str(Path(runtime_dir).absolute()), "--runtime-dir"

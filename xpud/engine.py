@@ -126,6 +126,7 @@ class Engine:
         self.waitlist = Waitlist()
         self.hold_count: dict[str, int] = {}  # lease id -> open Hold streams
         self.unheld_since: dict[str, float] = {}  # lease id -> when its last Hold stream closed
+        self.restored_unheld: set[str] = set()  # restored leases whose holder has not reconnected yet
         self._lease_streams: dict[str, set[asyncio.Queue]] = {}
         self._watchers: set[asyncio.Queue] = set()
         self.moves = Moves(self)
@@ -170,12 +171,20 @@ class Engine:
                     s = replace(s, card_index=by_uuid[lease.card_uuids[0]].info.index)
                     self.cards[s.card_index].slices[lease.id] = s
                     self.cards[s.card_index].mode = CardMode.SLICED
-            self.unheld_since[lease.id] = now  # holders get the grace period to reconnect
+            self.unheld_since[lease.id] = now  # holders get restore_grace_s from ``serving`` to reconnect
+            self.restored_unheld.add(lease.id)
             restored.append(lease)
         if restored:
             self.event("restore", f"restored {len(restored)} active lease(s) from the ledger")
         await self._reconcile()
         return [lease for lease in restored if lease.id in self.leases]
+
+    def serving(self) -> None:
+        """The daemon serves again: the grace of restored leases starts now, not at ``restore`` (start-up
+        and reconciling may take a while, and holders cannot reconnect before this)."""
+        now = self.clock()
+        for lid in self.restored_unheld & set(self.unheld_since):
+            self.unheld_since[lid] = now
 
     async def _reconcile(self) -> None:
         """Compare each card's isolation on the hardware (MIG instances, MPS daemons) with the ledger:
@@ -837,6 +846,7 @@ class Engine:
     def hold_opened(self, lease_id: str) -> asyncio.Queue:
         self.hold_count[lease_id] = self.hold_count.get(lease_id, 0) + 1
         self.unheld_since.pop(lease_id, None)
+        self.restored_unheld.discard(lease_id)
         q: asyncio.Queue = asyncio.Queue()
         self._lease_streams.setdefault(lease_id, set()).add(q)
         self._changed()
@@ -855,10 +865,14 @@ class Engine:
 
     async def reap(self) -> list[Lease]:
         """Reclaim leases whose holder has been gone longer than the grace period; expire waiters."""
-        now, grace = self.clock(), self.cfg.leases.grace_s
+        now, leases = self.clock(), self.cfg.leases
         await self.moves.expire(now)
         out = []
         for lid, since in list(self.unheld_since.items()):
+            # A holder cut off by a daemon restart reconnects with backoff: it gets the longer grace.
+            grace = (
+                max(leases.grace_s, leases.restore_grace_s) if lid in self.restored_unheld else leases.grace_s
+            )
             if now - since >= grace and lid in self.leases:
                 try:
                     out.append(

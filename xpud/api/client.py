@@ -19,10 +19,27 @@ from xpud.auth import METADATA_KEY, handshake
 from xpud.errors import ERROR_CLASSES, Forbidden, Unauthenticated, Unavailable, XpudError
 
 DEFAULT_RUNTIME_DIR = "/run/xpud"
+# gRPC's default reconnect backoff (1 s, x1.6, up to 120 s) leaves a holder cut off by a long daemon outage
+# waiting seconds after the daemon is back, past the leases' grace: retry the socket at least every second.
+# Not grpc.min_reconnect_backoff_ms: gRPC core takes it as the connect timeout (default 20 s), and a short
+# one fails every connection to a busy daemon.
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 
 
 def runtime_dir(explicit: str | os.PathLike | None = None) -> Path:
     return Path(explicit or os.environ.get("XPUD_RUNTIME_DIR") or DEFAULT_RUNTIME_DIR)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """What tells one socket file from the next one at the same path (None: no file)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 def to_error(e: grpc.RpcError, where: str) -> XpudError:
@@ -48,14 +65,33 @@ class Client:
         self.timeout = timeout
         if admin and self.socket.exists() and not os.access(self.socket, os.R_OK | os.W_OK):
             raise Forbidden(f"{self.socket}: permission denied: operators only (root or the admin group)")
-        self.channel = grpc.insecure_channel(f"unix:{self.socket}")
-        self.node = pbg.NodeStub(self.channel)
-        self.admin = pbg.AdminStub(self.channel) if admin else None
+        self._admin_stub = admin
+        self._old_channels: list[grpc.Channel] = []
+        self._connect()
         self._credential: str | None = None
         self._lock = threading.Lock()
 
+    def _connect(self) -> None:
+        self._socket_id = _identity(self.socket)
+        self.channel = grpc.insecure_channel(f"unix:{self.socket}", options=CHANNEL_OPTIONS)
+        self.node = pbg.NodeStub(self.channel)
+        self.admin = pbg.AdminStub(self.channel) if self._admin_stub else None
+
+    def reconnect_if_restarted(self) -> bool:
+        """If the socket file is a new one (the daemon restarted), connect to it now, with a new
+        credential, instead of waiting out the old channel's backoff. Returns whether it did."""
+        now = _identity(self.socket)
+        if now is None or now == self._socket_id:
+            return False
+        self._old_channels.append(self.channel)  # closed with the client: another thread may be using it
+        self._connect()
+        with self._lock:
+            self._credential = None
+        return True
+
     def close(self) -> None:
-        self.channel.close()
+        for channel in (*self._old_channels, self.channel):
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -131,9 +167,17 @@ class Client:
 
     def acquire_lease(self, mode: str, **kw) -> pb.Granted:
         """Acquire and return the grant (blocking through the queue)."""
-        for update in self.iterate(self.acquire(mode, **kw)):
-            if update.HasField("granted"):
-                return update.granted
+        for attempt in (0, 1):
+            try:
+                for update in self.iterate(self.acquire(mode, **kw)):
+                    if update.HasField("granted"):
+                        return update.granted
+            except Unauthenticated:
+                if attempt:
+                    raise
+                self._metadata(renew=True)  # a restarted daemon does not know our credential
+                continue
+            break
         raise Unavailable("the daemon closed the Acquire stream without a grant")
 
     def hold(self, lease_id: str, token: str):

@@ -214,10 +214,22 @@ def _api(fn: Callable, name: str | None = None) -> Callable:
             for index, code in self._failures.get(name, ()):
                 if index is None or (args and self._card_of(args[0]) == index):  # first arg: handle or index
                     raise _err(code)
-            return fn(self, *args, **kwargs)
+            out = fn(self, *args, **kwargs)
+            if self.on_change is not None and name.startswith(_CHANGES):
+                self.on_change()  # xpud.hw.simstate keeps MIG and compute modes across daemon restarts
+            return out
 
     call.__name__ = name
     return call
+
+
+_CHANGES = (
+    "nvmlDeviceSet",
+    "nvmlDeviceCreate",
+    "nvmlGpuInstanceCreate",
+    "nvmlGpuInstanceDestroy",
+    "nvmlComputeInstanceDestroy",
+)  # calls that change state the driver keeps
 
 
 def _alias(method: Callable, name: str) -> Callable:
@@ -251,6 +263,8 @@ class FakeNvml:
         self._failures: dict[str, list[tuple[int | None, int]]] = {}
         self._serial = 0  # makes MIG device UUIDs differ each time an instance is created
         self.calls: Counter[str] = Counter()
+        self.on_change: Callable[[], None] | None = None  # called after each change of _CHANGES and reset
+        self.sim_state = None  # the xpud.hw.simstate.SimState that saves this machine's state, if any
         self._cards = [_Card(spec) for spec in self.machine.cards]
         for card in self._cards:
             card.handle = self._new_handle(N.c_nvmlDevice_t, "device", card)
@@ -1208,6 +1222,8 @@ class FakeNvml:
             if self._held_by(card):
                 raise _err(N.NVML_ERROR_IN_USE)
             self._reset_card(card)
+            if self.on_change is not None:
+                self.on_change()
 
     # ---------------------------------------------------------------------- beyond pynvml: tests
 

@@ -1006,15 +1006,20 @@ class Nvml:
         with self._idle:
             self._released.add(index)
             waiters = list(self._waiters)
-        try:
-            self._rebuild(waiters, index, "left")
-            self._forget(index)
-            yield
-        finally:
-            with self._idle:
-                self._released.discard(index)
-            self._forget(index)
-            self._rebuild(waiters, index, "registered again")
+        # The waits stay out for the whole block: a wait started between the two rebuilds would hold
+        # the second one (and the switch) for a whole wait timeout.
+        with contextlib.ExitStack() as kept:
+            for w in waiters:
+                kept.enter_context(w.kept())
+            try:
+                self._rebuild(waiters, index, "left")
+                self._forget(index)
+                yield
+            finally:
+                with self._idle:
+                    self._released.discard(index)
+                self._forget(index)
+                self._rebuild(waiters, index, "registered again")
 
     @staticmethod
     def _rebuild(waiters: list[EventWaiter], index: int, what: str) -> None:
@@ -1102,6 +1107,23 @@ class EventWaiter:
             try:
                 yield
             finally:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def kept(self):
+        """No wait starts while the block runs (the running one is let finish first)."""
+        with self._cond:
+            self._turns += 1
+            try:
+                self._cond.wait_for(lambda: not self._waiting)
+            except BaseException:
+                self._turns -= 1
+                raise
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._turns -= 1
                 self._cond.notify_all()
 
     def readmit(self, index: int) -> bool:

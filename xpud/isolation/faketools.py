@@ -21,14 +21,20 @@ host runs the binaries. It records every call (``calls``) and plays the document
 - ``nvidia-smi -r -i ID`` (``--gpu-reset``) resets a card of the fake NVML (refused while processes run;
   applies a pending MIG mode). ID is an index, a UUID or a PCI bus id.
 
-Process ids are made up (from 4,000,000 up, above Linux's pid_max): nothing here touches real processes.
+Process ids are made up (above Linux's largest pid_max, 4,194,304, and apart for each process that runs
+the fake, as a restarted control daemon's pid differs): nothing here touches real processes.
+
+Control daemons are processes of their own on a real host: they outlive xpud. ``dump``/``restore`` and
+the ``on_change`` hook (called after every change, with the lock held) let ``xpud.hw.simstate`` keep them
+across daemon restarts; a restored server is a compute process on its card again.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +45,7 @@ from xpud.isolation.runner import Completed
 MPS_CONTROL, SMI = "nvidia-cuda-mps-control", "nvidia-smi"
 DEFAULT_PIPE, DEFAULT_LOG = "/tmp/nvidia-mps", "/var/log/nvidia-mps"
 SERVER_MIB = 256  # device memory an MPS server's context takes on its card
-_pids = itertools.count(4_000_000)
+_pids = itertools.count(5_000_000 + 100 * os.getpid())
 
 
 @dataclass
@@ -72,7 +78,14 @@ class FakeNvidiaTools:
         self.missing = set(missing)  # tools this host lacks (not installed): they answer 127
         self.calls: list[tuple[tuple[str, ...], dict[str, str], str | None]] = []
         self.daemons: dict[str, ControlDaemon] = {}  # pipe dir -> daemon
+        self.on_change: Callable[[], None] | None = None  # after each change of the daemons (simstate)
+        self._last: dict | None = None
         self._lock = threading.RLock()
+
+    def _changed(self) -> None:
+        if self.on_change is not None and (now := self.dump()) != self._last:
+            self._last = now
+            self.on_change()
 
     # ------------------------------------------------------------------------------ Runner
     def run(self, argv: Sequence[str], *, env=None, input=None, timeout_s=30.0, detach=False) -> Completed:
@@ -84,7 +97,10 @@ class FakeNvidiaTools:
             if tool in self.missing:
                 return Completed(argv, 127, "", f"{argv[0]}: not found")
             if tool == MPS_CONTROL:
-                return self._mps(argv, env, input or "")
+                try:
+                    return self._mps(argv, env, input or "")
+                finally:
+                    self._changed()
             if tool == SMI:
                 return self._smi(argv)
             return Completed(argv, 127, "", f"{argv[0]}: not found")
@@ -226,22 +242,28 @@ class FakeNvidiaTools:
         """A CUDA program of ``uid`` initialises under MPS. Returns "served", "waiting" or "no-daemon"
         (then it runs without MPS, as the real driver does)."""
         with self._lock:
-            d = self.daemons.get(pipe_dir)
-            if d is None:
-                return "no-daemon"
-            same = next((s for s in d.servers.values() if s.uid == uid and not s.stopping), None)
-            if same is not None:
-                same.clients.add(pid)
-                return "served"
-            if not d.servers:
-                self._start_server(d, uid).clients.add(pid)
-                return "served"
-            d.waiting.append((pid, uid))
-            for s in list(d.servers.values()):  # ask the other user's server to go once its clients are done
-                s.stopping = True
-                if not s.clients:
-                    self._stop_server(d, s)
-            return "served" if pid not in {p for p, _ in d.waiting} else "waiting"
+            try:
+                return self._connect(pipe_dir, pid, uid)
+            finally:
+                self._changed()
+
+    def _connect(self, pipe_dir: str, pid: int, uid: int) -> str:
+        d = self.daemons.get(pipe_dir)
+        if d is None:
+            return "no-daemon"
+        same = next((s for s in d.servers.values() if s.uid == uid and not s.stopping), None)
+        if same is not None:
+            same.clients.add(pid)
+            return "served"
+        if not d.servers:
+            self._start_server(d, uid).clients.add(pid)
+            return "served"
+        d.waiting.append((pid, uid))
+        for s in list(d.servers.values()):  # ask the other user's server to go once its clients are done
+            s.stopping = True
+            if not s.clients:
+                self._stop_server(d, s)
+        return "served" if pid not in {p for p, _ in d.waiting} else "waiting"
 
     def disconnect(self, pipe_dir: str, pid: int) -> None:
         """A client process exits."""
@@ -254,6 +276,7 @@ class FakeNvidiaTools:
                 s.clients.discard(pid)
                 if s.stopping and not s.clients:
                     self._stop_server(d, s)
+            self._changed()
 
     # ------------------------------------------------------------------------- nvidia-smi
     def _smi(self, argv) -> Completed:
@@ -301,6 +324,101 @@ class FakeNvidiaTools:
                 }
                 for pipe, d in self.daemons.items()
             }
+
+    # ------------------------------------------------------------------------- persistence
+    def dump(self) -> dict:
+        """Everything the control daemons hold, as JSON-ready data (``restore`` reads it back)."""
+        with self._lock:
+            return {
+                "daemons": [
+                    {
+                        "pid": d.pid,
+                        "pipe_dir": d.pipe_dir,
+                        "log_dir": d.log_dir,
+                        "devices": d.devices,
+                        "default_pct": d.default_pct,
+                        "default_mem": dict(sorted(d.default_mem.items())),
+                        "waiting": [list(w) for w in d.waiting],
+                        "killed": list(d.killed[-MAX_KILLED:]),
+                        "servers": [
+                            {
+                                "pid": s.pid,
+                                "uid": s.uid,
+                                "clients": sorted(s.clients),
+                                "stopping": s.stopping,
+                                "active_thread_pct": s.active_thread_pct,
+                            }
+                            for s in sorted(d.servers.values(), key=lambda s: s.pid)
+                        ],
+                    }
+                    for _, d in sorted(self.daemons.items())
+                ]
+            }
+
+    def restore(self, data: Mapping) -> None:
+        """Take over control daemons that outlived the previous daemon (``dump``'s output). Raises
+        ValueError, KeyError or TypeError for values the tools could not have produced."""
+        global _pids
+        daemons: dict[str, ControlDaemon] = {}
+        saved = data["daemons"]
+        if not isinstance(saved, list) or len(saved) > MAX_DAEMONS:
+            raise ValueError(f"daemons: expected a list of at most {MAX_DAEMONS}")
+        for x in saved:
+            d = ControlDaemon(
+                _num(x["pid"], "pid", 1, _MAX_PID, int),
+                _text(x["pipe_dir"], "pipe_dir"),
+                _text(x["log_dir"], "log_dir"),
+                _text(x["devices"], "devices"),
+                default_pct=_num(x["default_pct"], "default_pct", 0.0, 100.0, float),
+            )
+            mem = x["default_mem"]
+            if not isinstance(mem, dict) or len(mem) > 64:
+                raise ValueError("default_mem: expected a table of at most 64 devices")
+            d.default_mem = {_text(k, "device"): _text(v, "memory limit") for k, v in mem.items()}
+            d.waiting = [
+                (_num(p, "pid", 1, _MAX_PID, int), _num(u, "uid", 0, _MAX_PID, int)) for p, u in x["waiting"]
+            ]
+            d.killed = [_num(p, "pid", 1, _MAX_PID, int) for p in x["killed"]][-MAX_KILLED:]
+            for s in x["servers"]:
+                server = Server(
+                    _num(s["pid"], "pid", 1, _MAX_PID, int),
+                    _num(s["uid"], "uid", 0, _MAX_PID, int),
+                    {_num(c, "pid", 1, _MAX_PID, int) for c in s["clients"]},
+                    bool(s["stopping"]),
+                    _num(s["active_thread_pct"], "active_thread_pct", 0.0, 100.0, float),
+                )
+                d.servers[server.pid] = server
+            if d.pipe_dir in daemons:
+                raise ValueError(f"two control daemons on {d.pipe_dir}")
+            daemons[d.pipe_dir] = d
+        with self._lock:
+            self.daemons = daemons
+            top = max((p for d in daemons.values() for p in (d.pid, *d.servers)), default=0)
+            _pids = itertools.count(max(next(_pids), top + 1))
+            for d in daemons.values():
+                card = self._card(d.devices)
+                for s in d.servers.values():
+                    if card is not None:
+                        self.nvml.add_process(card, s.pid, SERVER_MIB << 20)
+            self._last = self.dump()
+
+
+MAX_DAEMONS = 1024
+MAX_KILLED = 256  # killed client pids kept per control daemon (tests read the last few)
+_MAX_PID = (1 << 31) - 1
+
+
+def _num(value, what: str, lo, hi, kind):
+    allowed = int if kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, allowed) or not lo <= value <= hi:  # NaN fails too
+        raise ValueError(f"{what} = {value!r}: expected a number {lo}..{hi}")
+    return kind(value)
+
+
+def _text(value, what: str) -> str:
+    if not isinstance(value, str) or len(value) > 4096:
+        raise ValueError(f"{what}: expected a string of at most 4096 characters")
+    return value
 
 
 class _Refused(Exception):
