@@ -62,12 +62,8 @@ def test_a_configured_size_works_end_to_end(daemon_factory, machine, isolation):
     assert "vxpu-quarter (0.25 memory, 15% compute), vxpu-tiny (0.125 memory, 10% compute)" in info
 
     d.kill(signal.SIGKILL)  # the ledger brings the lease back with its size
-    d.start()
+    d.start()  # the simulated hardware outlives the daemon (hw/simstate.py): its MIG instance is adopted
     with d.client() as c:
-        if isolation == "mig":  # a simulated card starts afresh: its instance is gone, the lease reclaimed
-            ended = {x.id: x for x in c.leases(all=True).leases}[g.lease.id]
-            assert (ended.mode, ended.state) == ("vxpu-tiny", "reclaimed")
-            return
         assert {x.id: x.mode for x in c.leases().leases} == {g.lease.id: "vxpu-tiny"}
         c.release(g.lease.id, g.token)
         wait_until(lambda: list(c.leases().leases) == [])
