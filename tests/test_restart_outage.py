@@ -22,7 +22,7 @@ from xpud.config import Config
 from xpud.ledger import Ledger
 from xpud.model import Mode, Request
 
-GRACE_S = 3.0
+GRACE_S = 5.0  # wrappers re-hold within ~1 s; 3 s was missed once at a load average of 20+
 CONFIG = f"[leases]\ngrace_s = {GRACE_S}\nrestore_grace_s = {GRACE_S}\n"
 
 
