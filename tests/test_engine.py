@@ -276,3 +276,23 @@ def test_a_grant_whose_requester_goes_away_is_reclaimed_not_lost(engine):
         assert all(c.whole_lease is None for c in engine.cards.values())
 
     asyncio.run(scenario())
+
+
+def test_a_cancelled_whole_card_request_lets_the_requests_behind_it_through(engine):
+    """A waiting whole-card request holds the idle whole cards back from requests behind it; when it
+    leaves the queue (cancelled or timed out), those requests are granted at once, not at the next
+    release."""
+
+    async def scenario():
+        held = (await engine.try_grant(req("xpu", 6)))[0]  # 2 idle whole cards left
+        big = asyncio.create_task(engine.acquire(req("xpu", 4, wait_s=30)))
+        await asyncio.sleep(0.05)
+        small = asyncio.create_task(engine.acquire(req("vxpu-quarter", wait_s=30)))
+        await asyncio.sleep(0.6)  # past the short wait for busy cards of a request that may queue
+        assert not small.done() and len(engine.queue_view()) == 2  # the idle cards are held back
+        big.cancel()
+        await asyncio.gather(big, return_exceptions=True)
+        lease, _ = await asyncio.wait_for(small, 2.0)
+        assert lease.cards[0] not in held.cards
+
+    asyncio.run(scenario())

@@ -696,10 +696,14 @@ class Engine:
                 return w.future.result()  # granted in the same instant the wait ran out
             raise NoCapacity(f"waited {req.wait_s:g} s: {self._why_not(req)}") from None
         finally:
+            # a whole-card request that leaves unserved held idle whole cards back from those behind it
+            left = req.mode is Mode.XPU and (not w.future.done() or w.future.cancelled())
             if not w.future.done():
                 w.future.cancel()
             self.waitlist.remove(w)
             self._changed()
+            if left:
+                self._pump_soon()
 
     def _why_not(self, req: Request) -> str:
         usable = [c for c in self.cards.values() if c.usable]
