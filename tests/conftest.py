@@ -159,3 +159,23 @@ def daemon_factory(short_tmp):
 @pytest.fixture
 def daemon(daemon_factory):
     return daemon_factory()
+
+
+@pytest.fixture
+def inproc(short_tmp):
+    """In-process daemons (``tests.inproc.InProcDaemon``): ``inproc(machine, config_text="", fake=None)``;
+    all stopped at the end of the test."""
+    from tests.inproc import InProcDaemon
+
+    made = []
+
+    def make(machine, config_text="", fake=None, name="d"):
+        base = short_tmp / f"{name}{len(made)}"
+        base.mkdir()
+        d = InProcDaemon(base, machine, config_text, fake)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.stop()

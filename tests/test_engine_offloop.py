@@ -7,29 +7,10 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
 from tests.conftest import wait_until
-from tests.inproc import InProcDaemon
 from xpud.api.client import Client
 
 HANG_S = 4.0
-
-
-@pytest.fixture
-def inproc(short_tmp):
-    made = []
-
-    def make(machine, config_text=""):
-        base = short_tmp / f"d{len(made)}"
-        base.mkdir()
-        d = InProcDaemon(base, machine, config_text)
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        d.stop()
 
 
 def test_a_hanging_card_does_not_stall_the_others(inproc):

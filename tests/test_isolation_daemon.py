@@ -22,22 +22,6 @@ CONFIG = "[leases]\ngrace_s = 120.0\n[cards]\nmig_idle_keep_s = {keep}\n"
 _pids = itertools.count(7_000_000)
 
 
-@pytest.fixture
-def inproc(short_tmp):
-    made = []
-
-    def make(machine, config_text="", fake=None, name="d"):
-        base = short_tmp / f"{name}{len(made)}"
-        base.mkdir()
-        d = InProcDaemon(base, machine, config_text, fake)
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        d.stop()
-
-
 def snapshot(d):
     """Leases and per-card backend state, read on the daemon's loop."""
 

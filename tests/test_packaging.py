@@ -104,44 +104,33 @@ def test_wheel_installs_and_runs(wheel, tmp_path):
         check=True,
     ).stdout
     assert where.startswith(str(target))
-    r = subprocess.run(
-        [str(target / "bin" / "xpud"), "--simulate", "workstation-2x", "check-hardware"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+
+    def installed(command: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """A command of the installed wheel, run from a folder outside the repository."""
+        return subprocess.run(
+            [str(target / "bin" / command), *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    r = installed("xpud", "--simulate", "workstation-2x", "check-hardware")
     assert r.returncode == 0, r.stderr
     assert "GPU0" in r.stdout
-    r = subprocess.run(
-        [str(target / "bin" / "xpu"), "--help"], env=env, capture_output=True, text=True, timeout=60
-    )
+    r = installed("xpu", "--help")
     assert r.returncode == 0 and "run" in r.stdout
     # the unit and the sysusers entry ship in the wheel, and ExecStart names the xpud that ran
     root = tmp_path / "root"
     root.mkdir()
-    r = subprocess.run(
-        [str(target / "bin" / "xpud"), "install-service", "--root", str(root), "--no-start"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = installed("xpud", "install-service", "--root", str(root), "--no-start")
     assert r.returncode == 0, r.stderr
     unit = (root / "etc/systemd/system/xpud.service").read_text()
     assert f"ExecStart={target / 'bin' / 'xpud'} --config" in unit
     assert "g xpud-admin -" in (root / "etc/sysusers.d/xpud.conf").read_text()
     # the default trace ships with the package: simulate works outside the repository's layout
-    r = subprocess.run(
-        [str(target / "bin" / "xpu"), "simulate", "-q", "--seeds", "42", "--json"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = installed("xpu", "simulate", "-q", "--seeds", "42", "--json", timeout=300)
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert {row["policy"] for row in rows} == {"xpud"} and max(row["alloc_pct"] for row in rows) > 50

@@ -15,7 +15,6 @@ import time
 import pytest
 
 from tests.conftest import BIN, alive, poll, xpu_env
-from tests.inproc import InProcDaemon
 from xpud.api.client import Client
 
 GRACE = 1.0
@@ -25,19 +24,9 @@ _pids = itertools.count(8_000_000)
 
 
 @pytest.fixture
-def inproc(short_tmp):
-    made = []
-
-    def make(machine):
-        base = short_tmp / f"d{len(made)}"
-        base.mkdir()
-        d = InProcDaemon(base, machine, CONFIG)
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        d.stop()
+def inproc(inproc):
+    """conftest's in-process daemons, with this module's config."""
+    return lambda machine: inproc(machine, CONFIG)
 
 
 def leftovers(d, blocker_id: str | None) -> list[str]:
