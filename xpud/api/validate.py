@@ -88,6 +88,65 @@ LIMITS: dict[str, Limit] = {
     "DefragRequest.move_budget_pct": Limit(lo=0, hi=100),
     "DefragRequest.gpus": Limit(lo=0, hi=4096),
     "DefragRequest.wait": Limit(),
+    # ---- federation: the local half (Node) and the peers' (Peer). Message fields are checked field by
+    # field with their own entries; a map's entries count against ``items`` and each key and value
+    # against ``chars``.
+    "JobInput.start": Limit(),
+    "JobInput.stdin": Limit(chars=1 << 20),
+    "JobInput.stdin_eof": Limit(),
+    "JobInput.signal": Limit(lo=0, hi=64),
+    "JobSpec.mode": Limit(chars=64, pattern=_NAME),
+    "JobSpec.nodes": Limit(lo=0, hi=1024),
+    "JobSpec.gpus_per_node": Limit(lo=0, hi=64),
+    "JobSpec.replicas": Limit(lo=0, hi=1024),
+    "JobSpec.spread": Limit(),
+    "JobSpec.argv": Limit(items=4096, chars=1 << 17),
+    "JobSpec.env": Limit(items=4096, chars=1 << 17),
+    "JobSpec.cwd": Limit(chars=4096),
+    "JobSpec.wait_s": Limit(lo=0, hi=10 * 365 * 86400.0),
+    "JobSpec.kill_on_bad_exit": Limit(),
+    "JobSpec.restartable": Limit(),
+    "JobSpec.name": Limit(chars=64, pattern=_NAME),
+    "SwimMessage.kind": Limit(lo=0, hi=5),
+    "SwimMessage.seq": Limit(lo=0, hi=2**63),
+    "SwimMessage.src": Limit(chars=253, pattern=_NAME),
+    "SwimMessage.src_addr": Limit(chars=300),
+    "SwimMessage.target": Limit(chars=253, pattern=_NAME),
+    "SwimMessage.target_addr": Limit(chars=300),
+    "SwimMessage.about": Limit(chars=253, pattern=_NAME),
+    "SwimMessage.reply": Limit(),
+    "SwimMessage.updates": Limit(items=10_000),
+    "SwimUpdate.name": Limit(chars=253, pattern=_NAME),
+    "SwimUpdate.addr": Limit(chars=300),
+    "SwimUpdate.incarnation": Limit(lo=0, hi=2**63),
+    "SwimUpdate.state": Limit(lo=0, hi=3),
+    "SwimUpdate.meta": Limit(chars=1024),
+    "ReserveRequest.job": Limit(chars=64, pattern=_ID),
+    "ReserveRequest.attempt": Limit(lo=0, hi=2**31 - 1),
+    "ReserveRequest.mode": Limit(chars=64, pattern=_NAME),
+    "ReserveRequest.count": Limit(lo=0, hi=4096),
+    "ReserveRequest.ttl_s": Limit(lo=0, hi=600.0),  # the handler asks for 0.5 s at least
+    "ReserveRequest.uid": Limit(lo=0, hi=2**32 - 1),
+    "ReserveRequest.gid": Limit(lo=0, hi=2**32 - 1),
+    "ReserveRequest.user": Limit(chars=64),
+    "ReserveRequest.restartable": Limit(),
+    "ReserveRequest.command": Limit(chars=COMMAND_CHARS, truncate=True),
+    "CommitRequest.job": Limit(chars=64, pattern=_ID),
+    "CommitRequest.attempt": Limit(lo=0, hi=2**31 - 1),
+    "AbortRequest.job": Limit(chars=64, pattern=_ID),
+    "AbortRequest.attempt": Limit(lo=0, hi=2**31 - 1),
+    "LaunchInput.start": Limit(),
+    "LaunchInput.stdin": Limit(chars=1 << 20),
+    "LaunchInput.stdin_eof": Limit(),
+    "LaunchInput.signal": Limit(lo=0, hi=64),
+    "LaunchSpec.job": Limit(chars=64, pattern=_ID),
+    "LaunchSpec.rank": Limit(lo=0, hi=1023),
+    "LaunchSpec.argv": Limit(items=4096, chars=1 << 17),
+    "LaunchSpec.env": Limit(items=4096, chars=1 << 17),
+    "LaunchSpec.cwd": Limit(chars=4096),
+    "LaunchSpec.uid": Limit(lo=0, hi=2**32 - 1),
+    "LaunchSpec.gid": Limit(lo=0, hi=2**32 - 1),
+    "LaunchSpec.user": Limit(chars=64),
 }
 
 
@@ -136,7 +195,21 @@ def check(request: Any) -> None:
         if lim is None:  # a field added to the proto without a limit: refuse rather than trust it
             raise BadRequest(f"{where}: this daemon has no limit for the field (a bug: report it)")
         value = getattr(request, name)
-        if fd.is_repeated:
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            if len(value) > lim.items:
+                raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
+            for k, v in value.items():
+                if len(k) > lim.chars or len(v) > lim.chars:
+                    raise BadRequest(f"{where} {clip(k)!r}: longer than {lim.chars} characters")
+        elif fd.message_type is not None:
+            if fd.is_repeated:
+                if len(value) > lim.items:
+                    raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
+                for v in value:
+                    check(v)
+            elif request.HasField(name):
+                check(value)
+        elif fd.is_repeated:
             if len(value) > lim.items:
                 raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
             for v in value:
@@ -157,10 +230,10 @@ def _plan(desc) -> list:
 
 def _scalar(where: str, fd: FieldDescriptor, lim: Limit, value: Any) -> None:
     t = fd.type
-    if t == FieldDescriptor.TYPE_STRING:
+    if t in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES):
         if len(value) > lim.chars:
             raise BadRequest(f"{where}: {len(value)} characters; at most {lim.chars}")
-        if lim.pattern and not lim.pattern.regex.fullmatch(value):
+        if lim.pattern and t == FieldDescriptor.TYPE_STRING and not lim.pattern.regex.fullmatch(value):
             raise BadRequest(f"{where} {clip(value)!r}: not {lim.pattern.text}")
     elif t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
         if not math.isfinite(value):

@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -628,3 +629,365 @@ class DefragReply(_message.Message):
     target_cards: _containers.RepeatedScalarFieldContainer[int]
     notes: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ..., applied: _Optional[bool] = ..., summary: _Optional[str] = ..., before: _Optional[_Union[FreeCards, _Mapping]] = ..., after: _Optional[_Union[FreeCards, _Mapping]] = ..., cost: _Optional[float] = ..., move_budget: _Optional[int] = ..., move_budget_pct: _Optional[float] = ..., active_leases: _Optional[int] = ..., movable_leases: _Optional[int] = ..., gpus: _Optional[int] = ..., target_cards: _Optional[_Iterable[int]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ClusterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterHost(_message.Message):
+    __slots__ = ("name", "addr", "state", "incarnation", "age_s", "self", "zone", "block", "domain", "cards", "free_whole", "free_slices", "health", "queue", "summary_valid")
+    class FreeSlicesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    SELF_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    FREE_WHOLE_FIELD_NUMBER: _ClassVar[int]
+    FREE_SLICES_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_VALID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    addr: str
+    state: str
+    incarnation: int
+    age_s: float
+    self: bool
+    zone: str
+    block: str
+    domain: str
+    cards: int
+    free_whole: int
+    free_slices: _containers.ScalarMap[str, int]
+    health: int
+    queue: int
+    summary_valid: bool
+    def __init__(self_, name: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[str] = ..., incarnation: _Optional[int] = ..., age_s: _Optional[float] = ..., self: _Optional[bool] = ..., zone: _Optional[str] = ..., block: _Optional[str] = ..., domain: _Optional[str] = ..., cards: _Optional[int] = ..., free_whole: _Optional[int] = ..., free_slices: _Optional[_Mapping[str, int]] = ..., health: _Optional[int] = ..., queue: _Optional[int] = ..., summary_valid: _Optional[bool] = ...) -> None: ...
+
+class ClusterReply(_message.Message):
+    __slots__ = ("enabled", "name", "hosts")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    name: str
+    hosts: _containers.RepeatedCompositeFieldContainer[ClusterHost]
+    def __init__(self, enabled: _Optional[bool] = ..., name: _Optional[str] = ..., hosts: _Optional[_Iterable[_Union[ClusterHost, _Mapping]]] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("mode", "nodes", "gpus_per_node", "replicas", "spread", "argv", "env", "cwd", "wait_s", "kill_on_bad_exit", "restartable", "name")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    SPREAD_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    KILL_ON_BAD_EXIT_FIELD_NUMBER: _ClassVar[int]
+    RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    nodes: int
+    gpus_per_node: int
+    replicas: int
+    spread: bool
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    cwd: str
+    wait_s: float
+    kill_on_bad_exit: bool
+    restartable: bool
+    name: str
+    def __init__(self, mode: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., replicas: _Optional[int] = ..., spread: _Optional[bool] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., wait_s: _Optional[float] = ..., kill_on_bad_exit: _Optional[bool] = ..., restartable: _Optional[bool] = ..., name: _Optional[str] = ...) -> None: ...
+
+class JobInput(_message.Message):
+    __slots__ = ("start", "stdin", "stdin_eof", "signal")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STDIN_FIELD_NUMBER: _ClassVar[int]
+    STDIN_EOF_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    start: JobSpec
+    stdin: bytes
+    stdin_eof: bool
+    signal: int
+    def __init__(self, start: _Optional[_Union[JobSpec, _Mapping]] = ..., stdin: _Optional[bytes] = ..., stdin_eof: _Optional[bool] = ..., signal: _Optional[int] = ...) -> None: ...
+
+class JobRank(_message.Message):
+    __slots__ = ("rank", "host", "addr", "cards", "lease_id")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    host: str
+    addr: str
+    cards: _containers.RepeatedScalarFieldContainer[int]
+    lease_id: str
+    def __init__(self, rank: _Optional[int] = ..., host: _Optional[str] = ..., addr: _Optional[str] = ..., cards: _Optional[_Iterable[int]] = ..., lease_id: _Optional[str] = ...) -> None: ...
+
+class JobPlaced(_message.Message):
+    __slots__ = ("job", "ranks", "attempts", "refusals")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    ranks: _containers.RepeatedCompositeFieldContainer[JobRank]
+    attempts: int
+    refusals: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[JobRank, _Mapping]]] = ..., attempts: _Optional[int] = ..., refusals: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JobQueued(_message.Message):
+    __slots__ = ("reason", "position")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    position: int
+    def __init__(self, reason: _Optional[str] = ..., position: _Optional[int] = ...) -> None: ...
+
+class RankOutput(_message.Message):
+    __slots__ = ("rank", "fd", "data")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FD_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    fd: int
+    data: bytes
+    def __init__(self, rank: _Optional[int] = ..., fd: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class RankEnded(_message.Message):
+    __slots__ = ("rank", "exit_code", "signal", "error")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    exit_code: int
+    signal: int
+    error: str
+    def __init__(self, rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class JobEnded(_message.Message):
+    __slots__ = ("exit_code", "reason")
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    exit_code: int
+    reason: str
+    def __init__(self, exit_code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("queued", "placed", "output", "rank_ended", "ended")
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    RANK_ENDED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    queued: JobQueued
+    placed: JobPlaced
+    output: RankOutput
+    rank_ended: RankEnded
+    ended: JobEnded
+    def __init__(self, queued: _Optional[_Union[JobQueued, _Mapping]] = ..., placed: _Optional[_Union[JobPlaced, _Mapping]] = ..., output: _Optional[_Union[RankOutput, _Mapping]] = ..., rank_ended: _Optional[_Union[RankEnded, _Mapping]] = ..., ended: _Optional[_Union[JobEnded, _Mapping]] = ...) -> None: ...
+
+class SwimUpdate(_message.Message):
+    __slots__ = ("name", "addr", "incarnation", "state", "meta")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    addr: str
+    incarnation: int
+    state: int
+    meta: str
+    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., incarnation: _Optional[int] = ..., state: _Optional[int] = ..., meta: _Optional[str] = ...) -> None: ...
+
+class SwimMessage(_message.Message):
+    __slots__ = ("kind", "seq", "src", "src_addr", "target", "target_addr", "about", "reply", "updates")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[SwimMessage.Kind]
+        PING: _ClassVar[SwimMessage.Kind]
+        ACK: _ClassVar[SwimMessage.Kind]
+        PING_REQ: _ClassVar[SwimMessage.Kind]
+        GOSSIP: _ClassVar[SwimMessage.Kind]
+        PUSH_PULL: _ClassVar[SwimMessage.Kind]
+    KIND_UNSPECIFIED: SwimMessage.Kind
+    PING: SwimMessage.Kind
+    ACK: SwimMessage.Kind
+    PING_REQ: SwimMessage.Kind
+    GOSSIP: SwimMessage.Kind
+    PUSH_PULL: SwimMessage.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    SRC_ADDR_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ADDR_FIELD_NUMBER: _ClassVar[int]
+    ABOUT_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    kind: SwimMessage.Kind
+    seq: int
+    src: str
+    src_addr: str
+    target: str
+    target_addr: str
+    about: str
+    reply: bool
+    updates: _containers.RepeatedCompositeFieldContainer[SwimUpdate]
+    def __init__(self, kind: _Optional[_Union[SwimMessage.Kind, str]] = ..., seq: _Optional[int] = ..., src: _Optional[str] = ..., src_addr: _Optional[str] = ..., target: _Optional[str] = ..., target_addr: _Optional[str] = ..., about: _Optional[str] = ..., reply: _Optional[bool] = ..., updates: _Optional[_Iterable[_Union[SwimUpdate, _Mapping]]] = ...) -> None: ...
+
+class SwimReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReserveRequest(_message.Message):
+    __slots__ = ("job", "attempt", "mode", "count", "ttl_s", "uid", "gid", "user", "restartable", "command")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    attempt: int
+    mode: str
+    count: int
+    ttl_s: float
+    uid: int
+    gid: int
+    user: str
+    restartable: bool
+    command: str
+    def __init__(self, job: _Optional[str] = ..., attempt: _Optional[int] = ..., mode: _Optional[str] = ..., count: _Optional[int] = ..., ttl_s: _Optional[float] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., user: _Optional[str] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ...) -> None: ...
+
+class ReserveReply(_message.Message):
+    __slots__ = ("cards", "expires_in_s")
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    cards: _containers.RepeatedScalarFieldContainer[int]
+    expires_in_s: float
+    def __init__(self, cards: _Optional[_Iterable[int]] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
+
+class CommitRequest(_message.Message):
+    __slots__ = ("job", "attempt")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    attempt: int
+    def __init__(self, job: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class CommitReply(_message.Message):
+    __slots__ = ("lease_id", "cards", "env", "free_port")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    FREE_PORT_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    cards: _containers.RepeatedScalarFieldContainer[int]
+    env: _containers.ScalarMap[str, str]
+    free_port: int
+    def __init__(self, lease_id: _Optional[str] = ..., cards: _Optional[_Iterable[int]] = ..., env: _Optional[_Mapping[str, str]] = ..., free_port: _Optional[int] = ...) -> None: ...
+
+class AbortRequest(_message.Message):
+    __slots__ = ("job", "attempt")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    attempt: int
+    def __init__(self, job: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class AbortReply(_message.Message):
+    __slots__ = ("dropped",)
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    dropped: bool
+    def __init__(self, dropped: _Optional[bool] = ...) -> None: ...
+
+class LaunchSpec(_message.Message):
+    __slots__ = ("job", "rank", "argv", "env", "cwd", "uid", "gid", "user")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    rank: int
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    cwd: str
+    uid: int
+    gid: int
+    user: str
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., user: _Optional[str] = ...) -> None: ...
+
+class LaunchInput(_message.Message):
+    __slots__ = ("start", "stdin", "stdin_eof", "signal")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STDIN_FIELD_NUMBER: _ClassVar[int]
+    STDIN_EOF_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    start: LaunchSpec
+    stdin: bytes
+    stdin_eof: bool
+    signal: int
+    def __init__(self, start: _Optional[_Union[LaunchSpec, _Mapping]] = ..., stdin: _Optional[bytes] = ..., stdin_eof: _Optional[bool] = ..., signal: _Optional[int] = ...) -> None: ...
+
+class LaunchStarted(_message.Message):
+    __slots__ = ("pid",)
+    PID_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    def __init__(self, pid: _Optional[int] = ...) -> None: ...
+
+class LaunchEvent(_message.Message):
+    __slots__ = ("started", "output", "ended")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    started: LaunchStarted
+    output: RankOutput
+    ended: RankEnded
+    def __init__(self, started: _Optional[_Union[LaunchStarted, _Mapping]] = ..., output: _Optional[_Union[RankOutput, _Mapping]] = ..., ended: _Optional[_Union[RankEnded, _Mapping]] = ...) -> None: ...

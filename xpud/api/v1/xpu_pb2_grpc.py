@@ -84,6 +84,16 @@ class NodeStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.WatchRequest.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.WatchUpdate.FromString,
                 _registered_method=True)
+        self.GetCluster = channel.unary_unary(
+                '/xpud.v1.Node/GetCluster',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ClusterRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ClusterReply.FromString,
+                _registered_method=True)
+        self.RunJob = channel.stream_stream(
+                '/xpud.v1.Node/RunJob',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobInput.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobEvent.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -154,6 +164,23 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCluster(self, request, context):
+        """The cluster as this host's daemon sees it through federation (`enabled` false without `[cluster]`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RunJob(self, request_iterator, context):
+        """A job across hosts (`xpu run --nodes N` / `--replicas R --spread`): the daemon places it on hosts
+        from its cluster view, reserves and commits on each, starts one rank per host and streams their
+        output and ends. The first message is `start`; then stdin bytes and signals for the job. The job
+        is stopped on every host, and every lease released, when this stream ends however it ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -206,6 +233,16 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.WatchRequest.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.WatchUpdate.SerializeToString,
+            ),
+            'GetCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCluster,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ClusterRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ClusterReply.SerializeToString,
+            ),
+            'RunJob': grpc.stream_stream_rpc_method_handler(
+                    servicer.RunJob,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobInput.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -478,6 +515,323 @@ class Node:
             '/xpud.v1.Node/Watch',
             xpud_dot_api_dot_v1_dot_xpu__pb2.WatchRequest.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.WatchUpdate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/GetCluster',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ClusterRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ClusterReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunJob(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/xpud.v1.Node/RunJob',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.JobInput.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.JobEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class PeerStub:
+    """Between the daemons of one cluster, over TCP with mutual TLS: both ends show a certificate from the
+    site's CA (`xpu certs`), and the caller is the host its certificate names. Off unless `[cluster]` is
+    configured. Each host stays the only authority over its own cards.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Swim = channel.unary_unary(
+                '/xpud.v1.Peer/Swim',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SwimMessage.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SwimReply.FromString,
+                _registered_method=True)
+        self.Reserve = channel.unary_unary(
+                '/xpud.v1.Peer/Reserve',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReserveReply.FromString,
+                _registered_method=True)
+        self.Commit = channel.unary_unary(
+                '/xpud.v1.Peer/Commit',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CommitRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CommitReply.FromString,
+                _registered_method=True)
+        self.Abort = channel.unary_unary(
+                '/xpud.v1.Peer/Abort',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AbortRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AbortReply.FromString,
+                _registered_method=True)
+        self.Launch = channel.stream_stream(
+                '/xpud.v1.Peer/Launch',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.FromString,
+                _registered_method=True)
+
+
+class PeerServicer:
+    """Between the daemons of one cluster, over TCP with mutual TLS: both ends show a certificate from the
+    site's CA (`xpu certs`), and the caller is the host its certificate names. Off unless `[cluster]` is
+    configured. Each host stays the only authority over its own cards.
+    """
+
+    def Swim(self, request, context):
+        """Membership and failure detection (SWIM, `xpud/federation/membership.py`): one protocol message.
+        The receiver's answers (acks, relayed pings, push-pull replies) go back as calls of their own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reserve(self, request, context):
+        """Two-phase reservation of this host's cards for a multi-host job. Idempotent per job + attempt; a
+        reservation not committed within its TTL expires here with no help from anyone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Commit(self, request, context):
+        """Turns a held reservation into the job's lease on this host; refused after the TTL.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Abort(self, request, context):
+        """Drops the job here at whatever stage: a held reservation is aborted, a committed lease released
+        (its rank, if running, is killed first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Launch(self, request_iterator, context):
+        """Starts one rank of a committed job on this host as the submitter's uid/gid; the first message is
+        `start`, then stdin and signals. Output and the rank's end come back on the stream. When the stream
+        breaks (the coordinator died or gave up) the rank's process group is killed and its lease released.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_PeerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Swim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Swim,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SwimMessage.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SwimReply.SerializeToString,
+            ),
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReserveRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReserveReply.SerializeToString,
+            ),
+            'Commit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Commit,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CommitRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CommitReply.SerializeToString,
+            ),
+            'Abort': grpc.unary_unary_rpc_method_handler(
+                    servicer.Abort,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AbortRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AbortReply.SerializeToString,
+            ),
+            'Launch': grpc.stream_stream_rpc_method_handler(
+                    servicer.Launch,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'xpud.v1.Peer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('xpud.v1.Peer', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Peer:
+    """Between the daemons of one cluster, over TCP with mutual TLS: both ends show a certificate from the
+    site's CA (`xpu certs`), and the caller is the host its certificate names. Off unless `[cluster]` is
+    configured. Each host stays the only authority over its own cards.
+    """
+
+    @staticmethod
+    def Swim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/Swim',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.SwimMessage.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.SwimReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/Reserve',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ReserveRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ReserveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Commit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/Commit',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.CommitRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.CommitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Abort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/Abort',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.AbortRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.AbortReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Launch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/xpud.v1.Peer/Launch',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.FromString,
             options,
             channel_credentials,
             insecure,
