@@ -27,6 +27,7 @@ from xpud.auth import CredentialIssuer
 from xpud.defrag import Defragmenter
 from xpud.engine import Engine
 from xpud.errors import XpudError
+from xpud.federation.hostjobs import HostJobs
 from xpud.jobs import Jobs
 from xpud.ledger import Ledger, LedgerDamaged
 from xpud.monitor import HealthMonitor
@@ -116,6 +117,7 @@ class Daemon:
         self.jobs: Jobs | None = None
         self.monitor: HealthMonitor | None = None
         self.defrag: Defragmenter | None = None
+        self.hostjobs: HostJobs | None = None
         self.started = time.time()
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
@@ -158,6 +160,8 @@ class Daemon:
             self.hw.cards(), self.hw.topology(), self.cfg, self.ledger, isolation=self._isolation()
         )
         await self.engine.restore()
+        self.hostjobs = HostJobs(self)  # multi-host reservations: held ones outlive a restart
+        await self.hostjobs.restore()
         self.monitor = HealthMonitor(self.engine, self.hw, self.cfg)
         self.monitor.restore()  # cards that were out before a restart stay out until they clear
         self.defrag = Defragmenter(self.engine, self.cfg)
@@ -195,7 +199,12 @@ class Daemon:
         self._set_permissions()
         self.engine.serving()  # restored leases' holders can reconnect from now: their grace starts
         self.jobs = Jobs(
-            self.engine, self.hw, self.cfg.health.poll_interval_s, self.monitor, defrag=self.defrag
+            self.engine,
+            self.hw,
+            self.cfg.health.poll_interval_s,
+            self.monitor,
+            defrag=self.defrag,
+            hostjobs=self.hostjobs,
         )
         self.jobs.start()
         self.monitor.start()

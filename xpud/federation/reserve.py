@@ -73,6 +73,13 @@ class Reservations:
     def get(self, job: str) -> Reservation | None:
         return self._by_job.get(job)
 
+    def all(self) -> list[Reservation]:
+        return list(self._by_job.values())
+
+    def put(self, r: Reservation) -> None:
+        """Set a job's entry as it is elsewhere (restored from a ledger, or undone after a failed write)."""
+        self._by_job[r.job] = r
+
     def active(self) -> list[Reservation]:
         return [r for r in self._by_job.values() if r.state is ResState.HELD]
 
