@@ -184,6 +184,7 @@ class Daemon:
                 "config_path": self.cfg.path,
             },
         )
+        ctx.extras["daemon"] = self  # Node.RunJob coordinates multi-host jobs through it
         self.context = ctx
         self.cred_server = await issuer.serve(str(self.cred_socket))
         user = aio.server(options=SERVER_OPTIONS)

@@ -47,6 +47,8 @@ def add_to_server(servicer: Any, server: aio.Server) -> None:
     for m in service.methods:
         streams = m.server_streaming
         kind = grpc.unary_stream_rpc_method_handler if streams else grpc.unary_unary_rpc_method_handler
+        if m.client_streaming:
+            kind = grpc.stream_stream_rpc_method_handler
         handlers[m.name] = kind(
             getattr(servicer, m.name),
             request_deserializer=validate.tolerant(getattr(pb, m.input_type.name)),
@@ -81,6 +83,34 @@ def streaming(fn: Callable) -> Callable:
         try:
             validate.check(request)
             async for item in fn(self, request, context):
+                yield item
+        except aio.AbortError:
+            raise
+        except XpudError as e:
+            await context.abort(_status(e), _detail(e))
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the daemon log"
+            )
+
+    return wrapper
+
+
+def bidi(fn: Callable) -> Callable:
+    """``streaming`` for a call whose requests stream too: each request is checked as it arrives."""
+
+    @functools.wraps(fn)
+    async def wrapper(self, request_iterator, context):
+        async def checked():
+            async for m in request_iterator:
+                validate.check(m)
+                yield m
+
+        try:
+            async for item in fn(self, checked(), context):
                 yield item
         except aio.AbortError:
             raise
@@ -347,6 +377,21 @@ class NodeService(pbg.NodeServicer):
                         events.append(convert.event_pb(ev))
         finally:
             e.unwatch(q)
+
+
+    @bidi
+    async def RunJob(self, request_iterator, context):
+        from xpud.federation.jobrun import JobRun
+
+        caller = self.ctx.caller(context)
+        first = await anext(request_iterator, None)
+        if first is None or first.WhichOneof("what") != "start":
+            raise BadRequest("RunJob: the first message must be start (a JobSpec)")
+        daemon = self.ctx.extras.get("daemon")
+        if daemon is None or getattr(daemon, "hostjobs", None) is None:
+            raise Conflict("this daemon runs no multi-host jobs")
+        async for ev in JobRun(daemon, first.start, caller).events(request_iterator):
+            yield ev
 
 
 def raise_not_found(lease_id: str):

@@ -29,9 +29,10 @@ import asyncio
 import contextlib
 import logging
 import pwd
+import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from xpud.api.v1 import xpu_pb2 as pb
@@ -42,6 +43,7 @@ from xpud.model import Lease, LeaseState, Mode, Request
 
 log = logging.getLogger("xpud.hostjobs")
 
+KILL_WAIT_S = 10.0  # how long an abort waits for a killed rank to be reaped
 KEEP_ENDED_S = 600.0  # ended reservations are remembered this long (a retried message gets its answer)
 
 Kill = Callable[[], Awaitable[None]]
@@ -74,6 +76,8 @@ class HostJobs:
         self.table = Reservations()
         self.jobs: dict[str, _Job] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.coordinating: list = []  # jobrun.JobRun waiting for room, in order (their queue positions)
 
     @property
     def engine(self):
@@ -277,6 +281,74 @@ class HostJobs:
         if j is not None:
             j.kill = None
         await self.drop(job, None, reason)
+
+    async def launch(
+        self, requests: AsyncIterator[pb.LaunchInput], peer: str | None = None, context=None
+    ) -> AsyncIterator[pb.LaunchEvent]:
+        """``Peer.Launch``: run the rank of a job committed here (``rankproc.run_rank``) and release the
+        job's lease here when it is gone. An abort kills it first (SIGKILL to its group)."""
+        from xpud.federation import rankproc
+
+        first = await anext(aiter(requests), None)
+        if first is None or first.WhichOneof("what") != "start":
+            raise BadRequest("Launch: the first message must be start (a LaunchSpec)")
+        spec = first.start
+        lease = self.lease_of(spec.job)
+        if lease is not None and spec.uid != lease.owner_uid:
+            raise Forbidden(f"job {spec.job}: uid {spec.uid} does not own its lease on host {self.name}")
+        inputs: asyncio.Queue = asyncio.Queue()
+        gone = asyncio.get_running_loop().create_future()
+
+        async def kill() -> None:
+            inputs.put_nowait(pb.LaunchInput(signal=signal.SIGKILL))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(gone), KILL_WAIT_S)
+
+        self.launching(spec.job, kill)  # raises unless the job is committed here
+
+        async def pump() -> None:
+            try:
+                async for m in requests:
+                    inputs.put_nowait(m)
+                inputs.put_nowait(pb.LaunchInput(stdin_eof=True))  # a clean end closes stdin only
+            except Exception as e:  # the stream broke: the rank is stopped
+                inputs.put_nowait(e)
+
+        async def merged() -> AsyncIterator[pb.LaunchInput]:
+            feeder = asyncio.ensure_future(pump())
+            try:
+                while True:
+                    item = await inputs.get()
+                    if isinstance(item, Exception):
+                        raise item
+                    yield item
+            finally:
+                feeder.cancel()
+
+        def on_end(ended: pb.RankEnded):
+            if not gone.done():
+                gone.set_result(ended)
+            why = ended.error or f"its rank ended (exit {ended.exit_code})"
+            return self.launch_ended(spec.job, why)
+
+        cluster = getattr(self.daemon.cfg, "cluster", None)
+        allowed = not peer or peer == self.name or cluster is None or cluster.remote_launch
+        try:
+            async for ev in rankproc.run_rank(spec, merged(), on_end, remote_launch=allowed):
+                yield ev
+        finally:
+            if not gone.done():  # it never started, or the caller left: release once it is gone
+                self._spawn_release(spec.job, gone)
+
+    def _spawn_release(self, job: str, gone: asyncio.Future) -> None:
+        async def release() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(gone), KILL_WAIT_S * 2)
+            await self.launch_ended(job, "its Launch stream ended")
+
+        task = asyncio.ensure_future(release())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def lease_of(self, job: str) -> Lease | None:
         j = self.jobs.get(job)
