@@ -56,7 +56,7 @@ def text(events, fd=1):
 
 def test_a_one_host_job_runs_with_the_torchrun_environment_and_its_exit_code(inproc):
     d = inproc(MACHINE)
-    script = 'echo "$RANK/$WORLD_SIZE $NODE_RANK $MASTER_ADDR:$MASTER_PORT $CUDA_VISIBLE_DEVICES $KEEP"; exit 3'
+    script = "echo $RANK/$WORLD_SIZE $NODE_RANK $MASTER_ADDR:$MASTER_PORT $CUDA_VISIBLE_DEVICES $KEEP; exit 3"
     _, call = run_job(d.runtime_dir, spec(["sh", "-c", script]))
     events = collect(call)
     kinds = [e.WhichOneof("what") for e in events]
@@ -98,7 +98,7 @@ def test_the_client_going_away_stops_the_rank_and_releases_the_lease(inproc, tmp
     d = inproc(MACHINE)
     pidfile = tmp_path / "pid"
     hold = threading.Event()
-    c, call = run_job(d.runtime_dir, spec(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"]), hold=hold)
+    _, call = run_job(d.runtime_dir, spec(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"]), hold=hold)
     it = iter(call)
     assert next(it).HasField("placed")
     wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10)

@@ -378,7 +378,6 @@ class NodeService(pbg.NodeServicer):
         finally:
             e.unwatch(q)
 
-
     @bidi
     async def RunJob(self, request_iterator, context):
         from xpud.federation.jobrun import JobRun
