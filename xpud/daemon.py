@@ -116,6 +116,7 @@ class Daemon:
         self.jobs: Jobs | None = None
         self.monitor: HealthMonitor | None = None
         self.defrag: Defragmenter | None = None
+        self.federation = None  # xpud.federation.node.Federation when [cluster] listen is set
         self.started = time.time()
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
@@ -157,6 +158,14 @@ class Daemon:
         self.engine = Engine(
             self.hw.cards(), self.hw.topology(), self.cfg, self.ledger, isolation=self._isolation()
         )
+        if self.cfg.cluster.enabled:  # the certificate files are checked before anything serves
+            from xpud.federation.certs import CertError
+            from xpud.federation.node import Federation
+
+            try:
+                self.federation = Federation(self.cfg.cluster, self.engine, daemon=self)
+            except CertError as e:
+                raise StartupError(str(e)) from None
         await self.engine.restore()
         self.monitor = HealthMonitor(self.engine, self.hw, self.cfg)
         self.monitor.restore()  # cards that were out before a restart stay out until they clear
@@ -169,6 +178,7 @@ class Daemon:
             fake=self.fake,
             health=self.monitor,
             defrag=self.defrag,
+            federation=self.federation,
             info={
                 "version": __version__,
                 "hostname": socket.gethostname(),
@@ -199,6 +209,11 @@ class Daemon:
         )
         self.jobs.start()
         self.monitor.start()
+        if self.federation is not None:
+            try:
+                await self.federation.start()
+            except OSError as e:
+                raise StartupError(str(e)) from None
         log.info(
             "xpud %s serving %d card(s) (%s) on %s",
             __version__,
@@ -221,6 +236,8 @@ class Daemon:
         in progress return, the event thread ends (it frees its own event set), then NVML shuts down
         (``Nvml.close`` also waits for any other call, and nothing re-opens it afterwards)."""
         sd_notify("STOPPING=1")
+        if self.federation is not None:
+            await self.federation.stop()  # peers hear "left" at once, not "dead" after dead_after_s
         if self.jobs:
             self.jobs.stop()
         for s in self.servers:
