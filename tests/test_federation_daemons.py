@@ -266,3 +266,23 @@ def test_without_cluster_the_daemon_has_no_peer_traffic(daemon):
     assert r.returncode == 1 and "federation is off" in r.stderr
     with daemon.client() as c:
         assert not c.cluster().enabled
+
+
+def test_doctor_reaches_the_peers_and_measures_the_clock_skew(site):
+    h1 = make_host(site, 1, [])
+    try:
+        h2 = make_host(site, 2, [h1.addr, f"127.0.0.3:{free_port('127.0.0.3')}"], start=False)
+        run_dir = str(h2.daemon.runtime_dir)
+        cmd = [str(BIN / "xpud"), "--config", str(h2.daemon.config), "--runtime-dir", run_dir,
+               "doctor", "--simulate", "workstation-2x", "--json"]  # fmt: skip
+        r = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=60, env=xpu_env(h2.daemon.runtime_dir)
+        )
+        checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+        assert checks["peer certificate"]["status"] == "ok"
+        assert checks["peers"]["status"] == "warn"  # the second seed runs no daemon
+        assert checks["peers"]["message"].startswith("1 of 2 peer(s) answered")
+        assert checks["clock skew"]["status"] == "ok", checks["clock skew"]  # one host, one clock
+        assert f"against {h1.addr}" in checks["clock skew"]["message"]
+    finally:
+        h1.daemon.kill(signal.SIGTERM)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, Forbidden, Unauthenticated, XpudError
 from xpud.federation import certs, transport
+from xpud.federation.probe import TIME_KEY
 from xpud.service import _detail, _status, unary
 
 log = logging.getLogger("xpud.federation")
@@ -93,6 +95,7 @@ class PeerService(pbg.PeerServicer):
                 "a host speaks only for itself"
             )
         self.federation.receive(msg)
+        context.set_trailing_metadata(((TIME_KEY, repr(time.time())),))  # for `xpud doctor`'s skew check
         return pb.SwimReply()
 
     Reserve = _forwarded("reserve")
