@@ -118,6 +118,7 @@ class Daemon:
         self.monitor: HealthMonitor | None = None
         self.defrag: Defragmenter | None = None
         self.hostjobs: HostJobs | None = None
+        self.federation = None  # xpud.federation.node.Federation when [cluster] listen is set
         self.started = time.time()
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
@@ -159,6 +160,14 @@ class Daemon:
         self.engine = Engine(
             self.hw.cards(), self.hw.topology(), self.cfg, self.ledger, isolation=self._isolation()
         )
+        if self.cfg.cluster.enabled:  # the certificate files are checked before anything serves
+            from xpud.federation.certs import CertError
+            from xpud.federation.node import Federation
+
+            try:
+                self.federation = Federation(self.cfg.cluster, self.engine, daemon=self)
+            except CertError as e:
+                raise StartupError(str(e)) from None
         await self.engine.restore()
         self.hostjobs = HostJobs(self)  # multi-host reservations: held ones outlive a restart
         await self.hostjobs.restore()
@@ -173,6 +182,7 @@ class Daemon:
             fake=self.fake,
             health=self.monitor,
             defrag=self.defrag,
+            federation=self.federation,
             info={
                 "version": __version__,
                 "hostname": socket.gethostname(),
@@ -209,6 +219,11 @@ class Daemon:
         )
         self.jobs.start()
         self.monitor.start()
+        if self.federation is not None:
+            try:
+                await self.federation.start()
+            except OSError as e:
+                raise StartupError(str(e)) from None
         log.info(
             "xpud %s serving %d card(s) (%s) on %s",
             __version__,
@@ -231,10 +246,15 @@ class Daemon:
         in progress return, the event thread ends (it frees its own event set), then NVML shuts down
         (``Nvml.close`` also waits for any other call, and nothing re-opens it afterwards)."""
         sd_notify("STOPPING=1")
+        if self.federation is not None:
+            await self.federation.stop()  # peers hear "left" at once, not "dead" after dead_after_s
         if self.jobs:
             self.jobs.stop()
         for s in self.servers:
             await s.stop(grace=0.5)
+        from xpud.federation import rankproc
+
+        await rankproc.stop_all()  # ranks of multi-host jobs started here: their groups are killed
         if self.cred_server:
             self.cred_server.close()
         for p in (self.user_socket, self.admin_socket, self.cred_socket):

@@ -38,17 +38,24 @@ def _detail(e: XpudError) -> str:
 
 
 def add_to_server(servicer: Any, server: aio.Server) -> None:
-    """Register ``servicer`` (a NodeService or AdminService) on ``server``, as the generated
+    """Register ``servicer`` (a Node, Admin or Peer servicer) on ``server``, as the generated
     ``add_*Servicer_to_server`` does, but with deserializers that let a corrupt message be refused with
     INVALID_ARGUMENT (``validate.tolerant``) instead of UNKNOWN and a traceback."""
-    name = "Admin" if isinstance(servicer, pbg.AdminServicer) else "Node"
+    if isinstance(servicer, pbg.AdminServicer):
+        name = "Admin"
+    elif isinstance(servicer, pbg.PeerServicer):
+        name = "Peer"
+    else:
+        name = "Node"
     service = pb.DESCRIPTOR.services_by_name[name]
     handlers = {}
     for m in service.methods:
-        streams = m.server_streaming
-        kind = grpc.unary_stream_rpc_method_handler if streams else grpc.unary_unary_rpc_method_handler
-        if m.client_streaming:
-            kind = grpc.stream_stream_rpc_method_handler
+        kind = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(m.client_streaming, m.server_streaming)]
         handlers[m.name] = kind(
             getattr(servicer, m.name),
             request_deserializer=validate.tolerant(getattr(pb, m.input_type.name)),
@@ -137,6 +144,7 @@ class Context:
     fake: Any = None  # the simulated NVML (fault injection is refused without it)
     health: Any = None  # the health monitor, when running
     defrag: Any = None  # xpud.defrag.Defragmenter
+    federation: Any = None  # xpud.federation.node.Federation, when [cluster] is configured
     extras: dict[str, Any] = field(default_factory=dict)
 
     def caller(self, context: aio.ServicerContext) -> Caller:
@@ -391,6 +399,18 @@ class NodeService(pbg.NodeServicer):
             raise Conflict("this daemon runs no multi-host jobs")
         async for ev in JobRun(daemon, first.start, caller).events(request_iterator):
             yield ev
+
+    @unary
+    async def GetCluster(self, request, context):
+        self.ctx.caller(context)
+        fed = self.ctx.federation
+        if fed is None:
+            return pb.ClusterReply(enabled=False)
+        return pb.ClusterReply(
+            enabled=True,
+            name=fed.name,
+            hosts=[convert.cluster_host_pb(h, h.name == fed.name) for h in fed.members()],
+        )
 
 
 def raise_not_found(lease_id: str):
