@@ -142,3 +142,44 @@ def test_a_queued_job_runs_when_the_cards_free(inproc):
     assert any(e.HasField("placed") for e in events) and text(events) == "ran\n"
     assert events[-1].ended.exit_code == 0
     list(it)
+
+
+HEALTH = """
+[leases]
+grace_s = 30.0
+[health]
+poll_interval_s = 0.2
+event_window_s = 0.5
+move_ack_timeout_s = 10.0
+"""
+
+
+def test_a_failed_card_under_a_restartable_job_restarts_the_whole_job_on_healthy_cards(inproc):
+    d = inproc(MACHINE, HEALTH)
+    hold = threading.Event()
+    script = 'echo "start $XPU_RESTART_COUNT $CUDA_VISIBLE_DEVICES"; exec sleep 60'
+    _, call = run_job(d.runtime_dir, spec(["sh", "-c", script], restartable=True), hold=hold)
+    it = iter(call)
+    first = next(it).placed
+    assert next(it).output.data.startswith(b"start 0 ")
+    bad = first.ranks[0].cards[0]
+    bad_uuid = d.engine.cards[bad].info.uuid
+    with Client(d.runtime_dir, admin=True) as admin:
+        admin.inject_fault(str(bad), "xid", 79)
+    events = []
+    for ev in it:
+        events.append(ev)
+        if ev.HasField("output"):
+            break
+    kinds = [e.WhichOneof("what") for e in events]
+    assert kinds == ["rank_ended", "placed", "output"], events
+    assert events[0].rank_ended.error.startswith("restart: ") and "unhealthy" in events[0].rank_ended.error
+    again = events[1].placed
+    assert bad not in again.ranks[0].cards and again.job == first.job and again.attempts > first.attempts
+    line = events[2].output.data.decode().split()
+    assert line[0:2] == ["start", "1"] and bad_uuid not in line[2] and line[2].count("GPU-") == 2
+    # only the new placement is held now
+    assert [tuple(lz.cards) for lz in d.engine.leases.values()] == [tuple(again.ranks[0].cards)]
+    call.cancel()
+    hold.set()
+    wait_until(lambda: not d.engine.leases, timeout=15)

@@ -43,6 +43,7 @@ from xpud.model import Lease, LeaseState, Mode, Request
 
 log = logging.getLogger("xpud.hostjobs")
 
+RESTART = "restart: "  # RankEnded.error of a rank stopped because a card under it failed (item: moves)
 KILL_WAIT_S = 10.0  # how long an abort waits for a killed rank to be reaped
 KEEP_ENDED_S = 600.0  # ended reservations are remembered this long (a retried message gets its answer)
 
@@ -77,6 +78,7 @@ class HostJobs:
         self.jobs: dict[str, _Job] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task] = set()
+        self.restarting: dict[str, str] = {}  # job -> why its rank here was stopped for a restart
         self.coordinating: list = []  # jobrun.JobRun waiting for room, in order (their queue positions)
 
     @property
@@ -181,6 +183,7 @@ class HostJobs:
             except BaseException:
                 await self.engine.reclaim(lease.id, f"job {req.job}: recording its reservation failed")
                 raise
+            self.restarting.pop(req.job, None)  # a new attempt: whatever stopped the last one is over
             res = self.table.reserve(
                 req.job, req.attempt, rec.coordinator, lease.cards, req.ttl_s, now, set(lease.cards)
             )
@@ -335,6 +338,8 @@ class HostJobs:
         allowed = not peer or peer == self.name or cluster is None or cluster.remote_launch
         try:
             async for ev in rankproc.run_rank(spec, merged(), on_end, remote_launch=allowed):
+                if ev.HasField("ended") and spec.job in self.restarting:
+                    ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
                 yield ev
         finally:
             if not gone.done():  # it never started, or the caller left: release once it is gone
@@ -369,6 +374,7 @@ class HostJobs:
         for job in list(self.jobs):
             if self.table.get(job) is None:
                 del self.jobs[job]
+                self.restarting.pop(job, None)
         for job in list(self._locks):
             if self.table.get(job) is None and not self._locks[job].locked():
                 del self._locks[job]
@@ -396,12 +402,19 @@ class HostJobs:
         j.watcher = asyncio.ensure_future(self._watch(job, lease_id, q))
 
     async def _watch(self, job: str, lease_id: str, q: asyncio.Queue) -> None:
-        """The lease ended by someone else (an operator's evict, a reclaim): the job ends here with it."""
+        """The lease ended by someone else (an operator's evict, a reclaim): the job ends here with it. A
+        move (a card under a restartable job went unhealthy) ends it here too: a gang cannot move one rank,
+        so the rank ends with ``RESTART`` in its error and the coordinator restarts the whole job."""
         try:
             while True:
                 ev = await q.get()
                 if ev.kind == "released":
                     break
+                if ev.kind == "move" and job not in self.restarting:
+                    self.restarting[job] = ev.message
+                    task = asyncio.ensure_future(self.drop(job, None, f"{ev.message}; the job restarts"))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
         finally:
             self.engine.hold_closed(lease_id, q)
         r = self.table.get(job)

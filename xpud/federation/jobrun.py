@@ -38,6 +38,7 @@ from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, NoCapacity, XpudError
 from xpud.federation import launch, reserve
+from xpud.federation.hostjobs import RESTART
 from xpud.model import Caller, Mode
 from xpud.placement import multihost
 
@@ -48,6 +49,7 @@ STEP_TIMEOUT_S = 5.0  # one Reserve/Commit/Abort call
 MAX_ATTEMPTS = 3  # sets of hosts tried per placement round
 RETRY_S = 1.0  # a queued job looks at the cluster again this often
 STOP_GRACE_S = 5.0  # after SIGTERM to the other ranks, their Launch calls are cancelled
+MAX_RESTARTS = 10  # restarts of a --restartable job after a card under one of its ranks failed
 
 
 @dataclass
@@ -125,6 +127,7 @@ class JobRun:
         self.attempts = 0
         self.hosts: dict[str, tuple[int, ...]] = {}
         self.ranks: list[_Rank] = []
+        self.restarts = 0
 
     # ------------------------------------------------------------------------------ checks
     async def check(self) -> None:
@@ -266,37 +269,56 @@ class JobRun:
     # ------------------------------------------------------------------------------ the job
     async def events(self, inputs: AsyncIterator[pb.JobInput]) -> AsyncIterator[pb.JobEvent]:
         await self.check()
-        out: asyncio.Queue = asyncio.Queue()
-        feeder = None
+        feeder = stopping = None
         try:
-            async for ev in self.place():
-                yield ev
-            self._start_ranks(out)
-            feeder = asyncio.ensure_future(self._feed(inputs))
-            ended: list[tuple[int, int]] = []
-            stopping = None
-            while len(ended) < len(self.ranks):
-                rank, ev = await out.get()
-                if ev is None:  # its stream ended without a RankEnded: the host is gone
-                    why = f"host {rank.host}: the rank was lost"
-                    ev = pb.RankEnded(rank=rank.rank, exit_code=255, error=why)
-                if isinstance(ev, pb.RankEnded):
+            while True:
+                async for ev in self.place():
+                    yield ev
+                out: asyncio.Queue = asyncio.Queue()
+                self._start_ranks(out)
+                if feeder is None:
+                    feeder = asyncio.ensure_future(self._feed(inputs))
+                ended: list[tuple[int, int]] = []
+                restart = ""
+                while len(ended) < len(self.ranks) and not restart:
+                    rank, ev = await out.get()
+                    if ev is None:  # its stream ended without a RankEnded: the host is gone
+                        why = f"host {rank.host}: the rank was lost"
+                        ev = pb.RankEnded(rank=rank.rank, exit_code=255, error=why)
+                    if not isinstance(ev, pb.RankEnded):
+                        yield pb.JobEvent(output=ev)
+                        continue
                     if rank.ended:
                         continue
                     rank.ended = True
-                    ended.append((rank.rank, ev.exit_code if not ev.error else (ev.exit_code or 255)))
                     yield pb.JobEvent(rank_ended=ev)
+                    again = self.spec.restartable and self.restarts < MAX_RESTARTS
+                    if again and ev.error.startswith(RESTART):
+                        restart = f"rank {rank.rank} on {rank.host}: {ev.error.removeprefix(RESTART)}"
+                        continue
+                    ended.append((rank.rank, ev.exit_code if not ev.error else (ev.exit_code or 255)))
                     if ended[-1][1] and self.spec.kill_on_bad_exit and stopping is None:
                         stopping = asyncio.ensure_future(self._stop_others())
-                    continue
-                yield pb.JobEvent(output=ev)
+                if not restart:
+                    break
+                # a card under one rank failed: the whole job starts again on a healthy set of hosts
+                self.restarts += 1
+                log.info("job %s: restart %d: %s", self.job, self.restarts, restart)
+                if stopping is not None:
+                    stopping.cancel()
+                    stopping = None
+                await asyncio.shield(asyncio.ensure_future(self._cleanup()))
+                self.ranks, self.hosts, self.commits = [], {}, {}
             code = launch.first_failure(ended)
             failed = next((r for r, c in ended if c), None)
             reason = "all ranks exited 0" if failed is None else f"rank {failed} exited {code}"
+            if self.restarts:
+                reason += f" (after {self.restarts} restart(s))"
             yield pb.JobEvent(ended=pb.JobEnded(exit_code=code, reason=reason))
         finally:
-            if feeder is not None:
-                feeder.cancel()
+            for t in (feeder, stopping):
+                if t is not None:
+                    t.cancel()
             # however it ends: stop every rank and release every host (a task of its own, so the
             # caller's cancellation does not cut the clean-up short)
             cleanup = asyncio.ensure_future(self._cleanup())
@@ -310,7 +332,7 @@ class JobRun:
             self.job,
             names,
             rank0.free_port,
-            {h: dict(c.env) for h, c in self.commits.items()},
+            {h: {**c.env, "XPU_RESTART_COUNT": str(self.restarts)} for h, c in self.commits.items()},
             dict(self.spec.env),
         )
         for r, spec_env in zip(self.ranks, envs, strict=True):
