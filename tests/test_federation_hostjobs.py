@@ -182,3 +182,14 @@ def test_an_evicted_job_lease_ends_the_reservation(inproc):
     wait_until(lambda: rows(d, "j1")[0]["state"] == "aborted", timeout=5)
     with pytest.raises(Conflict):
         d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))
+
+
+def test_remote_launch_off_refuses_other_hosts_but_not_this_ones_own_jobs(inproc):
+    d = inproc(MACHINE, '[cluster]\nname = "h1"\nremote_launch = false\n')
+    hj = d.daemon.hostjobs
+    with pytest.raises(
+        Forbidden, match=r"host h1 takes no jobs from other hosts \(\[cluster\] remote_launch"
+    ):
+        d.call(hj.reserve, res(), "h2")
+    assert not d.engine.leases
+    assert len(d.call(hj.reserve, res(), None).cards) == 2  # coordinated here: not remote

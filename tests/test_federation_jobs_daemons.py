@@ -176,3 +176,45 @@ def test_killing_the_coordinator_mid_job_stops_the_remote_ranks_and_frees_cards(
         wait_until(lambda pid=pid: dead(pid), timeout=20)
     for h in (h2, h3):
         wait_until(lambda h=h: not leases(h) and live_reservations(h) == 0, timeout=20)
+
+
+def test_a_signal_stops_both_ranks_and_replicas_spread_over_distinct_hosts(cluster):
+    hold = threading.Event()
+    c = cluster[0].daemon.client()
+
+    def inputs():
+        yield pb.JobInput(start=job(["sh", "-c", "echo up; exec sleep 60"]))
+        while not hold.wait(0.05):
+            if started.is_set():
+                yield pb.JobInput(signal=signal.SIGINT)  # Ctrl-C
+                break
+        hold.wait(60)
+
+    started = threading.Event()
+    call = c.node.RunJob(inputs(), metadata=c._metadata(), timeout=60)
+    events, ups = [], 0
+    t0 = time.monotonic()
+    for ev in call:
+        events.append(ev)
+        if ev.HasField("output"):
+            ups += 1
+            if ups == 2:
+                started.set()
+                t0 = time.monotonic()
+    hold.set()
+    ended = [e.rank_ended for e in events if e.HasField("rank_ended")]
+    assert sorted(e.rank for e in ended) == [0, 1] and all(e.exit_code == 130 for e in ended), ended
+    assert events[-1].ended.exit_code == 130 and time.monotonic() - t0 < 10
+    for h in cluster:
+        wait_until(lambda h=h: not leases(h), timeout=10)
+    # three slice replicas, one per host
+    s = pb.JobSpec(
+        mode="vxpu-half", replicas=3, spread=True, argv=["sh", "-c", "echo $XPU_MODE"], cwd="/", env={}
+    )
+    hold2 = threading.Event()
+    events = list(start_job(cluster[1], s, hold2))
+    hold2.set()
+    placed = events[0].placed
+    assert sorted(r.host for r in placed.ranks) == ["h1", "h2", "h3"]
+    assert [e.output.data for e in events if e.HasField("output")] == [b"vxpu-half\n"] * 3
+    assert events[-1].ended.exit_code == 0
