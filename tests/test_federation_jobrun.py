@@ -50,6 +50,14 @@ def collect(call, where="d"):
     return out
 
 
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def text(events, fd=1):
     return b"".join(e.output.data for e in events if e.HasField("output") and e.output.fd == fd).decode()
 
@@ -108,14 +116,7 @@ def test_the_client_going_away_stops_the_rank_and_releases_the_lease(inproc, tmp
     hold.set()
     wait_until(lambda: not d.engine.leases, timeout=15)
 
-    def gone():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return open(f"/proc/{pid}/stat").read().split()[2] == "Z"
-
-    wait_until(gone, timeout=10)
+    wait_until(lambda: gone(pid), timeout=10)
 
 
 def test_bad_specs_are_refused_with_one_line_and_no_room_says_why(inproc):
@@ -183,3 +184,23 @@ def test_a_failed_card_under_a_restartable_job_restarts_the_whole_job_on_healthy
     call.cancel()
     hold.set()
     wait_until(lambda: not d.engine.leases, timeout=15)
+
+
+def test_a_daemon_killed_under_a_running_rank_stops_it_and_frees_the_cards_when_it_restarts(
+    daemon_factory, tmp_path
+):
+    d = daemon_factory(MACHINE)
+    pidfile = tmp_path / "pid"
+    hold = threading.Event()
+    _, call = run_job(d.runtime_dir, spec(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"]), hold=hold)
+    it = iter(call)
+    assert next(it).HasField("placed")
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10)
+    pid = int(pidfile.read_text())
+    d.kill(signal.SIGKILL)
+    hold.set()
+    os.kill(pid, 0)  # the rank outlived its daemon
+    d.start()
+    wait_until(lambda: gone(pid))
+    with d.client() as c:
+        wait_until(lambda: not c.leases().leases, timeout=5)

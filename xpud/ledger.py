@@ -124,7 +124,8 @@ MIGRATIONS: list[str] = [
         created REAL NOT NULL,
         expires REAL NOT NULL,
         state TEXT NOT NULL,          -- held, committed, aborted, expired, released
-        ended REAL
+        ended REAL,
+        rank_pid INTEGER NOT NULL DEFAULT 0  -- the rank started here (its own session), 0 before
     );
     CREATE INDEX reservations_by_state ON reservations(state);
     """,
@@ -169,6 +170,7 @@ class ReservationRecord:
     created: float
     expires: float
     state: str
+    rank_pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -529,6 +531,9 @@ class Ledger:
             attempt,
         )
 
+    def set_rank_pid_op(self, job: str, attempt: int, pid: int) -> Op:
+        return op("UPDATE reservations SET rank_pid=? WHERE job=? AND attempt=?", pid, job, attempt)
+
     def live_reservations(self) -> list[ReservationRecord]:
         """Held and committed reservations (restored at start)."""
         rows = self.db.execute(
@@ -545,6 +550,7 @@ class Ledger:
                 r["created"],
                 r["expires"],
                 r["state"],
+                r["rank_pid"],
             )
             for r in rows
         ]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import pwd
 import signal
 import socket
@@ -65,6 +66,17 @@ def free_port(host: str = "") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _kill_session(pid: int) -> None:
+    """SIGKILL the process group of a rank started before a restart, if it still runs: ranks lead a session
+    of their own (pid = session id), which another process reusing the pid would not."""
+    try:
+        if os.getsid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+            log.warning("killed the process group %d of a rank started before this daemon restarted", pid)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class HostJobs:
@@ -111,6 +123,9 @@ class HostJobs:
                 res = replace(res, state=ResState.COMMITTED)
             self.table.put(res)
             self._track(r.job, r.lease_id, r.ttl_s, launch_by=now + r.ttl_s)
+            if r.state == "committed" and r.rank_pid:  # launched before the restart: its stream is gone
+                _kill_session(r.rank_pid)
+                await self.drop(r.job, r.attempt, "its rank's daemon restarted; the rank was stopped")
         await self.expire()
 
     # ------------------------------------------------------------------------------ Peer handlers
@@ -338,6 +353,9 @@ class HostJobs:
         allowed = not peer or peer == self.name or cluster is None or cluster.remote_launch
         try:
             async for ev in rankproc.run_rank(spec, merged(), on_end, remote_launch=allowed):
+                r = self.table.get(spec.job)
+                if ev.HasField("started") and r is not None:  # a restarted daemon stops it (``restore``)
+                    self.ledger.submit(self.ledger.set_rank_pid_op(spec.job, r.attempt, ev.started.pid))
                 if ev.HasField("ended") and spec.job in self.restarting:
                     ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
                 yield ev
