@@ -222,8 +222,11 @@ def test_peers_without_the_sites_certificate_are_refused(site):
                 stub.Swim(_gossip("h3", "127.0.0.4:1", "ghost-im"), timeout=5)
             assert e.value.code() is grpc.StatusCode.PERMISSION_DENIED
             with pytest.raises(grpc.RpcError) as e:
-                stub.Reserve(pb.ReserveRequest(job="j1", mode="xpu", count=1, ttl_s=5), timeout=5)
-            assert e.value.code() is grpc.StatusCode.UNIMPLEMENTED  # no hostjobs in this daemon
+                stub.Reserve(
+                    pb.ReserveRequest(job="j1", mode="xpu", count=1, ttl_s=5, uid=3999999), timeout=5
+                )
+            assert e.value.code() is grpc.StatusCode.PERMISSION_DENIED  # reached HostJobs: no such uid
+            assert "uid 3999999 does not exist on host h1" in e.value.details()
             with pytest.raises(grpc.RpcError) as e:
                 stub.Swim(pb.SwimMessage(kind=1, src="h2", src_addr="x" * 301), timeout=5)
             assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # checked like local requests

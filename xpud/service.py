@@ -84,11 +84,17 @@ def unary(fn: Callable) -> Callable:
     return wrapper
 
 
-def streaming(fn: Callable) -> Callable:
+def streaming(fn: Callable, requests_stream: bool = False) -> Callable:
+    """A server-streaming method: the request is checked, errors become the call's status (as ``unary``
+    does). ``requests_stream``: the requests stream too (``bidi``), each checked as it arrives."""
+
     @functools.wraps(fn)
     async def wrapper(self, request, context):
         try:
-            validate.check(request)
+            if requests_stream:
+                request = _checked(request)
+            else:
+                validate.check(request)
             async for item in fn(self, request, context):
                 yield item
         except aio.AbortError:
@@ -107,31 +113,14 @@ def streaming(fn: Callable) -> Callable:
 
 
 def bidi(fn: Callable) -> Callable:
-    """``streaming`` for a call whose requests stream too: each request is checked as it arrives."""
+    """``streaming`` for a call whose requests stream too."""
+    return streaming(fn, requests_stream=True)
 
-    @functools.wraps(fn)
-    async def wrapper(self, request_iterator, context):
-        async def checked():
-            async for m in request_iterator:
-                validate.check(m)
-                yield m
 
-        try:
-            async for item in fn(self, checked(), context):
-                yield item
-        except aio.AbortError:
-            raise
-        except XpudError as e:
-            await context.abort(_status(e), _detail(e))
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception:
-            log.exception("%s failed", fn.__name__)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the daemon log"
-            )
-
-    return wrapper
+async def _checked(requests):
+    async for m in requests:
+        validate.check(m)  # raises BadRequest: the stream ends with INVALID_ARGUMENT
+        yield m
 
 
 @dataclass
