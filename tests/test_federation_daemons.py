@@ -10,6 +10,7 @@ import json
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,15 @@ def test_the_view_converges_with_every_hosts_summary(three):
     assert doc["hosts"] == 3 and doc["free_whole"] == 8
     domains = {d["domain"]: d["hosts"] for d in doc["zones"][0]["blocks"][0]["domains"]}
     assert domains == {"rack-1": ["h1", "h2"], "rack-2": ["h3"]}
+    # `xpu top`'s cluster tab (key 4) gets the same hosts from the daemon's federation.
+    from xpu_tui.source import FederationHosts
+
+    got, stop = [], threading.Event()
+    with three[0].daemon.client() as c:
+        FederationHosts(c, 0.1).run(lambda batch: (got.extend(batch), stop.set()), stop)
+    tiles = {h.name: h for h in got}
+    assert (tiles["h2"].cards, tiles["h2"].whole_free, tiles["h3"].domain) == (4, 4, "rack-2")
+    assert not any(h.error for h in got) and tiles["h2"].slices_free == by["h2"]["free_slices"]
 
 
 def test_a_lease_changes_the_summary_its_peers_see(three):
