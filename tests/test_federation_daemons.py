@@ -269,6 +269,12 @@ def test_bad_certificate_files_stop_the_daemon_with_one_line(site):
     assert "issued for host 'h1'" in _start_fails(h.daemon)
     h.daemon.config.write_text(good.replace("127.0.0.2:", "127.0.0.5:"))
     assert "does not name the listen address 127.0.0.5" in _start_fails(h.daemon)
+    h.daemon.config.write_text(good)
+    with socket.socket() as taken:
+        taken.bind((h.ip, h.port))
+        taken.listen()
+        assert "cannot listen there: the port is in use" in _start_fails(h.daemon)
+    assert not (h.daemon.runtime_dir / "xpud.sock").exists()  # the failed start cleaned up after itself
 
 
 def test_without_cluster_the_daemon_has_no_peer_traffic(daemon):

@@ -90,12 +90,14 @@ class Federation:
         )
         try:
             port = server.add_secure_port(self.addr, creds)
-        except RuntimeError as e:
-            port, why = 0, str(e)
-        else:
-            why = "the address is in use or not this host's"
+        except RuntimeError:  # grpc.aio raises where grpc returns 0
+            port = 0
         if not port:
-            raise OSError(f"[cluster] listen = {self.addr!r}: cannot listen there ({why})")
+            await server.stop(None)
+            raise OSError(
+                f"[cluster] listen = {self.addr!r}: cannot listen there: the port is in use, or the address "
+                "is not one of this host's"
+            )
         await server.start()
         self.server = server
         self.started = self.clock()
