@@ -85,10 +85,16 @@ def unary(fn: Callable) -> Callable:
 
 
 def streaming(fn: Callable) -> Callable:
+    """A server-streaming method; for a client stream too (``request`` an async iterator), each message is
+    checked as it arrives."""
+
     @functools.wraps(fn)
     async def wrapper(self, request, context):
         try:
-            validate.check(request)
+            if hasattr(request, "__aiter__"):
+                request = _checked(request)
+            else:
+                validate.check(request)
             async for item in fn(self, request, context):
                 yield item
         except aio.AbortError:
@@ -104,6 +110,12 @@ def streaming(fn: Callable) -> Callable:
             )
 
     return wrapper
+
+
+async def _checked(requests):
+    async for req in requests:
+        validate.check(req)  # raises BadRequest: the stream ends with INVALID_ARGUMENT
+        yield req
 
 
 @dataclass
