@@ -84,14 +84,14 @@ def unary(fn: Callable) -> Callable:
     return wrapper
 
 
-def streaming(fn: Callable, requests_stream: bool = False) -> Callable:
-    """A server-streaming method: the request is checked, errors become the call's status (as ``unary``
-    does). ``requests_stream``: the requests stream too (``bidi``), each checked as it arrives."""
+def streaming(fn: Callable) -> Callable:
+    """A server-streaming method; for a client stream too (``request`` an async iterator), each message is
+    checked as it arrives."""
 
     @functools.wraps(fn)
     async def wrapper(self, request, context):
         try:
-            if requests_stream:
+            if hasattr(request, "__aiter__"):
                 request = _checked(request)
             else:
                 validate.check(request)
@@ -112,15 +112,10 @@ def streaming(fn: Callable, requests_stream: bool = False) -> Callable:
     return wrapper
 
 
-def bidi(fn: Callable) -> Callable:
-    """``streaming`` for a call whose requests stream too."""
-    return streaming(fn, requests_stream=True)
-
-
 async def _checked(requests):
-    async for m in requests:
-        validate.check(m)  # raises BadRequest: the stream ends with INVALID_ARGUMENT
-        yield m
+    async for req in requests:
+        validate.check(req)  # raises BadRequest: the stream ends with INVALID_ARGUMENT
+        yield req
 
 
 @dataclass
@@ -375,7 +370,7 @@ class NodeService(pbg.NodeServicer):
         finally:
             e.unwatch(q)
 
-    @bidi
+    @streaming
     async def RunJob(self, request_iterator, context):
         from xpud.federation.jobrun import JobRun
 

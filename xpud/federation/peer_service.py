@@ -35,7 +35,7 @@ from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, Forbidden, Unauthenticated
 from xpud.federation import certs, transport
 from xpud.federation.probe import TIME_KEY
-from xpud.service import bidi, unary
+from xpud.service import streaming, unary
 
 log = logging.getLogger("xpud.federation")
 
@@ -101,7 +101,7 @@ class PeerService(pbg.PeerServicer):
     Commit = _forwarded("commit")
     Abort = _forwarded("abort")
 
-    @bidi  # each input checked as it arrives (a bad one ends the stream with INVALID_ARGUMENT)
+    @streaming
     async def Launch(self, request_iterator, context):
         peer = peer_of(context)
         handler = _hostjobs(self.daemon, "launch")

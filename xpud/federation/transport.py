@@ -110,6 +110,16 @@ class Channels:
             task.add_done_callback(self._closing.discard)
         return ch
 
+    def revive(self, addr: str) -> None:
+        """``addr`` just reached us: if our channel to it is failing (in gRPC's reconnect backoff, which
+        fails every call at once), replace it, so the reply goes out now and not after the backoff."""
+        ch = self._channels.get(addr)
+        if ch is not None and ch.get_state() is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            del self._channels[addr]
+            task = asyncio.ensure_future(ch.close(grace=0.1))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), OrderedDict()
         await asyncio.gather(
