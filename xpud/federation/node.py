@@ -36,7 +36,6 @@ TICK_S = 0.05  # how often Swim.tick runs (its timers are 0.2 s and up)
 SUMMARY_EVERY_S = 1.0  # at most one summary refresh (and one new incarnation for it) per this long
 JOIN_RETRY_S = 1.0  # first wait before asking the seeds again, doubling up to the push-pull period
 SEND_TIMEOUT_S = 1.0  # deadline of one membership message
-SERVER_OPTIONS = [("grpc.max_receive_message_length", 8 << 20)]  # a 10,000-member push-pull fits
 
 
 class Federation:
@@ -81,7 +80,7 @@ class Federation:
             meta=meta,
             cfg=SwimConfig.for_dead_after(self.cfg.dead_after_s),
         )
-        server = aio.server(options=SERVER_OPTIONS)
+        server = aio.server(options=transport.SERVER_OPTIONS)
         from xpud.service import add_to_server
 
         add_to_server(PeerService(self, self.daemon), server)
