@@ -506,10 +506,10 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 
 def _register_commands() -> None:
-    """Commands that live in their own modules (defrag, simulator, dashboard, certs) register themselves."""
-    from xpu_cli import certs, defrag, simulate, top
+    """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster) register."""
+    from xpu_cli import certs, cluster, defrag, simulate, top
 
-    for module in (certs, defrag, simulate, top):
+    for module in (certs, cluster, defrag, simulate, top):
         module.register(app)
 
 

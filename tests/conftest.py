@@ -57,7 +57,15 @@ def alive(pid: int) -> bool:
 class DaemonProc:
     """A real ``xpud --simulate`` subprocess with its own runtime and state directories."""
 
-    def __init__(self, base: Path, machine: str, config: str = "", args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        base: Path,
+        machine: str,
+        config: str = "",
+        args: tuple[str, ...] = (),
+        prefix: tuple[str, ...] = (),
+    ):
+        self.prefix = prefix  # e.g. ("ip", "netns", "exec", NAME): run it in a network namespace
         self.base = base
         self.machine = machine
         self.runtime_dir = base / "run"
@@ -70,6 +78,7 @@ class DaemonProc:
 
     def start(self, wait: bool = True) -> DaemonProc:
         cmd = [
+            *self.prefix,
             str(BIN / "xpud"),
             "--config",
             str(self.config),
