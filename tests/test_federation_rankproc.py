@@ -236,6 +236,31 @@ def test_a_cancelled_caller_and_a_broken_input_stream_stop_the_rank():
             assert ended(got).exit_code == 128 + signal.SIGTERM
 
 
+def test_kill_from_outside_stops_the_group_waits_for_the_end_and_the_caller_hears_it():
+    seen = []
+
+    async def main():
+        ins = Inputs()
+        rank = rankproc.Rank(spec(["sh", "-c", "sleep 600 & echo $!; echo $$; wait"]), ins, seen.append)
+        got = []
+
+        async def consume():
+            async for ev in rank.events():
+                got.append(ev)
+
+        task = asyncio.ensure_future(consume())
+        while len(outputs(got, 1).split()) < 2:
+            await asyncio.sleep(0.01)
+        pids = _grandchild_pids(got)
+        await rank.kill()
+        assert len(seen) == 1 and not [p for p in pids if alive(p)]
+        await task
+        return got
+
+    got = asyncio.run(main())
+    assert ended(got).signal == signal.SIGTERM and seen[0] == ended(got)
+
+
 class _nothing:
     def __enter__(self):
         return self

@@ -12,6 +12,8 @@ group (and session) of its own, and yields ``LaunchEvent``s: ``started``, then t
 - When the caller stops listening (the coordinator died or cancelled the call: the generator is closed or
   cancelled) or ``inputs`` breaks, the group gets SIGTERM, then SIGKILL after ``stop_grace_s``. A clean
   end of ``inputs`` only closes the rank's stdin: cancel the call to stop a rank.
+- ``Rank.kill()`` stops it from outside (an abort): SIGTERM, SIGKILL after ``stop_grace_s``; the
+  caller still hears ``ended``.
 - However it ends, ``on_end(RankEnded)`` (the lease's release) is called once, after the process is
   reaped and before ``ended`` is yielded. The clean-up runs in a task of its own, so the caller's
   cancellation cannot cut it short; ``stop_all()`` finishes every rank at the daemon's shutdown.
@@ -53,7 +55,7 @@ DRAIN_S = 1.0  # after the rank ended: how long to read pipes an escaped process
 TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
 ENV = "/usr/bin/env"  # coreutils env: --chdir after the uid switch
 
-_RUNNING: dict[asyncio.Task, _Rank] = {}  # supervisors, kept alive until their clean-up is done
+_RUNNING: dict[asyncio.Task, Rank] = {}  # supervisors, kept alive until their clean-up is done
 
 
 class Refused(Exception):
@@ -115,9 +117,21 @@ def _argv_and_creds(spec: pb.LaunchSpec) -> tuple[list[str], dict]:
     return [ENV, f"--chdir={cwd}", "--", *argv], {"cwd": "/", **creds}
 
 
+def _kill_started(starting: asyncio.Future) -> None:
+    """A start whose caller was cancelled: kill the group it made."""
+    if not starting.cancelled() and starting.exception() is None:
+        transport, _ = starting.result()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(transport.get_pid(), signal.SIGKILL)
+        transport.close()
+
+
 class _Pipes(asyncio.SubprocessProtocol):
-    def __init__(self, rank: _Rank):
+    def __init__(self, rank: Rank):
         self.rank = rank
+
+    def connection_made(self, transport) -> None:
+        self.rank.pgid = transport.get_pid()
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         self.rank._output(fd, data)
@@ -135,16 +149,29 @@ class _Pipes(asyncio.SubprocessProtocol):
         self.rank._stdin_ok.set()
 
 
-class _Rank:
-    def __init__(self, spec, on_end, remote_launch: bool, kill_grace_s: float, stop_grace_s: float):
+class Rank:
+    """One rank here. Built in a running loop: the process starts at once; ``events()`` yields its
+    LaunchEvents (once), ``kill()`` stops it from outside (an abort) and waits for its end."""
+
+    def __init__(
+        self,
+        spec: pb.LaunchSpec,
+        inputs: AsyncIterator[pb.LaunchInput],
+        on_end: Callable[[pb.RankEnded], object] | None = None,
+        *,
+        remote_launch: bool = True,
+        kill_grace_s: float = KILL_GRACE_S,
+        stop_grace_s: float = STOP_GRACE_S,
+    ):
         self.spec, self.on_end = spec, on_end
         self.remote_launch = remote_launch
         self.kill_grace_s, self.stop_grace_s = kill_grace_s, stop_grace_s
-        self.events: deque[pb.LaunchEvent] = deque()
+        self._queue: deque[pb.LaunchEvent] = deque()
         self.buffered = 0  # output bytes in ``events``
         self.paused = False
         self.ready = asyncio.Event()  # an event is waiting
-        self.abandoned = asyncio.Event()  # the caller is gone or inputs broke: stop the rank
+        self.abandoned = asyncio.Event()  # the caller is gone or inputs broke: its output is dropped
+        self._stop = asyncio.Event()  # stop the rank: SIGTERM, SIGKILL after stop_grace_s
         self._exited = asyncio.Event()
         self._stdin_ok = asyncio.Event()
         self._stdin_ok.set()
@@ -153,10 +180,13 @@ class _Rank:
         self.transport: asyncio.SubprocessTransport | None = None
         self.pgid = 0
         self._escalation: asyncio.TimerHandle | None = None
+        self.task = asyncio.ensure_future(self._supervise(inputs))
+        _RUNNING[self.task] = self
+        self.task.add_done_callback(lambda t: _RUNNING.pop(t, None))
 
     # ----------------------------------------------------------------------------------- events
     def _put(self, ev: pb.LaunchEvent) -> None:
-        self.events.append(ev)
+        self._queue.append(ev)
         self.ready.set()
 
     def _output(self, fd: int, data: bytes) -> None:
@@ -185,21 +215,40 @@ class _Rank:
             self._pipes_closed.set()
 
     async def next_event(self) -> pb.LaunchEvent:
-        while not self.events:
+        while not self._queue:
             self.ready.clear()
             await self.ready.wait()
-        ev = self.events.popleft()
+        ev = self._queue.popleft()
         if ev.HasField("output"):
             self.buffered -= len(ev.output.data)
             if self.paused and self.buffered <= HIGH_WATER // 2:
                 self._pause(False)
         return ev
 
+    async def events(self) -> AsyncIterator[pb.LaunchEvent]:
+        """The rank's LaunchEvents, ``ended`` last. Closing or cancelling this generator before the end
+        stops the rank (the caller is gone)."""
+        try:
+            while True:
+                ev = await self.next_event()
+                yield ev
+                if ev.HasField("ended"):
+                    return
+        finally:
+            self.abandon()  # nothing if it ended; otherwise the caller is gone: stop the rank
+
+    async def kill(self) -> None:
+        """Stop the rank (SIGTERM, SIGKILL after the grace) and wait until it is reaped and ``on_end``
+        has run."""
+        self._stop.set()
+        await asyncio.shield(self.task)
+
     def abandon(self) -> None:
         """The caller is gone: stop the rank; its output is dropped from now on."""
+        self._stop.set()
         if not self.abandoned.is_set():
             self.abandoned.set()
-            self.events.clear()
+            self._queue.clear()
             self.buffered = 0
             if self.paused:
                 self._pause(False)
@@ -232,7 +281,7 @@ class _Rank:
             raise
         except Exception as e:  # the stream broke (a gRPC error): the coordinator is gone
             log.info("job %s rank %d: the launch stream broke (%s)", self.spec.job, self.spec.rank, e)
-            self.abandon()
+            self._stop.set()
             return
         self._close_stdin()
 
@@ -257,14 +306,18 @@ class _Rank:
             )
         argv, creds = _argv_and_creds(self.spec)
         loop = asyncio.get_running_loop()
-        try:
-            transport, _ = await loop.subprocess_exec(
-                lambda: _Pipes(self),
-                *argv,
-                env=dict(self.spec.env),
-                start_new_session=True,
-                **creds,
+        starting = asyncio.ensure_future(
+            loop.subprocess_exec(
+                lambda: _Pipes(self), *argv, env=dict(self.spec.env), start_new_session=True, **creds
             )
+        )
+        try:
+            # shielded: asyncio's own clean-up of a cancelled start waits for the whole group's pipes
+            transport, _ = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            self.signal(signal.SIGKILL)  # when the process exists already
+            starting.add_done_callback(_kill_started)
+            raise
         except FileNotFoundError as e:
             if e.filename == creds.get("cwd"):
                 raise Refused(f"working directory {e.filename}: {e.strerror}") from None
@@ -279,7 +332,7 @@ class _Rank:
         self.pgid = transport.get_pid()
         return self.pgid
 
-    async def supervise(self, inputs: AsyncIterator[pb.LaunchInput]) -> None:
+    async def _supervise(self, inputs: AsyncIterator[pb.LaunchInput]) -> None:
         feeder = None
         try:
             try:
@@ -290,7 +343,7 @@ class _Rank:
             self._put(pb.LaunchEvent(started=pb.LaunchStarted(pid=pid)))
             feeder = asyncio.ensure_future(self._feed(inputs))
             exited = asyncio.ensure_future(self._exited.wait())
-            stop = asyncio.ensure_future(self.abandoned.wait())
+            stop = asyncio.ensure_future(self._stop.wait())
             await asyncio.wait({exited, stop}, return_when=asyncio.FIRST_COMPLETED)
             stop.cancel()
             if not self._exited.is_set():
@@ -315,7 +368,9 @@ class _Rank:
             if feeder is not None:
                 feeder.cancel()
             if self.transport is not None:
-                self.transport.close()  # kills the process if it still runs (only on a cancelled clean-up)
+                if not self._exited.is_set():  # only when this clean-up itself was cancelled
+                    self.signal(signal.SIGKILL)
+                self.transport.close()
 
     async def _end(self, ended: pb.RankEnded) -> None:
         if self.on_end is not None:
@@ -328,28 +383,15 @@ class _Rank:
         self._put(pb.LaunchEvent(ended=ended))
 
 
-async def run_rank(
+def run_rank(
     spec: pb.LaunchSpec,
     inputs: AsyncIterator[pb.LaunchInput],
     on_end: Callable[[pb.RankEnded], object] | None = None,
-    *,
-    remote_launch: bool = True,
-    kill_grace_s: float = KILL_GRACE_S,
-    stop_grace_s: float = STOP_GRACE_S,
+    **kw,
 ) -> AsyncIterator[pb.LaunchEvent]:
-    """Run one rank (see the module's docstring); yields its LaunchEvents, ``ended`` last."""
-    rank = _Rank(spec, on_end, remote_launch, kill_grace_s, stop_grace_s)
-    task = asyncio.ensure_future(rank.supervise(inputs))
-    _RUNNING[task] = rank
-    task.add_done_callback(lambda t: _RUNNING.pop(t, None))
-    try:
-        while True:
-            ev = await rank.next_event()
-            yield ev
-            if ev.HasField("ended"):
-                return
-    finally:
-        rank.abandon()  # nothing if it ended; otherwise the caller is gone: stop the rank
+    """Run one rank (see the module's docstring); yields its LaunchEvents, ``ended`` last. ``kw``:
+    ``remote_launch``, ``kill_grace_s``, ``stop_grace_s``. Call in a running loop."""
+    return Rank(spec, inputs, on_end, **kw).events()
 
 
 async def stop_all(timeout_s: float = STOP_GRACE_S + DRAIN_S + 2.0) -> None:
