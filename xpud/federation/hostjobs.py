@@ -45,7 +45,6 @@ from xpud.model import Lease, LeaseState, Mode, Request
 log = logging.getLogger("xpud.hostjobs")
 
 RESTART = "restart: "  # RankEnded.error of a rank stopped because a card under it failed (item: moves)
-KILL_WAIT_S = 10.0  # how long an abort waits for a killed rank to be reaped
 RESERVE_BUSY_WAIT_S = 1.0  # a Reserve waits this long for busy cards (the coordinator waits 5 s per step)
 KEEP_ENDED_S = 600.0  # ended reservations are remembered this long (a retried message gets its answer)
 
@@ -304,73 +303,48 @@ class HostJobs:
     async def launch(
         self, requests: AsyncIterator[pb.LaunchInput], peer: str | None = None, context=None
     ) -> AsyncIterator[pb.LaunchEvent]:
-        """``Peer.Launch``: run the rank of a job committed here (``rankproc.run_rank``) and release the
-        job's lease here when it is gone. An abort kills it first (SIGKILL to its group)."""
+        """``Peer.Launch``: run the rank of a job committed here (``rankproc.Rank``) and release the job's
+        lease here once it is gone. An abort stops it first (``Rank.kill``: SIGTERM, then SIGKILL)."""
         from xpud.federation import rankproc
 
-        first = await anext(aiter(requests), None)
+        requests = aiter(requests)
+        first = await anext(requests, None)
         if first is None or first.WhichOneof("what") != "start":
             raise BadRequest("Launch: the first message must be start (a LaunchSpec)")
         spec = first.start
         lease = self.lease_of(spec.job)
         if lease is not None and spec.uid != lease.owner_uid:
             raise Forbidden(f"job {spec.job}: uid {spec.uid} does not own its lease on host {self.name}")
-        inputs: asyncio.Queue = asyncio.Queue()
-        gone = asyncio.get_running_loop().create_future()
+        rank = None
 
-        async def kill() -> None:
-            inputs.put_nowait(pb.LaunchInput(signal=signal.SIGKILL))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(gone), KILL_WAIT_S)
+        async def kill() -> None:  # an abort: SIGTERM, SIGKILL after the grace; returns once reaped
+            if rank is not None:
+                await rank.kill()
 
         self.launching(spec.job, kill)  # raises unless the job is committed here
 
-        async def pump() -> None:
-            try:
-                async for m in requests:
-                    inputs.put_nowait(m)
-                inputs.put_nowait(pb.LaunchInput(stdin_eof=True))  # a clean end closes stdin only
-            except Exception as e:  # the stream broke: the rank is stopped
-                inputs.put_nowait(e)
-
-        async def merged() -> AsyncIterator[pb.LaunchInput]:
-            feeder = asyncio.ensure_future(pump())
-            try:
-                while True:
-                    item = await inputs.get()
-                    if isinstance(item, Exception):
-                        raise item
-                    yield item
-            finally:
-                feeder.cancel()
-
-        def on_end(ended: pb.RankEnded):
-            if not gone.done():
-                gone.set_result(ended)
+        def on_end(ended: pb.RankEnded) -> None:  # the rank is reaped: the job's lease here is released
+            # in a task: an abort in progress holds the job and waits (in ``kill``) for this very end
             why = ended.error or f"its rank ended (exit {ended.exit_code})"
-            return self.launch_ended(spec.job, why)
+            self._spawn(self.launch_ended(spec.job, why))
 
         cluster = getattr(self.daemon.cfg, "cluster", None)
         allowed = not peer or peer == self.name or cluster is None or cluster.remote_launch
         try:
-            async for ev in rankproc.run_rank(spec, merged(), on_end, remote_launch=allowed):
-                r = self.table.get(spec.job)
-                if ev.HasField("started") and r is not None:  # a restarted daemon stops it (``restore``)
-                    self.ledger.submit(self.ledger.set_rank_pid_op(spec.job, r.attempt, ev.started.pid))
-                if ev.HasField("ended") and spec.job in self.restarting:
-                    ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
-                yield ev
-        finally:
-            if not gone.done():  # it never started, or the caller left: release once it is gone
-                self._spawn_release(spec.job, gone)
+            rank = rankproc.Rank(spec, requests, on_end, remote_launch=allowed)
+        except BaseException:
+            await self.launch_ended(spec.job, "its rank could not be started")
+            raise
+        async for ev in rank.events():
+            r = self.table.get(spec.job)
+            if ev.HasField("started") and r is not None:  # a restarted daemon stops it (``restore``)
+                self.ledger.submit(self.ledger.set_rank_pid_op(spec.job, r.attempt, ev.started.pid))
+            if ev.HasField("ended") and spec.job in self.restarting:
+                ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
+            yield ev
 
-    def _spawn_release(self, job: str, gone: asyncio.Future) -> None:
-        async def release() -> None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(gone), KILL_WAIT_S * 2)
-            await self.launch_ended(job, "its Launch stream ended")
-
-        task = asyncio.ensure_future(release())
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -431,9 +405,7 @@ class HostJobs:
                     break
                 if ev.kind == "move" and job not in self.restarting:
                     self.restarting[job] = ev.message
-                    task = asyncio.ensure_future(self.drop(job, None, f"{ev.message}; the job restarts"))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    self._spawn(self.drop(job, None, f"{ev.message}; the job restarts"))
         finally:
             self.engine.hold_closed(lease_id, q)
         r = self.table.get(job)
