@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import ipaddress
 import math
 import os
 import re
@@ -304,6 +305,44 @@ class DefragSection:
     )
 
 
+def listen_address(value: str) -> tuple[str, int] | None:
+    """``host:port`` (``[v6]:port`` for IPv6) as (host, port); None for "" (off). Raises ValueError."""
+    if not value:
+        return None
+    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]{1,253}):([0-9]{1,5})", value)
+    if not m:
+        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:9403, [::1]:9403); empty = off")
+    host, port = m.group(1).strip("[]"), int(m.group(2))
+    if m.group(1).startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{value!r}: {host!r} is not an IPv6 address") from None
+    if port > 65535:
+        raise ValueError(f"{value!r}: port {port} is outside 0..65535")
+    return host, port
+
+
+def _check_listen(value: str) -> str:
+    try:
+        listen_address(value)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    """Prometheus metrics (``xpud.metrics``) on a local HTTP port."""
+
+    listen: str = _key(
+        "",
+        "Address of the Prometheus /metrics endpoint, host:port (e.g. 127.0.0.1:9403; port 0 = any free "
+        "port, logged); empty = off.",
+        check=_check_listen,
+    )
+
+
 SECTIONS: dict[str, type] = {
     "daemon": DaemonSection,
     "devices": DevicesSection,
@@ -312,6 +351,7 @@ SECTIONS: dict[str, type] = {
     "limits": LimitsSection,
     "health": HealthSection,
     "defrag": DefragSection,
+    "metrics": MetricsSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -333,6 +373,7 @@ class Config:
     limits: LimitsSection = field(default_factory=LimitsSection)
     health: HealthSection = field(default_factory=HealthSection)
     defrag: DefragSection = field(default_factory=DefragSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     path: str = ""  # the file it came from ("" = defaults only)
 
@@ -428,6 +469,8 @@ def _check_value(src: _Source, table: str, f: dataclasses.Field, kind: Any, valu
         raise src.error(table, f.name, f"{value!r} is not a finite number; use a number in {span}")
     if kind is str and len(value) > MAX_STRING:
         raise src.error(table, f.name, f"{len(value)} characters; at most {MAX_STRING}")
+    if "check" in rules and (reason := rules["check"](value)):
+        raise src.error(table, f.name, reason)
     if "choices" in rules and value not in rules["choices"]:
         raise src.error(table, f.name, f"{value!r} is not one of {', '.join(rules['choices'])}")
     if "min" in rules and value < rules["min"]:

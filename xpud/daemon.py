@@ -116,6 +116,7 @@ class Daemon:
         self.jobs: Jobs | None = None
         self.monitor: HealthMonitor | None = None
         self.defrag: Defragmenter | None = None
+        self.metrics = None  # xpud.metrics.MetricsServer when [metrics] listen is set
         self.started = time.time()
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
@@ -181,6 +182,14 @@ class Daemon:
             },
         )
         self.context = ctx
+        if self.cfg.metrics.listen:
+            from xpud.metrics import MetricsServer
+
+            self.metrics = MetricsServer(self, self.cfg.metrics.listen)
+            try:
+                self.metrics.start()
+            except OSError as e:
+                raise StartupError(str(e.strerror)) from None
         self.cred_server = await issuer.serve(str(self.cred_socket))
         user = aio.server(options=SERVER_OPTIONS)
         add_to_server(NodeService(ctx), user)
@@ -221,6 +230,8 @@ class Daemon:
         in progress return, the event thread ends (it frees its own event set), then NVML shuts down
         (``Nvml.close`` also waits for any other call, and nothing re-opens it afterwards)."""
         sd_notify("STOPPING=1")
+        if self.metrics:
+            await asyncio.to_thread(self.metrics.stop)  # a scrape in progress still gets its answer
         if self.jobs:
             self.jobs.stop()
         for s in self.servers:

@@ -49,6 +49,7 @@ from xpud.model import (
 )
 from xpud.moves import Moves
 from xpud.placement.host import CardCapacity, best_group, choose_slice_card
+from xpud.stats import Stats
 from xpud.waitlist import Waitlist
 
 log = logging.getLogger("xpud.engine")
@@ -138,6 +139,7 @@ class Engine:
         self._pump_scheduled = False
         self._next_tidy = 0.0
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
+        self.stats = Stats()  # counters and latencies for /metrics (xpud.metrics)
 
     # ------------------------------------------------------------------ restore and views
     async def restore(self) -> list[Lease]:
@@ -458,10 +460,14 @@ class Engine:
         self, req: Request, reserve_whole: bool = False, exclude: frozenset[int] = frozenset()
     ) -> tuple[int, ...] | None:
         """Cards for ``req`` now, or None. ``exclude``: cards it must not use (a move's source)."""
-        if req.mode is Mode.XPU:
-            return self._place_xpu(req, reserve_whole, exclude)
-        card = self._place_slice(req, reserve_whole, exclude)
-        return None if card is None else (card,)
+        t0 = time.perf_counter()
+        try:
+            if req.mode is Mode.XPU:
+                return self._place_xpu(req, reserve_whole, exclude)
+            card = self._place_slice(req, reserve_whole, exclude)
+            return None if card is None else (card,)
+        finally:
+            self.stats.decision.observe(time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ grant
     def _new_id(self) -> str:
@@ -586,6 +592,7 @@ class Engine:
 
     async def _grant_now(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
         lease_id, token = self._new_id(), secrets.token_urlsafe(24)
+        t0 = time.perf_counter()
         try:
             slices, env, switched = await self._place(lease_id, req.mode, cards, req.owner_uid)
         finally:
@@ -619,6 +626,7 @@ class Engine:
             await self._unplace(lease_id, cards, slices, switched)
             raise
         self.leases[lease_id] = lease
+        self.stats.grant.observe(time.perf_counter() - t0)
         self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
         for i in switched:
             self.event("mode", f"card {i} switched to {self.cards[i].mode} for lease {lease_id}", card=i)
@@ -784,6 +792,7 @@ class Engine:
             except LedgerUnavailable as e:  # not held: the reaper takes it after the grace period
                 log.error("lease %s: %s", got[0].id, e)
             return
+        self.stats.queue_wait.observe(self.clock() - w.enqueued)
         w.future.set_result(got)
 
     # ------------------------------------------------------------------ release
@@ -1064,6 +1073,7 @@ class Engine:
 
     def event(self, kind: str, message: str, card: int = -1, lease_id: str = "") -> EventRecord:
         log.info("%s", message)
+        self.stats.events[kind] += 1
         ev = self.ledger.add_event(kind, message, card, lease_id, self.clock())
         self._changed(ev)
         return ev
