@@ -305,6 +305,26 @@ class DefragSection:
     )
 
 
+@dataclass(frozen=True)
+class BurstsSection:
+    """Converting idle cards between whole and sliced as demand arrives (``Engine.pump``)."""
+
+    convert_within_s: float = _key(
+        0.5,
+        "Longest a queued request that fits only by switching an idle card's mode waits for cards being "
+        "reconfigured (which might take it without a switch) before its own card is switched.",
+        min=0.0,
+        max=60.0,
+    )
+    hold_s: float = _key(
+        300.0,
+        "Hysteresis: a card switched between whole and sliced stays in its new mode at least this long "
+        "before an idle switch (capacity windows, pre-provisioning) switches it back.",
+        min=0.0,
+        max=86400.0,
+    )
+
+
 def listen_address(value: str) -> tuple[str, int] | None:
     """``host:port`` (``[v6]:port`` for IPv6) as (host, port); None for "" (off). Raises ValueError."""
     if not value:
@@ -352,6 +372,7 @@ SECTIONS: dict[str, type] = {
     "health": HealthSection,
     "defrag": DefragSection,
     "metrics": MetricsSection,
+    "bursts": BurstsSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -374,6 +395,7 @@ class Config:
     health: HealthSection = field(default_factory=HealthSection)
     defrag: DefragSection = field(default_factory=DefragSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    bursts: BurstsSection = field(default_factory=BurstsSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     path: str = ""  # the file it came from ("" = defaults only)
 

@@ -85,6 +85,7 @@ class CardState:
     whole_lease: str | None = None
     slices: dict[str, Slice] = field(default_factory=dict)  # lease id -> slice
     sample: CardSample | None = None
+    switched_at: float = 0.0  # when the engine last switched its mode (engine clock; 0: never)
 
     @property
     def idle(self) -> bool:
@@ -137,6 +138,7 @@ class Engine:
         self._granting: set = set()  # waiters whose grant is under way
         self._tasks: set[asyncio.Task] = set()
         self._pump_scheduled = False
+        self._pump_timer: asyncio.TimerHandle | None = None  # a pump asked for later (bursts)
         self._next_tidy = 0.0
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
         self.stats = Stats()  # counters and latencies for /metrics (xpud.metrics)
@@ -494,6 +496,7 @@ class Engine:
                         backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info
                     )
                     c.mode = want
+                    c.switched_at = self.clock()
                     switched.append(i)
             if mode is Mode.XPU:
                 env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cards[i].info.uuid for i in cards)}
@@ -579,18 +582,34 @@ class Engine:
         self._claim(cards)
         self._granting_uids[req.owner_uid] = self._granting_uids.get(req.owner_uid, 0) + 1
 
-    async def _grant(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
+    async def _grant(
+        self, req: Request, cards: tuple[int, ...], queued_s: float | None = None
+    ) -> tuple[Lease, str]:
         """Grant ``req`` on ``cards`` (claimed by the caller, unclaimed here): prepare, commit, then it is
         the caller's. A failed commit undoes the preparation."""
         uid = req.owner_uid
         try:
-            return await self._grant_now(req, cards)
+            return await self._grant_now(req, cards, queued_s)
         finally:
             n = self._granting_uids.pop(uid, 0) - 1
             if n > 0:
                 self._granting_uids[uid] = n
 
-    async def _grant_now(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
+    def _converted(self, i: int, lease_id: str, req: Request, queued_s: float | None) -> None:
+        """The event (and counter) of a card switched to serve a request, with the reason."""
+        mode = self.cards[i].mode
+        if req.mode is Mode.XPU:
+            why = f"a {req.gpus}-card request found too few idle whole cards"
+        else:
+            why = f"a {req.mode} request found no room on a sliced card"
+        if queued_s is not None:
+            why += f" (queued {queued_s:.2f} s, {len(self.waitlist)} still waiting)"
+        self.stats.conversions[(mode.value, "demand")] += 1
+        self.event("mode", f"card {i} switched to {mode} for lease {lease_id}: {why}", card=i)
+
+    async def _grant_now(
+        self, req: Request, cards: tuple[int, ...], queued_s: float | None = None
+    ) -> tuple[Lease, str]:
         lease_id, token = self._new_id(), secrets.token_urlsafe(24)
         t0 = time.perf_counter()
         try:
@@ -629,7 +648,7 @@ class Engine:
         self.stats.grant.observe(time.perf_counter() - t0)
         self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
         for i in switched:
-            self.event("mode", f"card {i} switched to {self.cards[i].mode} for lease {lease_id}", card=i)
+            self._converted(i, lease_id, req, queued_s)
         where = ",".join(map(str, cards))
         self.event(
             "grant",
@@ -759,14 +778,19 @@ class Engine:
         # What did not fit in this pass: an equal request behind it does not fit either (grants only
         # take room), so a long queue costs one placement per kind of request, not one per waiter.
         failed: set[tuple] = set()
+        retry: float | None = None
         for w in self.waitlist.in_order():
             if w.future.done():
                 continue
             kind = (w.request.mode, w.request.gpus, w.request.owner_uid, reserve)
             cards = None if kind in failed else self._fit(w.request, reserve_whole=reserve)
             switches = cards is not None and self._busy and self._switches(w.request, cards)
-            if switches and self.clock() - w.enqueued < BUSY_WAIT_S:
-                cards = None  # a busy card may be where it belongs: look again when it is free
+            left = w.enqueued + self.cfg.bursts.convert_within_s - self.clock()
+            if switches and left > 0:
+                # A busy card may be where it belongs (its new room): look again when it is free, or
+                # switch this one's card once it has waited convert_within_s (a burst: in parallel).
+                cards = None
+                retry = left if retry is None else min(retry, left)
             if cards is None:
                 failed.add(kind)
                 if w.request.mode is Mode.XPU:
@@ -776,10 +800,27 @@ class Engine:
             self.waitlist.remove(w)
             self._granting.add(w)
             self._spawn(self._grant_waiter(w, cards), f"granting queued request {w.ticket}")
+        if retry is not None:
+            self._pump_later(retry)
+
+    def _pump_later(self, delay_s: float) -> None:
+        """Pump again in ``delay_s`` (one timer: the earliest asked for wins)."""
+        loop = asyncio.get_running_loop()
+        at = loop.time() + delay_s + 0.001
+        if self._pump_timer is not None and not self._pump_timer.cancelled():
+            if self._pump_timer.when() <= at:
+                return
+            self._pump_timer.cancel()
+
+        def fire() -> None:
+            self._pump_timer = None
+            self.pump()
+
+        self._pump_timer = loop.call_at(at, fire)
 
     async def _grant_waiter(self, w, cards: tuple[int, ...]) -> None:
         try:
-            got = await self._grant(w.request, cards)
+            got = await self._grant(w.request, cards, self.clock() - w.enqueued)
         except Exception as e:  # the caller gets the error; the queue goes on
             if not w.future.done():
                 w.future.set_exception(e)
@@ -990,6 +1031,7 @@ class Engine:
         if switched:
             await self._hw(backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info)
             c.mode = want
+            c.switched_at = self.clock()
         try:
             await self.ledger.write(self.ledger.save_card_op(replace(c.record(), mode_pinned=pinned)))
         except BaseException:
