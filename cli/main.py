@@ -107,6 +107,18 @@ def run(
     kill_grace: Annotated[
         float, typer.Option(help="Seconds between a forwarded signal and SIGKILL.", min=0)
     ] = 10.0,
+    when_green: Annotated[
+        bool,
+        typer.Option(
+            "--when-green",
+            help="Deferrable work: start in the greenest hour before --deadline (the daemon's [carbon] "
+            "signal), then lease as usual.",
+        ),
+    ] = False,
+    deadline: Annotated[
+        str | None,
+        typer.Option(help="With --when-green: start by then (+90m, +6h, +2d, HH:MM or an ISO time)."),
+    ] = None,
     json_env: Annotated[
         bool,
         typer.Option(
@@ -119,6 +131,17 @@ def run(
     """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release."""
     from xpu_cli.child import die_like
     from xpu_cli.run import run as run_leased
+
+    if when_green or deadline:
+        from pathlib import Path
+
+        from xpu_cli.green import wait_for_green
+
+        if not (when_green and deadline):
+            fail("--when-green and --deadline go together: xpu run --when-green --deadline +6h --wait ...", 2)
+        wait_for_green(
+            Path(state.runtime_dir or "/run/xpud"), deadline, lambda m: typer.echo(f"xpu: {m}", err=True)
+        )
 
     with client() as c:
         outcome = run_leased(
@@ -481,3 +504,68 @@ def main() -> None:
         app(prog_name="xpu")
     except BrokenPipeError:
         sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------- windows
+@app.command()
+@handled
+def windows(
+    as_json: JsonOpt = False,
+    config_path: Annotated[
+        str | None,
+        typer.Option(
+            "--config", "-c", help="The daemon's config (default $XPUD_CONFIG or /etc/xpud/xpud.toml)."
+        ),
+    ] = None,
+) -> None:
+    """Capacity windows ([[windows]] in xpud.toml): the one in force, each one's last and next start and the
+    share of usable cards it keeps whole."""
+    from datetime import datetime
+
+    from xpud import config
+    from xpud import windows as win
+
+    cfg = config.load(config_path)
+    now = datetime.now().astimezone()
+    states = win.states(cfg.windows, now)
+    cur = next((s for s in states if s.current), None)
+    if as_json:
+        return output.print_json(
+            {
+                "now": now.isoformat(timespec="seconds"),
+                "current": cur.spec.name if cur else None,
+                "whole_share": cur.spec.whole_share if cur else 0.0,
+                "windows": [
+                    {
+                        "name": s.spec.name,
+                        "cron": s.spec.cron,
+                        "timezone": s.spec.timezone,
+                        "whole_share": s.spec.whole_share,
+                        "current": s.current,
+                        "last_start": s.started.isoformat() if s.started else None,
+                        "next_start": s.next.isoformat() if s.next else None,
+                    }
+                    for s in states
+                ],
+            }
+        )
+    if not states:
+        print("no capacity windows ([[windows]] in xpud.toml): every idle card may be sliced")
+        return
+
+    def when(t) -> str:
+        return t.strftime("%a %Y-%m-%d %H:%M %Z") if t else "-"
+
+    rows = [
+        [
+            "*" if s.current else "",
+            s.spec.name,
+            s.spec.cron,
+            f"{s.spec.whole_share:.0%}",
+            when(s.started),
+            when(s.next),
+        ]
+        for s in states
+    ]
+    output.table(["", "WINDOW", "CRON", "KEEPS WHOLE", "LAST START", "NEXT START"], rows)
+    print(f"* in force: keeps {cur.spec.whole_share:.0%} of usable cards whole" if cur else "none in force")

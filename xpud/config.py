@@ -27,6 +27,8 @@ import tomli_w
 
 from xpud.errors import ConfigError
 from xpud.model import SLICE_NAME, SliceSpec
+from xpud.windows import MAX_WINDOWS, WindowSpec
+from xpud.windows import check as check_window
 
 DEFAULT_PATH = Path("/etc/xpud/xpud.toml")
 
@@ -352,6 +354,19 @@ def _check_listen(value: str) -> str:
 
 
 @dataclass(frozen=True)
+class CarbonSection:
+    """The carbon/PUE signal that ``xpu run --when-green`` uses (``xpud.carbon``)."""
+
+    signal: str = _key(
+        "", "File with the grid's carbon intensity (or PUE) per hour, CSV or JSON; empty = none."
+    )
+    command: str = _key("", "Command whose output (CSV or JSON, as the file) is the signal; empty = none.")
+    refresh_s: float = _key(
+        900.0, "Seconds between two readings of the signal by the daemon.", min=10.0, max=86400.0
+    )
+
+
+@dataclass(frozen=True)
 class MetricsSection:
     """Prometheus metrics (``xpud.metrics``) on a local HTTP port."""
 
@@ -373,6 +388,7 @@ SECTIONS: dict[str, type] = {
     "defrag": DefragSection,
     "metrics": MetricsSection,
     "bursts": BurstsSection,
+    "carbon": CarbonSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -396,7 +412,9 @@ class Config:
     defrag: DefragSection = field(default_factory=DefragSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     bursts: BurstsSection = field(default_factory=BurstsSection)
+    carbon: CarbonSection = field(default_factory=CarbonSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
+    windows: tuple[WindowSpec, ...] = ()  # [[windows]]: capacity windows (xpud.windows)
     path: str = ""  # the file it came from ("" = defaults only)
 
     @property
@@ -568,6 +586,35 @@ def _slices(src: _Source, data: Any) -> dict[str, SliceSpec]:
     return out
 
 
+def _windows(src: _Source, data: Any) -> tuple[WindowSpec, ...]:
+    if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
+        raise src.error("windows", None, "expected [[windows]] tables (name, cron, whole_share)")
+    if len(data) > MAX_WINDOWS:
+        raise src.error("windows", None, f"{len(data)} windows; at most {MAX_WINDOWS}")
+    out = []
+    for n, spec in enumerate(data, 1):
+        try:
+            out.append(check_window(spec))
+        except ValueError as e:
+            line = _nth_line(src.text, "[[windows]]", n)
+            raise ConfigError(f"{src.path}:{line or '?'}: [[windows]] #{n}: {e}") from None
+    names = [w.name for w in out]
+    dup = next((x for x in names if names.count(x) > 1), None)
+    if dup:
+        raise src.error("windows", None, f"two windows are named {dup!r}; give each its own name")
+    return tuple(out)
+
+
+def _nth_line(text: str, header: str, n: int) -> int | None:
+    seen = 0
+    for i, raw in enumerate(text.splitlines(), 1):
+        if raw.strip().startswith(header):
+            seen += 1
+            if seen == n:
+                return i
+    return None
+
+
 def parse(text: str, path: str = "<string>") -> Config:
     """Validate TOML text into a Config. Raises ConfigError naming the file, line and key."""
     src = _Source(path, text)
@@ -581,11 +628,15 @@ def parse(text: str, path: str = "<string>") -> Config:
     for table, value in data.items():
         if table == "slices":
             kwargs["slices"] = _slices(src, value)
+        elif table == "windows":
+            kwargs["windows"] = _windows(src, value)
         elif table in SECTIONS:
             kwargs[table] = _section(src, table, SECTIONS[table], value)
         else:
-            raise src.error(table, None, f"unknown table{_hint(table, [*SECTIONS, 'slices'])}")
+            raise src.error(table, None, f"unknown table{_hint(table, [*SECTIONS, 'slices', 'windows'])}")
     cfg = Config(**kwargs)
+    if cfg.carbon.signal and cfg.carbon.command:
+        raise src.error("carbon", "command", "give signal (a file) or command, not both")
     if cfg.health.fragmentation_slice not in cfg.slices:
         raise src.error(
             "health",
@@ -631,6 +682,12 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     out["slices"] = {
         n: {"memory_fraction": s.memory_fraction, "compute_pct": s.compute_pct} for n, s in cfg.slices.items()
     }
+    if cfg.windows:
+        out["windows"] = [
+            {"name": w.name, "cron": w.cron, "whole_share": w.whole_share}
+            | ({"timezone": w.timezone} if w.timezone else {})
+            for w in cfg.windows
+        ]
     return out
 
 

@@ -51,6 +51,7 @@ from xpud.moves import Moves
 from xpud.placement.host import CardCapacity, best_group, choose_slice_card
 from xpud.stats import Stats
 from xpud.waitlist import Waitlist
+from xpud.windows import WindowSpec, whole_needed
 
 log = logging.getLogger("xpud.engine")
 
@@ -142,6 +143,7 @@ class Engine:
         self._next_tidy = 0.0
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
         self.stats = Stats()  # counters and latencies for /metrics (xpud.metrics)
+        self.window: WindowSpec | None = None  # the capacity window in force (xpud.windows), if any
 
     # ------------------------------------------------------------------ restore and views
     async def restore(self) -> list[Lease]:
@@ -442,8 +444,10 @@ class Engine:
     ) -> int | None:
         spec = self.cfg.slices[req.mode.value]
         caps = []
+        # An idle whole card may be converted unless pinned, reserved for a waiting whole-card request, or
+        # kept whole by the capacity window in force.
+        reserve_whole = reserve_whole or self.whole_short(1) > 0
         for c in self.cards.values():
-            # An idle whole card may be converted unless pinned, or reserved for a waiting whole-card request.
             convertible = c.mode is CardMode.SLICED or (c.idle and not c.pinned and not reserve_whole)
             feasible = (
                 c.usable
@@ -1040,6 +1044,55 @@ class Engine:
         c.pinned = pinned
         if why:
             self.event("mode", f"card {i} switched to {want}: {why}", card=i)
+
+    # ------------------------------------------------------------------ capacity windows
+    def set_window(self, window: WindowSpec | None) -> None:
+        """The capacity window in force from now (None: none); ``keep_whole`` applies its share."""
+        if window != self.window:
+            self.window = window
+            if window is None:
+                self.event("window", "no capacity window in force: every card may be sliced")
+            else:
+                usable = sum(c.usable for c in self.cards.values())
+                need = whole_needed(window.whole_share, usable)
+                self.event(
+                    "window",
+                    f"capacity window {window.name!r} in force: keeps {window.whole_share:.0%} of the usable "
+                    f"cards whole ({need} of {usable}); running work is never evicted",
+                )
+            self.pump()
+
+    def whole_short(self, converting: int = 0) -> int:
+        """How many more usable cards the window in force wants whole than there would be after switching
+        ``converting`` more whole cards to sliced (0 when none is wanted). Cards busy being reconfigured
+        do not count as whole (one may be on its way to sliced)."""
+        if self.window is None or self.window.whole_share <= 0:
+            return 0
+        usable = [c for c in self.cards.values() if c.usable]
+        whole = sum(c.mode is CardMode.WHOLE and c.info.index not in self._busy for c in usable)
+        return max(0, whole_needed(self.window.whole_share, len(usable)) - (whole - converting))
+
+    async def keep_whole(self) -> list[int]:
+        """Switch idle sliced cards back to whole until the window's share is met: not pinned ones, and not
+        ones switched less than ``[bursts] hold_s`` ago (hysteresis). Never touches a card in use.
+        Returns the cards switched."""
+        out: list[int] = []
+        hold = self.cfg.bursts.hold_s
+        now = self.clock()
+        idle = sorted(
+            (c for c in self.cards.values() if c.mode is CardMode.SLICED and c.idle and c.usable),
+            key=lambda c: c.switched_at,
+        )
+        for c in idle:
+            if self.whole_short() <= 0 or self.window is None:
+                break
+            if c.switched_at and now - c.switched_at < hold:
+                continue
+            why = f"capacity window {self.window.name!r} keeps {self.window.whole_share:.0%} whole"
+            if await self.to_whole(c.info.index, why):
+                self.stats.conversions[("whole", "window")] += 1
+                out.append(c.info.index)
+        return out
 
     @_uninterrupted
     async def to_whole(self, index: int, reason: str) -> bool:

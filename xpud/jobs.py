@@ -13,6 +13,7 @@ from datetime import datetime
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from xpud import carbon, windows
 from xpud.engine import Engine
 
 log = logging.getLogger("xpud.jobs")
@@ -21,6 +22,7 @@ logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
 
 REAP_INTERVAL_S = 0.25  # a reclaimed lease is back within the grace period plus this
 MAKE_ROOM_INTERVAL_S = 1.0  # how often waiting whole-card requests are looked at
+WINDOW_CHECK_S = 30.0  # how often the capacity window's share is checked between its starts
 
 
 class Jobs:
@@ -52,7 +54,59 @@ class Jobs:
             self.scheduler.add_job(
                 self.make_room, "interval", seconds=MAKE_ROOM_INTERVAL_S, id="make-room", **opts
             )
+        self.start_windows()
+        carbon_cfg = self.engine.cfg.carbon
+        if carbon_cfg.signal or carbon_cfg.command:
+            self.scheduler.add_job(
+                self.refresh_carbon,
+                "interval",
+                seconds=carbon_cfg.refresh_s,
+                id="carbon",
+                next_run_time=datetime.now(),
+                **opts,
+            )
         self.scheduler.start()
+
+    # ------------------------------------------------------------------ capacity windows
+    def start_windows(self) -> None:
+        """One cron job per ``[[windows]]`` entry (its start), and a check every WINDOW_CHECK_S that keeps
+        the share as cards come free; the window in force now is applied at once."""
+        opts = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        for job in list(self.scheduler.get_jobs()):
+            if job.id.startswith("window"):
+                job.remove()
+        specs = self.engine.cfg.windows
+        if not specs:
+            self.engine.set_window(None)
+            return
+        for i, spec in enumerate(specs):
+            self.scheduler.add_job(self.apply_windows, spec.trigger(), id=f"window-{i}-{spec.name}", **opts)
+        self.scheduler.add_job(
+            self.apply_windows, "interval", seconds=WINDOW_CHECK_S, id="window-check", **opts
+        )
+        self.scheduler.add_job(self.apply_windows, id="window-now", **opts)  # at once
+
+    async def refresh_carbon(self) -> None:
+        """Read the carbon signal (off the loop) and publish it for ``xpu run --when-green``."""
+        cfg = self.engine.cfg
+        try:
+            hours = await asyncio.to_thread(carbon.read, cfg.carbon.signal, cfg.carbon.command)
+            await asyncio.to_thread(carbon.publish, hours, cfg.runtime_dir)
+        except (carbon.SignalError, OSError) as e:  # the last published signal stays
+            log.warning("carbon signal: %s", e)
+
+    async def apply_windows(self, now: datetime | None = None) -> None:
+        """Put the window in force at ``now`` (default: the host's clock) and keep its share whole."""
+        try:
+            now = now or datetime.now().astimezone()
+            self.engine.set_window(windows.current(self.engine.cfg.windows, now))
+            short = self.engine.whole_short()
+            if short:
+                await self.engine.keep_whole()
+            if self.engine.whole_short() and self.defrag is not None and self.defrag.cfg.enabled:
+                await self.defrag.periodic()  # slices on few cards free whole ones (restartable jobs move)
+        except Exception:
+            log.exception("applying the capacity windows failed")
 
     def stop(self) -> None:
         """No more runs (those in progress go on: ``drain`` waits for their hardware reads)."""
