@@ -569,3 +569,52 @@ def windows(
     ]
     output.table(["", "WINDOW", "CRON", "KEEPS WHOLE", "LAST START", "NEXT START"], rows)
     print(f"* in force: keeps {cur.spec.whole_share:.0%} of usable cards whole" if cur else "none in force")
+
+
+# ---------------------------------------------------------------------------------------------- forecast
+@app.command()
+@handled
+def forecast(
+    as_json: JsonOpt = False,
+    hours: Annotated[int, typer.Option(help="Hours of past and future to show.", min=1, max=24)] = 12,
+) -> None:
+    """Slice demand: the forecast for the next hours, the past hours' actual demand beside what was
+    forecast for them, and the error (APE per hour; MAPE over the last week)."""
+    import json
+    from pathlib import Path
+
+    from xpud.provisioning import FILE_NAME
+
+    path = Path(state.runtime_dir or "/run/xpud") / FILE_NAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        fail(
+            f"{path}: no forecast published yet; is xpud running (it forecasts every [forecast] interval_s)?"
+        )
+    except (OSError, ValueError) as e:
+        fail(f"{path}: cannot read the forecast: {e}")
+    if as_json:
+        return output.print_json(data)
+
+    def num(v) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    print(
+        f"forecast of {data['generated']}; pre-provisioning {'on' if data['enabled'] else 'off'}; "
+        f"sliced cards wanted {data['lead_s'] / 60:.0f} min ahead: {data['sliced_cards_wanted']}"
+        + (
+            f" (provisioned: {', '.join(map(str, data['provisioned_cards']))})"
+            if data["provisioned_cards"]
+            else ""
+        )
+    )
+    for size, s in data["sizes"].items():
+        m = s["mape_last_week"]
+        print(f"\n{size}: MAPE over the last week {'-' if m is None else f'{m:.1%}'}")
+        rows = [
+            [p["hour"], num(p["actual"]), num(p["forecast"]), "-" if p["ape"] is None else f"{p['ape']:.0%}"]
+            for p in s["past"][-hours:]
+        ]
+        rows += [[n["hour"], "", num(n["forecast"]), ""] for n in s["next"][:hours]]
+        output.table(["HOUR", "ACTUAL", "FORECAST", "APE"], rows)

@@ -17,12 +17,12 @@ import io
 import itertools
 import json
 import math
-import os
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+
+from xpud.runfiles import publish_json
 
 MAX_HOURS = 24 * 31  # a month of hours at most
 MAX_BYTES = 1 << 20
@@ -123,15 +123,10 @@ def read(signal: str, command: str) -> list[Hour]:
 
 
 def publish(hours: list[Hour], runtime_dir: Path) -> Path:
-    """Write ``carbon.json`` (world-readable) atomically into ``runtime_dir``."""
-    data = [{"start": h.start.isoformat(), "value": h.value} for h in hours]
-    fd, tmp = tempfile.mkstemp(dir=runtime_dir, prefix=".carbon-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.chmod(tmp, 0o644)
-    path = runtime_dir / FILE_NAME
-    os.replace(tmp, path)
-    return path
+    """Publish the checked hours as ``carbon.json`` in ``runtime_dir`` for ``xpu run --when-green``."""
+    return publish_json(
+        [{"start": h.start.isoformat(), "value": h.value} for h in hours], runtime_dir, FILE_NAME
+    )
 
 
 def greenest_start(hours: list[Hour], now: datetime, deadline: datetime) -> tuple[datetime, Hour | None]:

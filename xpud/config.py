@@ -354,6 +354,34 @@ def _check_listen(value: str) -> str:
 
 
 @dataclass(frozen=True)
+class ForecastSection:
+    """Slice demand forecast and pre-provisioning (``xpud.forecast``, ``xpud.provisioning``)."""
+
+    enabled: bool = _key(
+        False, "Pre-provision sliced cards ahead of forecast slice demand; tear them down after."
+    )
+    interval_s: float = _key(
+        300.0, "Seconds between two forecasts (and pre-provisioning decisions).", min=10.0, max=86400.0
+    )
+    lead_s: float = _key(
+        900.0, "How far ahead the demand is provisioned for (seconds).", min=0.0, max=86400.0
+    )
+    alpha: float = _key(
+        0.3,
+        "Smoothing factor: how far one week's observation moves its hour-of-week slot.",
+        min=0.01,
+        max=1.0,
+    )
+    history_days: int = _key(
+        28, "Days of the ledger's lease history the forecast learns from.", min=1, max=365
+    )
+    warm_command: str = _key(
+        "", "Command run on each pre-provisioned card (e.g. to load model weights); empty = none."
+    )
+    warm_timeout_s: float = _key(600.0, "Longest a warm_command may run (seconds).", min=1.0, max=86400.0)
+
+
+@dataclass(frozen=True)
 class CarbonSection:
     """The carbon/PUE signal that ``xpu run --when-green`` uses (``xpud.carbon``)."""
 
@@ -389,6 +417,7 @@ SECTIONS: dict[str, type] = {
     "metrics": MetricsSection,
     "bursts": BurstsSection,
     "carbon": CarbonSection,
+    "forecast": ForecastSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -413,6 +442,7 @@ class Config:
     metrics: MetricsSection = field(default_factory=MetricsSection)
     bursts: BurstsSection = field(default_factory=BurstsSection)
     carbon: CarbonSection = field(default_factory=CarbonSection)
+    forecast: ForecastSection = field(default_factory=ForecastSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     windows: tuple[WindowSpec, ...] = ()  # [[windows]]: capacity windows (xpud.windows)
     path: str = ""  # the file it came from ("" = defaults only)

@@ -1095,6 +1095,24 @@ class Engine:
         return out
 
     @_uninterrupted
+    async def to_sliced(self, index: int, reason: str) -> bool:
+        """Switch an idle whole card (not pinned) to sliced ahead of demand (forecast pre-provisioning),
+        unless the capacity window in force keeps it whole. Returns whether it switched."""
+        c = self.cards[index]
+        if index in self._busy or c.mode is not CardMode.WHOLE or not c.idle or c.pinned or not c.usable:
+            return False
+        if self.whole_short(1) > 0:
+            return False
+        self._claim([index])
+        try:
+            if await self._hw(self._backends[index].switch_blocker, c.info, True):
+                return False
+            await self._switch(c, CardMode.SLICED, pinned=False, why=reason)
+        finally:
+            self._unclaim([index])
+        return True
+
+    @_uninterrupted
     async def to_whole(self, index: int, reason: str) -> bool:
         """Give an idle sliced card (not pinned) back to whole-card work now, as a whole-card grant would;
         the defragmenter does this for the cards it freed. Returns whether it switched."""

@@ -34,6 +34,7 @@ class Jobs:
         self.defrag = defrag  # xpud.defrag.Defragmenter
         self.scheduler: AsyncIOScheduler | None = None
         self._reading: asyncio.Future | None = None  # the hardware read in progress, if any
+        self.provisioner = None  # xpud.provisioning.Provisioner, from start()
 
     def start(self) -> None:
         self.scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
@@ -55,6 +56,17 @@ class Jobs:
                 self.make_room, "interval", seconds=MAKE_ROOM_INTERVAL_S, id="make-room", **opts
             )
         self.start_windows()
+        from xpud.provisioning import Provisioner
+
+        self.provisioner = Provisioner(self.engine)
+        self.scheduler.add_job(
+            self.run_forecast,
+            "interval",
+            seconds=self.engine.cfg.forecast.interval_s,
+            id="forecast",
+            next_run_time=datetime.now(),
+            **opts,
+        )
         carbon_cfg = self.engine.cfg.carbon
         if carbon_cfg.signal or carbon_cfg.command:
             self.scheduler.add_job(
@@ -85,6 +97,12 @@ class Jobs:
             self.apply_windows, "interval", seconds=WINDOW_CHECK_S, id="window-check", **opts
         )
         self.scheduler.add_job(self.apply_windows, id="window-now", **opts)  # at once
+
+    async def run_forecast(self) -> None:
+        try:
+            await self.provisioner.run()
+        except Exception:
+            log.exception("forecast and pre-provisioning failed")
 
     async def refresh_carbon(self) -> None:
         """Read the carbon signal (off the loop) and publish it for ``xpu run --when-green``."""
