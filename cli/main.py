@@ -489,10 +489,11 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 
 def _register_commands() -> None:
-    """Commands that live in their own modules (defrag, simulator, dashboard, certs) register themselves."""
-    from xpu_cli import certs, defrag, simulate, top
+    """Commands that live in their own modules (defrag, simulator, dashboard, certs, config) register
+    themselves."""
+    from xpu_cli import certs, configure, defrag, simulate, top
 
-    for module in (certs, defrag, simulate, top):
+    for module in (certs, configure, defrag, simulate, top):
         module.register(app)
 
 

@@ -22,6 +22,7 @@ logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
 
 REAP_INTERVAL_S = 0.25  # a reclaimed lease is back within the grace period plus this
 MAKE_ROOM_INTERVAL_S = 1.0  # how often waiting whole-card requests are looked at
+OPTS = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
 WINDOW_CHECK_S = 30.0  # how often the capacity window's share is checked between its starts
 
 
@@ -37,66 +38,69 @@ class Jobs:
         self.provisioner = None  # xpud.provisioning.Provisioner, from start()
 
     def start(self) -> None:
+        from xpud.provisioning import Provisioner
+
         self.scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
-        opts = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
-        self.scheduler.add_job(self.reap, "interval", seconds=REAP_INTERVAL_S, id="reap", **opts)
+        self.scheduler.add_job(self.reap, "interval", seconds=REAP_INTERVAL_S, id="reap", **OPTS)
         self.scheduler.add_job(
             self.sample,
             "interval",
             seconds=self.sample_interval_s,
             id="sample",
             next_run_time=datetime.now(),
-            **opts,
+            **OPTS,
         )
+        self.provisioner = Provisioner(self.engine)
+        self.reschedule()
+        self.scheduler.start()
+
+    def reschedule(self) -> None:
+        """(Re)schedule the jobs that follow the config's live sections (at start, and after a reload):
+        defrag, make-room, the capacity windows, the forecast and the carbon signal."""
+        cfg = self.engine.cfg
+        for job in list(self.scheduler.get_jobs()):
+            if job.id not in ("reap", "sample"):
+                job.remove()
         if self.defrag is not None and self.defrag.cfg.enabled:
             seconds = self.defrag.cfg.interval_s
-            self.scheduler.add_job(self.run_defrag, "interval", seconds=seconds, id="defrag", **opts)
+            self.scheduler.add_job(self.run_defrag, "interval", seconds=seconds, id="defrag", **OPTS)
         if self.defrag is not None and self.defrag.cfg.make_room:
             self.scheduler.add_job(
-                self.make_room, "interval", seconds=MAKE_ROOM_INTERVAL_S, id="make-room", **opts
+                self.make_room, "interval", seconds=MAKE_ROOM_INTERVAL_S, id="make-room", **OPTS
             )
         self.start_windows()
-        from xpud.provisioning import Provisioner
-
-        self.provisioner = Provisioner(self.engine)
         self.scheduler.add_job(
             self.run_forecast,
             "interval",
-            seconds=self.engine.cfg.forecast.interval_s,
+            seconds=cfg.forecast.interval_s,
             id="forecast",
             next_run_time=datetime.now(),
-            **opts,
+            **OPTS,
         )
-        carbon_cfg = self.engine.cfg.carbon
-        if carbon_cfg.signal or carbon_cfg.command:
+        if cfg.carbon.signal or cfg.carbon.command:
             self.scheduler.add_job(
                 self.refresh_carbon,
                 "interval",
-                seconds=carbon_cfg.refresh_s,
+                seconds=cfg.carbon.refresh_s,
                 id="carbon",
                 next_run_time=datetime.now(),
-                **opts,
+                **OPTS,
             )
-        self.scheduler.start()
 
     # ------------------------------------------------------------------ capacity windows
     def start_windows(self) -> None:
         """One cron job per ``[[windows]]`` entry (its start), and a check every WINDOW_CHECK_S that keeps
         the share as cards come free; the window in force now is applied at once."""
-        opts = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
-        for job in list(self.scheduler.get_jobs()):
-            if job.id.startswith("window"):
-                job.remove()
         specs = self.engine.cfg.windows
         if not specs:
             self.engine.set_window(None)
             return
         for i, spec in enumerate(specs):
-            self.scheduler.add_job(self.apply_windows, spec.trigger(), id=f"window-{i}-{spec.name}", **opts)
+            self.scheduler.add_job(self.apply_windows, spec.trigger(), id=f"window-{i}-{spec.name}", **OPTS)
         self.scheduler.add_job(
-            self.apply_windows, "interval", seconds=WINDOW_CHECK_S, id="window-check", **opts
+            self.apply_windows, "interval", seconds=WINDOW_CHECK_S, id="window-check", **OPTS
         )
-        self.scheduler.add_job(self.apply_windows, id="window-now", **opts)  # at once
+        self.scheduler.add_job(self.apply_windows, id="window-now", **OPTS)  # at once
 
     async def run_forecast(self) -> None:
         try:

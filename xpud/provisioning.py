@@ -40,10 +40,13 @@ SHOW_HOURS = 24
 class Provisioner:
     def __init__(self, engine, clock=time.time):
         self.engine = engine
-        self.cfg = engine.cfg.forecast
         self.clock = clock
         self.provisioned: set[int] = set()  # cards this provisioner switched to sliced
         self._warming: set[asyncio.Task] = set()
+
+    @property
+    def cfg(self):
+        return self.engine.cfg.forecast  # read at each use: a reload (SIGHUP) may change it
 
     def fits(self, now: float) -> dict[str, forecast.Fit]:
         e = self.engine
