@@ -24,6 +24,7 @@ import tomli_w
 import typer
 
 from xpud import config
+from xpud.api.client import runtime_dir as resolve_runtime
 from xpud.errors import BadRequest, ConfigError, XpudError
 
 config_app = typer.Typer(no_args_is_help=True, help="Show and change xpud.toml; the daemon reloads it.")
@@ -180,7 +181,7 @@ def set_(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    said = "not signalled (--no-reload)" if no_reload else signal_daemon(Path(runtime_dir or "/run/xpud"))
+    said = "not signalled (--no-reload)" if no_reload else signal_daemon(resolve_runtime(runtime_dir))
     new_value = _walk(config.to_dict(config.parse(new_text, str(path))), key)
     if as_json:
         typer.echo(

@@ -84,3 +84,16 @@ def wait_for_green(
     while (left := (start - now()).total_seconds()) > 0:
         sleep(min(left, 60.0))
     return start
+
+
+def before_run(
+    runtime_dir: str | None, when_green: bool, deadline: str | None, say: Callable[[str], None]
+) -> None:
+    """`xpu run`'s --when-green/--deadline (both paths: Typer's and the fast one). Raises BadRequest."""
+    if not (when_green or deadline):
+        return
+    if not (when_green and deadline):
+        raise BadRequest("--when-green and --deadline go together: xpu run --when-green --deadline +6h ...")
+    from xpud.api.client import runtime_dir as resolve
+
+    wait_for_green(resolve(runtime_dir), deadline, say)

@@ -129,19 +129,11 @@ def run(
     ] = False,
 ) -> None:
     """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release."""
+    from xpu_cli import green
     from xpu_cli.child import die_like
     from xpu_cli.run import run as run_leased
 
-    if when_green or deadline:
-        from pathlib import Path
-
-        from xpu_cli.green import wait_for_green
-
-        if not (when_green and deadline):
-            fail("--when-green and --deadline go together: xpu run --when-green --deadline +6h --wait ...", 2)
-        wait_for_green(
-            Path(state.runtime_dir or "/run/xpud"), deadline, lambda m: typer.echo(f"xpu: {m}", err=True)
-        )
+    green.before_run(state.runtime_dir, when_green, deadline, lambda m: typer.echo(f"xpu: {m}", err=True))
 
     with client() as c:
         outcome = run_leased(
@@ -582,11 +574,11 @@ def forecast(
     """Slice demand: the forecast for the next hours, the past hours' actual demand beside what was
     forecast for them, and the error (APE per hour; MAPE over the last week)."""
     import json
-    from pathlib import Path
 
+    from xpud.api.client import runtime_dir
     from xpud.provisioning import FILE_NAME
 
-    path = Path(state.runtime_dir or "/run/xpud") / FILE_NAME
+    path = runtime_dir(state.runtime_dir) / FILE_NAME
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

@@ -289,6 +289,6 @@ def test_xpu_run_when_green_starts_now_or_waits_for_the_greenest_hour(daemon_fac
     )
     assert f"waiting until {expect}" in line and "(50; now 300)" in line, line
     r = d.xpu("run", "--when-green", "--", "true")
-    assert r.returncode == 2 and "--when-green and --deadline go together" in r.stderr
+    assert r.returncode == 1 and "--when-green and --deadline go together" in r.stderr
     r = d.xpu("run", "--when-green", "--deadline", "yesterday", "--", "true")
     assert r.returncode == 1 and "--deadline 'yesterday'" in r.stderr
