@@ -14,7 +14,7 @@ from xpud.api.client import Client
 from xpud.errors import XpudError
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # xpu --install-completion (bash, zsh, fish, PowerShell): README
     pretty_exceptions_enable=False,
     no_args_is_help=True,
     rich_markup_mode=None,
