@@ -64,6 +64,7 @@ NAMES = (
     "xpud_card_power_watts",
     "xpud_leases",
     "xpud_leases_by_owner",
+    "xpud_window_whole_share",
     "xpud_queue_requests",
     "xpud_queue_oldest_age_seconds",
     "xpud_placement_decision_seconds",
@@ -93,6 +94,14 @@ def families(daemon) -> list[Metric]:
     out += _card_families(daemon, views, list(cfg.slices))
     out += _lease_families(engine, [Mode.XPU, *cfg.slices])
     out += _queue_families(engine)
+    w = engine.window
+    share = _gauge(
+        "xpud_window_whole_share",
+        "Share of usable cards the capacity window in force keeps whole (0: none in force).",
+        ["window"],
+    )
+    share.add_metric([w.name if w else ""], w.whole_share if w else 0.0)
+    out.append(share)
     out += _stat_families(engine.stats, set(cfg.health.xid_fail) | set(cfg.health.xid_warn))
     return out
 
