@@ -10,7 +10,6 @@ replaces the file atomically, and signals the daemon named by ``xpud.pid`` in th
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import shutil
@@ -22,26 +21,13 @@ from typing import Annotated, Any
 
 import tomli_w
 import typer
+from xpu_cli.output import handled
 
 from xpud import config
 from xpud.api.client import runtime_dir as resolve_runtime
-from xpud.errors import BadRequest, ConfigError, XpudError
+from xpud.errors import BadRequest, ConfigError
 
 config_app = typer.Typer(no_args_is_help=True, help="Show and change xpud.toml; the daemon reloads it.")
-
-
-def _handled(fn):
-    """Bad input and unreadable files: one line on stderr, exit 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except XpudError as e:
-            typer.echo(f"xpu: {e}", err=True)
-            raise typer.Exit(1) from None
-
-    return wrapper
 
 
 def register(app: typer.Typer) -> None:
@@ -118,7 +104,7 @@ def signal_daemon(runtime_dir: Path) -> str:
 
 
 @config_app.command("show")
-@_handled
+@handled
 def show(
     config_path: ConfigOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of TOML.")] = False,
@@ -130,7 +116,7 @@ def show(
 
 
 @config_app.command("get")
-@_handled
+@handled
 def get(
     key: Annotated[str, typer.Argument(help="section.key, e.g. bursts.hold_s")],
     config_path: ConfigOpt = None,
@@ -142,7 +128,7 @@ def get(
 
 
 @config_app.command("set", context_settings={"ignore_unknown_options": True})
-@_handled
+@handled
 def set_(
     key: Annotated[str, typer.Argument(help="section.key, e.g. bursts.hold_s")],
     value: Annotated[str, typer.Argument(help="A TOML value: 30, 0.5, true, [1, 2] or text.")],

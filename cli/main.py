@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from typing import Annotated
 
 import typer
 from xpu_cli import output
+from xpu_cli.output import fail, handled
 
 from xpud.api.client import Client
-from xpud.errors import XpudError
 
 app = typer.Typer(
     add_completion=True,  # xpu --install-completion (bash, zsh, fish, PowerShell): README
@@ -43,26 +42,6 @@ def main_callback(
     ] = None,
 ) -> None:
     state.runtime_dir = runtime_dir
-
-
-def fail(message: str, code: int = 1):
-    typer.echo(f"xpu: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def handled(fn):
-    """Turn daemon errors into one line on stderr and a non-zero exit."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except XpudError as e:
-            fail(str(e))
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
-
-    return wrapper
 
 
 def client(admin: bool = False) -> Client:

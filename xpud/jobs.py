@@ -8,6 +8,7 @@ Hardware reads run in a worker thread so a slow driver call never stalls the API
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from datetime import datetime
 
@@ -24,6 +25,22 @@ REAP_INTERVAL_S = 0.25  # a reclaimed lease is back within the grace period plus
 MAKE_ROOM_INTERVAL_S = 1.0  # how often waiting whole-card requests are looked at
 OPTS = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
 WINDOW_CHECK_S = 30.0  # how often the capacity window's share is checked between its starts
+
+
+def _logged(what: str):
+    """A job whose failure is logged (with its traceback), never raised into the scheduler."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        async def job(*args, **kw):
+            try:
+                return await fn(*args, **kw)
+            except Exception:
+                log.exception("%s failed", what)
+
+        return job
+
+    return wrap
 
 
 class Jobs:
@@ -102,11 +119,9 @@ class Jobs:
         )
         self.scheduler.add_job(self.apply_windows, id="window-now", **OPTS)  # at once
 
+    @_logged("forecast and pre-provisioning")
     async def run_forecast(self) -> None:
-        try:
-            await self.provisioner.run()
-        except Exception:
-            log.exception("forecast and pre-provisioning failed")
+        await self.provisioner.run()
 
     async def refresh_carbon(self) -> None:
         """Read the carbon signal (off the loop) and publish it for ``xpu run --when-green``."""
@@ -168,14 +183,10 @@ class Jobs:
             except Exception:
                 log.exception("judging the cards' health failed")
 
+    @_logged("periodic defrag")
     async def run_defrag(self) -> None:
-        try:
-            await self.defrag.periodic()
-        except Exception:
-            log.exception("periodic defrag failed")
+        await self.defrag.periodic()
 
+    @_logged("making room for a waiting request")
     async def make_room(self) -> None:
-        try:
-            await self.defrag.make_room()
-        except Exception:
-            log.exception("making room for a waiting request failed")
+        await self.defrag.make_room()
