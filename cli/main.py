@@ -8,13 +8,14 @@ import time
 from typing import Annotated
 
 import typer
-from xpu_cli import output
+from xpu_cli import grammar, output
 
 from xpud.api.client import Client
 from xpud.errors import XpudError
 
 app = typer.Typer(
-    add_completion=False,
+    cls=grammar.XpuGroup,
+    context_settings={"help_option_names": grammar.HELP_OPTIONS},
     pretty_exceptions_enable=False,
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -35,12 +36,30 @@ class State:
 state = State()
 
 
+def _run_value_options() -> frozenset[str]:
+    from xpu_cli.entry import RUN_OPTIONS
+
+    return frozenset(name for name, (_, kind) in RUN_OPTIONS.items() if not isinstance(kind, bool))
+
+
+grammar.XpuGroup.passthrough = {"run": _run_value_options()}
+
+
 @app.callback()
 def main_callback(
     runtime_dir: Annotated[
         str | None,
-        typer.Option(envvar="XPUD_RUNTIME_DIR", help="Where the daemon's sockets are (default /run/xpud)."),
+        typer.Option(
+            envvar="XPUD_RUNTIME_DIR",
+            help="Where the daemon's sockets are (default /run/xpud). Accepted after the command too.",
+        ),
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=grammar.version_option, is_eager=True, help="Print xpu's version and exit."
+        ),
+    ] = False,
 ) -> None:
     state.runtime_dir = runtime_dir
 
@@ -70,6 +89,10 @@ def client(admin: bool = False) -> Client:
 
 
 # ---------------------------------------------------------------------------------------------- run
+RUN_MODES = ("xpu", "vxpu-half", "vxpu-quarter")  # the built-in ones; a config may add slice sizes
+CARD_MODES = ("whole", "sliced", "auto")
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 @handled
 def run(
@@ -82,8 +105,10 @@ def run(
         typer.Option(
             "--mode",
             "-m",
-            help="xpu (whole cards), vxpu-half, vxpu-quarter, or "
-            "another slice size from the daemon's config.",
+            metavar="MODE",
+            autocompletion=lambda: list(RUN_MODES),
+            help="xpu (whole cards), vxpu-half or vxpu-quarter (slices), or another slice size from the "
+            "daemon's config (`xpu info` lists them); any case.",
         ),
     ] = "xpu",
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Whole cards to lease (mode xpu).", min=1)] = 1,
@@ -421,10 +446,18 @@ def undrain(card: Annotated[str, typer.Argument(help="Card index or UUID.")]) ->
 @handled
 def mode_cmd(
     card: Annotated[str, typer.Argument(help="Card index or UUID.")],
-    mode: Annotated[str, typer.Argument(help="whole, sliced, or auto (the scheduler decides).")],
+    mode: Annotated[
+        str,
+        typer.Argument(
+            metavar="whole|sliced|auto",
+            autocompletion=lambda: list(CARD_MODES),
+            help="whole, sliced, or auto (the scheduler decides); any case.",
+        ),
+    ],
 ) -> None:
     """Switch a card between whole and sliced mode (operators); refused while a lease holds it."""
-    if mode not in ("whole", "sliced", "auto"):
+    mode = mode.lower()
+    if mode not in CARD_MODES:
         fail(f"mode {mode!r}: use whole, sliced or auto", 2)
     with client(admin=True) as c:
         card_msg = c.set_mode(card, mode)

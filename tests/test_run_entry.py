@@ -78,6 +78,8 @@ CASES = [
     ["--runtime-dir", "", "run", "true"],
     ["run", "-m", "a", "-m", "b", "--", "true"],
     ["run", "--kill-grace", "2.", "--", "true"],
+    ["run", "--runtime-dir", "/tmp", "--", "true"],  # global options are accepted after the command
+    ["--runtime-dir", "/a", "run", "-g", "2", "--runtime-dir=/b", "true"],
 ]
 # Typer refuses these: the fast path must leave them to it, for its usual message.
 REFUSED = [
@@ -90,7 +92,6 @@ REFUSED = [
     ["run", "--bogus", "--", "true"],
     ["run", "-x", "--", "true"],
     ["run", "--restartable=yes", "--", "true"],
-    ["run", "--runtime-dir", "/tmp", "--", "true"],
     ["--runtime-dir", "run"],
 ]
 # Typer takes these, but they are rare and odd: the fast path leaves them to it rather than mimic it.
