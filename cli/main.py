@@ -8,7 +8,7 @@ import time
 from typing import Annotated
 
 import typer
-from xpu_cli import grammar, output
+from xpu_cli import grammar, output, vocab
 
 from xpud.api.client import Client
 from xpud.errors import XpudError
@@ -161,24 +161,6 @@ def run(
 
 
 # ---------------------------------------------------------------------------------------------- listings
-def _held(card) -> str:
-    if card.whole_lease:
-        return f"lease {card.whole_lease}"
-    if card.slices:
-        return " ".join(f"{s.size.removeprefix('vxpu-')}:{s.lease_id}" for s in card.slices)
-    return "-"
-
-
-def _free(card) -> str:
-    if card.drained:
-        return "drained"
-    if card.whole_lease:
-        return "0"
-    if card.mode == "sliced" or card.slices:
-        return f"{card.free_memory_fraction * 100:.0f}% mem {card.free_compute_pct}% sm"
-    return "whole"
-
-
 @app.command("ls")
 @handled
 def ls(as_json: JsonOpt = False) -> None:
@@ -191,36 +173,39 @@ def ls(as_json: JsonOpt = False) -> None:
     for card in reply.cards:
         s = card.sample
         has = card.HasField("sample")
-        mem = (
-            f"{output.gib(s.memory_used_bytes) if has and s.HasField('memory_used_bytes') else '-'}"
-            f"/{output.gib(card.memory_total_bytes)} GiB"
-        )
+        used = s.memory_used_bytes if has and s.HasField("memory_used_bytes") else None
         util = f"{s.utilization_gpu_pct}%" if has and s.HasField("utilization_gpu_pct") else "-"
         temp = f"{s.temperature_c}C" if has and s.HasField("temperature_c") else "-"
         power = f"{s.power_w:.0f}W" if has and s.HasField("power_w") else "-"
         if has and s.lost:
             util = temp = power = "lost"
-        mode = card.mode + ("*" if card.mode_pinned else "")
         rows.append(
             [
                 card.index,
-                card.name,
-                mode,
-                card.isolation,
-                _held(card),
-                _free(card),
-                mem,
+                vocab.card_name(card),
+                vocab.mode(card),
+                vocab.held_by(card),
+                output.Styled(vocab.free(card), "yellow") if card.drained else vocab.free(card),
+                vocab.memory(used, card.memory_total_bytes),
                 util,
                 temp,
                 power,
-                f"{card.health_state} {card.health_score}",
+                output.Styled(
+                    f"{card.health_state} {card.health_score}",
+                    output.HEALTH_STYLES.get(card.health_state, ""),
+                ),
             ]
         )
     output.table(
-        ["CARD", "NAME", "MODE", "ISOL", "HELD BY", "FREE", "MEMORY", "UTIL", "TEMP", "POWER", "HEALTH"], rows
+        ["CARD", "NAME", "MODE", "HELD BY", "FREE", "MEMORY", "UTIL", "TEMP", "POWER", "HEALTH"],
+        rows,
+        optional=("POWER", "TEMP", "NAME"),
     )
+    for card in reply.cards:
+        if card.drained:
+            output.note(f"card {card.index} drained: {card.drain_reason or '(no reason given)'}")
     if any(card.mode_pinned for card in reply.cards):
-        print("* mode pinned by an operator (`xpu mode CARD auto` lets the scheduler switch it again)")
+        output.note("* mode pinned by an operator (`xpu mode CARD auto` lets the scheduler switch it again)")
 
 
 @app.command()
@@ -242,21 +227,21 @@ def leases(
             le.id,
             le.mode,
             ",".join(map(str, le.cards)),
-            le.owner_uid,
+            vocab.user_name(le.owner_uid),
             le.holder_pid or "-",
             output.age(le.created, now),
-            le.state if all_ else ("yes" if le.held else "NO"),
+            le.state if all_ else ("yes" if le.held else output.Styled("NO", "red")),
             ("R " if le.restartable else "") + (f"[{le.mark}] " if le.mark else "") + le.command[:60],
         ]
         for le in reply.leases
     ]
     output.table(
-        ["LEASE", "MODE", "CARDS", "UID", "PID", "AGE", "STATE" if all_ else "HELD", "COMMAND"], rows
+        ["LEASE", "MODE", "CARDS", "USER", "PID", "AGE", "STATE" if all_ else "HELD", "COMMAND"], rows
     )
     if reply.queue:
         print(f"\nqueue ({len(reply.queue)} waiting):")
         output.table(
-            ["POS", "TICKET", "MODE", "GPUS", "PRIO", "UID", "WAITED", "GIVES UP IN", "COMMAND"],
+            ["POS", "TICKET", "MODE", "GPUS", "PRIO", "USER", "WAITED", "GIVES UP IN", "COMMAND"],
             [
                 [
                     q.position,
@@ -264,7 +249,7 @@ def leases(
                     q.mode,
                     q.gpus,
                     q.priority,
-                    q.owner_uid,
+                    vocab.user_name(q.owner_uid),
                     output.age(q.enqueued, now),
                     f"{max(0, q.deadline - now):.0f}s",
                     q.command[:50],
@@ -337,11 +322,12 @@ def info(as_json: JsonOpt = False) -> None:
         f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(i.started))} ({output.age(i.started)} ago)"
     )
     shown["config_path"] = i.config_path or "(none: defaults)"
+    shown["caller_uid"] = f"{i.caller_uid} ({vocab.user_name(i.caller_uid)})"
     shown["slice_sizes"] = ", ".join(  # what --mode accepts besides xpu
         f"{s.name} ({s.memory_fraction:.4g} memory, {s.compute_pct}% compute)" for s in i.slice_sizes
     )
     for k, v in shown.items():
-        print(f"{k:16} {v}")
+        output.note(f"{k:16} {v}", indent=" " * 17)
 
 
 @app.command()
@@ -404,7 +390,7 @@ def _signal_value(sig, name: str) -> str:
     v = getattr(sig, name)
     unit = sig.unit
     if unit == "bytes":
-        return f"{output.gib(v)} GiB"
+        return f"{vocab.gib(v)} GiB"
     if unit == "mask":
         return f"0x{int(v):x}"
     if unit == "ratio":

@@ -248,7 +248,8 @@ async def test_the_watch_stream_updates_every_view(daemons):
             await until(pilot, lambda: app.state.lease(lease.id) is not None, what="the new lease")
             slice_card = lease.cards[0]
             tile = app.query_one(f"#card-{slice_card}", CardTile)
-            await until(pilot, lambda: f"¼:{lease.id}" in str(tile.render()), what="the slice on its tile")
+            held = f"{lease.id} (quarter)"
+            await until(pilot, lambda: held in str(tile.render()), what="the slice on its tile")
             assert any(e.kind == "grant" and e.lease_id == lease.id for e in app.state.events)
             log = app.query_one(EventLog)
             assert log.count == len(app.state.events)

@@ -8,11 +8,9 @@ run in worker threads after a confirmation dialog, and only on the admin socket.
 
 from __future__ import annotations
 
-import pwd
 import threading
 import time
 from collections.abc import Callable
-from functools import lru_cache
 from typing import ClassVar
 
 from rich.text import Text
@@ -21,6 +19,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+from xpu_cli.vocab import user_name
 from xpu_tui.cardtile import CardTile
 from xpu_tui.clusterview import ClusterView
 from xpu_tui.eventlog import EventLog
@@ -41,13 +40,7 @@ OPERATOR_ACTIONS = ("drain", "undrain", "mode", "release")
 ADMIN_HINT = "run `xpu top --admin` as root or a member of the admin group"
 
 
-@lru_cache(maxsize=4096)
-def owner_name(uid: int) -> str:
-    """A uid as a user name when this machine knows it, else ``uid N``."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+owner_name = user_name  # a uid as a user name, as the CLI shows it
 
 
 class XpuTop(App[None]):

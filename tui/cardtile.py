@@ -13,8 +13,9 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
 from textual.widget import Widget
+from xpu_cli import vocab
 from xpu_tui.hoststate import CardHistory
-from xpu_tui.render import bar, gib, health_badge, short, slice_glyph, spark
+from xpu_tui.render import bar, health_badge, short, spark
 
 from xpud.api.v1 import xpu_pb2 as pb
 
@@ -32,19 +33,13 @@ def _field(sample: pb.Sample, name: str):
     return getattr(sample, name) if sample.HasField(name) else None
 
 
-def mode_text(card: pb.Card) -> str:
-    """``whole``, ``sliced/mig``, with ``*`` when an operator pinned the mode."""
-    text = card.mode + (f"/{card.isolation}" if card.mode == "sliced" and card.isolation != "none" else "")
-    return text + ("*" if card.mode_pinned else "")
+mode_text = vocab.mode  # ``whole``, ``sliced/mig``, with ``*`` when an operator pinned the mode
 
 
 def holders_text(card: pb.Card) -> str:
-    """Who holds the card: the whole-card lease, or each slice with its lease."""
-    if card.whole_lease:
-        return f"lease {card.whole_lease} (whole card)"
-    if card.slices:
-        return " ".join(f"{slice_glyph(s.size)}:{s.lease_id}" for s in card.slices)
-    return "idle"
+    """Who holds the card, in the CLI's HELD BY words: ``held by 78a228d2 (whole)``, or ``idle``."""
+    held = vocab.held_by(card)
+    return "idle" if held == "-" else f"held by {held}"
 
 
 def tile_lines(card: pb.Card, history: CardHistory, width: int) -> list[Text]:
@@ -104,7 +99,7 @@ def _readings(sample: pb.Sample | None, used: int | None, total: int | None) -> 
     out.append(f"  {power:.0f}" if power is not None else "  -")
     out.append(f"/{limit:.0f}W" if limit is not None else "W")
     out.append(f"  P{pstate}" if pstate is not None else "")
-    out.append(f"  {gib(used)}/{gib(total)}G")
+    out.append(f"  {vocab.memory(used, total)}")
     return out
 
 
@@ -113,7 +108,7 @@ def _footnote(card: pb.Card, width: int) -> Text:
         return Text(short(f"⊘ {card.drain_reason or 'drained'}", width), style="yellow")
     if card.mode == "sliced" and not card.whole_lease:
         return Text(
-            short(f"free {card.free_memory_fraction * 100:.0f}% mem · {card.free_compute_pct}% sm", width),
+            short(f"free {vocab.free(card)}", width),
             style="dim",
         )
     return Text("")

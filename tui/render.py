@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from xpu_cli.vocab import gib  # one memory format in every view: 79.6 GiB
+
+__all__ = ["gib"]
+
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 _SPARK = "▁▂▃▄▅▆▇█"
 
@@ -66,14 +70,6 @@ def spark(values: Sequence[float], width: int, high: float = 100.0) -> str:
         level = min(max(v / high, 0.0), 1.0) if high > 0 else 0.0
         cells.append(_SPARK[min(len(_SPARK) - 1, int(level * len(_SPARK)))])
     return "".join(cells).rjust(width)
-
-
-def gib(nbytes: int | None) -> str:
-    """Bytes as GiB, short: ``80`` or ``0.5``; ``-`` when unknown."""
-    if nbytes is None:
-        return "-"
-    g = nbytes / (1 << 30)
-    return f"{g:.0f}" if g >= 10 else f"{g:.1f}"
 
 
 def age(seconds: float) -> str:
