@@ -322,9 +322,8 @@ def info(as_json: JsonOpt = False) -> None:
         f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(i.started))} ({output.age(i.started)} ago)"
     )
     shown["config_path"] = i.config_path or "(none: defaults)"
-    shown["caller_uid"] = f"{i.caller_uid} ({vocab.user_name(i.caller_uid)})"
     shown["slice_sizes"] = ", ".join(  # what --mode accepts besides xpu
-        f"{s.name} ({s.memory_fraction:.4g} memory, {s.compute_pct}% compute)" for s in i.slice_sizes
+        f"{s.name} ({s.memory_fraction * 100:.4g}% memory, {s.compute_pct}% compute)" for s in i.slice_sizes
     )
     for k, v in shown.items():
         output.note(f"{k:16} {v}", indent=" " * 17)

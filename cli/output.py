@@ -1,4 +1,5 @@
-"""Printing for the CLI: aligned tables, JSON, human units. Formatting lives here, not in the daemon."""
+"""Printing for the CLI: aligned tables, JSON (shaped by ``jsonshape``), human units. Formatting lives here,
+not in the daemon."""
 
 from __future__ import annotations
 
@@ -10,51 +11,9 @@ import textwrap
 import time
 from collections.abc import Sequence
 
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.json_format import MessageToDict
+from xpu_cli.jsonshape import to_dict
 
-_INT64 = frozenset(
-    {
-        FieldDescriptor.TYPE_INT64,
-        FieldDescriptor.TYPE_UINT64,
-        FieldDescriptor.TYPE_SINT64,
-        FieldDescriptor.TYPE_FIXED64,
-        FieldDescriptor.TYPE_SFIXED64,
-    }
-)
-
-
-def to_dict(msg) -> dict:
-    """The message as JSON-ready data with the proto's field names, in the proto's field order; 64-bit
-    integers stay numbers (protobuf's JSON mapping writes them as strings, which `jq` and scripts would
-    have to convert)."""
-    d = MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    return _tidy(msg.DESCRIPTOR, d)
-
-
-def _repeated(f) -> bool:
-    rep = getattr(f, "is_repeated", None)  # protobuf >= 5.28; `label` is gone in 7
-    return rep if rep is not None else f.label == FieldDescriptor.LABEL_REPEATED
-
-
-def _tidy(desc, d: dict) -> dict:
-    out = {}
-    for f in desc.fields:
-        if f.name not in d:
-            continue
-        v = d[f.name]
-        if f.message_type is not None and f.message_type.GetOptions().map_entry:
-            vf = f.message_type.fields_by_name["value"]
-            if vf.message_type is not None:
-                v = {k: _tidy(vf.message_type, x) for k, x in v.items()}
-            elif vf.type in _INT64:
-                v = {k: int(x) for k, x in v.items()}
-        elif f.message_type is not None:
-            v = [_tidy(f.message_type, x) for x in v] if _repeated(f) else _tidy(f.message_type, v)
-        elif f.type in _INT64:
-            v = [int(x) for x in v] if _repeated(f) else int(v)
-        out[f.name] = v
-    return out
+__all__ = ["to_dict"]
 
 
 def print_json(obj) -> None:
