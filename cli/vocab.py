@@ -65,3 +65,23 @@ def gib(nbytes: int | float | None) -> str:
 def memory(used: int | None, total: int | None) -> str:
     """``0.5/79.6 GiB``: used and total memory, ``-`` for either when unknown."""
     return f"{gib(used)}/{gib(total)} GiB"
+
+
+def signal_value(sig, name: str) -> str:
+    """A signal's value or threshold in human units (the daemon sends raw numbers and a unit)."""
+    if not sig.HasField(name):
+        return "-"
+    v = getattr(sig, name)
+    unit = sig.unit
+    if unit == "bytes":
+        return f"{gib(v)} GiB"
+    if unit == "mask":
+        return f"0x{int(v):x}"
+    if unit == "ratio":
+        return f"{v * 100:.0f}%"
+    if unit == "P":
+        return f"P{int(v)}"
+    if sig.name in ("lost", "inforom") and name == "value":
+        return {"lost": ("no", "yes"), "inforom": ("invalid", "valid")}[sig.name][int(v)]
+    text = f"{v:g}"
+    return f"{text} {unit}" if unit and unit != "%" else text + unit

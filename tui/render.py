@@ -52,6 +52,11 @@ def slice_glyph(size: str) -> str:
     return SLICE_GLYPHS.get(size, size.removeprefix("vxpu-"))
 
 
+def slice_count(n: int, size: str) -> str:
+    """``3×½``: a count of slices that cannot be misread as a mixed number (``1¼``)."""
+    return f"{n}×{slice_glyph(size)}"
+
+
 def bar(fraction: float | None, width: int) -> str:
     """A horizontal bar ``width`` cells wide, in eighths of a cell; blank-dotted when unknown."""
     if fraction is None or math.isnan(fraction):
