@@ -28,6 +28,8 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--restartable": ("restartable", True),
     "--no-restartable": ("restartable", False),
     "--json-env": ("json_env", True),
+    "--when-green": ("when_green", True),
+    "--deadline": ("deadline", "str"),
 }
 RUN_DEFAULTS = {
     "mode": "xpu",
@@ -37,6 +39,8 @@ RUN_DEFAULTS = {
     "restartable": False,
     "kill_grace": 10.0,
     "json_env": False,
+    "when_green": False,
+    "deadline": None,
 }
 
 
@@ -116,6 +120,12 @@ def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
     from xpud.errors import XpudError
 
     try:
+        if opts["when_green"] or opts["deadline"]:
+            from xpu_cli.green import before_run
+
+            before_run(
+                runtime_dir, opts["when_green"], opts["deadline"], lambda m: sys.stderr.write(f"xpu: {m}\n")
+            )
         with Client(runtime_dir) as c:
             outcome = run_leased(
                 c,

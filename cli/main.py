@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from typing import Annotated
 
 import typer
 from xpu_cli import output
+from xpu_cli.output import fail, handled
 
 from xpud.api.client import Client
-from xpud.errors import XpudError
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # xpu --install-completion (bash, zsh, fish, PowerShell): README
     pretty_exceptions_enable=False,
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -43,26 +42,6 @@ def main_callback(
     ] = None,
 ) -> None:
     state.runtime_dir = runtime_dir
-
-
-def fail(message: str, code: int = 1):
-    typer.echo(f"xpu: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def handled(fn):
-    """Turn daemon errors into one line on stderr and a non-zero exit."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except XpudError as e:
-            fail(str(e))
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
-
-    return wrapper
 
 
 def client(admin: bool = False) -> Client:
@@ -107,6 +86,18 @@ def run(
     kill_grace: Annotated[
         float, typer.Option(help="Seconds between a forwarded signal and SIGKILL.", min=0)
     ] = 10.0,
+    when_green: Annotated[
+        bool,
+        typer.Option(
+            "--when-green",
+            help="Deferrable work: start in the greenest hour before --deadline (the daemon's [carbon] "
+            "signal), then lease as usual.",
+        ),
+    ] = False,
+    deadline: Annotated[
+        str | None,
+        typer.Option(help="With --when-green: start by then (+90m, +6h, +2d, HH:MM or an ISO time)."),
+    ] = None,
     json_env: Annotated[
         bool,
         typer.Option(
@@ -117,8 +108,11 @@ def run(
     ] = False,
 ) -> None:
     """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release."""
+    from xpu_cli import green
     from xpu_cli.child import die_like
     from xpu_cli.run import run as run_leased
+
+    green.before_run(state.runtime_dir, when_green, deadline, lambda m: typer.echo(f"xpu: {m}", err=True))
 
     with client() as c:
         outcome = run_leased(
@@ -466,10 +460,11 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 
 def _register_commands() -> None:
-    """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster) register."""
-    from xpu_cli import certs, cluster, defrag, simulate, top
+    """Commands that live in their own modules (defrag, simulator, dashboard, certs, config, cluster)
+    register themselves."""
+    from xpu_cli import certs, cluster, configure, defrag, simulate, top
 
-    for module in (certs, cluster, defrag, simulate, top):
+    for module in (certs, cluster, configure, defrag, simulate, top):
         module.register(app)
 
 
@@ -481,3 +476,117 @@ def main() -> None:
         app(prog_name="xpu")
     except BrokenPipeError:
         sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------- windows
+@app.command()
+@handled
+def windows(
+    as_json: JsonOpt = False,
+    config_path: Annotated[
+        str | None,
+        typer.Option(
+            "--config", "-c", help="The daemon's config (default $XPUD_CONFIG or /etc/xpud/xpud.toml)."
+        ),
+    ] = None,
+) -> None:
+    """Capacity windows ([[windows]] in xpud.toml): the one in force, each one's last and next start and the
+    share of usable cards it keeps whole."""
+    from datetime import datetime
+
+    from xpud import config
+    from xpud import windows as win
+
+    cfg = config.load(config_path)
+    now = datetime.now().astimezone()
+    states = win.states(cfg.windows, now)
+    cur = next((s for s in states if s.current), None)
+    if as_json:
+        return output.print_json(
+            {
+                "now": now.isoformat(timespec="seconds"),
+                "current": cur.spec.name if cur else None,
+                "whole_share": cur.spec.whole_share if cur else 0.0,
+                "windows": [
+                    {
+                        "name": s.spec.name,
+                        "cron": s.spec.cron,
+                        "timezone": s.spec.timezone,
+                        "whole_share": s.spec.whole_share,
+                        "current": s.current,
+                        "last_start": s.started.isoformat() if s.started else None,
+                        "next_start": s.next.isoformat() if s.next else None,
+                    }
+                    for s in states
+                ],
+            }
+        )
+    if not states:
+        print("no capacity windows ([[windows]] in xpud.toml): every idle card may be sliced")
+        return
+
+    def when(t) -> str:
+        return t.strftime("%a %Y-%m-%d %H:%M %Z") if t else "-"
+
+    rows = [
+        [
+            "*" if s.current else "",
+            s.spec.name,
+            s.spec.cron,
+            f"{s.spec.whole_share:.0%}",
+            when(s.started),
+            when(s.next),
+        ]
+        for s in states
+    ]
+    output.table(["", "WINDOW", "CRON", "KEEPS WHOLE", "LAST START", "NEXT START"], rows)
+    print(f"* in force: keeps {cur.spec.whole_share:.0%} of usable cards whole" if cur else "none in force")
+
+
+# ---------------------------------------------------------------------------------------------- forecast
+@app.command()
+@handled
+def forecast(
+    as_json: JsonOpt = False,
+    hours: Annotated[int, typer.Option(help="Hours of past and future to show.", min=1, max=24)] = 12,
+) -> None:
+    """Slice demand: the forecast for the next hours, the past hours' actual demand beside what was
+    forecast for them, and the error (APE per hour; MAPE over the last week)."""
+    import json
+
+    from xpud.api.client import runtime_dir
+    from xpud.provisioning import FILE_NAME
+
+    path = runtime_dir(state.runtime_dir) / FILE_NAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        fail(
+            f"{path}: no forecast published yet; is xpud running (it forecasts every [forecast] interval_s)?"
+        )
+    except (OSError, ValueError) as e:
+        fail(f"{path}: cannot read the forecast: {e}")
+    if as_json:
+        return output.print_json(data)
+
+    def num(v) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    print(
+        f"forecast of {data['generated']}; pre-provisioning {'on' if data['enabled'] else 'off'}; "
+        f"sliced cards wanted {data['lead_s'] / 60:.0f} min ahead: {data['sliced_cards_wanted']}"
+        + (
+            f" (provisioned: {', '.join(map(str, data['provisioned_cards']))})"
+            if data["provisioned_cards"]
+            else ""
+        )
+    )
+    for size, s in data["sizes"].items():
+        m = s["mape_last_week"]
+        print(f"\n{size}: MAPE over the last week {'-' if m is None else f'{m:.1%}'}")
+        rows = [
+            [p["hour"], num(p["actual"]), num(p["forecast"]), "-" if p["ape"] is None else f"{p['ape']:.0%}"]
+            for p in s["past"][-hours:]
+        ]
+        rows += [[n["hour"], "", num(n["forecast"]), ""] for n in s["next"][:hours]]
+        output.table(["HOUR", "ACTUAL", "FORECAST", "APE"], rows)

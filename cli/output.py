@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -9,6 +10,34 @@ from collections.abc import Sequence
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
+
+from xpud.errors import XpudError
+
+
+def fail(message: str, code: int = 1):
+    """One line on stderr, exit ``code``."""
+    import typer
+
+    typer.echo(f"xpu: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def handled(fn):
+    """Turn daemon errors into one line on stderr and a non-zero exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import typer
+
+        try:
+            return fn(*args, **kwargs)
+        except XpudError as e:
+            fail(str(e))
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+    return wrapper
+
 
 _INT64 = frozenset(
     {
