@@ -30,6 +30,7 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--json-env": ("json_env", True),
     "--when-green": ("when_green", True),
     "--deadline": ("deadline", "str"),
+    "--runtime-dir": ("runtime_dir", "str"),  # a global option, accepted after the command too
 }
 RUN_DEFAULTS = {
     "mode": "xpu",
@@ -78,6 +79,7 @@ def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
         return None
     opts = dict(RUN_DEFAULTS)
     i += 1
+    after = None
     while i < len(args):
         arg = args[i]
         if arg == "--":
@@ -106,8 +108,11 @@ def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
         value = _value(kind, text) if text else None
         if value is None:
             return None
-        opts[param] = value
-    return runtime_dir, opts, args[i:]
+        if param == "runtime_dir":
+            after = value
+        else:
+            opts[param] = value
+    return (after if after is not None else runtime_dir), opts, args[i:]
 
 
 def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:

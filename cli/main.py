@@ -7,13 +7,15 @@ import time
 from typing import Annotated
 
 import typer
-from xpu_cli import output
+from xpu_cli import grammar, output, vocab
 from xpu_cli.output import fail, handled
 
 from xpud.api.client import Client
 
 app = typer.Typer(
     add_completion=True,  # xpu --install-completion (bash, zsh, fish, PowerShell): README
+    cls=grammar.XpuGroup,
+    context_settings={"help_option_names": grammar.HELP_OPTIONS},
     pretty_exceptions_enable=False,
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -34,12 +36,30 @@ class State:
 state = State()
 
 
+def _run_value_options() -> frozenset[str]:
+    from xpu_cli.entry import RUN_OPTIONS
+
+    return frozenset(name for name, (_, kind) in RUN_OPTIONS.items() if not isinstance(kind, bool))
+
+
+grammar.XpuGroup.passthrough = {"run": _run_value_options()}
+
+
 @app.callback()
 def main_callback(
     runtime_dir: Annotated[
         str | None,
-        typer.Option(envvar="XPUD_RUNTIME_DIR", help="Where the daemon's sockets are (default /run/xpud)."),
+        typer.Option(
+            envvar="XPUD_RUNTIME_DIR",
+            help="Where the daemon's sockets are (default /run/xpud). Accepted after the command too.",
+        ),
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=grammar.version_option, is_eager=True, help="Print xpu's version and exit."
+        ),
+    ] = False,
 ) -> None:
     state.runtime_dir = runtime_dir
 
@@ -49,6 +69,10 @@ def client(admin: bool = False) -> Client:
 
 
 # ---------------------------------------------------------------------------------------------- run
+RUN_MODES = ("xpu", "vxpu-half", "vxpu-quarter")  # the built-in ones; a config may add slice sizes
+CARD_MODES = ("whole", "sliced", "auto")
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 @handled
 def run(
@@ -61,8 +85,10 @@ def run(
         typer.Option(
             "--mode",
             "-m",
-            help="xpu (whole cards), vxpu-half, vxpu-quarter, or "
-            "another slice size from the daemon's config.",
+            metavar="MODE",
+            autocompletion=lambda: list(RUN_MODES),
+            help="xpu (whole cards), vxpu-half or vxpu-quarter (slices), or another slice size from the "
+            "daemon's config (`xpu info` lists them); any case.",
         ),
     ] = "xpu",
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Whole cards to lease (mode xpu).", min=1)] = 1,
@@ -130,24 +156,6 @@ def run(
 
 
 # ---------------------------------------------------------------------------------------------- listings
-def _held(card) -> str:
-    if card.whole_lease:
-        return f"lease {card.whole_lease}"
-    if card.slices:
-        return " ".join(f"{s.size.removeprefix('vxpu-')}:{s.lease_id}" for s in card.slices)
-    return "-"
-
-
-def _free(card) -> str:
-    if card.drained:
-        return "drained"
-    if card.whole_lease:
-        return "0"
-    if card.mode == "sliced" or card.slices:
-        return f"{card.free_memory_fraction * 100:.0f}% mem {card.free_compute_pct}% sm"
-    return "whole"
-
-
 @app.command("ls")
 @handled
 def ls(as_json: JsonOpt = False) -> None:
@@ -160,36 +168,39 @@ def ls(as_json: JsonOpt = False) -> None:
     for card in reply.cards:
         s = card.sample
         has = card.HasField("sample")
-        mem = (
-            f"{output.gib(s.memory_used_bytes) if has and s.HasField('memory_used_bytes') else '-'}"
-            f"/{output.gib(card.memory_total_bytes)} GiB"
-        )
+        used = s.memory_used_bytes if has and s.HasField("memory_used_bytes") else None
         util = f"{s.utilization_gpu_pct}%" if has and s.HasField("utilization_gpu_pct") else "-"
         temp = f"{s.temperature_c}C" if has and s.HasField("temperature_c") else "-"
         power = f"{s.power_w:.0f}W" if has and s.HasField("power_w") else "-"
         if has and s.lost:
             util = temp = power = "lost"
-        mode = card.mode + ("*" if card.mode_pinned else "")
         rows.append(
             [
                 card.index,
-                card.name,
-                mode,
-                card.isolation,
-                _held(card),
-                _free(card),
-                mem,
+                vocab.card_name(card),
+                vocab.mode(card),
+                vocab.held_by(card),
+                output.Styled(vocab.free(card), "yellow") if card.drained else vocab.free(card),
+                vocab.memory(used, card.memory_total_bytes),
                 util,
                 temp,
                 power,
-                f"{card.health_state} {card.health_score}",
+                output.Styled(
+                    f"{card.health_state} {card.health_score}",
+                    output.HEALTH_STYLES.get(card.health_state, ""),
+                ),
             ]
         )
     output.table(
-        ["CARD", "NAME", "MODE", "ISOL", "HELD BY", "FREE", "MEMORY", "UTIL", "TEMP", "POWER", "HEALTH"], rows
+        ["CARD", "NAME", "MODE", "HELD BY", "FREE", "MEMORY", "UTIL", "TEMP", "POWER", "HEALTH"],
+        rows,
+        optional=("POWER", "TEMP", "NAME"),
     )
+    for card in reply.cards:
+        if card.drained:
+            output.note(f"card {card.index} drained: {card.drain_reason or '(no reason given)'}")
     if any(card.mode_pinned for card in reply.cards):
-        print("* mode pinned by an operator (`xpu mode CARD auto` lets the scheduler switch it again)")
+        output.note("* mode pinned by an operator (`xpu mode CARD auto` lets the scheduler switch it again)")
 
 
 @app.command()
@@ -211,21 +222,21 @@ def leases(
             le.id,
             le.mode,
             ",".join(map(str, le.cards)),
-            le.owner_uid,
+            vocab.user_name(le.owner_uid),
             le.holder_pid or "-",
             output.age(le.created, now),
-            le.state if all_ else ("yes" if le.held else "NO"),
+            le.state if all_ else ("yes" if le.held else output.Styled("NO", "red")),
             ("R " if le.restartable else "") + (f"[{le.mark}] " if le.mark else "") + le.command[:60],
         ]
         for le in reply.leases
     ]
     output.table(
-        ["LEASE", "MODE", "CARDS", "UID", "PID", "AGE", "STATE" if all_ else "HELD", "COMMAND"], rows
+        ["LEASE", "MODE", "CARDS", "USER", "PID", "AGE", "STATE" if all_ else "HELD", "COMMAND"], rows
     )
     if reply.queue:
         print(f"\nqueue ({len(reply.queue)} waiting):")
         output.table(
-            ["POS", "TICKET", "MODE", "GPUS", "PRIO", "UID", "WAITED", "GIVES UP IN", "COMMAND"],
+            ["POS", "TICKET", "MODE", "GPUS", "PRIO", "USER", "WAITED", "GIVES UP IN", "COMMAND"],
             [
                 [
                     q.position,
@@ -233,7 +244,7 @@ def leases(
                     q.mode,
                     q.gpus,
                     q.priority,
-                    q.owner_uid,
+                    vocab.user_name(q.owner_uid),
                     output.age(q.enqueued, now),
                     f"{max(0, q.deadline - now):.0f}s",
                     q.command[:50],
@@ -307,10 +318,10 @@ def info(as_json: JsonOpt = False) -> None:
     )
     shown["config_path"] = i.config_path or "(none: defaults)"
     shown["slice_sizes"] = ", ".join(  # what --mode accepts besides xpu
-        f"{s.name} ({s.memory_fraction:.4g} memory, {s.compute_pct}% compute)" for s in i.slice_sizes
+        f"{s.name} ({s.memory_fraction * 100:.4g}% memory, {s.compute_pct}% compute)" for s in i.slice_sizes
     )
     for k, v in shown.items():
-        print(f"{k:16} {v}")
+        output.note(f"{k:16} {v}", indent=" " * 17)
 
 
 @app.command()
@@ -366,24 +377,7 @@ def health(
             print(f"  {when}  {ch.from_state} -> {ch.to_state} (score {ch.score}): {'; '.join(ch.reasons)}")
 
 
-def _signal_value(sig, name: str) -> str:
-    """A signal's value or threshold in human units (the daemon sends raw numbers and a unit)."""
-    if not sig.HasField(name):
-        return "-"
-    v = getattr(sig, name)
-    unit = sig.unit
-    if unit == "bytes":
-        return f"{output.gib(v)} GiB"
-    if unit == "mask":
-        return f"0x{int(v):x}"
-    if unit == "ratio":
-        return f"{v * 100:.0f}%"
-    if unit == "P":
-        return f"P{int(v)}"
-    if sig.name in ("lost", "inforom") and name == "value":
-        return {"lost": ("no", "yes"), "inforom": ("invalid", "valid")}[sig.name][int(v)]
-    text = f"{v:g}"
-    return f"{text} {unit}" if unit and unit != "%" else text + unit
+_signal_value = vocab.signal_value  # one wording for signals in `xpu health` and the dashboard
 
 
 # ---------------------------------------------------------------------------------------------- operators
@@ -415,10 +409,18 @@ def undrain(card: Annotated[str, typer.Argument(help="Card index or UUID.")]) ->
 @handled
 def mode_cmd(
     card: Annotated[str, typer.Argument(help="Card index or UUID.")],
-    mode: Annotated[str, typer.Argument(help="whole, sliced, or auto (the scheduler decides).")],
+    mode: Annotated[
+        str,
+        typer.Argument(
+            metavar="whole|sliced|auto",
+            autocompletion=lambda: list(CARD_MODES),
+            help="whole, sliced, or auto (the scheduler decides); any case.",
+        ),
+    ],
 ) -> None:
     """Switch a card between whole and sliced mode (operators); refused while a lease holds it."""
-    if mode not in ("whole", "sliced", "auto"):
+    mode = mode.lower()
+    if mode not in CARD_MODES:
         fail(f"mode {mode!r}: use whole, sliced or auto", 2)
     with client(admin=True) as c:
         card_msg = c.set_mode(card, mode)

@@ -87,6 +87,8 @@ CASES = [
     ["run", "--kill-grace", "2.", "--", "true"],
     ["run", "--when-green", "--deadline", "+6h", "-w", "60", "--", "true"],
     ["run", "--deadline=06:00", "true"],
+    ["run", "--runtime-dir", "/tmp", "--", "true"],  # global options are accepted after the command
+    ["--runtime-dir", "/a", "run", "-g", "2", "--runtime-dir=/b", "true"],
 ]
 # Typer refuses these: the fast path must leave them to it, for its usual message.
 REFUSED = [
@@ -99,7 +101,6 @@ REFUSED = [
     ["run", "--bogus", "--", "true"],
     ["run", "-x", "--", "true"],
     ["run", "--restartable=yes", "--", "true"],
-    ["run", "--runtime-dir", "/tmp", "--", "true"],
     ["--runtime-dir", "run"],
 ]
 # Typer takes these, but they are rare and odd: the fast path leaves them to it rather than mimic it.
