@@ -736,6 +736,8 @@ def _check_cluster(src: _Source, c: ClusterSection) -> None:
         except ValueError as e:
             raise src.error("cluster", "seeds", f'{e}, e.g. "10.0.0.2:7443"') from None
     if not c.listen:
+        if c.seeds:
+            raise src.error("cluster", "seeds", "set listen too: without it federation is off")
         return
     try:
         host, _ = split_host_port(c.listen)
