@@ -63,10 +63,10 @@ class DaemonProc:
         machine: str,
         config: str = "",
         args: tuple[str, ...] = (),
-        prefix: tuple[str, ...] = (),
+        prefix: tuple[str, ...] = (),  # e.g. ("ip", "netns", "exec", NS): run it in a network namespace
     ):
-        self.prefix = prefix  # e.g. ("ip", "netns", "exec", NAME): run it in a network namespace
         self.base = base
+        self.prefix = prefix
         self.machine = machine
         self.runtime_dir = base / "run"
         self.state_dir = base / "state"

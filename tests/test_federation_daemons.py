@@ -10,6 +10,7 @@ import json
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,15 +77,18 @@ def site(short_tmp):
     return short_tmp
 
 
-def make_host(site: Path, i: int, seeds: list[str], start: bool = True) -> Host:
-    name, ip = f"h{i}", f"127.0.0.{i + 1}"
+def make_host(
+    site: Path, i: int, seeds: list[str], start: bool = True, ip: str = "", prefix: tuple[str, ...] = ()
+) -> Host:
+    """Host ``h<i>`` at 127.0.0.<i+1> (or ``ip``, port 7443, in the network namespace ``prefix`` runs in)."""
+    name, ip = f"h{i}", ip or f"127.0.0.{i + 1}"
     d = site / name
     issue(name, site / "ca", d, ips=[ip])
-    port = free_port(ip)
+    port = 7443 if prefix else free_port(ip)
     base = site / f"d{i}"
     base.mkdir()
     cfg = cluster_config(name, f"{ip}:{port}", seeds, d, domain=f"rack-{1 + (i > 2)}")
-    daemon = DaemonProc(base, MACHINES[i - 1], "[leases]\ngrace_s = 30.0\n" + cfg)
+    daemon = DaemonProc(base, MACHINES[i - 1], "[leases]\ngrace_s = 30.0\n" + cfg, prefix=prefix)
     host = Host(name, ip, port, d, daemon)
     if start:
         daemon.start()
@@ -135,6 +139,15 @@ def test_the_view_converges_with_every_hosts_summary(three):
     assert doc["hosts"] == 3 and doc["free_whole"] == 8
     domains = {d["domain"]: d["hosts"] for d in doc["zones"][0]["blocks"][0]["domains"]}
     assert domains == {"rack-1": ["h1", "h2"], "rack-2": ["h3"]}
+    # `xpu top`'s cluster tab (key 4) gets the same hosts from the daemon's federation.
+    from xpu_tui.source import FederationHosts
+
+    got, stop = [], threading.Event()
+    with three[0].daemon.client() as c:
+        FederationHosts(c, 0.1).run(lambda batch: (got.extend(batch), stop.set()), stop)
+    tiles = {h.name: h for h in got}
+    assert (tiles["h2"].cards, tiles["h2"].whole_free, tiles["h3"].domain) == (4, 4, "rack-2")
+    assert not any(h.error for h in got) and tiles["h2"].slices_free == by["h2"]["free_slices"]
 
 
 def test_a_lease_changes_the_summary_its_peers_see(three):
@@ -222,8 +235,11 @@ def test_peers_without_the_sites_certificate_are_refused(site):
                 stub.Swim(_gossip("h3", "127.0.0.4:1", "ghost-im"), timeout=5)
             assert e.value.code() is grpc.StatusCode.PERMISSION_DENIED
             with pytest.raises(grpc.RpcError) as e:
-                stub.Reserve(pb.ReserveRequest(job="j1", mode="xpu", count=1, ttl_s=5), timeout=5)
-            assert e.value.code() is grpc.StatusCode.UNIMPLEMENTED  # no hostjobs in this daemon
+                stub.Reserve(
+                    pb.ReserveRequest(job="j1", mode="xpu", count=1, ttl_s=5, uid=3999999), timeout=5
+                )
+            assert e.value.code() is grpc.StatusCode.PERMISSION_DENIED  # reached HostJobs: no such uid
+            assert "uid 3999999 does not exist on host h1" in e.value.details()
             with pytest.raises(grpc.RpcError) as e:
                 stub.Swim(pb.SwimMessage(kind=1, src="h2", src_addr="x" * 301), timeout=5)
             assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # checked like local requests
@@ -259,6 +275,12 @@ def test_bad_certificate_files_stop_the_daemon_with_one_line(site):
     assert "issued for host 'h1'" in _start_fails(h.daemon)
     h.daemon.config.write_text(good.replace("127.0.0.2:", "127.0.0.5:"))
     assert "does not name the listen address 127.0.0.5" in _start_fails(h.daemon)
+    h.daemon.config.write_text(good)
+    with socket.socket() as taken:
+        taken.bind((h.ip, h.port))
+        taken.listen()
+        assert "cannot listen there: the port is in use" in _start_fails(h.daemon)
+    assert not (h.daemon.runtime_dir / "xpud.sock").exists()  # the failed start cleaned up after itself
 
 
 def test_without_cluster_the_daemon_has_no_peer_traffic(daemon):
@@ -286,3 +308,37 @@ def test_doctor_reaches_the_peers_and_measures_the_clock_skew(site):
         assert f"against {h1.addr}" in checks["clock skew"]["message"]
     finally:
         h1.daemon.kill(signal.SIGTERM)
+
+
+@pytest.fixture
+def netns():
+    from tests.netns import NetNs
+
+    if not NetNs.available():
+        pytest.skip("needs root and `ip netns`")
+    with NetNs(3) as net:
+        yield net
+
+
+def test_a_partitioned_host_is_dead_on_both_sides_and_rejoins_when_the_link_heals(site, netns):
+    hosts: list[Host] = []
+    try:
+        for i in range(3):
+            seeds = [f"{netns.ip(0)}:7443"] if i else []
+            hosts.append(make_host(site, i + 1, seeds, ip=netns.ip(i), prefix=netns.exec(i)))
+        wait_until(lambda: converged(hosts), timeout=30, step=0.3)
+        netns.cut(2)  # h3's link goes down: a partition {h1, h2} | {h3}
+        wait_until(
+            lambda: (
+                all(h.states()["h3"] == "dead" for h in hosts[:2])
+                and {hosts[2].states()[n] for n in ("h1", "h2")} == {"dead"}
+            ),
+            timeout=DEAD_AFTER_S + 10,
+            step=0.3,
+        )
+        netns.heal(2)
+        # Both sides swap tables with a dead member at each push-pull (15 s apart): the death is refuted.
+        wait_until(lambda: converged(hosts), timeout=45, step=0.5)
+    finally:
+        for h in hosts:
+            h.daemon.kill(signal.SIGTERM)

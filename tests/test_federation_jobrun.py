@@ -50,6 +50,16 @@ def collect(call, where="d"):
     return out
 
 
+def start_sleeper(runtime, tmp_path):
+    """A one-host job whose rank sleeps; returns (call, hold, the rank's pid) once it runs."""
+    pidfile = tmp_path / "pid"
+    hold = threading.Event()
+    _, call = run_job(runtime, spec(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"]), hold=hold)
+    assert next(iter(call)).HasField("placed")
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10)
+    return call, hold, int(pidfile.read_text())
+
+
 def gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -104,13 +114,7 @@ def test_stdin_goes_to_rank_0_and_a_signal_stops_the_job(inproc):
 
 def test_the_client_going_away_stops_the_rank_and_releases_the_lease(inproc, tmp_path):
     d = inproc(MACHINE)
-    pidfile = tmp_path / "pid"
-    hold = threading.Event()
-    _, call = run_job(d.runtime_dir, spec(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"]), hold=hold)
-    it = iter(call)
-    assert next(it).HasField("placed")
-    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10)
-    pid = int(pidfile.read_text())
+    call, hold, pid = start_sleeper(d.runtime_dir, tmp_path)
     assert d.engine.leases
     call.cancel()  # Ctrl-C, or the client died
     hold.set()
@@ -129,7 +133,11 @@ def test_bad_specs_are_refused_with_one_line_and_no_room_says_why(inproc):
         collect(run_job(d.runtime_dir, spec(["true"], nodes=2))[1])
     with pytest.raises(NoCapacity, match="--wait"):
         collect(run_job(d.runtime_dir, spec(["true"], gpus_per_node=5))[1])
-    assert not d.engine.leases
+    hold = threading.Event()
+    with pytest.raises(BadRequest, match="signal"):  # a bad input mid-job ends it, released
+        collect(run_job(d.runtime_dir, spec(["sleep", "30"]), [pb.JobInput(signal=99)], hold=hold)[1])
+    hold.set()
+    wait_until(lambda: not d.engine.leases, timeout=10)
 
 
 def test_a_queued_job_runs_when_the_cards_free(inproc):
@@ -190,13 +198,7 @@ def test_a_daemon_killed_under_a_running_rank_stops_it_and_frees_the_cards_when_
     daemon_factory, tmp_path
 ):
     d = daemon_factory(MACHINE)
-    pidfile = tmp_path / "pid"
-    hold = threading.Event()
-    _, call = run_job(d.runtime_dir, spec(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"]), hold=hold)
-    it = iter(call)
-    assert next(it).HasField("placed")
-    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10)
-    pid = int(pidfile.read_text())
+    _, hold, pid = start_sleeper(d.runtime_dir, tmp_path)
     d.kill(signal.SIGKILL)
     hold.set()
     os.kill(pid, 0)  # the rank outlived its daemon

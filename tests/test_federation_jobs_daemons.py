@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from tests.conftest import poll, wait_until
-from tests.test_federation_daemons import Host, converged, make_host, site  # noqa: F401 (fixture)
+from tests.test_federation_daemons import Host, converged, site, three  # noqa: F401 (fixtures)
 from xpud.api.client import to_error
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
@@ -23,18 +23,9 @@ from xpud.federation.certs import issue
 
 
 @pytest.fixture
-def cluster(site):  # noqa: F811
-    hosts: list[Host] = []
-    try:
-        first = make_host(site, 1, [])
-        hosts.append(first)
-        for i in (2, 3):
-            hosts.append(make_host(site, i, [first.addr]))
-        wait_until(lambda: converged(hosts), timeout=40, step=0.3)
-        yield hosts
-    finally:
-        for h in hosts:
-            h.daemon.kill(signal.SIGTERM)
+def cluster(three):  # noqa: F811
+    wait_until(lambda: converged(three), timeout=40, step=0.3)
+    return three
 
 
 def job(argv, nodes=2, gpus=1, **kw):

@@ -113,3 +113,91 @@ def test_the_summary_counts_free_cards_groups_slices_and_health():
     s = summary.summarize(snap, hw.topology(), summary.GroupCache())
     assert (s.free_whole, s.health, len(s.group_gbps)) == (1, 70, 1)
     assert s.free_slices == {"vxpu-half": 2, "vxpu-quarter": 4}
+
+
+# ------------------------------------------------------------------ the Peer servicer's forwarding
+class _HostJobs:
+    """What the fedjobs/fedlaunch side provides: records who asked what."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def reserve(self, request, peer):
+        self.calls.append(("reserve", request.job, peer))
+        return transport.pb.ReserveReply(cards=[0, 1], expires_in_s=request.ttl_s)
+
+    async def commit(self, request, peer):
+        from xpud.errors import Conflict
+
+        raise Conflict(f"job {request.job}: no reservation held here")
+
+    async def abort(self, request, peer):
+        return transport.pb.AbortReply(dropped=False)
+
+    async def launch(self, requests, peer, context):
+        async for r in requests:
+            self.calls.append(("launch", r.WhichOneof("what"), peer))
+            yield transport.pb.LaunchEvent(started=transport.pb.LaunchStarted(pid=42))
+
+
+def test_the_peer_service_forwards_to_hostjobs_with_the_callers_name(tmp_path):
+    import asyncio
+    from types import SimpleNamespace
+
+    import grpc
+    from grpc import aio
+
+    from xpud.api.v1 import xpu_pb2 as pb
+    from xpud.api.v1 import xpu_pb2_grpc as pbg
+    from xpud.federation.certs import init_ca, issue
+    from xpud.federation.peer_service import PeerService
+    from xpud.service import add_to_server
+
+    init_ca(tmp_path / "ca")
+    a = issue("node-a", tmp_path / "ca", tmp_path / "a", ips=["127.0.0.1"])
+    b = issue("node-b", tmp_path / "ca", tmp_path / "b", ips=["127.0.0.1"])
+    jobs = _HostJobs()
+
+    async def main():
+        server = aio.server()
+        add_to_server(PeerService(None, SimpleNamespace(hostjobs=jobs)), server)
+        creds = grpc.ssl_server_credentials(
+            [(a.key.read_bytes(), a.cert.read_bytes())], a.ca.read_bytes(), require_client_auth=True
+        )
+        port = server.add_secure_port("127.0.0.1:0", creds)
+        await server.start()
+        client = grpc.ssl_channel_credentials(a.ca.read_bytes(), b.key.read_bytes(), b.cert.read_bytes())
+        async with aio.secure_channel(f"127.0.0.1:{port}", client) as ch:
+            stub = pbg.PeerStub(ch)
+            reply = await stub.Reserve(pb.ReserveRequest(job="j1", mode="xpu", count=2, ttl_s=5), timeout=5)
+            assert list(reply.cards) == [0, 1]
+            with pytest.raises(aio.AioRpcError) as e:
+                await stub.Commit(pb.CommitRequest(job="j1"), timeout=5)
+            assert (
+                e.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+                and "no reservation" in e.value.details()
+            )
+            with pytest.raises(aio.AioRpcError) as e:
+                await stub.Reserve(pb.ReserveRequest(job="j 1", ttl_s=5), timeout=5)
+            assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # checked before hostjobs sees it
+
+            async def inputs(bad: bool):
+                yield pb.LaunchInput(start=pb.LaunchSpec(job="j1", rank=1, argv=["true"]))
+                yield pb.LaunchInput(signal=99 if bad else 15)
+
+            events = [ev async for ev in stub.Launch(inputs(False), timeout=5)]
+            assert [ev.started.pid for ev in events] == [42, 42]
+            with pytest.raises(aio.AioRpcError) as e:
+                async for _ in stub.Launch(inputs(True), timeout=5):
+                    pass
+            assert (
+                e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                and "LaunchInput.signal" in e.value.details()
+            )
+        await server.stop(None)
+
+    asyncio.run(main())
+    assert jobs.calls[0] == ("reserve", "j1", "node-b")
+    assert ("launch", "signal", "node-b") in jobs.calls and jobs.calls.count(
+        ("launch", "signal", "node-b")
+    ) == 1

@@ -208,6 +208,11 @@ class Daemon:
             await s.start()
         self.servers = [user, admin]
         self._set_permissions()
+        if self.federation is not None:
+            try:
+                await self.federation.start()
+            except OSError as e:
+                raise StartupError(str(e)) from None
         self.engine.serving()  # restored leases' holders can reconnect from now: their grace starts
         self.jobs = Jobs(
             self.engine,
@@ -219,11 +224,6 @@ class Daemon:
         )
         self.jobs.start()
         self.monitor.start()
-        if self.federation is not None:
-            try:
-                await self.federation.start()
-            except OSError as e:
-                raise StartupError(str(e)) from None
         log.info(
             "xpud %s serving %d card(s) (%s) on %s",
             __version__,
@@ -257,9 +257,10 @@ class Daemon:
         await rankproc.stop_all()  # ranks of multi-host jobs started here: their groups are killed
         if self.cred_server:
             self.cred_server.close()
-        for p in (self.user_socket, self.admin_socket, self.cred_socket):
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+        if self.cred_server or self.servers:  # ours: a start that failed early leaves another daemon's alone
+            for p in (self.user_socket, self.admin_socket, self.cred_socket):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
         if self.jobs:
             await self.jobs.drain()
         if self.monitor:
@@ -279,7 +280,11 @@ async def run_daemon(cfg: config.Config, hw, fake=None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await d.start()
+    try:
+        await d.start()
+    except BaseException:
+        await d.stop()  # what did start (servers, sockets, threads) stops, so the process can exit
+        raise
     try:
         await stop.wait()
     finally:

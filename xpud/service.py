@@ -85,10 +85,16 @@ def unary(fn: Callable) -> Callable:
 
 
 def streaming(fn: Callable) -> Callable:
+    """A server-streaming method; for a client stream too (``request`` an async iterator), each message is
+    checked as it arrives."""
+
     @functools.wraps(fn)
     async def wrapper(self, request, context):
         try:
-            validate.check(request)
+            if hasattr(request, "__aiter__"):
+                request = _checked(request)
+            else:
+                validate.check(request)
             async for item in fn(self, request, context):
                 yield item
         except aio.AbortError:
@@ -106,32 +112,10 @@ def streaming(fn: Callable) -> Callable:
     return wrapper
 
 
-def bidi(fn: Callable) -> Callable:
-    """``streaming`` for a call whose requests stream too: each request is checked as it arrives."""
-
-    @functools.wraps(fn)
-    async def wrapper(self, request_iterator, context):
-        async def checked():
-            async for m in request_iterator:
-                validate.check(m)
-                yield m
-
-        try:
-            async for item in fn(self, checked(), context):
-                yield item
-        except aio.AbortError:
-            raise
-        except XpudError as e:
-            await context.abort(_status(e), _detail(e))
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception:
-            log.exception("%s failed", fn.__name__)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}; see the daemon log"
-            )
-
-    return wrapper
+async def _checked(requests):
+    async for req in requests:
+        validate.check(req)  # raises BadRequest: the stream ends with INVALID_ARGUMENT
+        yield req
 
 
 @dataclass
@@ -386,7 +370,7 @@ class NodeService(pbg.NodeServicer):
         finally:
             e.unwatch(q)
 
-    @bidi
+    @streaming
     async def RunJob(self, request_iterator, context):
         from xpud.federation.jobrun import JobRun
 

@@ -46,6 +46,7 @@ log = logging.getLogger("xpud.hostjobs")
 
 RESTART = "restart: "  # RankEnded.error of a rank stopped because a card under it failed (item: moves)
 KILL_WAIT_S = 10.0  # how long an abort waits for a killed rank to be reaped
+RESERVE_BUSY_WAIT_S = 1.0  # a Reserve waits this long for busy cards (the coordinator waits 5 s per step)
 KEEP_ENDED_S = 600.0  # ended reservations are remembered this long (a retried message gets its answer)
 
 Kill = Callable[[], Awaitable[None]]
@@ -177,7 +178,7 @@ class HostJobs:
                     exempt=True,  # the submitter's limits were the coordinator's to check
                 )
             )
-            granted = await self.engine.try_grant(request)
+            granted = await self.engine.try_grant(request, RESERVE_BUSY_WAIT_S)
             if granted is None:
                 raise NoCapacity(f"host {self.name}: {self.engine._why_not(request)}")
             lease = granted[0]

@@ -128,6 +128,7 @@ class JobRun:
         self.hosts: dict[str, tuple[int, ...]] = {}
         self.ranks: list[_Rank] = []
         self.restarts = 0
+        self._out: asyncio.Queue = asyncio.Queue()  # (rank, event) of the ranks running now
 
     # ------------------------------------------------------------------------------ checks
     async def check(self) -> None:
@@ -274,7 +275,7 @@ class JobRun:
             while True:
                 async for ev in self.place():
                     yield ev
-                out: asyncio.Queue = asyncio.Queue()
+                out = self._out = asyncio.Queue()
                 self._start_ranks(out)
                 if feeder is None:
                     feeder = asyncio.ensure_future(self._feed(inputs))
@@ -282,6 +283,8 @@ class JobRun:
                 restart = ""
                 while len(ended) < len(self.ranks) and not restart:
                     rank, ev = await out.get()
+                    if rank is None:  # a bad input from the client: the call ends with its error
+                        raise ev
                     if ev is None:  # its stream ended without a RankEnded: the host is gone
                         why = f"host {rank.host}: the rank was lost"
                         ev = pb.RankEnded(rank=rank.rank, exit_code=255, error=why)
@@ -381,6 +384,12 @@ class JobRun:
 
     async def _feed(self, inputs: AsyncIterator[pb.JobInput]) -> None:
         """stdin to rank 0, signals to every rank."""
+        try:
+            await self._forward(inputs)
+        except XpudError as e:
+            self._out.put_nowait((None, e))
+
+    async def _forward(self, inputs: AsyncIterator[pb.JobInput]) -> None:
         async for m in inputs:
             what = m.WhichOneof("what")
             if what == "stdin":

@@ -34,8 +34,8 @@ log = logging.getLogger("xpud.federation")
 
 TICK_S = 0.05  # how often Swim.tick runs (its timers are 0.2 s and up)
 SUMMARY_EVERY_S = 1.0  # at most one summary refresh (and one new incarnation for it) per this long
+JOIN_RETRY_S = 1.0  # first wait before asking the seeds again, doubling up to the push-pull period
 SEND_TIMEOUT_S = 1.0  # deadline of one membership message
-SERVER_OPTIONS = [("grpc.max_receive_message_length", 8 << 20)]  # a 10,000-member push-pull fits
 
 
 class Federation:
@@ -66,6 +66,8 @@ class Federation:
         self._next_summary = 0.0
         self._groups = summary.GroupCache()
         self._states: dict[str, State] = {}
+        self._join_backoff = JOIN_RETRY_S
+        self._next_join = 0.0
 
     # ------------------------------------------------------------------------------ life
     async def start(self) -> None:
@@ -78,7 +80,7 @@ class Federation:
             meta=meta,
             cfg=SwimConfig.for_dead_after(self.cfg.dead_after_s),
         )
-        server = aio.server(options=SERVER_OPTIONS)
+        server = aio.server(options=transport.SERVER_OPTIONS)
         from xpud.service import add_to_server
 
         add_to_server(PeerService(self, self.daemon), server)
@@ -87,17 +89,20 @@ class Federation:
         )
         try:
             port = server.add_secure_port(self.addr, creds)
-        except RuntimeError as e:
-            port, why = 0, str(e)
-        else:
-            why = "the address is in use or not this host's"
+        except RuntimeError:  # grpc.aio raises where grpc returns 0
+            port = 0
         if not port:
-            raise OSError(f"[cluster] listen = {self.addr!r}: cannot listen there ({why})")
+            await server.stop(None)
+            raise OSError(
+                f"[cluster] listen = {self.addr!r}: cannot listen there: the port is in use, or the address "
+                "is not one of this host's"
+            )
         await server.start()
         self.server = server
         self.started = self.clock()
         self._next_summary = self.clock() + SUMMARY_EVERY_S
         self.sender.send(self.swim.join(self.cfg.seeds))
+        self._next_join = self.clock() + JOIN_RETRY_S
         self._task = asyncio.create_task(self._run(), name="federation")
         log.info(
             "cluster member %s on %s (incarnation %d), seeds: %s",
@@ -128,6 +133,7 @@ class Federation:
         """A membership message from a peer (the servicer checked who sent it)."""
         if self.swim is None or self.swim.left:
             return
+        self.channels.revive(msg.src_addr)  # e.g. a restarted peer: answer it now, not after a backoff
         self.sender.send(self.swim.handle(msg, self.clock()))
 
     async def _run(self) -> None:
@@ -136,6 +142,7 @@ class Federation:
             try:
                 now = self.clock()
                 self.sender.send(self.swim.tick(now))
+                self._rejoin(now)
                 self._log_changes()
                 if now >= self._next_summary and (self._refresh is None or self._refresh.done()):
                     self._next_summary = now + SUMMARY_EVERY_S
@@ -144,6 +151,17 @@ class Federation:
                 raise
             except Exception:  # the membership must go on: log and tick again
                 log.exception("federation tick")
+
+    def _rejoin(self, now: float) -> None:
+        """Alone (the seeds' answers lost, or none up yet): ask the seeds again after 1 s, 2 s, 4 s ... up to
+        the push-pull period (Swim itself retries only at each push-pull, 15 s apart)."""
+        if len(self.swim.members) > 1 or not self.cfg.seeds:
+            self._join_backoff = JOIN_RETRY_S
+            return
+        if now >= self._next_join:
+            self.sender.send(self.swim.join(self.cfg.seeds))
+            self._next_join = now + self._join_backoff
+            self._join_backoff = min(self._join_backoff * 2, self.swim.cfg.push_pull_interval_s)
 
     def _log_changes(self) -> None:
         """One line per change of a peer's state (a new incarnation alone is not news)."""

@@ -21,10 +21,9 @@ Every request is checked by ``xpud.api.validate`` like the local services' reque
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -33,10 +32,10 @@ from grpc import aio
 from xpud.api import validate
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
-from xpud.errors import BadRequest, Forbidden, Unauthenticated, XpudError
+from xpud.errors import BadRequest, Forbidden, Unauthenticated
 from xpud.federation import certs, transport
 from xpud.federation.probe import TIME_KEY
-from xpud.service import _detail, _status, unary
+from xpud.service import streaming, unary
 
 log = logging.getLogger("xpud.federation")
 
@@ -102,26 +101,11 @@ class PeerService(pbg.PeerServicer):
     Commit = _forwarded("commit")
     Abort = _forwarded("abort")
 
+    @streaming
     async def Launch(self, request_iterator, context):
-        try:
-            peer = peer_of(context)
-            handler = _hostjobs(self.daemon, "launch")
-            if handler is None:
-                await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this host does not take multi-host jobs")
-            async for event in handler(_checked(request_iterator), peer, context):
-                yield event
-        except aio.AbortError:
-            raise
-        except XpudError as e:
-            await context.abort(_status(e), _detail(e))
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
-        except Exception:
-            log.exception("Launch failed")
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error in Launch; see the daemon log")
-
-
-async def _checked(requests) -> AsyncIterator[pb.LaunchInput]:
-    async for req in requests:
-        validate.check(req)  # raises BadRequest: the stream ends with INVALID_ARGUMENT
-        yield req
+        peer = peer_of(context)
+        handler = _hostjobs(self.daemon, "launch")
+        if handler is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this host does not take multi-host jobs")
+        async for event in handler(request_iterator, peer, context):
+            yield event

@@ -28,10 +28,25 @@ log = logging.getLogger("xpud.federation")
 K = pb.SwimMessage.Kind
 # gRPC's default reconnect backoff grows to 120 s: a peer back from a restart would stay unreachable from
 # here that long. Retry at least every second, as the local client does.
+KEEPALIVE_S = 5  # a call to a peer that stops answering (a partition, a crash) fails within about 2x this
 CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.max_receive_message_length", 8 << 20),
+    # Long calls (a rank's Launch stream) must notice a peer gone without a FIN: HTTP/2 pings while a
+    # call is open (TCP alone would take minutes).
+    ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_S * 1000),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+# The Peer server: the same pings towards the caller, and it accepts its callers' pings at that rate.
+SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", 8 << 20),  # a 10,000-member push-pull fits
+    ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_S * 1000),
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_S * 1000 // 2),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.http2.max_pings_without_data", 0),
 )
 
 
@@ -109,6 +124,16 @@ class Channels:
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
         return ch
+
+    def revive(self, addr: str) -> None:
+        """``addr`` just reached us: if our channel to it is failing (in gRPC's reconnect backoff, which
+        fails every call at once), replace it, so the reply goes out now and not after the backoff."""
+        ch = self._channels.get(addr)
+        if ch is not None and ch.get_state() is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            del self._channels[addr]
+            task = asyncio.ensure_future(ch.close(grace=0.1))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), OrderedDict()
