@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from xpu_cli.output import to_dict
 
 from tests.conftest import BIN, DaemonProc, wait_until, xpu_env
 from xpud.api.v1 import xpu_pb2 as pb
@@ -46,6 +47,11 @@ class Host:
         return f"{self.ip}:{self.port}"
 
     def cluster(self) -> dict:
+        """``xpu cluster --json``'s document, read through the API (cheap enough to poll every 20 ms)."""
+        with self.daemon.client() as c:
+            return to_dict(c.cluster())
+
+    def cli(self) -> dict:
         r = self.daemon.xpu("cluster", "--json", timeout=30)
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
@@ -121,7 +127,7 @@ def converged(hosts: list[Host]) -> bool:
 
 def test_the_view_converges_with_every_hosts_summary(three):
     wait_until(lambda: converged(three), timeout=30, step=0.3)
-    view = three[0].cluster()
+    view = three[0].cli()
     assert view["enabled"] and view["name"] == "h1"
     by = {x["name"]: x for x in view["hosts"]}
     assert by["h1"]["self"] and not by["h2"]["self"]
@@ -176,7 +182,7 @@ def test_a_killed_daemon_is_suspected_then_dead_and_rejoins_with_a_higher_incarn
             seen.setdefault(f"{h.name}:{state}", time.monotonic() - killed)
         return all(f"{h.name}:dead" in seen for h in three[:2])
 
-    wait_until(watch, timeout=DEAD_AFTER_S + 10, step=0.1)
+    wait_until(watch, timeout=DEAD_AFTER_S + 10, step=0.02)
     assert "h1:suspect" in seen or "h2:suspect" in seen  # suspected before dead (SWIM)
     dead_at = max(seen["h1:dead"], seen["h2:dead"])
     # Within dead_after_s, plus slack for a loaded 2-core test machine (the `xpu` polls here cost ~0.3 s).

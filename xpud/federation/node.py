@@ -29,6 +29,7 @@ from xpud.federation import certs, summary, transport, view
 from xpud.federation.membership import State, Swim, SwimConfig
 from xpud.federation.peer_service import PeerService
 from xpud.placement.multihost import HostOffer
+from xpud.service import add_to_server
 
 log = logging.getLogger("xpud.federation")
 
@@ -44,7 +45,7 @@ class Federation:
         cfg: config.ClusterSection,
         engine: Any,
         daemon: Any = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ):
         """Reads and checks the certificate files (raises ``certs.CertError`` with one line); starts
         nothing: ``start`` does."""
@@ -55,7 +56,7 @@ class Federation:
         self.creds = certs.load_host(cfg.ca, cfg.cert, cfg.key, self.name, host)
         self.engine = engine
         self.daemon = daemon
-        self.clock = clock  # wall clock: a restarted host's first incarnation (ms) beats its earlier ones
+        self.clock = clock  # the protocol's timers (monotonic: a clock step must not expire suspicions)
         self.swim: Swim | None = None
         self.channels = transport.Channels(self.creds.ca, self.creds.cert, self.creds.key)
         self.sender = transport.Sender(self.channels, timeout_s=SEND_TIMEOUT_S)
@@ -77,12 +78,11 @@ class Federation:
             self.name,
             self.addr,
             self.clock(),
+            incarnation=int(time.time() * 1000),  # wall clock in ms: a restart starts above its old numbers
             meta=meta,
             cfg=SwimConfig.for_dead_after(self.cfg.dead_after_s),
         )
         server = aio.server(options=transport.SERVER_OPTIONS)
-        from xpud.service import add_to_server
-
         add_to_server(PeerService(self, self.daemon), server)
         creds = grpc.ssl_server_credentials(
             [(self.creds.key, self.creds.cert)], root_certificates=self.creds.ca, require_client_auth=True
