@@ -20,7 +20,7 @@ RUN = GROUP.commands["run"]
 def typer_reads(args: list[str], monkeypatch):
     """(runtime dir, options, command) as the Typer command passes them on (None: Typer refuses them)."""
     from typer.testing import CliRunner
-    from xpu_cli import child, entry, main
+    from xpu_cli import child, entry, green, main
 
     seen = []
 
@@ -38,6 +38,10 @@ def typer_reads(args: list[str], monkeypatch):
         seen.append((opts, argv))
         return child.Outcome(0)
 
+    def before_run(runtime_dir, when_green, deadline, say):
+        pass  # the options reach run_with too (checked there)
+
+    monkeypatch.setattr(green, "before_run", before_run)
     monkeypatch.setattr(main, "Client", Recorder)
     monkeypatch.setattr(entry, "run_with", run_with)
     monkeypatch.delenv("XPUD_RUNTIME_DIR", raising=False)
@@ -72,6 +76,10 @@ CASES = [
     ["run", "--nodes", "2", "--gpus-per-node", "4", "--label", "--json", "--", "torchrun", "x.py"],
     ["run", "-N2", "-l", "--no-kill-on-bad-exit", "--kill-on-bad-exit", "-w", "30", "true"],
     ["run", "-m", "vxpu-half", "--replicas=3", "--spread", "--quiet", "--", "serve"],
+    ["run", "--when-green", "--deadline", "+6h", "-w", "60", "--", "true"],
+    ["run", "--deadline=06:00", "true"],
+    ["run", "--runtime-dir", "/tmp", "--", "true"],  # global options are accepted after the command
+    ["--runtime-dir", "/a", "run", "-g", "2", "--runtime-dir=/b", "true"],
 ]
 # Typer refuses these: the fast path must leave them to it, for its usual message.
 REFUSED = [
@@ -84,7 +92,6 @@ REFUSED = [
     ["run", "--bogus", "--", "true"],
     ["run", "-x", "--", "true"],
     ["run", "--restartable=yes", "--", "true"],
-    ["run", "--runtime-dir", "/tmp", "--", "true"],
     ["--runtime-dir", "run"],
     ["run", "--nodes", "0", "--", "true"],
     ["run", "--replicas", "x", "--", "true"],

@@ -103,9 +103,13 @@ def _claim_socket(path: Path) -> None:
     )
 
 
+PID_FILE = "xpud.pid"  # in the runtime directory: `xpu config set` signals this process to reload
+
+
 class Daemon:
-    def __init__(self, cfg: config.Config, hw, fake=None):
+    def __init__(self, cfg: config.Config, hw, fake=None, overrides=None):
         self.cfg = cfg
+        self.overrides = overrides or (lambda c: c)  # re-applies flags to a reloaded file
         self.hw = hw
         self.fake = fake
         self.runtime_dir = cfg.runtime_dir
@@ -119,6 +123,7 @@ class Daemon:
         self.defrag: Defragmenter | None = None
         self.hostjobs: HostJobs | None = None
         self.federation = None  # xpud.federation.node.Federation when [cluster] listen is set
+        self.metrics = None  # xpud.metrics.MetricsServer when [metrics] listen is set
         self.started = time.time()
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
@@ -196,6 +201,14 @@ class Daemon:
         )
         ctx.extras["daemon"] = self  # Node.RunJob coordinates multi-host jobs through it
         self.context = ctx
+        if self.cfg.metrics.listen:
+            from xpud.metrics import MetricsServer
+
+            self.metrics = MetricsServer(self, self.cfg.metrics.listen)
+            try:
+                self.metrics.start()
+            except OSError as e:
+                raise StartupError(str(e.strerror)) from None
         self.cred_server = await issuer.serve(str(self.cred_socket))
         user = aio.server(options=SERVER_OPTIONS)
         add_to_server(NodeService(ctx), user)
@@ -231,7 +244,19 @@ class Daemon:
             backend,
             self.user_socket,
         )
+        (self.runtime_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         sd_notify("READY=1\nSTATUS=serving")
+
+    def reload(self) -> str:
+        """SIGHUP (``systemctl reload xpud``): re-read the config file; apply what can change live
+        (``xpud.reload``). Returns what it did, as recorded in the event log."""
+        from xpud.reload import reload
+
+        sd_notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            return reload(self, self.overrides)
+        finally:
+            sd_notify("READY=1\nSTATUS=serving")
 
     def _set_permissions(self) -> None:
         os.chmod(self.user_socket, 0o666)  # anyone may connect; lease operations need a token
@@ -248,6 +273,8 @@ class Daemon:
         sd_notify("STOPPING=1")
         if self.federation is not None:
             await self.federation.stop()  # peers hear "left" at once, not "dead" after dead_after_s
+        if self.metrics:
+            await asyncio.to_thread(self.metrics.stop)  # a scrape in progress still gets its answer
         if self.jobs:
             self.jobs.stop()
         for s in self.servers:
@@ -258,7 +285,7 @@ class Daemon:
         if self.cred_server:
             self.cred_server.close()
         if self.cred_server or self.servers:  # ours: a start that failed early leaves another daemon's alone
-            for p in (self.user_socket, self.admin_socket, self.cred_socket):
+            for p in (self.user_socket, self.admin_socket, self.cred_socket, self.runtime_dir / PID_FILE):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
         if self.jobs:
@@ -274,17 +301,19 @@ class Daemon:
         log.info("xpud stopped; active leases stay in the ledger and are restored at the next start")
 
 
-async def run_daemon(cfg: config.Config, hw, fake=None) -> None:
-    d = Daemon(cfg, hw, fake)
+async def run_daemon(cfg: config.Config, hw, fake=None, overrides=None) -> None:
+    d = Daemon(cfg, hw, fake, overrides)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: None)  # not a stop while starting; reload once serving
     try:
         await d.start()
     except BaseException:
         await d.stop()  # what did start (servers, sockets, threads) stops, so the process can exit
         raise
+    loop.add_signal_handler(signal.SIGHUP, d.reload)
     try:
         await stop.wait()
     finally:
@@ -347,8 +376,9 @@ def main_command(
     if version:
         typer.echo(__version__)
         raise typer.Exit()
-    try:
-        cfg = config.load(config_path)
+
+    def overrides(cfg: config.Config) -> config.Config:
+        """The command line's values over the file's (at start, and again at each reload)."""
         if simulate:
             cfg = config.checked(cfg, "devices", "machine", simulate, "--simulate")
             cfg = cfg.replace("devices", backend="simulated")
@@ -364,6 +394,10 @@ def main_command(
             cfg = config.checked(cfg, "daemon", "state_dir", str(Path(state_dir).absolute()), "--state-dir")
         if log_level:
             cfg = config.checked(cfg, "daemon", "log_level", log_level, "--log-level")
+        return cfg
+
+    try:
+        cfg = overrides(config.load(config_path))
     except XpudError as e:
         _fail(str(e), 2)
     ctx.obj = cfg
@@ -372,7 +406,7 @@ def main_command(
     _setup_logging(cfg.daemon.log_level)
     try:
         hw, fake = open_hardware(cfg)
-        asyncio.run(run_daemon(cfg, hw, fake))
+        asyncio.run(run_daemon(cfg, hw, fake, overrides))
     except StartupError as e:
         _fail(str(e))
     except LedgerDamaged as e:  # not restarted by systemd (RestartPreventExitStatus): an operator decides
