@@ -1,7 +1,7 @@
-"""End to end: a job of `true` on 1 and on 2 hosts of a 3-daemon cluster (127.0.0.2-4, mutual TLS), through
-the CLI (`xpu run --nodes N`, a process each) and through Node.RunJob from a connected client, against
-single-host `xpu run -- true` on the same coordinator. Each timing is one whole call: placement,
-Reserve/Commit on every host, Launch, the ranks' ends, Abort on every host.
+"""End to end: a job of `true` through Node.RunJob on 1 and on 2 hosts of a 3-daemon cluster (127.0.0.2-4,
+mutual TLS), against single-host `xpu run -- true` on the same coordinator; then `xpu run --nodes 1|2 -- true`
+through the CLI. Each timing is one whole call: placement, Reserve/Commit on every host, Launch, the ranks'
+ends, Abort on every host (and for the CLI rows, the `xpu` process's start-up and GetCluster).
 
     .venv/bin/python bench/multihost_run.py --runs 30 --out bench/multihost_run.json
 """
@@ -80,10 +80,11 @@ def run_job(c: Client, nodes: int) -> float:
     return dt
 
 
-def xpu_run(run_dir: Path, *flags: str) -> float:
+def xpu_run(run_dir: Path, *opts: str) -> float:
+    """One `xpu run [opts] -- true` through the CLI (its process start-up included)."""
     env = {**os.environ, "XPUD_RUNTIME_DIR": str(run_dir)}
     t0 = time.perf_counter()
-    subprocess.run([str(BIN / "xpu"), "run", *flags, "--", "true"], check=True, env=env, capture_output=True)
+    subprocess.run([str(BIN / "xpu"), "run", *opts, "--", "true"], check=True, env=env, capture_output=True)
     return time.perf_counter() - t0
 
 
@@ -119,6 +120,8 @@ def main() -> None:
             ("xpu run --nodes 2 --gpus-per-node 1 -- true", lambda: xpu_run(run1, "--nodes", "2")),
             ("RunJob nodes=1", lambda: run_job(c, 1)),
             ("RunJob nodes=2", lambda: run_job(c, 2)),
+            ("xpu run --nodes 1 -- true (CLI)", lambda: xpu_run(run1, "--nodes", "1")),
+            ("xpu run --nodes 2 -- true (CLI)", lambda: xpu_run(run1, "--nodes", "2")),
         ):
             fn()  # warm: channels, credentials
             results[what] = summary([fn() for _ in range(args.runs)])

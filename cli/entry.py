@@ -28,6 +28,9 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--restartable": ("restartable", True),
     "--no-restartable": ("restartable", False),
     "--json-env": ("json_env", True),
+    "--when-green": ("when_green", True),
+    "--deadline": ("deadline", "str"),
+    "--runtime-dir": ("runtime_dir", "str"),  # a global option, accepted after the command too
     "--quiet": ("quiet", True),
     "-q": ("quiet", True),
     # jobs across hosts (xpu_cli.jobrun)
@@ -41,9 +44,6 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--kill-on-bad-exit": ("kill_on_bad_exit", True),
     "--no-kill-on-bad-exit": ("kill_on_bad_exit", False),
     "--json": ("as_json", True),
-    "--when-green": ("when_green", True),
-    "--deadline": ("deadline", "str"),
-    "--runtime-dir": ("runtime_dir", "str"),  # a global option, accepted after the command too
 }
 RUN_DEFAULTS = {
     "mode": "xpu",
@@ -53,6 +53,8 @@ RUN_DEFAULTS = {
     "restartable": False,
     "kill_grace": 10.0,
     "json_env": False,
+    "when_green": False,
+    "deadline": None,
     "quiet": False,
     "nodes": None,
     "gpus_per_node": None,
@@ -61,8 +63,6 @@ RUN_DEFAULTS = {
     "label": False,
     "kill_on_bad_exit": True,
     "as_json": False,
-    "when_green": False,
-    "deadline": None,
 }
 MULTI_HOST_ONLY = {"label": "--label", "as_json": "--json", "kill_on_bad_exit": "--no-kill-on-bad-exit"}
 

@@ -243,7 +243,7 @@ def run_job(
     if not argv:
         raise BadRequest("no command given: xpu run --nodes N --gpus-per-node G -- COMMAND [ARGS...]")
     try:
-        cluster = client._unary(client.node.GetCluster, pb.ClusterRequest())
+        cluster = client.cluster()
     except XpudError as e:
         if "UNIMPLEMENTED" in str(e) or "Method not found" in str(e):
             raise BadRequest(NOT_IN_CLUSTER) from None

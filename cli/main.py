@@ -169,8 +169,9 @@ def run(
     With --nodes (or --replicas --spread): the same across hosts, one rank per host."""
     from xpu_cli import green
     from xpu_cli.child import die_like
-    from xpu_cli.entry import run_with
+    from xpu_cli.entry import RUN_DEFAULTS, run_with
 
+    green.before_run(state.runtime_dir, when_green, deadline, lambda m: typer.echo(f"xpu: {m}", err=True))
     opts = dict(
         mode=mode,
         gpus=gpus,
@@ -190,8 +191,7 @@ def run(
         when_green=when_green,
         deadline=deadline,
     )
-    green.before_run(state.runtime_dir, when_green, deadline, lambda m: typer.echo(f"xpu: {m}", err=True))
-
+    opts = {k: opts[k] for k in RUN_DEFAULTS}  # the fast path's order
     with client() as c:
         outcome = run_with(c, opts, list(command or []))
     raise typer.Exit(die_like(outcome))
@@ -504,7 +504,7 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 
 def _register_commands() -> None:
-    """Commands that live in their own modules (defrag, simulator, dashboard, certs, config, cluster)
+    """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster, config)
     register themselves."""
     from xpu_cli import certs, cluster, configure, defrag, simulate, top
 

@@ -131,7 +131,9 @@ class _Pipes(asyncio.SubprocessProtocol):
         self.rank = rank
 
     def connection_made(self, transport) -> None:
+        # before any pipe_data_received: ``started`` is always the first event
         self.rank.pgid = transport.get_pid()
+        self.rank._put(pb.LaunchEvent(started=pb.LaunchStarted(pid=self.rank.pgid)))
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         self.rank._output(fd, data)
@@ -336,11 +338,10 @@ class Rank:
         feeder = None
         try:
             try:
-                pid = await self._start()
+                await self._start()
             except Refused as e:
                 await self._end(pb.RankEnded(rank=self.spec.rank, exit_code=e.code, error=str(e)))
                 return
-            self._put(pb.LaunchEvent(started=pb.LaunchStarted(pid=pid)))
             feeder = asyncio.ensure_future(self._feed(inputs))
             exited = asyncio.ensure_future(self._exited.wait())
             stop = asyncio.ensure_future(self._stop.wait())
