@@ -203,6 +203,6 @@ def test_a_daemon_killed_under_a_running_rank_stops_it_and_frees_the_cards_when_
     hold.set()
     os.kill(pid, 0)  # the rank outlived its daemon
     d.start()
-    wait_until(lambda: gone(pid))
+    wait_until(lambda: gone(pid), timeout=20)  # at start-up, well before any TTL or grace
     with d.client() as c:
-        wait_until(lambda: not c.leases().leases, timeout=5)
+        wait_until(lambda: not c.leases().leases, timeout=10)
