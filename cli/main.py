@@ -504,7 +504,7 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 
 def _register_commands() -> None:
-    """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster, config)
+    """Commands that live in their own modules (defrag, simulator, dashboard, certs, config, cluster)
     register themselves."""
     from xpu_cli import certs, cluster, configure, defrag, simulate, top
 

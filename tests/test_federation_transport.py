@@ -70,6 +70,7 @@ def test_cluster_is_off_without_listen_and_checked_with_it():
         ('listen = "10.0.0.2:7443"\n', ["[cluster] ca", "xpu certs"]),
         ("seeds = [" + ", ".join(['"10.0.0.3:7443"'] * 65) + "]\n", ["[cluster] seeds", "at most 64"]),
         ('seeds = ["10.0.0.3"]\n', ["[cluster] seeds", "HOST:PORT"]),
+        ('seeds = ["10.0.0.3:7443"]\n', ["[cluster] seeds", "set listen too"]),
         ("dead_after_s = 1.0\n", ["[cluster] dead_after_s", "minimum"]),
         ("dead_after_s = nan\n", ["[cluster] dead_after_s", "finite"]),
         ('name = "bad name"\n', ["[cluster] name"]),

@@ -307,32 +307,6 @@ class DefragSection:
     )
 
 
-MAX_SEEDS = 64  # seed peers a host may list
-
-
-@dataclass(frozen=True)
-class ClusterSection:
-    """Federation with peer daemons (``xpud.federation``). Off (no peer traffic) unless ``listen`` is set."""
-
-    name: str = _key("", "This host's name in the cluster (its certificate's name); empty = the hostname.")
-    listen: str = _key("", "IP:PORT of the Peer service (mutual TLS); empty = federation off.")
-    seeds: tuple[str, ...] = _key((), "Peers to join through, as HOST:PORT (at most 64).")
-    zone: str = _key("", "Network location: the zone (largest area), for multi-host placement.")
-    block: str = _key("", "Network location: the block within the zone.")
-    domain: str = _key("", "Network location: the domain (rack or leaf switch) within the block.")
-    ca: str = _key("", "The site CA's certificate (ca.crt from `xpu certs init`).")
-    cert: str = _key("", "This host's certificate (NAME.crt from `xpu certs issue`).")
-    key: str = _key("", "This host's private key (NAME.key, 0600).")
-    dead_after_s: float = _key(
-        10.0, "Seconds after which a crashed peer is declared dead.", min=2.0, max=3600.0
-    )
-    remote_launch: bool = _key(True, "Peers may start ranks of multi-host jobs on this host.")
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.listen)
-
-
 @dataclass(frozen=True)
 class BurstsSection:
     """Converting idle cards between whole and sliced as demand arrives (``Engine.pump``)."""
@@ -432,6 +406,32 @@ class MetricsSection:
     )
 
 
+MAX_SEEDS = 64  # seed peers a host may list
+
+
+@dataclass(frozen=True)
+class ClusterSection:
+    """Federation with peer daemons (``xpud.federation``). Off (no peer traffic) unless ``listen`` is set."""
+
+    name: str = _key("", "This host's name in the cluster (its certificate's name); empty = the hostname.")
+    listen: str = _key("", "IP:PORT of the Peer service (mutual TLS); empty = federation off.")
+    seeds: tuple[str, ...] = _key((), "Peers to join through, as HOST:PORT (at most 64).")
+    zone: str = _key("", "Network location: the zone (largest area), for multi-host placement.")
+    block: str = _key("", "Network location: the block within the zone.")
+    domain: str = _key("", "Network location: the domain (rack or leaf switch) within the block.")
+    ca: str = _key("", "The site CA's certificate (ca.crt from `xpu certs init`).")
+    cert: str = _key("", "This host's certificate (NAME.crt from `xpu certs issue`).")
+    key: str = _key("", "This host's private key (NAME.key, 0600).")
+    dead_after_s: float = _key(
+        10.0, "Seconds after which a crashed peer is declared dead.", min=2.0, max=3600.0
+    )
+    remote_launch: bool = _key(True, "Peers may start ranks of multi-host jobs on this host.")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.listen)
+
+
 SECTIONS: dict[str, type] = {
     "daemon": DaemonSection,
     "devices": DevicesSection,
@@ -440,11 +440,11 @@ SECTIONS: dict[str, type] = {
     "limits": LimitsSection,
     "health": HealthSection,
     "defrag": DefragSection,
-    "cluster": ClusterSection,
     "metrics": MetricsSection,
     "bursts": BurstsSection,
     "carbon": CarbonSection,
     "forecast": ForecastSection,
+    "cluster": ClusterSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -466,11 +466,11 @@ class Config:
     limits: LimitsSection = field(default_factory=LimitsSection)
     health: HealthSection = field(default_factory=HealthSection)
     defrag: DefragSection = field(default_factory=DefragSection)
-    cluster: ClusterSection = field(default_factory=ClusterSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     bursts: BurstsSection = field(default_factory=BurstsSection)
     carbon: CarbonSection = field(default_factory=CarbonSection)
     forecast: ForecastSection = field(default_factory=ForecastSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     windows: tuple[WindowSpec, ...] = ()  # [[windows]]: capacity windows (xpud.windows)
     path: str = ""  # the file it came from ("" = defaults only)
@@ -736,6 +736,8 @@ def _check_cluster(src: _Source, c: ClusterSection) -> None:
         except ValueError as e:
             raise src.error("cluster", "seeds", f'{e}, e.g. "10.0.0.2:7443"') from None
     if not c.listen:
+        if c.seeds:
+            raise src.error("cluster", "seeds", "set listen too: without it federation is off")
         return
     try:
         host, _ = split_host_port(c.listen)

@@ -62,7 +62,6 @@ def _hostjobs(daemon: Any, what: str):
 def _forwarded(what: str) -> Callable:
     """A unary Peer method that hands the request and the caller to ``daemon.hostjobs.<what>``."""
 
-    @unary
     async def method(self, request, context):
         peer = peer_of(context)
         handler = _hostjobs(self.daemon, what)
@@ -72,8 +71,8 @@ def _forwarded(what: str) -> Callable:
             )
         return await handler(request, peer)
 
-    method.__name__ = what.capitalize()
-    return method
+    method.__name__ = method.__qualname__ = what.capitalize()  # what the logs name
+    return unary(method)
 
 
 class PeerService(pbg.PeerServicer):

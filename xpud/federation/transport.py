@@ -109,34 +109,42 @@ class Channels:
             root_certificates=ca, private_key=key, certificate_chain=cert
         )
         self.limit = limit
-        self._channels: OrderedDict[str, aio.Channel] = OrderedDict()
+        self._channels: OrderedDict[str, tuple[aio.Channel, pbg.PeerStub]] = OrderedDict()
         self._closing: set[asyncio.Task] = set()
 
     def get(self, addr: str) -> aio.Channel:
-        ch = self._channels.get(addr)
-        if ch is not None:
+        return self._entry(addr)[0]
+
+    def stub(self, addr: str) -> pbg.PeerStub:
+        return self._entry(addr)[1]
+
+    def _entry(self, addr: str) -> tuple[aio.Channel, pbg.PeerStub]:
+        entry = self._channels.get(addr)
+        if entry is not None:
             self._channels.move_to_end(addr)
-            return ch
-        ch = self._channels[addr] = aio.secure_channel(addr, self.creds, options=CHANNEL_OPTIONS)
+            return entry
+        ch = aio.secure_channel(addr, self.creds, options=CHANNEL_OPTIONS)
+        entry = self._channels[addr] = (ch, pbg.PeerStub(ch))
         while len(self._channels) > self.limit:
-            _, old = self._channels.popitem(last=False)
-            task = asyncio.ensure_future(old.close(grace=1.0))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
-        return ch
+            _, (old, _) = self._channels.popitem(last=False)
+            self._close_later(old, 1.0)
+        return entry
+
+    def _close_later(self, ch: aio.Channel, grace: float) -> None:
+        task = asyncio.ensure_future(ch.close(grace=grace))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def revive(self, addr: str) -> None:
         """``addr`` just reached us: if our channel to it is failing (in gRPC's reconnect backoff, which
         fails every call at once), replace it, so the reply goes out now and not after the backoff."""
-        ch = self._channels.get(addr)
-        if ch is not None and ch.get_state() is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+        entry = self._channels.get(addr)
+        if entry is not None and entry[0].get_state() is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
             del self._channels[addr]
-            task = asyncio.ensure_future(ch.close(grace=0.1))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._close_later(entry[0], 0.1)
 
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), OrderedDict()
+        channels, self._channels = [ch for ch, _ in self._channels.values()], OrderedDict()
         await asyncio.gather(
             *(ch.close(grace=0.2) for ch in channels), *self._closing, return_exceptions=True
         )
@@ -174,7 +182,7 @@ class Sender:
     async def _one(self, addr: str, msg: Message) -> None:
         req = to_pb(msg)
         try:
-            await pbg.PeerStub(self.channels.get(addr)).Swim(req, timeout=self.timeout_s)
+            await self.channels.stub(addr).Swim(req, timeout=self.timeout_s)
             self.stats.sent += 1
             self.stats.bytes += req.ByteSize()
         except (aio.AioRpcError, grpc.RpcError) as e:
