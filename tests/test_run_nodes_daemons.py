@@ -9,11 +9,12 @@ import json
 import os
 import signal
 import subprocess
+import threading
 
 import pytest
 
 from tests.conftest import BIN, alive, wait_until, xpu_env
-from tests.test_federation_daemons import site  # noqa: F401 (fixture)
+from tests.test_federation_daemons import site, three  # noqa: F401 (fixtures)
 from tests.test_federation_jobs_daemons import cluster, leases, live_reservations  # noqa: F401
 
 pytestmark = pytest.mark.timeout(180)
@@ -72,11 +73,14 @@ def test_ctrl_c_on_the_cli_stops_both_ranks_and_frees_every_host(cluster, tmp_pa
         "while :; do sleep 0.1; done"
     )
     p = xpu(h1, "run", "--nodes", "2", "--label", "--", "sh", "-c", script, stdin=subprocess.DEVNULL)
+    guard = threading.Timer(90, p.kill)  # a hang becomes a failure that shows xpu's stderr
+    guard.start()
     ups = 0
     while ups < 2:
         line = p.stdout.readline()
         assert line, p.stderr.read()
         ups += line.endswith(b"up\n")
+    guard.cancel()
     pids = [int((tmp_path / f"{r}.pid").read_text()) for r in (0, 1)]
     assert all(alive(pid) for pid in pids)
     p.send_signal(signal.SIGINT)
