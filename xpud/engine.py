@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
@@ -49,7 +50,7 @@ from xpud.model import (
 )
 from xpud.moves import Moves
 from xpud.placement.host import CardCapacity, best_group, choose_slice_card
-from xpud.waitlist import Waitlist
+from xpud.waitlist import Waiter, Waitlist, kind_of
 
 log = logging.getLogger("xpud.engine")
 
@@ -136,6 +137,8 @@ class Engine:
         self._granting: set = set()  # waiters whose grant is under way
         self._tasks: set[asyncio.Task] = set()
         self._pump_scheduled = False
+        self._pumps = 0  # passes over the queue so far
+        self._pump_timer: asyncio.TimerHandle | None = None
         self._next_tidy = 0.0
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
 
@@ -639,10 +642,7 @@ class Engine:
         self.validate(req)
         deadline = time.monotonic() + wait_busy_s
         while True:
-            blocked_whole = any(
-                w.request.mode is Mode.XPU and w.request.priority >= req.priority
-                for w in self.waitlist.in_order()
-            )
+            blocked_whole = self.waitlist.whole_waiting_at(req.priority)
             cards = self._fit(req, reserve_whole=blocked_whole)
             left = deadline - time.monotonic()
             if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
@@ -678,15 +678,20 @@ class Engine:
         self._check_limits(req, queueing=False)
         # A request that may queue waits for busy cards only briefly: beyond that it shows in the queue.
         busy_wait = BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
+        pumps = self._pumps
         granted = await self.try_grant(req, busy_wait)
         if granted:
             return granted
         if req.wait_s <= 0:
             raise NoCapacity(self._why_not(req) + "; add --wait SECONDS to queue for it")
         self._check_limits(req, queueing=True)
+        # try_grant found no room in this very state (no await since): the queue needs a pass only if
+        # one ran while it waited for busy cards, before this request was in it. (One pass per queued
+        # request made queueing quadratic: 6,000 requests took minutes and gRPC cancelled the last.)
         w = self.waitlist.add(req, self.clock(), on_position)
         self._changed()
-        self._pump_soon()  # a card may have been freed while this request was being placed
+        if self._pumps != pumps:
+            self._pump_soon()
         try:
             return await asyncio.wait_for(asyncio.shield(w.future), timeout=max(w.deadline - self.clock(), 0))
         except TimeoutError:
@@ -747,27 +752,50 @@ class Engine:
         still use free room on sliced cards, so small work flows without starving large work. The grants
         run as tasks (their cards claimed now, so the next waiter's placement already leaves them out).
         """
+        self._pumps += 1
         reserve = False
         # What did not fit in this pass: an equal request behind it does not fit either (grants only
-        # take room), so a long queue costs one placement per kind of request, not one per waiter.
+        # take room), so a long queue costs one placement per kind of request, not one per waiter, and
+        # the pass ends once every kind still waiting has failed (it need not walk the rest of the queue).
         failed: set[tuple] = set()
-        for w in self.waitlist.in_order():
-            if w.future.done():
+        left = self.waitlist.kinds()  # kind -> waiters not yet looked at
+        granted: list[tuple[Waiter, tuple[int, ...]]] = []
+        recheck = math.inf
+        for w in self.waitlist:
+            kind = kind_of(w.request)
+            left[kind] -= 1
+            if w.future.done() or (kind, reserve) in failed:
                 continue
-            kind = (w.request.mode, w.request.gpus, w.request.owner_uid, reserve)
-            cards = None if kind in failed else self._fit(w.request, reserve_whole=reserve)
+            cards = self._fit(w.request, reserve_whole=reserve)
             switches = cards is not None and self._busy and self._switches(w.request, cards)
-            if switches and self.clock() - w.enqueued < BUSY_WAIT_S:
+            if switches and (age := self.clock() - w.enqueued) < BUSY_WAIT_S:
                 cards = None  # a busy card may be where it belongs: look again when it is free
+                recheck = min(recheck, BUSY_WAIT_S - age)
             if cards is None:
-                failed.add(kind)
+                failed.add((kind, reserve))
                 if w.request.mode is Mode.XPU:
                     reserve = True
+                if all(n == 0 or (k, reserve) in failed for k, n in left.items()):
+                    break  # every waiter left is of a kind that did not fit
                 continue
             self._claim_for(w.request, cards)
+            granted.append((w, cards))
+        for w, cards in granted:  # not removed while the waitlist was being walked
             self.waitlist.remove(w)
             self._granting.add(w)
             self._spawn(self._grant_waiter(w, cards), f"granting queued request {w.ticket}")
+        if recheck < math.inf:  # nothing else may pump before the busy wait is over
+            self._pump_later(recheck + 0.01)
+
+    def _pump_later(self, delay: float) -> None:
+        """Pump the queue in ``delay`` seconds (or sooner, if already asked for sooner)."""
+        loop = asyncio.get_running_loop()
+        timer = self._pump_timer
+        if timer is not None and not timer.cancelled() and timer.when() <= loop.time() + delay:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._pump_timer = loop.call_later(delay, self._pump_soon)
 
     async def _grant_waiter(self, w, cards: tuple[int, ...]) -> None:
         try:
