@@ -254,12 +254,19 @@ class Engine:
             await self._card_freed()
         self._claim(cards)
 
-    async def _hw(self, fn: Callable, *args):
-        """Run a backend call off the loop (the caller holds the card's claim); bookkeeping-only backends
-        run inline."""
-        if isinstance(getattr(fn, "__self__", None), Accounting):
+    async def _hw(self, fn: Callable, *args, inline: bool = False):
+        """Run a backend call off the loop (the caller holds the card's claim); bookkeeping-only backends,
+        and calls the caller knows to be bookkeeping (``inline``), run on the loop."""
+        if inline or isinstance(getattr(fn, "__self__", None), Accounting):
             return fn(*args)
         return await asyncio.to_thread(fn, *args)
+
+    def _bookkeeping(self, index: int, op: str, lease_id: str) -> bool:
+        """Whether card ``index``'s backend says ``op`` ("prepare", "teardown") for ``lease_id`` runs no
+        tool now (e.g. MPS with its control daemon known to run): then it runs on the loop, and the
+        card's claim is not held across an await (other grants do not wait for it)."""
+        needs_tool = getattr(self._backends[index], "needs_tool", None)
+        return needs_tool is not None and not needs_tool(op, lease_id)
 
     def _spawn(self, coro: Awaitable, what: str) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -501,7 +508,9 @@ class Engine:
             spec = self.cfg.slices[mode.value]
             held = list(c.slices.values())
             s, env = await self._hw(
-                self._backends[c.info.index].prepare, c.info, held, spec, lease_id, owner_uid
+                self._backends[c.info.index].prepare,
+                *(c.info, held, spec, lease_id, owner_uid),
+                inline=self._bookkeeping(c.info.index, "prepare", lease_id),
             )
             c.slices[lease_id] = s
             return (s,), env, switched
@@ -542,7 +551,8 @@ class Engine:
         for s in slices:
             card = self.cards[s.card_index]
             try:
-                await self._hw(self._backends[s.card_index].teardown, card.info, s)
+                inline = self._bookkeeping(s.card_index, "teardown", lease_id)
+                await self._hw(self._backends[s.card_index].teardown, card.info, s, inline=inline)
             except Exception as e:
                 log.error("teardown of %s on card %d failed: %s", lease_id, s.card_index, e)
                 self.event("error", f"teardown of lease {lease_id} failed: {e}", card=s.card_index)
@@ -616,22 +626,27 @@ class Engine:
         )
         ops = [self.ledger.insert_lease_op(lease, token)]
         ops += [self.ledger.save_card_op(self.cards[i].record()) for i in switched]
+        where = ",".join(map(str, cards))
+        events = [
+            *(
+                self._event_op("mode", f"card {i} switched to {self.cards[i].mode} for lease {lease_id}", i)
+                for i in switched
+            ),
+            self._event_op(
+                "grant",
+                f"lease {lease_id} ({req.mode}) on card {where} to uid {req.owner_uid}",
+                cards[0] if len(cards) == 1 else -1,
+                lease_id,
+            ),
+        ]
         try:
-            await self.ledger.write(*ops)  # committed before anyone is told
+            await self.ledger.write(*ops, *(o for _, o in events))  # committed before anyone is told
         except BaseException:
             await self._unplace(lease_id, cards, slices, switched)
             raise
         self.leases[lease_id] = lease
         self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
-        for i in switched:
-            self.event("mode", f"card {i} switched to {self.cards[i].mode} for lease {lease_id}", card=i)
-        where = ",".join(map(str, cards))
-        self.event(
-            "grant",
-            f"lease {lease_id} ({req.mode}) on card {where} to uid {req.owner_uid}",
-            card=cards[0] if len(cards) == 1 else -1,
-            lease_id=lease_id,
-        )
+        self._committed(events)
         return lease, token
 
     async def try_grant(self, req: Request, wait_busy_s: float = BUSY_WAIT_S) -> tuple[Lease, str] | None:
@@ -853,7 +868,10 @@ class Engine:
             raise NotFound(f"lease {lease.id} is being released already")
         self._ending.add(lease.id)
         try:
-            await self.ledger.write(self.ledger.end_lease_op(lease.id, state, reason, self.clock()))
+            card = lease.cards[0] if len(lease.cards) == 1 else -1
+            message = f"lease {lease.id} {state.value}: {reason}"
+            event = self._event_op(_EVENT_KIND[state], message, card, lease.id)
+            await self.ledger.write(self.ledger.end_lease_op(lease.id, state, reason, self.clock()), event[1])
         finally:
             self._ending.discard(lease.id)
         # Committed: the lease is over. What it held is freed below, after its teardown.
@@ -863,12 +881,7 @@ class Engine:
         if revoke:
             self._notify(lease, "revoke", revoke)
         self._notify(ended, "released", reason)
-        self.event(
-            _EVENT_KIND[state],
-            f"lease {lease.id} {state.value}: {reason}",
-            lease_id=lease.id,
-            card=lease.cards[0] if len(lease.cards) == 1 else -1,
-        )
+        self._committed([event])
         await self.moves.forget(lease.id)  # a move in flight: free what it reserved
         await self._free_claimed(lease.id, lease.cards, lease.slices)
         self.pump()
@@ -923,8 +936,9 @@ class Engine:
             return
         self._next_tidy = now + TIDY_INTERVAL_S
         for i in sorted(self._backends):
-            if i in self._busy or isinstance(self._backends[i], Accounting):
-                continue
+            due = getattr(self._backends[i], "tidy_due", None)
+            if i in self._busy or isinstance(self._backends[i], Accounting) or (due and not due(now)):
+                continue  # (claiming a card for nothing would hold up the grants that want it)
             self._claim([i])
             self._spawn(self._tidy(i), f"isolation upkeep on card {i}")
 
@@ -1095,6 +1109,16 @@ class Engine:
         ev = self.ledger.add_event(kind, message, card, lease_id, self.clock())
         self._changed(ev)
         return ev
+
+    def _event_op(self, kind: str, message: str, card: int, lease_id: str = "") -> tuple[EventRecord, Op]:
+        """An event to commit in the same write as the change it reports (then ``_committed``)."""
+        return self.ledger.event_op(kind, message, card, lease_id, self.clock())
+
+    def _committed(self, events: Iterable[tuple[EventRecord, Op]]) -> None:
+        """Events committed with their change: logged and shown to watchers, as ``event`` does."""
+        for ev, _ in events:
+            log.info("%s", ev.message)
+            self._changed(ev)
 
     def watch(self) -> asyncio.Queue:
         q: asyncio.Queue = asyncio.Queue()
