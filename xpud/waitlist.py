@@ -1,9 +1,10 @@
 """Requests that did not fit yet: a priority queue, FIFO within a priority, with deadlines.
 
 Adding or removing a waiter costs O(log n) (a sorted list). Waiters learn their position when they join
-and then from a pusher that runs ``push_interval_s`` after a change (and then at most once per interval
-while changes go on), telling a waiter only when its own position moved: cancelling thousands of waiters
-costs each of the others at most one update per interval, not one per cancellation.
+and then from a pusher that runs once a ``push_interval_s`` has passed without a change (while changes go
+on: every ``PUSH_MAX_REST`` intervals), telling a waiter only when its own position moved: cancelling
+thousands of waiters costs each of the others at most one update per interval, not one per cancellation,
+and the leavers are not sent positions while they leave (each update is a message on their stream).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sortedcontainers import SortedKeyList
 from xpud.model import Mode, QueuedRequest, Request
 
 PUSH_CHUNK = 256  # waiters told per loop iteration: other calls are served between chunks
+PUSH_MAX_REST = 3  # intervals the pusher waits at most for a burst of changes to end
 
 
 @dataclass(eq=False)
@@ -56,6 +58,7 @@ class Waitlist:
         self._seq = itertools.count()
         self.push_interval_s = push_interval_s
         self._dirty = False
+        self._changes = 0  # adds and removals so far
         self._pusher: asyncio.Task | None = None
         self._per_uid: dict[int, int] = {}  # owner uid -> waiters
         self._kinds: dict[tuple, int] = {}  # kind_of(request) -> waiters
@@ -126,6 +129,7 @@ class Waitlist:
 
     def _touch(self) -> None:
         self._dirty = True
+        self._changes += 1
         if self._pusher is None or self._pusher.done():
             self._pusher = asyncio.get_running_loop().create_task(self._push())
 
@@ -136,7 +140,13 @@ class Waitlist:
         the waiters that were leaving too are not sent positions they will never read.
         """
         while self._dirty:
-            await asyncio.sleep(self.push_interval_s)
+            # Rest until a whole interval passes without a change (a burst of leavers is over), but
+            # tell the waiters at least every PUSH_MAX_REST intervals while changes go on.
+            for _ in range(PUSH_MAX_REST):
+                seen = self._changes
+                await asyncio.sleep(self.push_interval_s)
+                if self._changes == seen:
+                    break
             self._dirty = False
             snapshot = list(self._waiters)
             n = len(snapshot)
