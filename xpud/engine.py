@@ -894,13 +894,23 @@ class Engine:
         return await self._end(lease, LeaseState.EVICTED, reason or "evicted by an operator", revoke=why)
 
     @_uninterrupted
-    async def reclaim(self, lease_id: str, reason: str) -> Lease | None:
+    async def reclaim(
+        self,
+        lease_id: str,
+        reason: str,
+        state: LeaseState = LeaseState.RECLAIMED,
+        also: tuple[Op, ...] = (),
+    ) -> Lease | None:
+        """End a lease on the daemon's own authority (reaper, start-up, a multi-host job's end: ``state``
+        RELEASED). ``also``: ledger writes committed in the same transaction as the lease's end."""
         lease = self.leases.get(lease_id)
         if lease is None or lease_id in self._ending:
             return None
-        return await self._end(lease, LeaseState.RECLAIMED, reason)
+        return await self._end(lease, state, reason, also=also)
 
-    async def _end(self, lease: Lease, state: LeaseState, reason: str, revoke: str = "") -> Lease:
+    async def _end(
+        self, lease: Lease, state: LeaseState, reason: str, revoke: str = "", also: tuple[Op, ...] = ()
+    ) -> Lease:
         """End a lease: commit it, then tell its holder, then free its cards (tear slices down)."""
         if lease.id in self._ending:
             raise NotFound(f"lease {lease.id} is being released already")
@@ -909,7 +919,8 @@ class Engine:
             card = lease.cards[0] if len(lease.cards) == 1 else -1
             message = f"lease {lease.id} {state.value}: {reason}"
             event = self._event_op(_EVENT_KIND[state], message, card, lease.id)
-            await self.ledger.write(self.ledger.end_lease_op(lease.id, state, reason, self.clock()), event[1])
+            end = self.ledger.end_lease_op(lease.id, state, reason, self.clock())
+            await self.ledger.write(end, event[1], *also)
         finally:
             self._ending.discard(lease.id)
         # Committed: the lease is over. What it held is freed below, after its teardown.
