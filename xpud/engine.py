@@ -1236,6 +1236,7 @@ class Engine:
         """Events committed with their change: logged and shown to watchers, as ``event`` does."""
         for ev, _ in events:
             log.info("%s", ev.message)
+            self.stats.events[ev.kind] += 1
             self._changed(ev)
 
     def watch(self) -> asyncio.Queue:
