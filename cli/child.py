@@ -56,6 +56,7 @@ class Outcome:
 
     code: int
     signal: int | None = None
+    by_wrapper: bool = False  # the wrapper gave up (not the command's own end): nothing to report
 
 
 class StartFailed(Exception):

@@ -70,6 +70,15 @@ def client(admin: bool = False) -> Client:
 
 
 # ---------------------------------------------------------------------------------------------- run
+def _duration(text: str) -> float:
+    from xpu_cli.entry import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 @handled
 def run(
@@ -88,14 +97,17 @@ def run(
     ] = "xpu",
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Whole cards to lease (mode xpu).", min=1)] = 1,
     wait: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--wait",
             "-w",
-            help="Queue up to this many seconds when it does not fit now (0: fail at once).",
-            min=0,
+            help="Queue up to this long when it does not fit now: seconds (30), 90s, 5m, 2h, 1d, 1h30m, "
+            "or inf (as long as the daemon allows); 0: fail at once. Default: the daemon's "
+            "[leases] default_wait_s.",
+            parser=_duration,
+            metavar="DURATION",
         ),
-    ] = 0.0,
+    ] = None,
     priority: Annotated[int, typer.Option("--priority", "-p", help="Higher goes first in the queue.")] = 0,
     restartable: Annotated[
         bool,
@@ -107,6 +119,10 @@ def run(
     kill_grace: Annotated[
         float, typer.Option(help="Seconds between a forwarded signal and SIGKILL.", min=0)
     ] = 10.0,
+    name: Annotated[
+        str,
+        typer.Option("--name", "-n", help="A name for the job, shown in `xpu leases` and `xpu show`."),
+    ] = "",
     json_env: Annotated[
         bool,
         typer.Option(
@@ -131,6 +147,7 @@ def run(
             restartable=restartable,
             kill_grace_s=kill_grace,
             json_env=json_env,
+            name=name,
         )
     raise typer.Exit(die_like(outcome))
 
@@ -156,10 +173,23 @@ def _free(card) -> str:
 
 @app.command("ls")
 @handled
-def ls(as_json: JsonOpt = False) -> None:
+def ls(
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Redraw at every change until Ctrl-C (as kubectl -w).")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Cards: mode, slices, free capacity, memory, utilisation, temperature, health."""
     with client() as c:
+        if watch:
+            from xpu_cli.watching import follow
+
+            return follow(c, lambda update: _print_cards(update.cards, as_json))
         reply = c.cards()
+    _print_cards(reply, as_json)
+
+
+def _print_cards(reply, as_json: bool) -> None:
     if as_json:
         return output.print_json([output.to_dict(card) for card in reply.cards])
     rows = []
@@ -196,57 +226,6 @@ def ls(as_json: JsonOpt = False) -> None:
     )
     if any(card.mode_pinned for card in reply.cards):
         print("* mode pinned by an operator (`xpu mode CARD auto` lets the scheduler switch it again)")
-
-
-@app.command()
-@handled
-def leases(
-    all_: Annotated[
-        bool, typer.Option("--all", "-a", help="Include ended leases (most recent first).")
-    ] = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Active leases and the requests waiting in the queue."""
-    with client() as c:
-        reply = c.leases(all=all_)
-    if as_json:
-        return output.print_json(reply)
-    now = time.time()
-    rows = [
-        [
-            le.id,
-            le.mode,
-            ",".join(map(str, le.cards)),
-            le.owner_uid,
-            le.holder_pid or "-",
-            output.age(le.created, now),
-            le.state if all_ else ("yes" if le.held else "NO"),
-            ("R " if le.restartable else "") + (f"[{le.mark}] " if le.mark else "") + le.command[:60],
-        ]
-        for le in reply.leases
-    ]
-    output.table(
-        ["LEASE", "MODE", "CARDS", "UID", "PID", "AGE", "STATE" if all_ else "HELD", "COMMAND"], rows
-    )
-    if reply.queue:
-        print(f"\nqueue ({len(reply.queue)} waiting):")
-        output.table(
-            ["POS", "TICKET", "MODE", "GPUS", "PRIO", "UID", "WAITED", "GIVES UP IN", "COMMAND"],
-            [
-                [
-                    q.position,
-                    q.ticket,
-                    q.mode,
-                    q.gpus,
-                    q.priority,
-                    q.owner_uid,
-                    output.age(q.enqueued, now),
-                    f"{max(0, q.deadline - now):.0f}s",
-                    q.command[:50],
-                ]
-                for q in reply.queue
-            ],
-        )
 
 
 @app.command()
@@ -467,9 +446,9 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 def _register_commands() -> None:
     """Commands that live in their own modules (defrag, simulator, dashboard, certs) register themselves."""
-    from xpu_cli import certs, defrag, simulate, top
+    from xpu_cli import certs, defrag, events, leases, simulate, top
 
-    for module in (certs, defrag, simulate, top):
+    for module in (certs, defrag, events, leases, simulate, top):
         module.register(app)
 
 

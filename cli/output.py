@@ -38,6 +38,9 @@ def _tidy(desc, d: dict) -> dict:
     out = {}
     for f in desc.fields:
         if f.name not in d:
+            real_oneof = f.containing_oneof is not None and f.containing_oneof.name != f"_{f.name}"
+            if f.has_presence and not real_oneof:
+                out[f.name] = None  # optional and absent: null, not a missing key
             continue
         v = d[f.name]
         if f.message_type is not None and f.message_type.GetOptions().map_entry:

@@ -54,6 +54,7 @@ def typer_reads(args: list[str], monkeypatch):
         "restartable": kw["restartable"],
         "kill_grace": kw["kill_grace_s"],
         "json_env": kw["json_env"],
+        "name": kw["name"],
     }
     return runtime, opts, argv
 
@@ -78,6 +79,10 @@ CASES = [
     ["--runtime-dir", "", "run", "true"],
     ["run", "-m", "a", "-m", "b", "--", "true"],
     ["run", "--kill-grace", "2.", "--", "true"],
+    ["run", "--wait", "1m", "--", "true"],
+    ["run", "-w", "1h30m", "-n", "train-1", "true"],
+    ["run", "--wait=inf", "--name=x", "true"],
+    ["run", "-w2h", "true"],
 ]
 # Typer refuses these: the fast path must leave them to it, for its usual message.
 REFUSED = [
@@ -86,6 +91,9 @@ REFUSED = [
     ["run", "--gpus", "²", "--", "true"],
     ["run", "--wait", "-1", "--", "true"],
     ["run", "--wait", "nan", "--", "true"],
+    ["run", "--wait", "1e3", "--", "true"],
+    ["run", "--wait", "5x", "--", "true"],
+    ["run", "--wait", "30m1h", "--", "true"],
     ["run", "--mode"],
     ["run", "--bogus", "--", "true"],
     ["run", "-x", "--", "true"],
@@ -96,7 +104,6 @@ REFUSED = [
 # Typer takes these, but they are rare and odd: the fast path leaves them to it rather than mimic it.
 DEFERRED = [
     ["run", "--gpus", " 2", "--", "true"],
-    ["run", "--wait", "1e3", "--", "true"],
     ["run", "--kill-grace", "inf", "--", "true"],
     ["run", "--mode", "--", "true"],
     ["run", "--mode=", "true"],

@@ -39,6 +39,7 @@ from xpud.model import (
     CardMode,
     CardSample,
     CardView,
+    CommandEnd,
     HealthState,
     Lease,
     LeaseState,
@@ -609,6 +610,7 @@ class Engine:
             restartable=req.restartable,
             holder_pid=req.holder_pid,
             command=req.command[:500],
+            name=req.name,
             created=self.clock(),
         )
         ops = [self.ledger.insert_lease_op(lease, token)]
@@ -748,9 +750,10 @@ class Engine:
         run as tasks (their cards claimed now, so the next waiter's placement already leaves them out).
         """
         reserve = False
-        # What did not fit in this pass: an equal request behind it does not fit either (grants only
-        # take room), so a long queue costs one placement per kind of request, not one per waiter.
-        failed: set[tuple] = set()
+        # What did not fit in this pass (and why): an equal request behind it does not fit either
+        # (grants only take room), so a long queue costs one placement per kind of request, not one per
+        # waiter.
+        failed: dict[tuple, str] = {}
         for w in self.waitlist.in_order():
             if w.future.done():
                 continue
@@ -759,8 +762,11 @@ class Engine:
             switches = cards is not None and self._busy and self._switches(w.request, cards)
             if switches and self.clock() - w.enqueued < BUSY_WAIT_S:
                 cards = None  # a busy card may be where it belongs: look again when it is free
+                failed[kind] = "Busy"
             if cards is None:
-                failed.add(kind)
+                if kind not in failed:
+                    failed[kind] = self._pending_reason(w.request, reserve)
+                w.reason = failed[kind]
                 if w.request.mode is Mode.XPU:
                     reserve = True
                 continue
@@ -768,6 +774,29 @@ class Engine:
             self.waitlist.remove(w)
             self._granting.add(w)
             self._spawn(self._grant_waiter(w, cards), f"granting queued request {w.ticket}")
+
+    def _pending_reason(self, req: Request, reserved: bool) -> str:
+        """Why a queued request does not fit now, as squeue's REASON: "Priority" (it would fit, but
+        the idle whole cards are held for a request ahead of it), "MPS user" (a card with room serves
+        another user's MPS slices), else "Resources"."""
+        if reserved and self._fit(req, reserve_whole=False) is not None:
+            return "Priority"
+        spec = self.cfg.slices.get(req.mode.value)
+        if spec is not None:
+            for c in self.cards.values():
+                cap = self._capacity(c)
+                room = (
+                    cap.free_memory_fraction >= spec.memory_fraction
+                    and cap.free_compute_pct >= spec.compute_pct
+                )
+                if (
+                    c.usable
+                    and c.slices
+                    and room
+                    and self._backends[c.info.index].serves_other_user(req.owner_uid)
+                ):
+                    return "MPS user"
+        return "Resources"
 
     async def _grant_waiter(self, w, cards: tuple[int, ...]) -> None:
         try:
@@ -801,10 +830,16 @@ class Engine:
         )
 
     @_uninterrupted
-    async def release(self, lease_id: str, caller: Caller, token: str = "") -> Lease:
+    async def release(
+        self, lease_id: str, caller: Caller, token: str = "", end: CommandEnd | None = None
+    ) -> Lease:
+        """End a lease for its holder, owner or an operator; ``end``: how its command ended (recorded;
+        a start time outside the lease's life is clamped into it)."""
         lease = self.resolve_lease(lease_id)
         self.check_authority(lease, caller, token)
-        return await self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}")
+        if end is not None and end.started is not None:
+            end = replace(end, started=min(max(end.started, lease.created), self.clock()))
+        return await self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}", end=end)
 
     @_uninterrupted
     async def evict(self, lease_id: str, reason: str = "") -> Lease:
@@ -819,25 +854,42 @@ class Engine:
             return None
         return await self._end(lease, LeaseState.RECLAIMED, reason)
 
-    async def _end(self, lease: Lease, state: LeaseState, reason: str, revoke: str = "") -> Lease:
+    async def _end(
+        self, lease: Lease, state: LeaseState, reason: str, revoke: str = "", end: CommandEnd | None = None
+    ) -> Lease:
         """End a lease: commit it, then tell its holder, then free its cards (tear slices down)."""
         if lease.id in self._ending:
             raise NotFound(f"lease {lease.id} is being released already")
         self._ending.add(lease.id)
+        now, end = self.clock(), end or CommandEnd()
         try:
-            await self.ledger.write(self.ledger.end_lease_op(lease.id, state, reason, self.clock()))
+            await self.ledger.write(self.ledger.end_lease_op(lease.id, state, reason, now, end))
         finally:
             self._ending.discard(lease.id)
         # Committed: the lease is over. What it held is freed below, after its teardown.
         self.leases.pop(lease.id, None)
         self.unheld_since.pop(lease.id, None)
-        ended = replace(lease, state=state)
+        ended = replace(
+            lease,
+            state=state,
+            mark="",
+            ended=now,
+            end_reason=reason,
+            started=end.started,
+            exit_code=end.exit_code,
+            exit_signal=end.exit_signal,
+        )
         if revoke:
             self._notify(lease, "revoke", revoke)
         self._notify(ended, "released", reason)
+        how = ""
+        if end.exit_signal is not None:
+            how = f" (its command ended by signal {end.exit_signal})"
+        elif end.exit_code is not None:
+            how = f" (its command exited {end.exit_code})"
         self.event(
             _EVENT_KIND[state],
-            f"lease {lease.id} {state.value}: {reason}",
+            f"lease {lease.id} {state.value}: {reason}{how}",
             lease_id=lease.id,
             card=lease.cards[0] if len(lease.cards) == 1 else -1,
         )
