@@ -684,7 +684,7 @@ class Engine:
         if granted:
             return granted
         if req.wait_s <= 0:
-            raise NoCapacity(self._why_not(req) + "; add --wait SECONDS to queue for it")
+            raise NoCapacity(self._why_not(req) + "; add --wait 10m (any duration, or inf) to queue for it")
         self._check_limits(req, queueing=True)
         w = self.waitlist.add(req, self.clock(), on_position)
         self._changed()
