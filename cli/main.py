@@ -298,79 +298,6 @@ def info(as_json: JsonOpt = False) -> None:
         print(f"{k:16} {v}")
 
 
-@app.command()
-@handled
-def health(
-    card: Annotated[str | None, typer.Argument(help="Card index or UUID (default: every card).")] = None,
-    history: Annotated[int, typer.Option(help="State changes to show per card.", min=1)] = 20,
-    as_json: JsonOpt = False,
-) -> None:
-    """Health score, state, every signal with its threshold, and the history of state changes."""
-    with client() as c:
-        reply = c.health(card or "", history=history)
-        cards = {x.index: x for x in c.cards().cards}
-    if as_json:
-        return output.print_json([output.to_dict(h) for h in reply.cards])
-    now = time.time()
-    for n, h in enumerate(reply.cards):
-        if n:
-            print()
-        print(f"card {h.index} ({h.uuid}): {h.state}, score {h.score}")
-        for reason in h.reasons:
-            print(f"  because: {reason}")
-        info = cards.get(h.index)
-        if info is not None and info.drained:
-            print(f"  drained: {info.drain_reason}")
-        if h.state != "healthy":
-            if h.clear_since:
-                print(
-                    f"  signals say {h.raw_state}, clear for {now - h.clear_since:.0f} s of "
-                    f"{h.clear_needed_s:g} s needed to recover"
-                )
-            else:
-                print(
-                    f"  signals say {h.raw_state}: {h.clear_needed_s:g} s of clear signals needed to recover"
-                )
-        output.table(
-            ["  SIGNAL", "VALUE", "THRESHOLD", "STATUS", "REASON"],
-            [
-                [
-                    f"  {s.name}",
-                    _signal_value(s, "value"),
-                    _signal_value(s, "threshold"),
-                    s.status,
-                    s.reason,
-                ]
-                for s in h.signals
-            ],
-        )
-        if h.history:
-            print("  history:")
-        for ch in h.history:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ch.timestamp))
-            print(f"  {when}  {ch.from_state} -> {ch.to_state} (score {ch.score}): {'; '.join(ch.reasons)}")
-
-
-def _signal_value(sig, name: str) -> str:
-    """A signal's value or threshold in human units (the daemon sends raw numbers and a unit)."""
-    if not sig.HasField(name):
-        return "-"
-    v = getattr(sig, name)
-    unit = sig.unit
-    if unit == "bytes":
-        return f"{output.gib(v)} GiB"
-    if unit == "mask":
-        return f"0x{int(v):x}"
-    if unit == "ratio":
-        return f"{v * 100:.0f}%"
-    if unit == "P":
-        return f"P{int(v)}"
-    if sig.name in ("lost", "inforom") and name == "value":
-        return {"lost": ("no", "yes"), "inforom": ("invalid", "valid")}[sig.name][int(v)]
-    text = f"{v:g}"
-    return f"{text} {unit}" if unit and unit != "%" else text + unit
-
-
 # ---------------------------------------------------------------------------------------------- operators
 @app.command()
 @handled
@@ -390,10 +317,13 @@ def undrain(card: Annotated[str, typer.Argument(help="Card index or UUID.")]) ->
     """Put a drained card back in service (operators)."""
     with client(admin=True) as c:
         card_msg = c.undrain(card)
-    if card_msg.drained:  # the health monitor's drain stays until the card recovers
-        print(f"card {card_msg.index}: operator drain lifted; still out: {card_msg.drain_reason}")
-    else:
-        print(f"card {card_msg.index} back in service")
+        if card_msg.drained:  # the health monitor's drain stays until the card recovers
+            from xpu_cli.health import recovery
+
+            (h,) = c.health(str(card_msg.index)).cards
+            print(f"card {card_msg.index}: operator drain lifted; still out of service: {recovery(h)}")
+            return
+    print(f"card {card_msg.index} back in service")
 
 
 @app.command("mode")
@@ -439,16 +369,21 @@ def fault_inject(
 @fault_app.command("clear")
 @handled
 def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]) -> None:
-    """Clear injected faults on a simulated card."""
+    """Clear injected faults on a simulated card (and say when it will be back in service)."""
+    from xpu_cli.health import recovery
+
     with client(admin=True) as c:
         print(c.clear_fault(card))
+        for h in c.health(card).cards:
+            if h.state != "healthy":
+                print(f"card {h.index} stays out for now: {recovery(h)}")
 
 
 def _register_commands() -> None:
     """Commands that live in their own modules (defrag, simulator, dashboard, certs) register themselves."""
-    from xpu_cli import certs, defrag, events, leases, simulate, top
+    from xpu_cli import certs, defrag, events, health, leases, simulate, top
 
-    for module in (certs, defrag, events, leases, simulate, top):
+    for module in (certs, defrag, events, health, leases, simulate, top):
         module.register(app)
 
 

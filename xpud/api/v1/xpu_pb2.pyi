@@ -433,20 +433,22 @@ class HealthRequest(_message.Message):
     def __init__(self, card: _Optional[str] = ..., history: _Optional[int] = ...) -> None: ...
 
 class Signal(_message.Message):
-    __slots__ = ("name", "value", "threshold", "unit", "status", "reason")
+    __slots__ = ("name", "value", "threshold", "unit", "status", "reason", "until")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
     name: str
     value: float
     threshold: float
     unit: str
     status: str
     reason: str
-    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., threshold: _Optional[float] = ..., unit: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    until: float
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., threshold: _Optional[float] = ..., unit: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., until: _Optional[float] = ...) -> None: ...
 
 class StateChange(_message.Message):
     __slots__ = ("timestamp", "from_state", "to_state", "reasons", "score")
@@ -463,7 +465,7 @@ class StateChange(_message.Message):
     def __init__(self, timestamp: _Optional[float] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., score: _Optional[int] = ...) -> None: ...
 
 class CardHealth(_message.Message):
-    __slots__ = ("index", "uuid", "score", "state", "signals", "history", "reasons", "clear_since", "raw_state", "clear_needed_s")
+    __slots__ = ("index", "uuid", "score", "state", "signals", "history", "reasons", "clear_since", "raw_state", "clear_needed_s", "back_at", "window_ends")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -474,6 +476,8 @@ class CardHealth(_message.Message):
     CLEAR_SINCE_FIELD_NUMBER: _ClassVar[int]
     RAW_STATE_FIELD_NUMBER: _ClassVar[int]
     CLEAR_NEEDED_S_FIELD_NUMBER: _ClassVar[int]
+    BACK_AT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_ENDS_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     score: int
@@ -484,7 +488,9 @@ class CardHealth(_message.Message):
     clear_since: float
     raw_state: str
     clear_needed_s: float
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., score: _Optional[int] = ..., state: _Optional[str] = ..., signals: _Optional[_Iterable[_Union[Signal, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., reasons: _Optional[_Iterable[str]] = ..., clear_since: _Optional[float] = ..., raw_state: _Optional[str] = ..., clear_needed_s: _Optional[float] = ...) -> None: ...
+    back_at: float
+    window_ends: float
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., score: _Optional[int] = ..., state: _Optional[str] = ..., signals: _Optional[_Iterable[_Union[Signal, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., reasons: _Optional[_Iterable[str]] = ..., clear_since: _Optional[float] = ..., raw_state: _Optional[str] = ..., clear_needed_s: _Optional[float] = ..., back_at: _Optional[float] = ..., window_ends: _Optional[float] = ...) -> None: ...
 
 class HealthReply(_message.Message):
     __slots__ = ("cards",)
