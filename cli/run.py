@@ -251,8 +251,8 @@ class Progress:
         waited = time.monotonic() - self.started
         left = max(0.0, q.deadline - time.time())
         line = (
-            f"queued for {self.what} (ticket {q.ticket}): position {q.position} of {q.queue_length}, "
-            f"waited {waited:.0f} s, giving up in {left:.0f} s"
+            f"queued for {self.what}: position {q.position} of {q.queue_length}, "
+            f"waited {waited:.0f} s, giving up in {left:.0f} s (ticket {q.ticket})"
         )
         if self.tty:
             with contextlib.suppress(OSError):
