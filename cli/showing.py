@@ -22,7 +22,7 @@ def when(ts: float | None) -> str:
 
 def show(c, what: str, as_json: bool) -> None:
     cards = list(c.cards().cards)
-    if what.isdigit() and int(what) < len(cards):
+    if what.isdigit() and len(what) <= 4 and int(what) < len(cards):  # a card index (lease ids are 8 long)
         return _card(c, cards, int(what), as_json)
     try:
         lease = c.lease(what)
