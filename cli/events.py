@@ -71,6 +71,6 @@ def _print(ev, as_json: bool) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    from xpu_cli.main import handled
+    from xpu_cli.output import handled
 
     app.command()(handled(events))

@@ -8,7 +8,7 @@ import time
 from typing import Annotated
 
 import typer
-from xpu_cli import output
+from xpu_cli import output, vocab
 
 from xpud.hw.signals import CLOCK_REASONS
 
@@ -56,26 +56,12 @@ def _top_reason(h, card) -> str:
 
 
 def signal_value(sig, name: str) -> str:
-    """A signal's value or threshold in human units (the daemon sends raw numbers and a unit)."""
-    if not sig.HasField(name):
-        return "-"
-    v = getattr(sig, name)
-    unit = sig.unit
-    if unit == "bytes":
-        return f"{output.gib(v)} GiB"
-    if unit == "mask":
-        names = [text for bit, text in CLOCK_REASONS.items() if int(v) & bit]
-        if sig.name == "clock_events" and name == "value":
-            return f"0x{int(v):x} ({', '.join(names) or 'none'})"
-        return f"0x{int(v):x}"
-    if unit == "ratio":
-        return f"{v * 100:.0f}%"
-    if unit == "P":
-        return f"P{int(v)}"
-    if sig.name in ("lost", "inforom") and name == "value":
-        return {"lost": ("no", "yes"), "inforom": ("invalid", "valid")}[sig.name][int(v)]
-    text = f"{v:g}"
-    return f"{text} {unit}" if unit and unit != "%" else text + unit
+    """A signal's value or threshold as ``vocab.signal_value`` words it; clock-event reasons also named."""
+    text = vocab.signal_value(sig, name)
+    if sig.name == "clock_events" and name == "value" and sig.HasField("value"):
+        names = [word for bit, word in CLOCK_REASONS.items() if int(sig.value) & bit]
+        text += f" ({', '.join(names) or 'none'})"
+    return text
 
 
 def _details(h, card, now: float) -> None:
@@ -137,7 +123,8 @@ def health(
                 if h.state == "healthy"
                 else (when(h.back_at, now) if h.HasField("back_at") else "when fixed")
             )
-            rows.append([h.index, h.state, h.score, back, _top_reason(h, cards.get(h.index))])
+            state = output.Styled(h.state, output.HEALTH_STYLES.get(h.state, ""))
+            rows.append([h.index, state, h.score, back, _top_reason(h, cards.get(h.index))])
         output.table(["CARD", "STATE", "SCORE", "BACK AT", "REASON"], rows)
         print("BACK AT: when the card returns if nothing new goes wrong; `xpu health CARD` says why.")
         return
@@ -148,6 +135,6 @@ def health(
 
 
 def register(app: typer.Typer) -> None:
-    from xpu_cli.main import handled
+    from xpu_cli.output import handled
 
     app.command()(handled(health))

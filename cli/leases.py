@@ -11,7 +11,7 @@ import time
 from typing import Annotated
 
 import typer
-from xpu_cli import output
+from xpu_cli import output, vocab
 
 STATES = (
     "running",
@@ -26,6 +26,7 @@ STATES = (
     "active",
 )
 WAIT_POLL_S = 0.25  # `xpu wait` asks again this often (one small call: the ledger lookup of one id)
+STYLES = {"unheld": "red", "queued": "yellow", "done": "green"}
 SORT_KEYS = ("lease", "name", "mode", "cards", "user", "state", "age", "elapsed", "end")
 LEGEND = (
     "FLAGS: R restartable (the daemon may stop the command and start it again on other cards).  "
@@ -162,13 +163,27 @@ def rows(reply, now: float, all_: bool, mode=None, state=None, uid=None, sort=No
 
 def print_table(reply, now: float, all_: bool, mode=None, state=None, uid=None, sort=None) -> None:
     leases, queue = rows(reply, now, all_, mode, state, uid, sort)
-    headers = ["LEASE", "NAME", "MODE", "CARDS", "UID", "PID", "STATE", "ELAPSED", "FLAGS", "COMMAND", "NOTE"]
+    headers = [
+        "LEASE",
+        "NAME",
+        "MODE",
+        "CARDS",
+        "USER",
+        "PID",
+        "STATE",
+        "ELAPSED",
+        "FLAGS",
+        "COMMAND",
+        "NOTE",
+    ]
     if all_:
         headers[5:6] = []
         headers.insert(headers.index("ELAPSED") + 1, f"END ({zone()})")
     table = []
     for _, r in [*leases, *queue]:
-        cells = {**r, "elapsed": output.age(now - r["elapsed"], now)}
+        cells = {**r, "elapsed": output.age(now - r["elapsed"], now), "user": vocab.user_name(r["user"])}
+        if r["state"] in STYLES:
+            cells["state"] = output.Styled(r["state"], STYLES[r["state"]])
         cells["end"] = clock(r["end"], now) if r["end"] else "-"
         keys = [
             "lease",
@@ -187,7 +202,7 @@ def print_table(reply, now: float, all_: bool, mode=None, state=None, uid=None, 
             keys.remove("pid")
             keys.insert(keys.index("elapsed") + 1, "end")
         table.append([cells[k] for k in keys])
-    output.table(headers, table)
+    output.table(headers, table, optional=("FLAGS", "PID", "NAME"))
     if reply.leases_omitted or reply.queue_omitted:
         print(f"({reply.leases_omitted} lease(s) and {reply.queue_omitted} queued request(s) not shown)")
     if table:
@@ -229,7 +244,7 @@ def leases(
 ) -> None:
     """Active leases and queued requests, one row each (with --all also ended ones, with how their
     command ended: done, exit N, signal NAME)."""
-    from xpu_cli.main import fail
+    from xpu_cli.output import fail
 
     if state is not None and state not in STATES:
         fail(f"--state {state!r}: use one of {', '.join(STATES)}", 2)
@@ -296,7 +311,7 @@ def wait_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    from xpu_cli.main import handled
+    from xpu_cli.output import handled
 
     app.command()(handled(leases))
     app.command()(handled(show))

@@ -45,7 +45,7 @@ def test_show_a_lease_and_a_card(daemon):
         assert f"leases:    {g.lease.id} (xpu, held-one)" in text
         shown = json.loads(daemon.xpu("show", g.lease.card_uuids[0], "--json").stdout)
         assert shown["card"]["index"] == card and [x["id"] for x in shown["leases"]] == [g.lease.id]
-        assert shown["health"]["state"] == "healthy" and shown["events"][-1]["lease_id"] == g.lease.id
+        assert shown["health"]["health_state"] == "healthy" and shown["events"][-1]["lease_id"] == g.lease.id
     r = daemon.xpu("show", "nosuch")
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.startswith("xpu: 'nosuch' is neither a lease nor a card") and r.stderr.count("\n") == 1

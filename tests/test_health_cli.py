@@ -47,7 +47,7 @@ def test_one_line_per_card_then_details_with_a_card(d):
 def test_after_a_fault_clears_every_view_says_when_the_card_is_back_and_why(d):
     zone = time.strftime("%Z")
     assert d.xpu("fault", "inject", "0", "xid", "79").returncode == 0
-    wait_until(lambda: health(d, "0")[0]["state"] == "unhealthy", timeout=10)
+    wait_until(lambda: health(d, "0")[0]["health_state"] == "unhealthy", timeout=10)
     injected = time.time()  # seen unhealthy: the XID came a little before
     cleared = d.xpu("fault", "clear", "0").stdout
     assert "card 0 stays out for now: unhealthy (xid 79" in cleared
@@ -56,7 +56,7 @@ def test_after_a_fault_clears_every_view_says_when_the_card_is_back_and_why(d):
     # the XID holds the card out for the event window, then the clear time: the numbers say so
     assert xid["until"] == pytest.approx(injected + WINDOW_S - 1.5, abs=1.5)
     assert h["window_ends"] == xid["until"] and h["back_at"] == pytest.approx(h["window_ends"] + CLEAR_S)
-    assert h["clear_needed_s"] == CLEAR_S and h["score"] == h["history"][-1]["score"]
+    assert h["clear_needed_s"] == CLEAR_S and h["health_score"] == h["history"][-1]["score"]
     text = d.xpu("health", "0").stdout
     ends = time.strftime("%H:%M:%S", time.localtime(h["window_ends"]))
     assert f"the event window holding it ends at {ends} {zone}" in text
@@ -66,7 +66,7 @@ def test_after_a_fault_clears_every_view_says_when_the_card_is_back_and_why(d):
     still = d.xpu("undrain", "0").stdout
     assert still.startswith("card 0: operator drain lifted; still out of service: unhealthy (xid 79")
     assert "back at " in still
-    wait_until(lambda: health(d, "0")[0]["state"] == "healthy", timeout=WINDOW_S + CLEAR_S + 10)
+    wait_until(lambda: health(d, "0")[0]["health_state"] == "healthy", timeout=WINDOW_S + CLEAR_S + 10)
     assert time.time() >= h["back_at"] - 0.5  # not before it said
     (h,) = health(d, "0")
     assert h["back_at"] is None and h["window_ends"] is None
@@ -75,7 +75,7 @@ def test_after_a_fault_clears_every_view_says_when_the_card_is_back_and_why(d):
 
 def test_a_fault_with_no_end_in_sight_says_so(d):
     assert d.xpu("fault", "inject", "1", "overheat").returncode == 0
-    wait_until(lambda: health(d, "1")[0]["state"] != "healthy", timeout=10)
+    wait_until(lambda: health(d, "1")[0]["health_state"] != "healthy", timeout=10)
     (h,) = health(d, "1")
     assert h["back_at"] is None
     line = next(line for line in d.xpu("health").stdout.splitlines() if line.startswith("1 "))

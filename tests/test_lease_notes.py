@@ -56,7 +56,7 @@ def test_a_warning_is_a_note_not_part_of_the_command_and_goes_when_the_lease_end
         (x,) = [
             x for x in json.loads(d.xpu("leases", "--all", "--json").stdout)["leases"] if x["id"] == plain.id
         ]
-        assert x["mark"] == "" and x["status"] == "signal TERM"
+        assert x["mark"] is None and x["status"] == "signal TERM"
     finally:
         for p in (job, mover):
             p.kill()

@@ -34,7 +34,7 @@ def test_leases_all_shows_how_each_command_ended(daemon):
     assert (term["exit_code"], term["exit_signal"], term["status"]) == (None, 15, "signal TERM")
     assert got["missing"]["status"] == "exit 127"
     for x in got.values():
-        assert x["state"] == "released" and x["mark"] == ""
+        assert x["state"] == "released" and x["mark"] is None
         assert before <= x["created"] <= x["started"] <= x["ended"] <= time.time()
     assert got["ok"]["ended"] - got["ok"]["started"] >= 1.2
     table = daemon.xpu("leases", "--all").stdout.splitlines()
