@@ -67,11 +67,11 @@ def signal_value(sig, name: str) -> str:
 def _details(h, card, now: float) -> None:
     print(f"card {h.index} ({h.uuid}): {h.state}, score {h.score} now")
     for reason in h.reasons:
-        print(f"  because: {reason}")
+        output.note(f"  because: {reason}")
     if card is not None and card.drained:
-        print(f"  drained: {card.drain_reason}")
+        output.note(f"  drained: {card.drain_reason}")
     if h.state != "healthy":
-        print(f"  recovery: {recovery(h, now)}")
+        output.note(f"  recovery: {recovery(h, now)}", indent="  ")
     output.table(
         ["  SIGNAL", "VALUE", "THRESHOLD", "STATUS", "RAISED UNTIL", "REASON"],
         [
@@ -89,7 +89,7 @@ def _details(h, card, now: float) -> None:
     if h.history:
         print("  history:")
     for ch in h.history:
-        print(
+        output.note(
             f"  {when(ch.timestamp, now)}  {ch.from_state} -> {ch.to_state} (score then {ch.score}): "
             f"{'; '.join(ch.reasons)}"
         )
@@ -126,7 +126,7 @@ def health(
             state = output.Styled(h.state, output.HEALTH_STYLES.get(h.state, ""))
             rows.append([h.index, state, h.score, back, _top_reason(h, cards.get(h.index))])
         output.table(["CARD", "STATE", "SCORE", "BACK AT", "REASON"], rows)
-        print("BACK AT: when the card returns if nothing new goes wrong; `xpu health CARD` says why.")
+        output.note("BACK AT: when the card returns if nothing new goes wrong; `xpu health CARD` says why.")
         return
     for n, h in enumerate(reply.cards):
         if n:

@@ -161,52 +161,40 @@ def rows(reply, now: float, all_: bool, mode=None, state=None, uid=None, sort=No
     return leases, queue
 
 
+COLUMNS = {  # key -> header, in table order (END with --all, PID without)
+    "lease": "LEASE",
+    "mode": "MODE",
+    "cards": "CARDS",
+    "user": "USER",
+    "pid": "PID",
+    "state": "STATE",
+    "elapsed": "ELAPSED",
+    "end": "END",
+    "name": "NAME",
+    "flags": "FLAGS",
+    "command": "COMMAND",
+    "note": "NOTE",
+}
+
+
 def print_table(reply, now: float, all_: bool, mode=None, state=None, uid=None, sort=None) -> None:
     leases, queue = rows(reply, now, all_, mode, state, uid, sort)
-    headers = [
-        "LEASE",
-        "NAME",
-        "MODE",
-        "CARDS",
-        "USER",
-        "PID",
-        "STATE",
-        "ELAPSED",
-        "FLAGS",
-        "COMMAND",
-        "NOTE",
-    ]
-    if all_:
-        headers[5:6] = []
-        headers.insert(headers.index("ELAPSED") + 1, f"END ({zone()})")
+    keys = [k for k in COLUMNS if k != ("pid" if all_ else "end")]
+    headers = [f"END ({zone()})" if k == "end" else COLUMNS[k] for k in keys]
     table = []
     for _, r in [*leases, *queue]:
         cells = {**r, "elapsed": output.age(now - r["elapsed"], now), "user": vocab.user_name(r["user"])}
+        cells["end"] = clock(r["end"], now) if r["end"] else "-"
         if r["state"] in STYLES:
             cells["state"] = output.Styled(r["state"], STYLES[r["state"]])
-        cells["end"] = clock(r["end"], now) if r["end"] else "-"
-        keys = [
-            "lease",
-            "name",
-            "mode",
-            "cards",
-            "user",
-            "pid",
-            "state",
-            "elapsed",
-            "flags",
-            "command",
-            "note",
-        ]
-        if all_:
-            keys.remove("pid")
-            keys.insert(keys.index("elapsed") + 1, "end")
         table.append([cells[k] for k in keys])
     output.table(headers, table, optional=("FLAGS", "PID", "NAME"))
     if reply.leases_omitted or reply.queue_omitted:
-        print(f"({reply.leases_omitted} lease(s) and {reply.queue_omitted} queued request(s) not shown)")
+        output.note(
+            f"({reply.leases_omitted} lease(s) and {reply.queue_omitted} queued request(s) not shown)"
+        )
     if table:
-        print(LEGEND)
+        output.note(LEGEND)
 
 
 def print_json(reply, now: float, all_: bool, mode=None, state=None, uid=None, sort=None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from xpu_cli import output
+from xpu_cli import output, vocab
 from xpu_cli.leases import exit_status, run_time, status
 
 from xpud.errors import BadRequest, NotFound
@@ -68,7 +68,7 @@ def _lease(c, le, as_json: bool) -> None:
     ]
     for s in le.slices:
         rows.append(
-            ("slice", f"{s.size}: {output.gib(s.memory_bytes)} GiB, {s.compute_pct}% compute, {s.handle}")
+            ("slice", f"{s.size}: {vocab.gib(s.memory_bytes)} GiB, {s.compute_pct}% compute, {s.handle}")
         )
     rows += [
         ("uid", le.owner_uid),
@@ -114,7 +114,7 @@ def _card(c, cards, index: int, as_json: bool) -> None:
             ("drained", card.drain_reason if card.drained else "no"),
             ("health", f"{health.state}, score {health.score}"),
             ("because", "; ".join(health.reasons) or "-"),
-            ("memory", f"{output.gib(card.memory_total_bytes)} GiB"),
+            ("memory", f"{vocab.gib(card.memory_total_bytes)} GiB"),
             ("leases", ", ".join(held) or "none"),
         ]
     )

@@ -105,7 +105,7 @@ def test_watch_redraws_leases_and_cards_at_each_change(daemon):
         assert "Ctrl-C ends" in first[0]
         with daemon.client() as c:
             g = c.acquire_lease("xpu", name="watched")
-            lines_until(p.stdout, lambda line: line.startswith(g.lease.id) and " watched " in line)
+            lines_until(p.stdout, lambda line: line.startswith(g.lease.id) and " watched" in line)
             lines_until(q.stdout, lambda line: f'"whole_lease": "{g.lease.id}"' in line)
     finally:
         for proc in (p, q):

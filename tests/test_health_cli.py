@@ -46,6 +46,7 @@ def test_one_line_per_card_then_details_with_a_card(d):
 
 def test_after_a_fault_clears_every_view_says_when_the_card_is_back_and_why(d):
     zone = time.strftime("%Z")
+    before = time.time()
     assert d.xpu("fault", "inject", "0", "xid", "79").returncode == 0
     wait_until(lambda: health(d, "0")[0]["health_state"] == "unhealthy", timeout=10)
     injected = time.time()  # seen unhealthy: the XID came a little before
@@ -54,7 +55,7 @@ def test_after_a_fault_clears_every_view_says_when_the_card_is_back_and_why(d):
     (h,) = health(d, "0")
     xid = next(s for s in h["signals"] if s["name"] == "xid")
     # the XID holds the card out for the event window, then the clear time: the numbers say so
-    assert xid["until"] == pytest.approx(injected + WINDOW_S - 1.5, abs=1.5)
+    assert before <= xid["until"] - WINDOW_S <= injected  # the window runs from the XID
     assert h["window_ends"] == xid["until"] and h["back_at"] == pytest.approx(h["window_ends"] + CLEAR_S)
     assert h["clear_needed_s"] == CLEAR_S and h["health_score"] == h["history"][-1]["score"]
     text = d.xpu("health", "0").stdout

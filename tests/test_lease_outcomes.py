@@ -39,8 +39,18 @@ def test_leases_all_shows_how_each_command_ended(daemon):
     assert got["ok"]["ended"] - got["ok"]["started"] >= 1.2
     table = daemon.xpu("leases", "--all").stdout.splitlines()
     header = table[0].split()
-    assert header[:8] == ["LEASE", "NAME", "MODE", "CARDS", "UID", "STATE", "ELAPSED", "END"]
-    rows = {line.split()[1]: line for line in table[1:] if line.split()[1] in runs}
+    assert header[:9] == [
+        "LEASE",
+        "MODE",
+        "CARDS",
+        "USER",
+        "STATE",
+        "ELAPSED",
+        "END",
+        f"({time.strftime('%Z')})",
+        "NAME",
+    ]
+    rows = {name: line for line in table[1:] for name in runs if f" {name} " in line}
     assert " done " in rows["ok"] and " 1s " in rows["ok"]
     assert " exit 3 " in rows["three"] and " signal TERM " in rows["term"] and " exit 127 " in rows["missing"]
     end = time.strftime("%H:%M:%S", time.localtime(got["three"]["ended"]))

@@ -94,7 +94,7 @@ def test_each_queued_request_shows_why_it_waits(daemon):
             # big does not fit (Resources); small would fit on the idle card, which is kept for big
             assert reasons == {"big": "Resources", "small": "Priority"}
             table = daemon.xpu("leases").stdout.splitlines()
-            rows = {line.split()[1]: line for line in table[1:] if line.split()[1:2] in (["big"], ["small"])}
+            rows = {name: line for line in table[1:] for name in ("big", "small") if f" {name} " in line}
             tickets = {q["name"]: q["ticket"] for q in entries}
             assert rows["big"].startswith(tickets["big"]) and " queued " in rows["big"]
             assert " Resources (position 1, gives up in " in rows["big"]
