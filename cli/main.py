@@ -467,9 +467,9 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 def _register_commands() -> None:
     """Commands that live in their own modules (defrag, simulator, dashboard, certs) register themselves."""
-    from xpu_cli import certs, defrag, simulate, top
+    from xpu_cli import certs, defrag, simulate, slurm, top
 
-    for module in (certs, defrag, simulate, top):
+    for module in (certs, defrag, simulate, slurm, top):
         module.register(app)
 
 

@@ -304,6 +304,21 @@ class DefragSection:
     )
 
 
+@dataclass(frozen=True)
+class SlurmSection:
+    """The Slurm bridge's daemon half: leases taken by ``xpu slurm prolog`` live as long as their job."""
+
+    check_interval_s: float = _key(
+        30.0,
+        "Seconds between two checks (squeue) that the Slurm jobs holding leases here still run; a lease "
+        "whose job has ended is reclaimed (the epilog never came).",
+        min=1.0,
+        max=86400.0,
+    )
+    squeue: str = _key("squeue", "The squeue command (a name on PATH or an absolute path).")
+    conf: str = _key("", "slurm.conf for squeue (SLURM_CONF); empty = Slurm's default.")
+
+
 SECTIONS: dict[str, type] = {
     "daemon": DaemonSection,
     "devices": DevicesSection,
@@ -312,6 +327,7 @@ SECTIONS: dict[str, type] = {
     "limits": LimitsSection,
     "health": HealthSection,
     "defrag": DefragSection,
+    "slurm": SlurmSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -333,6 +349,7 @@ class Config:
     limits: LimitsSection = field(default_factory=LimitsSection)
     health: HealthSection = field(default_factory=HealthSection)
     defrag: DefragSection = field(default_factory=DefragSection)
+    slurm: SlurmSection = field(default_factory=SlurmSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     path: str = ""  # the file it came from ("" = defaults only)
 

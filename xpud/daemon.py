@@ -24,6 +24,8 @@ from grpc import aio
 
 from xpud import __version__, config
 from xpud.auth import CredentialIssuer
+from xpud.bridges.anchors import AnchorReaper
+from xpud.bridges.slurm import JobCheck
 from xpud.defrag import Defragmenter
 from xpud.engine import Engine
 from xpud.errors import XpudError
@@ -194,8 +196,16 @@ class Daemon:
         self.servers = [user, admin]
         self._set_permissions()
         self.engine.serving()  # restored leases' holders can reconnect from now: their grace starts
+        self.anchors = AnchorReaper(self.engine)
+        slurm = self.cfg.slurm
+        self.anchors.add("slurm", JobCheck(slurm.squeue, slurm.conf), slurm.check_interval_s)
         self.jobs = Jobs(
-            self.engine, self.hw, self.cfg.health.poll_interval_s, self.monitor, defrag=self.defrag
+            self.engine,
+            self.hw,
+            self.cfg.health.poll_interval_s,
+            self.monitor,
+            defrag=self.defrag,
+            anchors=self.anchors,
         )
         self.jobs.start()
         self.monitor.start()

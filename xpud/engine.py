@@ -171,8 +171,9 @@ class Engine:
                     s = replace(s, card_index=by_uuid[lease.card_uuids[0]].info.index)
                     self.cards[s.card_index].slices[lease.id] = s
                     self.cards[s.card_index].mode = CardMode.SLICED
-            self.unheld_since[lease.id] = now  # holders get restore_grace_s from ``serving`` to reconnect
-            self.restored_unheld.add(lease.id)
+            if not lease.anchor:  # an anchored lease lives as long as its job or pod, not a Hold stream
+                self.unheld_since[lease.id] = now  # holders get restore_grace_s from ``serving``
+                self.restored_unheld.add(lease.id)
             restored.append(lease)
         if restored:
             self.event("restore", f"restored {len(restored)} active lease(s) from the ledger")
@@ -340,6 +341,8 @@ class Engine:
     def validate(self, req: Request) -> Request:
         """Check a request against this host and the config; raise BadRequest with the fix."""
         n = len(self.cards)
+        if req.cards:
+            self._validate_pinned(req)
         if req.mode is Mode.XPU:
             if not 1 <= req.gpus <= n:
                 raise BadRequest(f"--gpus {req.gpus}: this host has {n} card(s); ask for 1..{n}")
@@ -363,6 +366,15 @@ class Engine:
                 "([limits] max_user_priority; operators may go higher)"
             )
         return req
+
+    def _validate_pinned(self, req: Request) -> None:
+        unknown = [i for i in req.cards if i not in self.cards]
+        if unknown:
+            raise BadRequest(f"card {unknown[0]}: no such card here (cards 0..{len(self.cards) - 1})")
+        if len(set(req.cards)) != len(req.cards):
+            raise BadRequest(f"cards {list(req.cards)}: a card is named twice")
+        if req.mode is Mode.XPU and req.gpus != len(req.cards):
+            raise BadRequest(f"--gpus {req.gpus} with cards {list(req.cards)}: name as many cards as --gpus")
 
     def _check_limits(self, req: Request, queueing: bool) -> None:
         """Per-uid caps of [limits] (operators and exempt groups pass). Raises NoCapacity naming the key."""
@@ -458,10 +470,33 @@ class Engine:
         self, req: Request, reserve_whole: bool = False, exclude: frozenset[int] = frozenset()
     ) -> tuple[int, ...] | None:
         """Cards for ``req`` now, or None. ``exclude``: cards it must not use (a move's source)."""
+        if req.cards:  # placed elsewhere (Slurm, kubelet): these cards or nothing, ahead of the queue
+            return self._place_pinned(req, exclude)
         if req.mode is Mode.XPU:
             return self._place_xpu(req, reserve_whole, exclude)
         card = self._place_slice(req, reserve_whole, exclude)
         return None if card is None else (card,)
+
+    def _place_pinned(self, req: Request, exclude: frozenset[int]) -> tuple[int, ...] | None:
+        if req.mode is Mode.XPU:
+            free = set(self._whole_candidates(False, exclude))
+            return req.cards if free.issuperset(req.cards) else None
+        card = self._place_slice(req, False, exclude | (frozenset(self.cards) - set(req.cards)))
+        return None if card is None else (card,)
+
+    def _why_not_pinned(self, req: Request) -> str:
+        reasons = []
+        for i in req.cards:
+            c = self.cards[i]
+            if not c.usable:
+                reasons.append(f"card {i} is {'drained' if c.drained else c.health_state.value}")
+            elif c.whole_lease or (req.mode is Mode.XPU and c.slices):
+                held = c.whole_lease or ", ".join(c.slices)
+                reasons.append(f"card {i} is held by lease {held}")
+            elif i in self._busy:
+                reasons.append(f"card {i} is busy being reconfigured")
+        why = "; ".join(reasons) or "no room for it there"
+        return f"{req.mode} on card(s) {','.join(map(str, req.cards))} asked: {why}"
 
     # ------------------------------------------------------------------ grant
     def _new_id(self) -> str:
@@ -610,6 +645,7 @@ class Engine:
             holder_pid=req.holder_pid,
             command=req.command[:500],
             created=self.clock(),
+            anchor=req.anchor,
         )
         ops = [self.ledger.insert_lease_op(lease, token)]
         ops += [self.ledger.save_card_op(self.cards[i].record()) for i in switched]
@@ -619,7 +655,8 @@ class Engine:
             await self._unplace(lease_id, cards, slices, switched)
             raise
         self.leases[lease_id] = lease
-        self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
+        if not req.anchor:
+            self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
         for i in switched:
             self.event("mode", f"card {i} switched to {self.cards[i].mode} for lease {lease_id}", card=i)
         where = ",".join(map(str, cards))
@@ -706,6 +743,8 @@ class Engine:
                 self._pump_soon()
 
     def _why_not(self, req: Request) -> str:
+        if req.cards:
+            return self._why_not_pinned(req)
         usable = [c for c in self.cards.values() if c.usable]
         if req.mode is Mode.XPU:
             free = len(self._whole_candidates(False))
@@ -863,7 +902,7 @@ class Engine:
             self.hold_count[lease_id] = n
             return
         self.hold_count.pop(lease_id, None)
-        if lease_id in self.leases:
+        if lease_id in self.leases and not self.leases[lease_id].anchor:
             self.unheld_since[lease_id] = self.clock()
         self._changed()
 

@@ -24,8 +24,11 @@ MAKE_ROOM_INTERVAL_S = 1.0  # how often waiting whole-card requests are looked a
 
 
 class Jobs:
-    def __init__(self, engine: Engine, hw, sample_interval_s: float = 5.0, monitor=None, defrag=None):
+    def __init__(
+        self, engine: Engine, hw, sample_interval_s: float = 5.0, monitor=None, defrag=None, anchors=None
+    ):
         self.engine = engine
+        self.anchors = anchors  # xpud.bridges.anchors.AnchorReaper: leases of Slurm jobs and pods
         self.hw = hw
         self.sample_interval_s = sample_interval_s
         self.monitor = monitor  # xpud.monitor.HealthMonitor: judges each poll's samples
@@ -68,6 +71,8 @@ class Jobs:
         try:
             for lease in await self.engine.reap():
                 log.info("reclaimed lease %s", lease.id)
+            for lease in await self.anchors.reap() if self.anchors else ():
+                log.info("reclaimed lease %s (%s ended)", lease.id, lease.anchor)
         except Exception:
             log.exception("lease reaper failed")
 

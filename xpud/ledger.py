@@ -111,6 +111,10 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX health_changes_by_card ON health_changes(card_uuid, id);
     """,
+    # 3: a lease kept alive by a Slurm job or a pod instead of a Hold stream ("slurm:<job>", "pod:<uid>")
+    """
+    ALTER TABLE leases ADD COLUMN anchor TEXT NOT NULL DEFAULT '';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -177,6 +181,7 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         state=LeaseState(row["state"]),
         restart_count=row["restart_count"],
         mark=row["mark"],
+        anchor=row["anchor"],
     )
 
 
@@ -481,8 +486,8 @@ class Ledger:
         self._ids.add(lease.id)  # taken from now on, whether or not the insert commits
         return op(
             "INSERT INTO leases (id, token_hash, mode, owner_uid, cards, card_uuids, slices, env,"
-            " priority, restartable, holder_pid, command, created, state, restart_count, mark)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " priority, restartable, holder_pid, command, created, state, restart_count, mark, anchor)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             lease.id,
             token_hash,
             lease.mode.value,
@@ -499,6 +504,7 @@ class Ledger:
             lease.state.value,
             lease.restart_count,
             lease.mark,
+            lease.anchor,
             effect=effect,
         )
 

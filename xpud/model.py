@@ -168,6 +168,8 @@ class Request:
     owner_uid: int = -1
     holder_pid: int | None = None
     command: str = ""
+    cards: tuple[int, ...] = ()  # exactly these cards (bridges: the cards Slurm gave a job); () = any
+    anchor: str = ""  # what keeps the lease alive instead of a Hold stream ("slurm:<job>", "pod:<uid>")
     exempt: bool = (
         False  # the caller is an operator or in [limits] exempt_groups: per-user limits do not apply
     )
@@ -193,6 +195,7 @@ class Lease:
     state: LeaseState = LeaseState.ACTIVE
     restart_count: int = 0
     mark: str = ""  # set when the daemon needs the holder's attention (e.g. "card 3 unhealthy")
+    anchor: str = ""  # "slurm:<job>" / "pod:<uid>": alive while that lives, not while a Hold stream is open
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))

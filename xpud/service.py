@@ -185,16 +185,21 @@ class NodeService(pbg.NodeServicer):
     async def Acquire(self, request, context):
         caller = self.ctx.caller(context)
         e = self.ctx.engine
+        on_behalf = request.cards or request.anchor or request.HasField("owner_uid")
+        if on_behalf and not caller.admin:
+            raise Forbidden("cards, anchor and owner_uid are for operators (the Slurm and kubelet bridges)")
         req = e.validate(
             Request(
                 mode=_mode(request.mode, self.ctx),
-                gpus=request.gpus or 1,
+                gpus=request.gpus or len(request.cards) or 1,
                 priority=request.priority,
                 wait_s=request.wait_s,
                 restartable=request.restartable,
-                owner_uid=caller.uid,
-                holder_pid=caller.pid or None,
+                owner_uid=request.owner_uid if request.HasField("owner_uid") else caller.uid,
+                holder_pid=None if request.anchor else caller.pid or None,
                 command=request.command,
+                cards=tuple(request.cards),
+                anchor=request.anchor,
                 exempt=caller.admin or member_of(caller.uid, caller.gid, e.cfg.limits.exempt_groups),
             )
         )

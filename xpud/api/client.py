@@ -151,6 +151,9 @@ class Client:
         restartable: bool = False,
         command: str = "",
         hold: bool = False,
+        cards: tuple[int, ...] = (),
+        anchor: str = "",
+        owner_uid: int | None = None,
     ):
         """The Acquire stream call: iterate it (``iterate``) for ``queued`` updates, then ``granted``. With
         ``hold`` the same stream goes on as the lease's Hold stream (``event`` updates)."""
@@ -162,6 +165,9 @@ class Client:
             restartable=restartable,
             command=command,
             hold=hold,
+            cards=cards,
+            anchor=anchor,
+            owner_uid=owner_uid,
         )
         return self._stream(self.node.Acquire, request)
 

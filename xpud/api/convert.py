@@ -74,6 +74,7 @@ def lease_pb(lease: Lease, show_env: bool, held: bool = False) -> pb.Lease:
         restart_count=lease.restart_count,
         mark=lease.mark,
         held=held,
+        anchor=lease.anchor,
     )
 
 
