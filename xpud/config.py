@@ -319,6 +319,26 @@ class SlurmSection:
     conf: str = _key("", "slurm.conf for squeue (SLURM_CONF); empty = Slurm's default.")
 
 
+@dataclass(frozen=True)
+class KubeletSection:
+    """The Kubernetes device plugin (``xpud --kubelet``): one plugin per resource name."""
+
+    enabled: bool = _key(False, "Serve kubelet's device-plugin API (also: xpud --kubelet).")
+    socket_dir: str = _key(
+        "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory (kubelet.sock, the checkpoint)."
+    )
+    resources: tuple[str, ...] = _key(
+        ("xpu.dev/gpu", "xpu.dev/vxpu-half", "xpu.dev/vxpu-quarter"),
+        "Resource names to serve: <domain>/gpu for whole cards, <domain>/<slice size> for slices.",
+    )
+    pod_gone_grace_s: float = _key(
+        60.0,
+        "Seconds a pod's lease may be missing from kubelet's checkpoint before it is reclaimed.",
+        min=1.0,
+        max=86400.0,
+    )
+
+
 SECTIONS: dict[str, type] = {
     "daemon": DaemonSection,
     "devices": DevicesSection,
@@ -328,6 +348,7 @@ SECTIONS: dict[str, type] = {
     "health": HealthSection,
     "defrag": DefragSection,
     "slurm": SlurmSection,
+    "kubelet": KubeletSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -350,6 +371,7 @@ class Config:
     health: HealthSection = field(default_factory=HealthSection)
     defrag: DefragSection = field(default_factory=DefragSection)
     slurm: SlurmSection = field(default_factory=SlurmSection)
+    kubelet: KubeletSection = field(default_factory=KubeletSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     path: str = ""  # the file it came from ("" = defaults only)
 
@@ -544,7 +566,21 @@ def parse(text: str, path: str = "<string>") -> Config:
             "fragmentation_slice",
             f"{cfg.health.fragmentation_slice!r} is not a slice size; use one of {', '.join(cfg.slices)}",
         )
+    for name in cfg.kubelet.resources:
+        domain, _, kind = name.partition("/")
+        if not (_RESOURCE_DOMAIN.fullmatch(domain) and (kind == "gpu" or kind in cfg.slices)):
+            raise src.error(
+                "kubelet",
+                "resources",
+                f"{name!r}: use <domain>/gpu or <domain>/<slice size> ({', '.join(cfg.slices)}), "
+                "e.g. xpu.dev/gpu",
+            )
+    if len({n.partition("/")[2] for n in cfg.kubelet.resources}) != len(cfg.kubelet.resources):
+        raise src.error("kubelet", "resources", "each kind (gpu or a slice size) may be served once")
     return cfg
+
+
+_RESOURCE_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+")
 
 
 def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | None = None) -> Config:

@@ -25,6 +25,7 @@ from grpc import aio
 from xpud import __version__, config
 from xpud.auth import CredentialIssuer
 from xpud.bridges.anchors import AnchorReaper
+from xpud.bridges.kubelet import CHECKPOINT, KubeletBridge, PodCheck
 from xpud.bridges.slurm import JobCheck
 from xpud.defrag import Defragmenter
 from xpud.engine import Engine
@@ -37,6 +38,7 @@ from xpud.service import AdminService, Context, NodeService, add_to_server
 log = logging.getLogger("xpud")
 
 USER_SOCKET, ADMIN_SOCKET, CRED_SOCKET = "xpud.sock", "admin.sock", "cred.sock"
+POD_CHECK_INTERVAL_S = 5.0  # how often kubelet's checkpoint is read for pods that are gone
 LEDGER_DAMAGED_EXIT = 3  # systemd/xpud.service: RestartPreventExitStatus=3
 
 # gRPC core cancels incoming calls that wait for the Python server to pick them up once more than
@@ -118,6 +120,7 @@ class Daemon:
         self.jobs: Jobs | None = None
         self.monitor: HealthMonitor | None = None
         self.defrag: Defragmenter | None = None
+        self.kubelet: KubeletBridge | None = None  # the device plugin, when [kubelet] enabled
         self.started = time.time()
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
@@ -199,6 +202,13 @@ class Daemon:
         self.anchors = AnchorReaper(self.engine)
         slurm = self.cfg.slurm
         self.anchors.add("slurm", JobCheck(slurm.squeue, slurm.conf), slurm.check_interval_s)
+        if self.cfg.kubelet.enabled:
+            kube = self.cfg.kubelet
+            self.kubelet = KubeletBridge(self.engine, kube.socket_dir, kube.resources)
+            await self.kubelet.start()
+            checkpoint = Path(kube.socket_dir) / CHECKPOINT
+            interval = min(POD_CHECK_INTERVAL_S, kube.pod_gone_grace_s)
+            self.anchors.add("pod", PodCheck(checkpoint, kube.pod_gone_grace_s), interval)
         self.jobs = Jobs(
             self.engine,
             self.hw,
@@ -233,6 +243,8 @@ class Daemon:
         sd_notify("STOPPING=1")
         if self.jobs:
             self.jobs.stop()
+        if self.kubelet:
+            await self.kubelet.stop()
         for s in self.servers:
             await s.stop(grace=0.5)
         if self.cred_server:
@@ -316,6 +328,9 @@ def main_command(
         ),
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
+    kubelet: Annotated[
+        bool, typer.Option("--kubelet", help="Serve kubelet's device-plugin API ([kubelet] enabled).")
+    ] = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run the daemon (or a subcommand)."""
@@ -339,6 +354,8 @@ def main_command(
             cfg = config.checked(cfg, "daemon", "state_dir", str(Path(state_dir).absolute()), "--state-dir")
         if log_level:
             cfg = config.checked(cfg, "daemon", "log_level", log_level, "--log-level")
+        if kubelet:
+            cfg = cfg.replace("kubelet", enabled=True)
     except XpudError as e:
         _fail(str(e), 2)
     ctx.obj = cfg

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from xpud.config import Config
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound
 from xpud.hw.topology import Topology
-from xpud.isolation.base import Accounting, Held, Isolation, used_shares
+from xpud.isolation.base import Accounting, Held, Isolation, usable_memory, used_shares
 from xpud.ledger import CardRecord, EventRecord, Ledger, LedgerUnavailable, Op
 from xpud.model import (
     Caller,
@@ -497,6 +497,53 @@ class Engine:
                 reasons.append(f"card {i} is busy being reconfigured")
         why = "; ".join(reasons) or "no room for it there"
         return f"{req.mode} on card(s) {','.join(map(str, req.cards))} asked: {why}"
+
+    # ------------------------------------------------------------------ what fits now (bridges)
+    def free_whole_cards(self) -> list[int]:
+        """Cards a whole-card request could take now (idle, usable, not pinned sliced)."""
+        return self._whole_candidates(False)
+
+    def slice_room(self, index: int, size: str, most: int = 16) -> int:
+        """How many more ``size`` slices card ``index`` takes now, one after another (0 when it is held
+        whole, drained, unhealthy, busy, or pinned whole). For the kubelet plugin's slots. A MIG card
+        answers 0 or 1: its geometry is read from the hardware, so only the next slice can be checked."""
+        c, spec = self.cards[index], self.cfg.slices[size]
+        convertible = c.mode is CardMode.SLICED or (c.idle and not c.pinned)
+        if not (c.usable and convertible and index not in self._busy):
+            return 0
+        backend, held = self._backends[index], list(c.slices.values())
+        if self.isolation_name(index) == "mig":
+            return int(backend.fits(c.info, held, spec))
+        n = 0
+        mem = int(usable_memory(c.info, backend.reserved_bytes) * spec.memory_fraction)  # as prepare makes it
+        while n < most and backend.fits(c.info, held, spec):
+            held.append(Slice(index, size, mem, spec.compute_pct))
+            n += 1
+        return n
+
+    def preferred_group(
+        self, candidates: Collection[int], n: int, must: Collection[int] = ()
+    ) -> tuple[int, ...]:
+        """The group of ``n`` cards among ``candidates`` placement would choose (with ``must`` in it:
+        completed card by card at the least all-reduce cost); () when there are too few."""
+        pool = [i for i in candidates if i in self.cards]
+        if len(pool) < n or not set(must) <= set(pool):
+            return ()
+        degraded = [i for i, c in self.cards.items() if c.health_state is HealthState.DEGRADED]
+        if not must:
+            scores = {i: c.health_score for i, c in self.cards.items()}
+            return best_group(self.topology, pool, n, scores, avoid=degraded) or ()
+        group = list(must)
+        while len(group) < n:
+            group.append(
+                min((i for i in pool if i not in group), key=lambda i: self._group_key((*group, i), degraded))
+            )
+        return tuple(group[:n])
+
+    def preferred_slice_card(self, size: str, candidates: Collection[int]) -> int | None:
+        """The card among ``candidates`` a ``size`` slice would go to now."""
+        exclude = frozenset(self.cards) - set(candidates)
+        return self._place_slice(Request(mode=Mode(size)), False, exclude)
 
     # ------------------------------------------------------------------ grant
     def _new_id(self) -> str:
