@@ -401,6 +401,39 @@ def check_hardware_command(
     raise typer.Exit(code)
 
 
+@app.command("extender")
+def extender_command(
+    listen: Annotated[str, typer.Option(help="HOST:PORT to serve kube-scheduler's extender API on.")],
+    node: Annotated[
+        list[str],
+        typer.Option(
+            help="NAME=RUNTIME_DIR: a Kubernetes node and the xpud sockets that speak for it (repeat).",
+        ),
+    ],
+    domain: Annotated[str, typer.Option(help="The resources' domain (<domain>/gpu, ...).")] = "xpu.dev",
+) -> None:
+    """Serve kube-scheduler's extender verbs (filter, prioritize) from xpud's offers."""
+    from xpud.bridges.extender import Extender, SocketOffers
+
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        _fail(f"--listen {listen!r}: use HOST:PORT, e.g. 0.0.0.0:8888 (port 0: any free one)", 2)
+    nodes = {}
+    for item in node:
+        name, _, runtime = item.partition("=")
+        if not name or not runtime:
+            _fail(f"--node {item!r}: use NAME=RUNTIME_DIR, e.g. gpu-1=/run/xpud", 2)
+        nodes[name] = runtime
+    _setup_logging("info")
+    try:
+        ext = Extender(SocketOffers(nodes), host.strip("[]"), int(port), domain)
+    except OSError as e:
+        _fail(f"--listen {listen}: {e.strerror}")
+    log.info("extender serving on %s:%d for %d node(s)", *ext.address, len(nodes))
+    with contextlib.suppress(KeyboardInterrupt):
+        ext.serve_forever()
+
+
 @app.command("install-service")
 def install_service_command(
     root: Annotated[
