@@ -138,3 +138,47 @@ def test_the_whole_conversation(site):
         for t, devs in kubelet.plugin(resource).updates:
             if withdrawn_at <= t <= released_at:
                 assert not {x.ID.split("_")[0] for x in devs} & set(held), (resource, t)
+
+
+@pytest.mark.parametrize(
+    ("resources", "error"),
+    [
+        ('["xpu.dev/vxpu-tiny"]', "use <domain>/gpu or <domain>/<slice size>"),
+        ('["gpu"]', "use <domain>/gpu"),
+        ('["Bad_Domain/gpu"]', "use <domain>/gpu"),
+        ('["a.io/gpu", "b.io/gpu"]', "each kind (gpu or a slice size) may be served once"),
+    ],
+)
+def test_resource_names_are_checked(resources, error):
+    from xpud import config
+    from xpud.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\[kubelet\] resources") as e:
+        config.parse(f"[kubelet]\nresources = {resources}\n", "x.toml")
+    assert error in str(e.value)
+    assert config.parse('[kubelet]\nresources = ["example.com/vxpu-half"]\n').kubelet.resources == (
+        "example.com/vxpu-half",
+    )
+
+
+def test_pod_check_reads_the_checkpoint_with_a_grace(tmp_path):
+    import asyncio
+
+    from xpud.bridges.kubelet import PodCheck, checkpoint_devices
+
+    path = tmp_path / "kubelet_internal_checkpoint"
+    now = [0.0]
+    check = PodCheck(path, grace_s=10, clock=lambda: now[0])
+    assert asyncio.run(check({"a"})) == {}  # no checkpoint: cannot tell, keep
+    entries = [
+        {"PodUID": "p1", "ContainerName": "c", "ResourceName": "xpu.dev/gpu", "DeviceIDs": {"0": ["a", "b"]}},
+        {"PodUID": "p2", "ContainerName": "c", "ResourceName": "xpu.dev/gpu", "DeviceIDs": ["c"]},  # < 1.20
+    ]
+    path.write_text(json.dumps({"Data": {"PodDeviceEntries": entries}, "Checksum": 1}))
+    assert checkpoint_devices(path) == {"a", "b", "c"}
+    assert asyncio.run(check({"a", "z"})) == {}  # z missing: its grace starts
+    now[0] = 10.5
+    gone = asyncio.run(check({"a", "z"}))
+    assert set(gone) == {"z"} and "10 s" in gone["z"]
+    path.write_text("{not json")
+    assert asyncio.run(check({"z"})) == {}  # unreadable: keep
