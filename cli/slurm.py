@@ -44,6 +44,15 @@ def prolog(
     wait: Annotated[
         float, typer.Option(help="Seconds to wait for the cards when xpud users hold them.", min=0, max=86400)
     ] = 0.0,
+    shards: Annotated[
+        int,
+        typer.Option(
+            help="Shards per card in gres.conf (`xpu slurm gres --shards N`): a --gres=shard:K job gets the "
+            "smallest slice covering K/N of its card (0: shards are not used).",
+            min=0,
+            max=1024,
+        ),
+    ] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """slurm.conf Prolog (root): lease the job's GPUs in xpud for the job's lifetime, owned by its user.
@@ -57,7 +66,11 @@ def prolog(
                 return _report(existing[0], as_json, "already leased")
             cards = c.cards().cards
             gpus = slurm.job_gpus(env, [x.uuid for x in cards])
-            size = slurm.slice_size(env, [s.name for s in c.info().slice_sizes])
+            sizes = {s.name: s.memory_fraction for s in c.info().slice_sizes}
+            size = slurm.slice_size(env, list(sizes))
+            held = slurm.job_shards(slurm.job_detail(job)) if shards and gpus and size is None else 0
+            if held:
+                size = slurm.size_for_shards(held, shards, sizes)
             if size is None and not gpus:
                 if as_json:
                     output.print_json({"job": job, "lease": None})

@@ -54,9 +54,12 @@ def _free_port() -> int:
 
 
 class SlurmSite:
-    """One node (this host) with eight GPUs in gres.conf (device files linked to /dev/null)."""
+    """One node (this host) with eight GPUs in gres.conf (device files linked to /dev/null), each cut in
+    ``shards`` shards."""
 
-    def __init__(self, base: Path, runtime_dir: Path, gpus: int = 8, health_interval_s: int = 2):
+    def __init__(
+        self, base: Path, runtime_dir: Path, gpus: int = 8, health_interval_s: int = 2, shards: int = 4
+    ):
         self.base = base
         self.node = os.uname().nodename.split(".")[0]
         self.conf = base / "slurm.conf"
@@ -72,14 +75,16 @@ class SlurmSite:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         for hook in ("prolog", "epilog", "taskprolog", "healthcheck"):
+            args = f" --shards {shards}" if hook == "prolog" else ""
             script = base / f"{hook}.sh"
             script.write_text(
                 # slurmd gives the health check no SLURM_CONF: a site's is /etc/slurm/slurm.conf
                 f"#!/bin/sh\nexport XPUD_RUNTIME_DIR={runtime_dir} SLURM_CONF={self.conf}\n"
-                f"exec {BIN}/xpu slurm {hook} 2>>{base}/hooks.log\n"
+                f"exec {BIN}/xpu slurm {hook}{args} 2>>{base}/hooks.log\n"
             )
             script.chmod(0o755)
         self.gres_conf = base / "gres.conf"
+        gres = f"gpu:{gpus},shard:{gpus * shards}"
         self.conf.write_text(
             f"""ClusterName=xputest
 SlurmctldHost={self.node}
@@ -104,7 +109,7 @@ MpiDefault=none
 MailProg=/bin/true
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-GresTypes=gpu
+GresTypes=gpu,shard
 Prolog={base}/prolog.sh
 Epilog={base}/epilog.sh
 TaskProlog={base}/taskprolog.sh
@@ -114,7 +119,7 @@ HealthCheckInterval={health_interval_s}
 HealthCheckNodeState=ANY
 ReturnToService=2
 MinJobAge=2
-NodeName={self.node} CPUs={os.cpu_count() or 2} Gres=gpu:{gpus} Features=vxpu-half,vxpu-quarter State=UNKNOWN
+NodeName={self.node} CPUs={os.cpu_count() or 2} Gres={gres} Features=vxpu-half,vxpu-quarter State=UNKNOWN
 PartitionName=main Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """
         )

@@ -46,7 +46,9 @@ conf = "{base / "s" / "slurm.conf"}"
 """
         d = DaemonProc(base / "x", "pcie-8x-l40s", config).start()
         slurm = SlurmSite(base / "s", d.runtime_dir)
-        gres = d.xpu("slurm", "gres", "--dev-dir", str(base / "s" / "dev"), "--node", slurm.node)
+        gres = d.xpu(
+            "slurm", "gres", "--dev-dir", str(base / "s" / "dev"), "--node", slurm.node, "--shards", "4"
+        )
         assert gres.returncode == 0, gres.stderr
         slurm.write_gres(gres.stdout.splitlines())
         slurm.start()
@@ -73,10 +75,13 @@ def test_gres_conf_comes_from_the_inventory_and_slurmd_takes_it(site):
     d, slurm = site
     lines = slurm.gres_conf.read_text().splitlines()
     assert lines[0] == "AutoDetect=off"
-    assert lines[1:] == [
+    assert lines[1:9] == [
         f"NodeName={slurm.node} Name=gpu Type=l40s File={slurm.base}/dev/nvidia{i}" for i in range(8)
     ]
-    assert slurm.run("sinfo", "-h", "-N", "-o", "%G").stdout.strip() == "gpu:8"
+    assert lines[9:] == [
+        f"NodeName={slurm.node} Name=shard Count=4 File={slurm.base}/dev/nvidia{i}" for i in range(8)
+    ]
+    assert slurm.run("sinfo", "-h", "-N", "-o", "%G").stdout.strip() == "gpu:8,shard:32"
     out = json.loads(d.xpu("slurm", "gres", "--shards", "4", "--json").stdout)
     assert out["gpus"] == 8 and sum("Name=shard Count=4" in x for x in out["lines"]) == 8
 
@@ -127,6 +132,18 @@ def test_srun_with_a_slice_constraint_gets_an_enforced_slice(site):
     wait_until(lambda: not job_leases(d, job), timeout=30)
     (ended,) = job_leases(d, job, all_=True)
     assert ended["mode"] == "vxpu-half" and ended["cards"] == [int(task["SLURM_STEP_GPUS"])]
+
+
+def test_shards_become_slices_of_their_share(site):
+    d, slurm = site
+    for shards, size in (("1", "vxpu-quarter"), ("2", "vxpu-half")):
+        p = slurm.run("srun", f"--gres=shard:{shards}", "env")
+        assert p.returncode == 0, p.stderr + slurm.logs()
+        task = env_of(p.stdout)
+        assert task["XPU_MODE"] == size and task["SLURM_SHARDS_ON_NODE"] == shards
+        wait_until(lambda job=task["SLURM_JOB_ID"]: not job_leases(d, job), timeout=30)
+        (ended,) = job_leases(d, task["SLURM_JOB_ID"], all_=True)
+        assert ended["mode"] == size and ended["cards"] == [int(task["SLURM_STEP_GPUS"])]
 
 
 def hook(d, slurm, name: str, **env: str):

@@ -44,6 +44,22 @@ def test_a_constraint_naming_a_slice_size_picks_it():
         slurm.slice_size({"SLURM_JOB_CONSTRAINTS": "vxpu-half|vxpu-quarter"}, sizes)
 
 
+def test_shards_map_to_the_smallest_slice_that_covers_them():
+    detail = (
+        "JobId=7 JobName=env UserId=root(0) JOB_GRES=shard:2 Nodes=vm CPU_IDs=0 Mem=0 GRES=shard:2(IDX:0)"
+    )
+    assert slurm.job_shards(detail) == 2
+    assert slurm.job_shards("JobId=7 JOB_GRES=gpu:l40s:1,shard:l40s:3 Nodes=vm") == 3
+    assert slurm.job_shards("JobId=7 JOB_GRES=gpu:2 Nodes=vm GRES=gpu:2(IDX:0-1)") == 0
+    sizes = {"vxpu-half": 0.5, "vxpu-quarter": 0.25}
+    assert slurm.size_for_shards(1, 4, sizes) == "vxpu-quarter"
+    assert slurm.size_for_shards(2, 4, sizes) == "vxpu-half"
+    assert slurm.size_for_shards(3, 4, sizes) is None  # more than any slice: the whole card
+    assert slurm.size_for_shards(1, 3, sizes) == "vxpu-half"  # a third needs the half
+    with pytest.raises(SlurmError, match="disagree"):
+        slurm.size_for_shards(5, 4, sizes)
+
+
 def test_drain_reason_names_each_card_and_prefers_its_xid():
     reason = slurm.drain_reason(
         [(3, "unhealthy", ["the card fell off the bus", "xid 79: fallen off the bus"])]

@@ -3,7 +3,8 @@ check that a job holding a lease still runs. Slurm's own integration points only
 
 - Prolog (slurmd, root): the job's GPUs (``SLURM_JOB_GPUS``, else ``CUDA_VISIBLE_DEVICES``) become one
   lease in xpud owned by the job's user (``SLURM_JOB_UID``) and anchored to the job (``slurm:<id>``);
-  a job constraint naming a slice size (``--constraint=vxpu-half``) makes it a slice instead.
+  a job constraint naming a slice size (``--constraint=vxpu-half``), or ``--gres=shard:K`` (K of the
+  card's shards, read from ``scontrol show job -d``), makes it a slice instead.
 - TaskProlog (the job's user): prints ``export NAME=value`` for the lease's environment.
 - Epilog (root): releases the job's leases. If it never comes, the daemon's reaper asks squeue.
 - HealthCheckProgram (root): drains the node with xpud's reason while a card is unhealthy, resumes it
@@ -84,6 +85,29 @@ def slice_size(env: Mapping[str, str], sizes: Sequence[str]) -> str | None:
     if len(set(named)) > 1:
         raise SlurmError(f"the job's constraints name {len(set(named))} slice sizes ({', '.join(named)})")
     return named[0] if named else None
+
+
+_SHARDS = re.compile(r"\bJOB_GRES=\S*?\bshard(?::[^:,\s()]+)?:(\d+)")
+
+
+def job_shards(scontrol_job: str) -> int:
+    """Shards the job holds on this node, from ``scontrol show job -d -o`` (0: none)."""
+    m = _SHARDS.search(scontrol_job)
+    return int(m.group(1)) if m else 0
+
+
+def size_for_shards(shards: int, per_card: int, sizes: Mapping[str, float]) -> str | None:
+    """The slice size for ``shards`` of a card cut in ``per_card`` (gres.conf ``Name=shard Count=``): the
+    smallest whose memory fraction covers ``shards / per_card``; None: a whole card (no size is enough)."""
+    if not 0 < shards <= per_card:
+        raise SlurmError(f"{shards} shard(s) of a card cut in {per_card}: gres.conf and --shards disagree")
+    need = shards / per_card
+    fits = [(f, name) for name, f in sizes.items() if f + 1e-9 >= need]
+    return min(fits)[1] if fits else None
+
+
+def job_detail(job: str) -> str:
+    return _run(["scontrol", "show", "job", "-d", "-o", job])
 
 
 def export_lines(lease_env: Mapping[str, str]) -> list[str]:
