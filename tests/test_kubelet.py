@@ -182,3 +182,26 @@ def test_pod_check_reads_the_checkpoint_with_a_grace(tmp_path):
     assert set(gone) == {"z"} and "10 s" in gone["z"]
     path.write_text("{not json")
     assert asyncio.run(check({"z"})) == {}  # unreadable: keep
+
+
+def test_mig_slices_for_pods(short_tmp):
+    plugins = short_tmp / "dp"
+    plugins.mkdir()
+    kubelet = StandInKubelet(plugins).start()
+    (short_tmp / "x").mkdir()
+    config = f'[kubelet]\nsocket_dir = "{plugins}"\nresources = ["xpu.dev/gpu", "xpu.dev/vxpu-half"]\n'
+    d = DaemonProc(short_tmp / "x", "dgx-h100", config, args=("--kubelet",)).start()
+    try:
+        half = kubelet.wait_devices(HALF, lambda devs: len(devs) == 8)  # MIG: the next slice per card only
+        slot = kubelet.preferred(HALF, sorted(half), 1)
+        resp = kubelet.allocate("pod-m", HALF, slot)
+        assert resp.envs["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
+        assert "/dev/nvidia-caps" in {x.host_path for x in resp.devices}
+        card = slot[0].split("_")[0]
+        # the card is sliced now: it leaves xpu.dev/gpu, and its second half appears as a slot
+        kubelet.wait_devices(GPU, lambda devs: len(devs) == 7 and card not in devs)
+        kubelet.wait_devices(HALF, lambda devs: sum(k.startswith(card) for k in devs) == 2)
+        assert QUARTER not in kubelet.plugins  # only the configured resources are registered
+    finally:
+        d.kill()
+        kubelet.stop()
