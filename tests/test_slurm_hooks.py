@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
+from tests.conftest import ROOT
 from xpud.bridges import slurm
 from xpud.bridges.slurm import JobCheck, NodeState, SlurmError
 
@@ -170,3 +174,38 @@ def test_pinned_anchored_leases_outlive_the_hold_grace_and_a_restart(daemon_fact
     wait_until(lambda: not json.loads(d.xpu("leases", "--json").stdout)["leases"], timeout=10)
     ended = json.loads(d.xpu("leases", "--all", "--json").stdout)["leases"]
     assert {le["state"] for le in ended if le["anchor"]} == {"reclaimed"}
+
+
+NOBODY = 65534
+AS_NOBODY = """
+import json, os, sys
+from xpud.api.client import Client
+from xpud.errors import XpudError
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+out = []
+with Client(sys.argv[1]) as c:
+    for kw in json.loads(sys.argv[2]):
+        try:
+            out.append(["granted", c.acquire_lease("xpu", **kw).lease.owner_uid])
+        except XpudError as e:
+            out.append([type(e).__name__, str(e)])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+def test_only_operators_may_pin_cards_anchor_or_lease_for_someone_else(daemon_factory, short_tmp):
+    short_tmp.chmod(0o755)  # the other uid must reach the sockets
+    d = daemon_factory()
+    asks = [{"cards": [1]}, {"anchor": "slurm:5"}, {"owner_uid": 0}, {}]
+    r = subprocess.run(
+        [sys.executable, "-c", AS_NOBODY, str(d.runtime_dir), json.dumps(asks)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    refusal = ["Forbidden", "cards, anchor and owner_uid are for operators (the Slurm and kubelet bridges)"]
+    assert got == [refusal, refusal, refusal, ["granted", NOBODY]]
