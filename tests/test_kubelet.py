@@ -128,6 +128,14 @@ def test_the_whole_conversation(site):
     kubelet.delete_pod("pod-a")
     wait_until(lambda: f"pod:{pair[0]}" not in pod_leases(d), timeout=15)
     assert f"pod:{slot[0]}" in pod_leases(d)
+    # pod B goes and kubelet gives its slot to pod C at once (before the grace): the old lease ends first
+    old = pod_leases(d)[f"pod:{slot[0]}"]["id"]
+    kubelet.delete_pod("pod-b")
+    resp = kubelet.allocate("pod-c", HALF, slot)
+    assert (
+        resp.envs["XPU_LEASE_ID"] != old
+        and pod_leases(d)[f"pod:{slot[0]}"]["id"] == resp.envs["XPU_LEASE_ID"]
+    )
 
     # the bare-metal lease goes: its cards come back; never offered while it was held
     with d.client() as c:

@@ -194,6 +194,11 @@ class Plugin(dpg.DevicePluginServicer):
             cards, mode = (by_uuid.get(slot_card(ids[0]), -1),), Mode(self.kind)
         if unknown:
             raise XpudError(f"device {unknown[0]!r} is not one of this plugin's")
+        # kubelet allocates only devices it holds free: a pod lease still on one is a pod kubelet has let
+        # go before the checkpoint check noticed (its grace): end it now rather than fail the new pod
+        for device, lease in self.devices.pod_held().items():
+            if device in ids:
+                await e.reclaim(lease.id, "kubelet gave its device to a new container")
         req = Request(
             mode=mode,
             gpus=len(cards) if mode is Mode.XPU else 1,
