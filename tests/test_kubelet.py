@@ -155,14 +155,16 @@ def test_the_whole_conversation(site):
         ('["gpu"]', "use <domain>/gpu"),
         ('["Bad_Domain/gpu"]', "use <domain>/gpu"),
         ('["a.io/gpu", "b.io/gpu"]', "each kind (gpu or a slice size) may be served once"),
+        ('["a.io/vxpu-a-very-long-slice-name"]', "over kubelet's 63 characters"),
     ],
 )
 def test_resource_names_are_checked(resources, error):
     from xpud import config
     from xpud.errors import ConfigError
 
+    sizes = "[slices.vxpu-a-very-long-slice-name]\nmemory_fraction = 0.1\ncompute_pct = 10\n"
     with pytest.raises(ConfigError, match=r"\[kubelet\] resources") as e:
-        config.parse(f"[kubelet]\nresources = {resources}\n", "x.toml")
+        config.parse(f"[kubelet]\nresources = {resources}\n{sizes}", "x.toml")
     assert error in str(e.value)
     assert config.parse('[kubelet]\nresources = ["example.com/vxpu-half"]\n').kubelet.resources == (
         "example.com/vxpu-half",

@@ -575,11 +575,19 @@ def parse(text: str, path: str = "<string>") -> Config:
                 f"{name!r}: use <domain>/gpu or <domain>/<slice size> ({', '.join(cfg.slices)}), "
                 "e.g. xpu.dev/gpu",
             )
+        if len(kind) > _SLOT_NAME_CHARS:  # kubelet takes device ids of 63 characters at most
+            raise src.error(
+                "kubelet",
+                "resources",
+                f"{name!r}: device ids are <card uuid>_{kind}_<n>, over kubelet's 63 characters; "
+                f"serve slice sizes named in {_SLOT_NAME_CHARS} characters or fewer",
+            )
     if len({n.partition("/")[2] for n in cfg.kubelet.resources}) != len(cfg.kubelet.resources):
         raise src.error("kubelet", "resources", "each kind (gpu or a slice size) may be served once")
     return cfg
 
 
+_SLOT_NAME_CHARS = 63 - len("GPU-00000000-0000-0000-0000-000000000000") - len("__99")
 _RESOURCE_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+")
 
 
