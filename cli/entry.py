@@ -28,6 +28,9 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--restartable": ("restartable", True),
     "--no-restartable": ("restartable", False),
     "--json-env": ("json_env", True),
+    "--when-green": ("when_green", True),
+    "--deadline": ("deadline", "str"),
+    "--runtime-dir": ("runtime_dir", "str"),  # a global option, accepted after the command too
 }
 RUN_DEFAULTS = {
     "mode": "xpu",
@@ -37,6 +40,8 @@ RUN_DEFAULTS = {
     "restartable": False,
     "kill_grace": 10.0,
     "json_env": False,
+    "when_green": False,
+    "deadline": None,
 }
 
 
@@ -74,6 +79,7 @@ def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
         return None
     opts = dict(RUN_DEFAULTS)
     i += 1
+    after = None
     while i < len(args):
         arg = args[i]
         if arg == "--":
@@ -102,8 +108,11 @@ def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
         value = _value(kind, text) if text else None
         if value is None:
             return None
-        opts[param] = value
-    return runtime_dir, opts, args[i:]
+        if param == "runtime_dir":
+            after = value
+        else:
+            opts[param] = value
+    return (after if after is not None else runtime_dir), opts, args[i:]
 
 
 def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
@@ -116,6 +125,12 @@ def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
     from xpud.errors import XpudError
 
     try:
+        if opts["when_green"] or opts["deadline"]:
+            from xpu_cli.green import before_run
+
+            before_run(
+                runtime_dir, opts["when_green"], opts["deadline"], lambda m: sys.stderr.write(f"xpu: {m}\n")
+            )
         with Client(runtime_dir) as c:
             outcome = run_leased(
                 c,

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from typing import Annotated
 
 import typer
-from xpu_cli import output
+from xpu_cli import grammar, output, vocab
+from xpu_cli.output import fail, handled
 
 from xpud.api.client import Client
-from xpud.errors import XpudError
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # xpu --install-completion (bash, zsh, fish, PowerShell): README
+    cls=grammar.XpuGroup,
+    context_settings={"help_option_names": grammar.HELP_OPTIONS},
     pretty_exceptions_enable=False,
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -35,34 +36,32 @@ class State:
 state = State()
 
 
+def _run_value_options() -> frozenset[str]:
+    from xpu_cli.entry import RUN_OPTIONS
+
+    return frozenset(name for name, (_, kind) in RUN_OPTIONS.items() if not isinstance(kind, bool))
+
+
+grammar.XpuGroup.passthrough = {"run": _run_value_options()}
+
+
 @app.callback()
 def main_callback(
     runtime_dir: Annotated[
         str | None,
-        typer.Option(envvar="XPUD_RUNTIME_DIR", help="Where the daemon's sockets are (default /run/xpud)."),
+        typer.Option(
+            envvar="XPUD_RUNTIME_DIR",
+            help="Where the daemon's sockets are (default /run/xpud). Accepted after the command too.",
+        ),
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=grammar.version_option, is_eager=True, help="Print xpu's version and exit."
+        ),
+    ] = False,
 ) -> None:
     state.runtime_dir = runtime_dir
-
-
-def fail(message: str, code: int = 1):
-    typer.echo(f"xpu: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def handled(fn):
-    """Turn daemon errors into one line on stderr and a non-zero exit."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except XpudError as e:
-            fail(str(e))
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
-
-    return wrapper
 
 
 def client(admin: bool = False) -> Client:
@@ -70,6 +69,10 @@ def client(admin: bool = False) -> Client:
 
 
 # ---------------------------------------------------------------------------------------------- run
+RUN_MODES = ("xpu", "vxpu-half", "vxpu-quarter")  # the built-in ones; a config may add slice sizes
+CARD_MODES = ("whole", "sliced", "auto")
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 @handled
 def run(
@@ -82,8 +85,10 @@ def run(
         typer.Option(
             "--mode",
             "-m",
-            help="xpu (whole cards), vxpu-half, vxpu-quarter, or "
-            "another slice size from the daemon's config.",
+            metavar="MODE",
+            autocompletion=lambda: list(RUN_MODES),
+            help="xpu (whole cards), vxpu-half or vxpu-quarter (slices), or another slice size from the "
+            "daemon's config (`xpu info` lists them); any case.",
         ),
     ] = "xpu",
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Whole cards to lease (mode xpu).", min=1)] = 1,
@@ -107,6 +112,18 @@ def run(
     kill_grace: Annotated[
         float, typer.Option(help="Seconds between a forwarded signal and SIGKILL.", min=0)
     ] = 10.0,
+    when_green: Annotated[
+        bool,
+        typer.Option(
+            "--when-green",
+            help="Deferrable work: start in the greenest hour before --deadline (the daemon's [carbon] "
+            "signal), then lease as usual.",
+        ),
+    ] = False,
+    deadline: Annotated[
+        str | None,
+        typer.Option(help="With --when-green: start by then (+90m, +6h, +2d, HH:MM or an ISO time)."),
+    ] = None,
     json_env: Annotated[
         bool,
         typer.Option(
@@ -117,8 +134,11 @@ def run(
     ] = False,
 ) -> None:
     """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release."""
+    from xpu_cli import green
     from xpu_cli.child import die_like
     from xpu_cli.run import run as run_leased
+
+    green.before_run(state.runtime_dir, when_green, deadline, lambda m: typer.echo(f"xpu: {m}", err=True))
 
     with client() as c:
         outcome = run_leased(
@@ -136,24 +156,6 @@ def run(
 
 
 # ---------------------------------------------------------------------------------------------- listings
-def _held(card) -> str:
-    if card.whole_lease:
-        return f"lease {card.whole_lease}"
-    if card.slices:
-        return " ".join(f"{s.size.removeprefix('vxpu-')}:{s.lease_id}" for s in card.slices)
-    return "-"
-
-
-def _free(card) -> str:
-    if card.drained:
-        return "drained"
-    if card.whole_lease:
-        return "0"
-    if card.mode == "sliced" or card.slices:
-        return f"{card.free_memory_fraction * 100:.0f}% mem {card.free_compute_pct}% sm"
-    return "whole"
-
-
 @app.command("ls")
 @handled
 def ls(as_json: JsonOpt = False) -> None:
@@ -166,36 +168,39 @@ def ls(as_json: JsonOpt = False) -> None:
     for card in reply.cards:
         s = card.sample
         has = card.HasField("sample")
-        mem = (
-            f"{output.gib(s.memory_used_bytes) if has and s.HasField('memory_used_bytes') else '-'}"
-            f"/{output.gib(card.memory_total_bytes)} GiB"
-        )
+        used = s.memory_used_bytes if has and s.HasField("memory_used_bytes") else None
         util = f"{s.utilization_gpu_pct}%" if has and s.HasField("utilization_gpu_pct") else "-"
         temp = f"{s.temperature_c}C" if has and s.HasField("temperature_c") else "-"
         power = f"{s.power_w:.0f}W" if has and s.HasField("power_w") else "-"
         if has and s.lost:
             util = temp = power = "lost"
-        mode = card.mode + ("*" if card.mode_pinned else "")
         rows.append(
             [
                 card.index,
-                card.name,
-                mode,
-                card.isolation,
-                _held(card),
-                _free(card),
-                mem,
+                vocab.card_name(card),
+                vocab.mode(card),
+                vocab.held_by(card),
+                output.Styled(vocab.free(card), "yellow") if card.drained else vocab.free(card),
+                vocab.memory(used, card.memory_total_bytes),
                 util,
                 temp,
                 power,
-                f"{card.health_state} {card.health_score}",
+                output.Styled(
+                    f"{card.health_state} {card.health_score}",
+                    output.HEALTH_STYLES.get(card.health_state, ""),
+                ),
             ]
         )
     output.table(
-        ["CARD", "NAME", "MODE", "ISOL", "HELD BY", "FREE", "MEMORY", "UTIL", "TEMP", "POWER", "HEALTH"], rows
+        ["CARD", "NAME", "MODE", "HELD BY", "FREE", "MEMORY", "UTIL", "TEMP", "POWER", "HEALTH"],
+        rows,
+        optional=("POWER", "TEMP", "NAME"),
     )
+    for card in reply.cards:
+        if card.drained:
+            output.note(f"card {card.index} drained: {card.drain_reason or '(no reason given)'}")
     if any(card.mode_pinned for card in reply.cards):
-        print("* mode pinned by an operator (`xpu mode CARD auto` lets the scheduler switch it again)")
+        output.note("* mode pinned by an operator (`xpu mode CARD auto` lets the scheduler switch it again)")
 
 
 @app.command()
@@ -217,21 +222,21 @@ def leases(
             le.id,
             le.mode,
             ",".join(map(str, le.cards)),
-            le.owner_uid,
+            vocab.user_name(le.owner_uid),
             le.holder_pid or "-",
             output.age(le.created, now),
-            le.state if all_ else ("yes" if le.held else "NO"),
+            le.state if all_ else ("yes" if le.held else output.Styled("NO", "red")),
             ("R " if le.restartable else "") + (f"[{le.mark}] " if le.mark else "") + le.command[:60],
         ]
         for le in reply.leases
     ]
     output.table(
-        ["LEASE", "MODE", "CARDS", "UID", "PID", "AGE", "STATE" if all_ else "HELD", "COMMAND"], rows
+        ["LEASE", "MODE", "CARDS", "USER", "PID", "AGE", "STATE" if all_ else "HELD", "COMMAND"], rows
     )
     if reply.queue:
         print(f"\nqueue ({len(reply.queue)} waiting):")
         output.table(
-            ["POS", "TICKET", "MODE", "GPUS", "PRIO", "UID", "WAITED", "GIVES UP IN", "COMMAND"],
+            ["POS", "TICKET", "MODE", "GPUS", "PRIO", "USER", "WAITED", "GIVES UP IN", "COMMAND"],
             [
                 [
                     q.position,
@@ -239,7 +244,7 @@ def leases(
                     q.mode,
                     q.gpus,
                     q.priority,
-                    q.owner_uid,
+                    vocab.user_name(q.owner_uid),
                     output.age(q.enqueued, now),
                     f"{max(0, q.deadline - now):.0f}s",
                     q.command[:50],
@@ -313,10 +318,10 @@ def info(as_json: JsonOpt = False) -> None:
     )
     shown["config_path"] = i.config_path or "(none: defaults)"
     shown["slice_sizes"] = ", ".join(  # what --mode accepts besides xpu
-        f"{s.name} ({s.memory_fraction:.4g} memory, {s.compute_pct}% compute)" for s in i.slice_sizes
+        f"{s.name} ({s.memory_fraction * 100:.4g}% memory, {s.compute_pct}% compute)" for s in i.slice_sizes
     )
     for k, v in shown.items():
-        print(f"{k:16} {v}")
+        output.note(f"{k:16} {v}", indent=" " * 17)
 
 
 @app.command()
@@ -372,24 +377,7 @@ def health(
             print(f"  {when}  {ch.from_state} -> {ch.to_state} (score {ch.score}): {'; '.join(ch.reasons)}")
 
 
-def _signal_value(sig, name: str) -> str:
-    """A signal's value or threshold in human units (the daemon sends raw numbers and a unit)."""
-    if not sig.HasField(name):
-        return "-"
-    v = getattr(sig, name)
-    unit = sig.unit
-    if unit == "bytes":
-        return f"{output.gib(v)} GiB"
-    if unit == "mask":
-        return f"0x{int(v):x}"
-    if unit == "ratio":
-        return f"{v * 100:.0f}%"
-    if unit == "P":
-        return f"P{int(v)}"
-    if sig.name in ("lost", "inforom") and name == "value":
-        return {"lost": ("no", "yes"), "inforom": ("invalid", "valid")}[sig.name][int(v)]
-    text = f"{v:g}"
-    return f"{text} {unit}" if unit and unit != "%" else text + unit
+_signal_value = vocab.signal_value  # one wording for signals in `xpu health` and the dashboard
 
 
 # ---------------------------------------------------------------------------------------------- operators
@@ -421,10 +409,18 @@ def undrain(card: Annotated[str, typer.Argument(help="Card index or UUID.")]) ->
 @handled
 def mode_cmd(
     card: Annotated[str, typer.Argument(help="Card index or UUID.")],
-    mode: Annotated[str, typer.Argument(help="whole, sliced, or auto (the scheduler decides).")],
+    mode: Annotated[
+        str,
+        typer.Argument(
+            metavar="whole|sliced|auto",
+            autocompletion=lambda: list(CARD_MODES),
+            help="whole, sliced, or auto (the scheduler decides); any case.",
+        ),
+    ],
 ) -> None:
     """Switch a card between whole and sliced mode (operators); refused while a lease holds it."""
-    if mode not in ("whole", "sliced", "auto"):
+    mode = mode.lower()
+    if mode not in CARD_MODES:
         fail(f"mode {mode!r}: use whole, sliced or auto", 2)
     with client(admin=True) as c:
         card_msg = c.set_mode(card, mode)
@@ -466,10 +462,11 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 
 def _register_commands() -> None:
-    """Commands that live in their own modules (defrag, simulator, dashboard, certs) register themselves."""
-    from xpu_cli import certs, defrag, simulate, slurm, top
+    """Commands that live in their own modules (defrag, simulator, dashboard, certs, config, slurm)
+    register themselves."""
+    from xpu_cli import certs, configure, defrag, simulate, slurm, top
 
-    for module in (certs, defrag, simulate, slurm, top):
+    for module in (certs, configure, defrag, simulate, slurm, top):
         module.register(app)
 
 
@@ -481,3 +478,117 @@ def main() -> None:
         app(prog_name="xpu")
     except BrokenPipeError:
         sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------- windows
+@app.command()
+@handled
+def windows(
+    as_json: JsonOpt = False,
+    config_path: Annotated[
+        str | None,
+        typer.Option(
+            "--config", "-c", help="The daemon's config (default $XPUD_CONFIG or /etc/xpud/xpud.toml)."
+        ),
+    ] = None,
+) -> None:
+    """Capacity windows ([[windows]] in xpud.toml): the one in force, each one's last and next start and the
+    share of usable cards it keeps whole."""
+    from datetime import datetime
+
+    from xpud import config
+    from xpud import windows as win
+
+    cfg = config.load(config_path)
+    now = datetime.now().astimezone()
+    states = win.states(cfg.windows, now)
+    cur = next((s for s in states if s.current), None)
+    if as_json:
+        return output.print_json(
+            {
+                "now": now.isoformat(timespec="seconds"),
+                "current": cur.spec.name if cur else None,
+                "whole_share": cur.spec.whole_share if cur else 0.0,
+                "windows": [
+                    {
+                        "name": s.spec.name,
+                        "cron": s.spec.cron,
+                        "timezone": s.spec.timezone,
+                        "whole_share": s.spec.whole_share,
+                        "current": s.current,
+                        "last_start": s.started.isoformat() if s.started else None,
+                        "next_start": s.next.isoformat() if s.next else None,
+                    }
+                    for s in states
+                ],
+            }
+        )
+    if not states:
+        print("no capacity windows ([[windows]] in xpud.toml): every idle card may be sliced")
+        return
+
+    def when(t) -> str:
+        return t.strftime("%a %Y-%m-%d %H:%M %Z") if t else "-"
+
+    rows = [
+        [
+            "*" if s.current else "",
+            s.spec.name,
+            s.spec.cron,
+            f"{s.spec.whole_share:.0%}",
+            when(s.started),
+            when(s.next),
+        ]
+        for s in states
+    ]
+    output.table(["", "WINDOW", "CRON", "KEEPS WHOLE", "LAST START", "NEXT START"], rows)
+    print(f"* in force: keeps {cur.spec.whole_share:.0%} of usable cards whole" if cur else "none in force")
+
+
+# ---------------------------------------------------------------------------------------------- forecast
+@app.command()
+@handled
+def forecast(
+    as_json: JsonOpt = False,
+    hours: Annotated[int, typer.Option(help="Hours of past and future to show.", min=1, max=24)] = 12,
+) -> None:
+    """Slice demand: the forecast for the next hours, the past hours' actual demand beside what was
+    forecast for them, and the error (APE per hour; MAPE over the last week)."""
+    import json
+
+    from xpud.api.client import runtime_dir
+    from xpud.provisioning import FILE_NAME
+
+    path = runtime_dir(state.runtime_dir) / FILE_NAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        fail(
+            f"{path}: no forecast published yet; is xpud running (it forecasts every [forecast] interval_s)?"
+        )
+    except (OSError, ValueError) as e:
+        fail(f"{path}: cannot read the forecast: {e}")
+    if as_json:
+        return output.print_json(data)
+
+    def num(v) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    print(
+        f"forecast of {data['generated']}; pre-provisioning {'on' if data['enabled'] else 'off'}; "
+        f"sliced cards wanted {data['lead_s'] / 60:.0f} min ahead: {data['sliced_cards_wanted']}"
+        + (
+            f" (provisioned: {', '.join(map(str, data['provisioned_cards']))})"
+            if data["provisioned_cards"]
+            else ""
+        )
+    )
+    for size, s in data["sizes"].items():
+        m = s["mape_last_week"]
+        print(f"\n{size}: MAPE over the last week {'-' if m is None else f'{m:.1%}'}")
+        rows = [
+            [p["hour"], num(p["actual"]), num(p["forecast"]), "-" if p["ape"] is None else f"{p['ape']:.0%}"]
+            for p in s["past"][-hours:]
+        ]
+        rows += [[n["hour"], "", num(n["forecast"]), ""] for n in s["next"][:hours]]
+        output.table(["HOUR", "ACTUAL", "FORECAST", "APE"], rows)

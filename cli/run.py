@@ -416,7 +416,7 @@ def run(
     if not json_env and not argv:
         raise BadRequest("no command given: xpu run --mode MODE -- COMMAND [ARGS...] (or --json-env)")
     request = dict(
-        mode=mode,
+        mode=mode.lower(),  # --mode VXPU-HALF is vxpu-half: mode names are lower case
         gpus=gpus,
         priority=priority,
         wait_s=wait_s,

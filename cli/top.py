@@ -28,6 +28,7 @@ def top(
         str | None,
         typer.Option(
             "--runtime-dir",
+            metavar="DIR",
             envvar="XPUD_RUNTIME_DIR",
             help="The daemon shown in the host view (its socket directory; default /run/xpud).",
         ),

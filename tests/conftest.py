@@ -21,7 +21,12 @@ BIN = Path(sys.executable).parent
 
 
 def xpu_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XPUD_", "CUDA_", "XPU_"))}
+    # COLUMNS/LINES out too: tables fit a width only where one is set (tests that want one set it)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("XPUD_", "CUDA_", "XPU_")) and k not in ("COLUMNS", "LINES")
+    }
     env.update(XPUD_RUNTIME_DIR=str(runtime_dir), PYTHONUNBUFFERED="1", **extra)
     return env
 

@@ -20,7 +20,7 @@ RUN = GROUP.commands["run"]
 def typer_reads(args: list[str], monkeypatch):
     """(runtime dir, options, command) as the Typer command passes them on (None: Typer refuses them)."""
     from typer.testing import CliRunner
-    from xpu_cli import child, main
+    from xpu_cli import child, green, main
     from xpu_cli import run as run_module
 
     seen = []
@@ -39,6 +39,12 @@ def typer_reads(args: list[str], monkeypatch):
         seen.append((kw, argv))
         return child.Outcome(0)
 
+    green_opts = {}
+
+    def before_run(runtime_dir, when_green, deadline, say):
+        green_opts.update(when_green=when_green, deadline=deadline)
+
+    monkeypatch.setattr(green, "before_run", before_run)
     monkeypatch.setattr(main, "Client", Recorder)
     monkeypatch.setattr(run_module, "run", run_leased)
     monkeypatch.delenv("XPUD_RUNTIME_DIR", raising=False)
@@ -54,6 +60,7 @@ def typer_reads(args: list[str], monkeypatch):
         "restartable": kw["restartable"],
         "kill_grace": kw["kill_grace_s"],
         "json_env": kw["json_env"],
+        **green_opts,
     }
     return runtime, opts, argv
 
@@ -78,6 +85,10 @@ CASES = [
     ["--runtime-dir", "", "run", "true"],
     ["run", "-m", "a", "-m", "b", "--", "true"],
     ["run", "--kill-grace", "2.", "--", "true"],
+    ["run", "--when-green", "--deadline", "+6h", "-w", "60", "--", "true"],
+    ["run", "--deadline=06:00", "true"],
+    ["run", "--runtime-dir", "/tmp", "--", "true"],  # global options are accepted after the command
+    ["--runtime-dir", "/a", "run", "-g", "2", "--runtime-dir=/b", "true"],
 ]
 # Typer refuses these: the fast path must leave them to it, for its usual message.
 REFUSED = [
@@ -90,7 +101,6 @@ REFUSED = [
     ["run", "--bogus", "--", "true"],
     ["run", "-x", "--", "true"],
     ["run", "--restartable=yes", "--", "true"],
-    ["run", "--runtime-dir", "/tmp", "--", "true"],
     ["--runtime-dir", "run"],
 ]
 # Typer takes these, but they are rare and odd: the fast path leaves them to it rather than mimic it.

@@ -43,6 +43,13 @@ class HostSummary:
         """Old data (not refreshed for ``after_s`` seconds) or a failed last refresh."""
         return bool(self.error) or now - self.seen > after_s
 
+    def reach(self, now: float, after_s: float) -> str:
+        """One word for a host everywhere in the cluster view: ``down`` (its last refresh failed: the
+        daemon cannot be reached), ``stale`` (no news for ``after_s`` seconds) or ``live``."""
+        if self.error:
+            return "down"
+        return "stale" if now - self.seen > after_s else "live"
+
 
 def _usable(card: pb.Card) -> bool:
     lost = card.HasField("sample") and card.sample.lost
@@ -106,7 +113,8 @@ class DomainTotals:
 
     domain: str
     hosts: int
-    stale: int
+    stale: int  # no news, but not known to be down
+    down: int  # the last refresh failed
     whole_free: int
     slices_free: Mapping[str, int]
     degraded: int
@@ -122,7 +130,8 @@ def totals(domain: str, hosts: Iterable[HostSummary], now: float, stale_after_s:
     return DomainTotals(
         domain=domain,
         hosts=len(hosts),
-        stale=sum(h.stale(now, stale_after_s) for h in hosts),
+        stale=sum(h.reach(now, stale_after_s) == "stale" for h in hosts),
+        down=sum(h.reach(now, stale_after_s) == "down" for h in hosts),
         whole_free=sum(h.whole_free for h in hosts),
         slices_free=sizes,
         degraded=sum(h.degraded for h in hosts),

@@ -20,7 +20,7 @@ from xpu_tui.hostsummary import HostSummary, slice_sizes, summarize
 from xpud.api.client import Client
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.config import DEFAULT_SLICES
-from xpud.errors import Forbidden, Unavailable, XpudError
+from xpud.errors import Forbidden, NotFound, Unavailable, XpudError
 
 RETRY_S = 2.0  # wait between reconnect attempts
 
@@ -38,10 +38,13 @@ class HostSource(Protocol):
     def undrain(self, card: str) -> pb.Card: ...
     def set_mode(self, card: str, mode: str) -> pb.Card: ...
     def evict(self, lease_id: str, reason: str) -> pb.Lease: ...
+    def health(self, card: str) -> pb.CardHealth: ...
 
 
 class ClientSource:
     """A live daemon behind an ``xpud.api.client.Client``."""
+
+    label = "live"  # what the status line calls the connection once it works
 
     def __init__(self, client: Client):
         self.client = client
@@ -84,13 +87,19 @@ class ClientSource:
     def evict(self, lease_id: str, reason: str) -> pb.Lease:
         return self.client.evict(lease_id, reason)
 
+    def health(self, card: str) -> pb.CardHealth:
+        return self.client.health(card, history=5).cards[0]
+
 
 class RecordedSource:
     """Recorded or constructed data played through the live path: for tests, screenshots and ``--demo``.
 
     ``updates`` yields the recorded updates and then stays quiet (like a daemon with nothing new)
-    until closed. Operator verbs are refused unless ``admin``; when allowed they are only recorded.
+    until closed. Operator verbs are refused unless ``admin``; when allowed they are only recorded. A card's
+    health is ``health_of(card)`` for the card as last recorded.
     """
+
+    label = "demo"  # constructed or recorded data: never called live
 
     def __init__(
         self,
@@ -98,9 +107,11 @@ class RecordedSource:
         topology: pb.TopologyReply,
         updates: Sequence[pb.WatchUpdate],
         admin: bool = False,
+        health_of: Callable[[pb.Card], pb.CardHealth] | None = None,
     ):
         self._info, self._topology, self._updates = info, topology, list(updates)
         self.admin = admin
+        self._health_of = health_of
         self.actions: list[tuple[str, ...]] = []
         self._closed = threading.Event()
 
@@ -137,6 +148,15 @@ class RecordedSource:
     def evict(self, lease_id: str, reason: str) -> pb.Lease:
         self._act("evict", lease_id, reason)
         return pb.Lease()
+
+    def health(self, card: str) -> pb.CardHealth:
+        last = {str(c.index): c for c in self._updates[-1].cards.cards} if self._updates else {}
+        if card not in last:
+            raise NotFound(f"card {card}: no such card")
+        c = last[card]
+        if self._health_of is not None:
+            return self._health_of(c)
+        return pb.CardHealth(index=c.index, uuid=c.uuid, state=c.health_state, score=c.health_score)
 
 
 def follow(

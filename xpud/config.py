@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import ipaddress
 import math
 import os
 import re
@@ -26,6 +27,8 @@ import tomli_w
 
 from xpud.errors import ConfigError
 from xpud.model import SLICE_NAME, SliceSpec
+from xpud.windows import MAX_WINDOWS, WindowSpec
+from xpud.windows import check as check_window
 
 DEFAULT_PATH = Path("/etc/xpud/xpud.toml")
 
@@ -305,6 +308,105 @@ class DefragSection:
 
 
 @dataclass(frozen=True)
+class BurstsSection:
+    """Converting idle cards between whole and sliced as demand arrives (``Engine.pump``)."""
+
+    convert_within_s: float = _key(
+        0.5,
+        "Longest a queued request that fits only by switching an idle card's mode waits for cards being "
+        "reconfigured (which might take it without a switch) before its own card is switched.",
+        min=0.0,
+        max=60.0,
+    )
+    hold_s: float = _key(
+        300.0,
+        "Hysteresis: a card switched between whole and sliced stays in its new mode at least this long "
+        "before an idle switch (capacity windows, pre-provisioning) switches it back.",
+        min=0.0,
+        max=86400.0,
+    )
+
+
+def listen_address(value: str) -> tuple[str, int] | None:
+    """``host:port`` (``[v6]:port`` for IPv6) as (host, port); None for "" (off). Raises ValueError."""
+    if not value:
+        return None
+    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]{1,253}):([0-9]{1,5})", value)
+    if not m:
+        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:9403, [::1]:9403); empty = off")
+    host, port = m.group(1).strip("[]"), int(m.group(2))
+    if m.group(1).startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{value!r}: {host!r} is not an IPv6 address") from None
+    if port > 65535:
+        raise ValueError(f"{value!r}: port {port} is outside 0..65535")
+    return host, port
+
+
+def _check_listen(value: str) -> str:
+    try:
+        listen_address(value)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+@dataclass(frozen=True)
+class ForecastSection:
+    """Slice demand forecast and pre-provisioning (``xpud.forecast``, ``xpud.provisioning``)."""
+
+    enabled: bool = _key(
+        False, "Pre-provision sliced cards ahead of forecast slice demand; tear them down after."
+    )
+    interval_s: float = _key(
+        300.0, "Seconds between two forecasts (and pre-provisioning decisions).", min=10.0, max=86400.0
+    )
+    lead_s: float = _key(
+        900.0, "How far ahead the demand is provisioned for (seconds).", min=0.0, max=86400.0
+    )
+    alpha: float = _key(
+        0.3,
+        "Smoothing factor: how far one week's observation moves its hour-of-week slot.",
+        min=0.01,
+        max=1.0,
+    )
+    history_days: int = _key(
+        28, "Days of the ledger's lease history the forecast learns from.", min=1, max=365
+    )
+    warm_command: str = _key(
+        "", "Command run on each pre-provisioned card (e.g. to load model weights); empty = none."
+    )
+    warm_timeout_s: float = _key(600.0, "Longest a warm_command may run (seconds).", min=1.0, max=86400.0)
+
+
+@dataclass(frozen=True)
+class CarbonSection:
+    """The carbon/PUE signal that ``xpu run --when-green`` uses (``xpud.carbon``)."""
+
+    signal: str = _key(
+        "", "File with the grid's carbon intensity (or PUE) per hour, CSV or JSON; empty = none."
+    )
+    command: str = _key("", "Command whose output (CSV or JSON, as the file) is the signal; empty = none.")
+    refresh_s: float = _key(
+        900.0, "Seconds between two readings of the signal by the daemon.", min=10.0, max=86400.0
+    )
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    """Prometheus metrics (``xpud.metrics``) on a local HTTP port."""
+
+    listen: str = _key(
+        "",
+        "Address of the Prometheus /metrics endpoint, host:port (e.g. 127.0.0.1:9403; port 0 = any free "
+        "port, logged); empty = off.",
+        check=_check_listen,
+    )
+
+
+@dataclass(frozen=True)
 class SlurmSection:
     """The Slurm bridge's daemon half: leases taken by ``xpu slurm prolog`` live as long as their job."""
 
@@ -347,6 +449,10 @@ SECTIONS: dict[str, type] = {
     "limits": LimitsSection,
     "health": HealthSection,
     "defrag": DefragSection,
+    "metrics": MetricsSection,
+    "bursts": BurstsSection,
+    "carbon": CarbonSection,
+    "forecast": ForecastSection,
     "slurm": SlurmSection,
     "kubelet": KubeletSection,
 }
@@ -370,9 +476,14 @@ class Config:
     limits: LimitsSection = field(default_factory=LimitsSection)
     health: HealthSection = field(default_factory=HealthSection)
     defrag: DefragSection = field(default_factory=DefragSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+    bursts: BurstsSection = field(default_factory=BurstsSection)
+    carbon: CarbonSection = field(default_factory=CarbonSection)
+    forecast: ForecastSection = field(default_factory=ForecastSection)
     slurm: SlurmSection = field(default_factory=SlurmSection)
     kubelet: KubeletSection = field(default_factory=KubeletSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
+    windows: tuple[WindowSpec, ...] = ()  # [[windows]]: capacity windows (xpud.windows)
     path: str = ""  # the file it came from ("" = defaults only)
 
     @property
@@ -467,6 +578,8 @@ def _check_value(src: _Source, table: str, f: dataclasses.Field, kind: Any, valu
         raise src.error(table, f.name, f"{value!r} is not a finite number; use a number in {span}")
     if kind is str and len(value) > MAX_STRING:
         raise src.error(table, f.name, f"{len(value)} characters; at most {MAX_STRING}")
+    if "check" in rules and (reason := rules["check"](value)):
+        raise src.error(table, f.name, reason)
     if "choices" in rules and value not in rules["choices"]:
         raise src.error(table, f.name, f"{value!r} is not one of {', '.join(rules['choices'])}")
     if "min" in rules and value < rules["min"]:
@@ -542,6 +655,35 @@ def _slices(src: _Source, data: Any) -> dict[str, SliceSpec]:
     return out
 
 
+def _windows(src: _Source, data: Any) -> tuple[WindowSpec, ...]:
+    if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
+        raise src.error("windows", None, "expected [[windows]] tables (name, cron, whole_share)")
+    if len(data) > MAX_WINDOWS:
+        raise src.error("windows", None, f"{len(data)} windows; at most {MAX_WINDOWS}")
+    out = []
+    for n, spec in enumerate(data, 1):
+        try:
+            out.append(check_window(spec))
+        except ValueError as e:
+            line = _nth_line(src.text, "[[windows]]", n)
+            raise ConfigError(f"{src.path}:{line or '?'}: [[windows]] #{n}: {e}") from None
+    names = [w.name for w in out]
+    dup = next((x for x in names if names.count(x) > 1), None)
+    if dup:
+        raise src.error("windows", None, f"two windows are named {dup!r}; give each its own name")
+    return tuple(out)
+
+
+def _nth_line(text: str, header: str, n: int) -> int | None:
+    seen = 0
+    for i, raw in enumerate(text.splitlines(), 1):
+        if raw.strip().startswith(header):
+            seen += 1
+            if seen == n:
+                return i
+    return None
+
+
 def parse(text: str, path: str = "<string>") -> Config:
     """Validate TOML text into a Config. Raises ConfigError naming the file, line and key."""
     src = _Source(path, text)
@@ -555,11 +697,15 @@ def parse(text: str, path: str = "<string>") -> Config:
     for table, value in data.items():
         if table == "slices":
             kwargs["slices"] = _slices(src, value)
+        elif table == "windows":
+            kwargs["windows"] = _windows(src, value)
         elif table in SECTIONS:
             kwargs[table] = _section(src, table, SECTIONS[table], value)
         else:
-            raise src.error(table, None, f"unknown table{_hint(table, [*SECTIONS, 'slices'])}")
+            raise src.error(table, None, f"unknown table{_hint(table, [*SECTIONS, 'slices', 'windows'])}")
     cfg = Config(**kwargs)
+    if cfg.carbon.signal and cfg.carbon.command:
+        raise src.error("carbon", "command", "give signal (a file) or command, not both")
     if cfg.health.fragmentation_slice not in cfg.slices:
         raise src.error(
             "health",
@@ -627,6 +773,12 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     out["slices"] = {
         n: {"memory_fraction": s.memory_fraction, "compute_pct": s.compute_pct} for n, s in cfg.slices.items()
     }
+    if cfg.windows:
+        out["windows"] = [
+            {"name": w.name, "cron": w.cron, "whole_share": w.whole_share}
+            | ({"timezone": w.timezone} if w.timezone else {})
+            for w in cfg.windows
+        ]
     return out
 
 

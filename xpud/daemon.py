@@ -106,9 +106,13 @@ def _claim_socket(path: Path) -> None:
     )
 
 
+PID_FILE = "xpud.pid"  # in the runtime directory: `xpu config set` signals this process to reload
+
+
 class Daemon:
-    def __init__(self, cfg: config.Config, hw, fake=None):
+    def __init__(self, cfg: config.Config, hw, fake=None, overrides=None):
         self.cfg = cfg
+        self.overrides = overrides or (lambda c: c)  # re-applies flags to a reloaded file
         self.hw = hw
         self.fake = fake
         self.runtime_dir = cfg.runtime_dir
@@ -120,6 +124,7 @@ class Daemon:
         self.jobs: Jobs | None = None
         self.monitor: HealthMonitor | None = None
         self.defrag: Defragmenter | None = None
+        self.metrics = None  # xpud.metrics.MetricsServer when [metrics] listen is set
         self.kubelet: KubeletBridge | None = None  # the device plugin, when [kubelet] enabled
         self.started = time.time()
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
@@ -186,6 +191,14 @@ class Daemon:
             },
         )
         self.context = ctx
+        if self.cfg.metrics.listen:
+            from xpud.metrics import MetricsServer
+
+            self.metrics = MetricsServer(self, self.cfg.metrics.listen)
+            try:
+                self.metrics.start()
+            except OSError as e:
+                raise StartupError(str(e.strerror)) from None
         self.cred_server = await issuer.serve(str(self.cred_socket))
         user = aio.server(options=SERVER_OPTIONS)
         add_to_server(NodeService(ctx), user)
@@ -226,7 +239,19 @@ class Daemon:
             backend,
             self.user_socket,
         )
+        (self.runtime_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         sd_notify("READY=1\nSTATUS=serving")
+
+    def reload(self) -> str:
+        """SIGHUP (``systemctl reload xpud``): re-read the config file; apply what can change live
+        (``xpud.reload``). Returns what it did, as recorded in the event log."""
+        from xpud.reload import reload
+
+        sd_notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            return reload(self, self.overrides)
+        finally:
+            sd_notify("READY=1\nSTATUS=serving")
 
     def _set_permissions(self) -> None:
         os.chmod(self.user_socket, 0o666)  # anyone may connect; lease operations need a token
@@ -241,6 +266,8 @@ class Daemon:
         in progress return, the event thread ends (it frees its own event set), then NVML shuts down
         (``Nvml.close`` also waits for any other call, and nothing re-opens it afterwards)."""
         sd_notify("STOPPING=1")
+        if self.metrics:
+            await asyncio.to_thread(self.metrics.stop)  # a scrape in progress still gets its answer
         if self.jobs:
             self.jobs.stop()
         if self.kubelet:
@@ -249,7 +276,7 @@ class Daemon:
             await s.stop(grace=0.5)
         if self.cred_server:
             self.cred_server.close()
-        for p in (self.user_socket, self.admin_socket, self.cred_socket):
+        for p in (self.user_socket, self.admin_socket, self.cred_socket, self.runtime_dir / PID_FILE):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
         if self.jobs:
@@ -265,13 +292,15 @@ class Daemon:
         log.info("xpud stopped; active leases stay in the ledger and are restored at the next start")
 
 
-async def run_daemon(cfg: config.Config, hw, fake=None) -> None:
-    d = Daemon(cfg, hw, fake)
+async def run_daemon(cfg: config.Config, hw, fake=None, overrides=None) -> None:
+    d = Daemon(cfg, hw, fake, overrides)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: None)  # not a stop while starting; reload once serving
     await d.start()
+    loop.add_signal_handler(signal.SIGHUP, d.reload)
     try:
         await stop.wait()
     finally:
@@ -337,8 +366,9 @@ def main_command(
     if version:
         typer.echo(__version__)
         raise typer.Exit()
-    try:
-        cfg = config.load(config_path)
+
+    def overrides(cfg: config.Config) -> config.Config:
+        """The command line's values over the file's (at start, and again at each reload)."""
         if simulate:
             cfg = config.checked(cfg, "devices", "machine", simulate, "--simulate")
             cfg = cfg.replace("devices", backend="simulated")
@@ -356,6 +386,10 @@ def main_command(
             cfg = config.checked(cfg, "daemon", "log_level", log_level, "--log-level")
         if kubelet:
             cfg = cfg.replace("kubelet", enabled=True)
+        return cfg
+
+    try:
+        cfg = overrides(config.load(config_path))
     except XpudError as e:
         _fail(str(e), 2)
     ctx.obj = cfg
@@ -364,7 +398,7 @@ def main_command(
     _setup_logging(cfg.daemon.log_level)
     try:
         hw, fake = open_hardware(cfg)
-        asyncio.run(run_daemon(cfg, hw, fake))
+        asyncio.run(run_daemon(cfg, hw, fake, overrides))
     except StartupError as e:
         _fail(str(e))
     except LedgerDamaged as e:  # not restarted by systemd (RestartPreventExitStatus): an operator decides

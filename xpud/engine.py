@@ -49,7 +49,9 @@ from xpud.model import (
 )
 from xpud.moves import Moves
 from xpud.placement.host import CardCapacity, best_group, choose_slice_card
+from xpud.stats import Stats
 from xpud.waitlist import Waitlist
+from xpud.windows import WindowSpec, whole_needed
 
 log = logging.getLogger("xpud.engine")
 
@@ -84,6 +86,7 @@ class CardState:
     whole_lease: str | None = None
     slices: dict[str, Slice] = field(default_factory=dict)  # lease id -> slice
     sample: CardSample | None = None
+    switched_at: float = 0.0  # when the engine last switched its mode (engine clock; 0: never)
 
     @property
     def idle(self) -> bool:
@@ -136,8 +139,11 @@ class Engine:
         self._granting: set = set()  # waiters whose grant is under way
         self._tasks: set[asyncio.Task] = set()
         self._pump_scheduled = False
+        self._pump_timer: asyncio.TimerHandle | None = None  # a pump asked for later (bursts)
         self._next_tidy = 0.0
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
+        self.stats = Stats()  # counters and latencies for /metrics (xpud.metrics)
+        self.window: WindowSpec | None = None  # the capacity window in force (xpud.windows), if any
 
     # ------------------------------------------------------------------ restore and views
     async def restore(self) -> list[Lease]:
@@ -446,12 +452,14 @@ class Engine:
         return sum(i in degraded for i in group), round(self.topology.allreduce_seconds(group), 12)
 
     def _place_slice(
-        self, req: Request, reserve_whole: bool, exclude: frozenset[int] = frozenset()
+        self, req: Request, reserve_whole: bool, exclude: frozenset[int] = frozenset(), windows: bool = True
     ) -> int | None:
         spec = self.cfg.slices[req.mode.value]
         caps = []
+        # An idle whole card may be converted unless pinned, reserved for a waiting whole-card request, or
+        # kept whole by the capacity window in force (``windows``; a bridge's pinned card is not held back).
+        reserve_whole = reserve_whole or (windows and self.whole_short(1) > 0)
         for c in self.cards.values():
-            # An idle whole card may be converted unless pinned, or reserved for a waiting whole-card request.
             convertible = c.mode is CardMode.SLICED or (c.idle and not c.pinned and not reserve_whole)
             feasible = (
                 c.usable
@@ -470,18 +478,24 @@ class Engine:
         self, req: Request, reserve_whole: bool = False, exclude: frozenset[int] = frozenset()
     ) -> tuple[int, ...] | None:
         """Cards for ``req`` now, or None. ``exclude``: cards it must not use (a move's source)."""
-        if req.cards:  # placed elsewhere (Slurm, kubelet): these cards or nothing, ahead of the queue
-            return self._place_pinned(req, exclude)
-        if req.mode is Mode.XPU:
-            return self._place_xpu(req, reserve_whole, exclude)
-        card = self._place_slice(req, reserve_whole, exclude)
-        return None if card is None else (card,)
+        t0 = time.perf_counter()
+        try:
+            if req.cards:  # placed elsewhere (Slurm, kubelet): these cards or nothing, ahead of the queue
+                return self._place_pinned(req, exclude)
+            if req.mode is Mode.XPU:
+                return self._place_xpu(req, reserve_whole, exclude)
+            card = self._place_slice(req, reserve_whole, exclude)
+            return None if card is None else (card,)
+        finally:
+            self.stats.decision.observe(time.perf_counter() - t0)
 
     def _place_pinned(self, req: Request, exclude: frozenset[int]) -> tuple[int, ...] | None:
         if req.mode is Mode.XPU:
             free = set(self._whole_candidates(False, exclude))
             return req.cards if free.issuperset(req.cards) else None
-        card = self._place_slice(req, False, exclude | (frozenset(self.cards) - set(req.cards)))
+        card = self._place_slice(
+            req, False, exclude | (frozenset(self.cards) - set(req.cards)), windows=False
+        )
         return None if card is None else (card,)
 
     def _why_not_pinned(self, req: Request) -> str:
@@ -570,6 +584,7 @@ class Engine:
                         backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info
                     )
                     c.mode = want
+                    c.switched_at = self.clock()
                     switched.append(i)
             if mode is Mode.XPU:
                 env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cards[i].info.uuid for i in cards)}
@@ -655,19 +670,36 @@ class Engine:
         self._claim(cards)
         self._granting_uids[req.owner_uid] = self._granting_uids.get(req.owner_uid, 0) + 1
 
-    async def _grant(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
+    async def _grant(
+        self, req: Request, cards: tuple[int, ...], queued_s: float | None = None
+    ) -> tuple[Lease, str]:
         """Grant ``req`` on ``cards`` (claimed by the caller, unclaimed here): prepare, commit, then it is
         the caller's. A failed commit undoes the preparation."""
         uid = req.owner_uid
         try:
-            return await self._grant_now(req, cards)
+            return await self._grant_now(req, cards, queued_s)
         finally:
             n = self._granting_uids.pop(uid, 0) - 1
             if n > 0:
                 self._granting_uids[uid] = n
 
-    async def _grant_now(self, req: Request, cards: tuple[int, ...]) -> tuple[Lease, str]:
+    def _converted(self, i: int, lease_id: str, req: Request, queued_s: float | None) -> None:
+        """The event (and counter) of a card switched to serve a request, with the reason."""
+        mode = self.cards[i].mode
+        if req.mode is Mode.XPU:
+            why = f"a {req.gpus}-card request found too few idle whole cards"
+        else:
+            why = f"a {req.mode} request found no room on a sliced card"
+        if queued_s is not None:
+            why += f" (queued {queued_s:.2f} s, {len(self.waitlist)} still waiting)"
+        self.stats.conversions[(mode.value, "demand")] += 1
+        self.event("mode", f"card {i} switched to {mode} for lease {lease_id}: {why}", card=i)
+
+    async def _grant_now(
+        self, req: Request, cards: tuple[int, ...], queued_s: float | None = None
+    ) -> tuple[Lease, str]:
         lease_id, token = self._new_id(), secrets.token_urlsafe(24)
+        t0 = time.perf_counter()
         try:
             slices, env, switched = await self._place(lease_id, req.mode, cards, req.owner_uid)
         finally:
@@ -702,10 +734,11 @@ class Engine:
             await self._unplace(lease_id, cards, slices, switched)
             raise
         self.leases[lease_id] = lease
+        self.stats.grant.observe(time.perf_counter() - t0)
         if not req.anchor:
             self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
         for i in switched:
-            self.event("mode", f"card {i} switched to {self.cards[i].mode} for lease {lease_id}", card=i)
+            self._converted(i, lease_id, req, queued_s)
         where = ",".join(map(str, cards))
         self.event(
             "grant",
@@ -837,14 +870,19 @@ class Engine:
         # What did not fit in this pass: an equal request behind it does not fit either (grants only
         # take room), so a long queue costs one placement per kind of request, not one per waiter.
         failed: set[tuple] = set()
+        retry: float | None = None
         for w in self.waitlist.in_order():
             if w.future.done():
                 continue
             kind = (w.request.mode, w.request.gpus, w.request.owner_uid, reserve)
             cards = None if kind in failed else self._fit(w.request, reserve_whole=reserve)
             switches = cards is not None and self._busy and self._switches(w.request, cards)
-            if switches and self.clock() - w.enqueued < BUSY_WAIT_S:
-                cards = None  # a busy card may be where it belongs: look again when it is free
+            left = w.enqueued + self.cfg.bursts.convert_within_s - self.clock()
+            if switches and left > 0:
+                # A busy card may be where it belongs (its new room): look again when it is free, or
+                # switch this one's card once it has waited convert_within_s (a burst: in parallel).
+                cards = None
+                retry = left if retry is None else min(retry, left)
             if cards is None:
                 failed.add(kind)
                 if w.request.mode is Mode.XPU:
@@ -854,10 +892,27 @@ class Engine:
             self.waitlist.remove(w)
             self._granting.add(w)
             self._spawn(self._grant_waiter(w, cards), f"granting queued request {w.ticket}")
+        if retry is not None:
+            self._pump_later(retry)
+
+    def _pump_later(self, delay_s: float) -> None:
+        """Pump again in ``delay_s`` (one timer: the earliest asked for wins)."""
+        loop = asyncio.get_running_loop()
+        at = loop.time() + delay_s + 0.001
+        if self._pump_timer is not None and not self._pump_timer.cancelled():
+            if self._pump_timer.when() <= at:
+                return
+            self._pump_timer.cancel()
+
+        def fire() -> None:
+            self._pump_timer = None
+            self.pump()
+
+        self._pump_timer = loop.call_at(at, fire)
 
     async def _grant_waiter(self, w, cards: tuple[int, ...]) -> None:
         try:
-            got = await self._grant(w.request, cards)
+            got = await self._grant(w.request, cards, self.clock() - w.enqueued)
         except Exception as e:  # the caller gets the error; the queue goes on
             if not w.future.done():
                 w.future.set_exception(e)
@@ -870,6 +925,7 @@ class Engine:
             except LedgerUnavailable as e:  # not held: the reaper takes it after the grace period
                 log.error("lease %s: %s", got[0].id, e)
             return
+        self.stats.queue_wait.observe(self.clock() - w.enqueued)
         w.future.set_result(got)
 
     # ------------------------------------------------------------------ release
@@ -1067,6 +1123,7 @@ class Engine:
         if switched:
             await self._hw(backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info)
             c.mode = want
+            c.switched_at = self.clock()
         try:
             await self.ledger.write(self.ledger.save_card_op(replace(c.record(), mode_pinned=pinned)))
         except BaseException:
@@ -1075,6 +1132,73 @@ class Engine:
         c.pinned = pinned
         if why:
             self.event("mode", f"card {i} switched to {want}: {why}", card=i)
+
+    # ------------------------------------------------------------------ capacity windows
+    def set_window(self, window: WindowSpec | None) -> None:
+        """The capacity window in force from now (None: none); ``keep_whole`` applies its share."""
+        if window != self.window:
+            self.window = window
+            if window is None:
+                self.event("window", "no capacity window in force: every card may be sliced")
+            else:
+                usable = sum(c.usable for c in self.cards.values())
+                need = whole_needed(window.whole_share, usable)
+                self.event(
+                    "window",
+                    f"capacity window {window.name!r} in force: keeps {window.whole_share:.0%} of the usable "
+                    f"cards whole ({need} of {usable}); running work is never evicted",
+                )
+            self.pump()
+
+    def whole_short(self, converting: int = 0) -> int:
+        """How many more usable cards the window in force wants whole than there would be after switching
+        ``converting`` more whole cards to sliced (0 when none is wanted). Cards busy being reconfigured
+        do not count as whole (one may be on its way to sliced)."""
+        if self.window is None or self.window.whole_share <= 0:
+            return 0
+        usable = [c for c in self.cards.values() if c.usable]
+        whole = sum(c.mode is CardMode.WHOLE and c.info.index not in self._busy for c in usable)
+        return max(0, whole_needed(self.window.whole_share, len(usable)) - (whole - converting))
+
+    async def keep_whole(self) -> list[int]:
+        """Switch idle sliced cards back to whole until the window's share is met: not pinned ones, and not
+        ones switched less than ``[bursts] hold_s`` ago (hysteresis). Never touches a card in use.
+        Returns the cards switched."""
+        out: list[int] = []
+        hold = self.cfg.bursts.hold_s
+        now = self.clock()
+        idle = sorted(
+            (c for c in self.cards.values() if c.mode is CardMode.SLICED and c.idle and c.usable),
+            key=lambda c: c.switched_at,
+        )
+        for c in idle:
+            if self.whole_short() <= 0 or self.window is None:
+                break
+            if c.switched_at and now - c.switched_at < hold:
+                continue
+            why = f"capacity window {self.window.name!r} keeps {self.window.whole_share:.0%} whole"
+            if await self.to_whole(c.info.index, why):
+                self.stats.conversions[("whole", "window")] += 1
+                out.append(c.info.index)
+        return out
+
+    @_uninterrupted
+    async def to_sliced(self, index: int, reason: str) -> bool:
+        """Switch an idle whole card (not pinned) to sliced ahead of demand (forecast pre-provisioning),
+        unless the capacity window in force keeps it whole. Returns whether it switched."""
+        c = self.cards[index]
+        if index in self._busy or c.mode is not CardMode.WHOLE or not c.idle or c.pinned or not c.usable:
+            return False
+        if self.whole_short(1) > 0:
+            return False
+        self._claim([index])
+        try:
+            if await self._hw(self._backends[index].switch_blocker, c.info, True):
+                return False
+            await self._switch(c, CardMode.SLICED, pinned=False, why=reason)
+        finally:
+            self._unclaim([index])
+        return True
 
     @_uninterrupted
     async def to_whole(self, index: int, reason: str) -> bool:
@@ -1150,6 +1274,7 @@ class Engine:
 
     def event(self, kind: str, message: str, card: int = -1, lease_id: str = "") -> EventRecord:
         log.info("%s", message)
+        self.stats.events[kind] += 1
         ev = self.ledger.add_event(kind, message, card, lease_id, self.clock())
         self._changed(ev)
         return ev

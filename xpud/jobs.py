@@ -8,11 +8,13 @@ Hardware reads run in a worker thread so a slow driver call never stalls the API
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from datetime import datetime
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from xpud import carbon, windows
 from xpud.engine import Engine
 
 log = logging.getLogger("xpud.jobs")
@@ -21,6 +23,24 @@ logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
 
 REAP_INTERVAL_S = 0.25  # a reclaimed lease is back within the grace period plus this
 MAKE_ROOM_INTERVAL_S = 1.0  # how often waiting whole-card requests are looked at
+OPTS = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+WINDOW_CHECK_S = 30.0  # how often the capacity window's share is checked between its starts
+
+
+def _logged(what: str):
+    """A job whose failure is logged (with its traceback), never raised into the scheduler."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        async def job(*args, **kw):
+            try:
+                return await fn(*args, **kw)
+            except Exception:
+                log.exception("%s failed", what)
+
+        return job
+
+    return wrap
 
 
 class Jobs:
@@ -35,27 +55,98 @@ class Jobs:
         self.defrag = defrag  # xpud.defrag.Defragmenter
         self.scheduler: AsyncIOScheduler | None = None
         self._reading: asyncio.Future | None = None  # the hardware read in progress, if any
+        self.provisioner = None  # xpud.provisioning.Provisioner, from start()
 
     def start(self) -> None:
+        from xpud.provisioning import Provisioner
+
         self.scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
-        opts = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
-        self.scheduler.add_job(self.reap, "interval", seconds=REAP_INTERVAL_S, id="reap", **opts)
+        self.scheduler.add_job(self.reap, "interval", seconds=REAP_INTERVAL_S, id="reap", **OPTS)
         self.scheduler.add_job(
             self.sample,
             "interval",
             seconds=self.sample_interval_s,
             id="sample",
             next_run_time=datetime.now(),
-            **opts,
+            **OPTS,
         )
+        self.provisioner = Provisioner(self.engine)
+        self.reschedule()
+        self.scheduler.start()
+
+    def reschedule(self) -> None:
+        """(Re)schedule the jobs that follow the config's live sections (at start, and after a reload):
+        defrag, make-room, the capacity windows, the forecast and the carbon signal."""
+        cfg = self.engine.cfg
+        for job in list(self.scheduler.get_jobs()):
+            if job.id not in ("reap", "sample"):
+                job.remove()
         if self.defrag is not None and self.defrag.cfg.enabled:
             seconds = self.defrag.cfg.interval_s
-            self.scheduler.add_job(self.run_defrag, "interval", seconds=seconds, id="defrag", **opts)
+            self.scheduler.add_job(self.run_defrag, "interval", seconds=seconds, id="defrag", **OPTS)
         if self.defrag is not None and self.defrag.cfg.make_room:
             self.scheduler.add_job(
-                self.make_room, "interval", seconds=MAKE_ROOM_INTERVAL_S, id="make-room", **opts
+                self.make_room, "interval", seconds=MAKE_ROOM_INTERVAL_S, id="make-room", **OPTS
             )
-        self.scheduler.start()
+        self.start_windows()
+        self.scheduler.add_job(
+            self.run_forecast,
+            "interval",
+            seconds=cfg.forecast.interval_s,
+            id="forecast",
+            next_run_time=datetime.now(),
+            **OPTS,
+        )
+        if cfg.carbon.signal or cfg.carbon.command:
+            self.scheduler.add_job(
+                self.refresh_carbon,
+                "interval",
+                seconds=cfg.carbon.refresh_s,
+                id="carbon",
+                next_run_time=datetime.now(),
+                **OPTS,
+            )
+
+    # ------------------------------------------------------------------ capacity windows
+    def start_windows(self) -> None:
+        """One cron job per ``[[windows]]`` entry (its start), and a check every WINDOW_CHECK_S that keeps
+        the share as cards come free; the window in force now is applied at once."""
+        specs = self.engine.cfg.windows
+        if not specs:
+            self.engine.set_window(None)
+            return
+        for i, spec in enumerate(specs):
+            self.scheduler.add_job(self.apply_windows, spec.trigger(), id=f"window-{i}-{spec.name}", **OPTS)
+        self.scheduler.add_job(
+            self.apply_windows, "interval", seconds=WINDOW_CHECK_S, id="window-check", **OPTS
+        )
+        self.scheduler.add_job(self.apply_windows, id="window-now", **OPTS)  # at once
+
+    @_logged("forecast and pre-provisioning")
+    async def run_forecast(self) -> None:
+        await self.provisioner.run()
+
+    async def refresh_carbon(self) -> None:
+        """Read the carbon signal (off the loop) and publish it for ``xpu run --when-green``."""
+        cfg = self.engine.cfg
+        try:
+            hours = await asyncio.to_thread(carbon.read, cfg.carbon.signal, cfg.carbon.command)
+            await asyncio.to_thread(carbon.publish, hours, cfg.runtime_dir)
+        except (carbon.SignalError, OSError) as e:  # the last published signal stays
+            log.warning("carbon signal: %s", e)
+
+    async def apply_windows(self, now: datetime | None = None) -> None:
+        """Put the window in force at ``now`` (default: the host's clock) and keep its share whole."""
+        try:
+            now = now or datetime.now().astimezone()
+            self.engine.set_window(windows.current(self.engine.cfg.windows, now))
+            short = self.engine.whole_short()
+            if short:
+                await self.engine.keep_whole()
+            if self.engine.whole_short() and self.defrag is not None and self.defrag.cfg.enabled:
+                await self.defrag.periodic()  # slices on few cards free whole ones (restartable jobs move)
+        except Exception:
+            log.exception("applying the capacity windows failed")
 
     def stop(self) -> None:
         """No more runs (those in progress go on: ``drain`` waits for their hardware reads)."""
@@ -97,14 +188,10 @@ class Jobs:
             except Exception:
                 log.exception("judging the cards' health failed")
 
+    @_logged("periodic defrag")
     async def run_defrag(self) -> None:
-        try:
-            await self.defrag.periodic()
-        except Exception:
-            log.exception("periodic defrag failed")
+        await self.defrag.periodic()
 
+    @_logged("making room for a waiting request")
     async def make_room(self) -> None:
-        try:
-            await self.defrag.make_room()
-        except Exception:
-            log.exception("making room for a waiting request failed")
+        await self.defrag.make_room()

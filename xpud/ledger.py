@@ -561,6 +561,14 @@ class Ledger:
         rows = self.db.execute("SELECT * FROM leases ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
         return [_lease_from_row(r) for r in rows]
 
+    def lease_intervals(self, since: float) -> list[tuple[str, float, float | None]]:
+        """(mode, created, ended or None) of every lease alive at or after ``since``: the demand history
+        that ``xpud.forecast`` learns from."""
+        q = "SELECT mode, created, ended FROM leases WHERE ended IS NULL OR ended >= ? ORDER BY created"
+        return [
+            (r[0], float(r[1]), None if r[2] is None else float(r[2])) for r in self.db.execute(q, (since,))
+        ]
+
     def token_matches(self, lease_id: str, token: str) -> bool:
         stored = self._tokens.get(lease_id)
         if stored is None:

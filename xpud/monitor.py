@@ -203,8 +203,10 @@ class HealthMonitor:
                 continue
             if ev.kind == "xid" and ev.xid is not None:
                 if xid_class(ev.xid, self.cfg) == "application":
+                    self.engine.stats.app_xids += 1
                     self._blame(ev, instance_uuids, now)
                 else:
+                    self.engine.stats.xids[ev.xid] += 1
                     ch.observe_xid(ev.xid, now)
                     log.warning("card %d: %s", ev.card_index, xid_text(ev.xid))
             elif ev.kind == "ecc-dbe":

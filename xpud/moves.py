@@ -142,6 +142,7 @@ class Moves:
         now = e.clock()
         self.pending[lease.id] = PendingMove(lease, new, reason, now, now + timeout, True, tuple(switched))
         e._notify(new, "move", f"moving from card {_where(lease)} to card {_where(new)}: {reason}")
+        e.stats.moves["started"] += 1
         e.event(
             "move",
             f"lease {lease.id} moving from card {_where(lease)} to card {_where(new)}: {reason}",
@@ -219,6 +220,7 @@ class Moves:
         old = [i for i in pm.old.cards if i not in pm.new.cards]
         await e._free_claimed(lease_id, old, pm.old.slices)
         took = e.clock() - pm.started
+        e.stats.moves["done"] += 1
         e.event(
             "move",
             f"lease {lease_id} moved from card {_where(pm.old)} to card {_where(pm.new)} "
@@ -252,6 +254,7 @@ class Moves:
             await self.cancel(lease_id)
             self.timed_out.add(lease_id)
             waited = pm.deadline - pm.started
+            e.stats.moves["abandoned"] += 1
             e.event(
                 "move",
                 f"lease {lease_id}: move to card {_where(pm.new)} abandoned: no ack in {waited:g} s",
