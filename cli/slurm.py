@@ -24,11 +24,6 @@ slurm_app = typer.Typer(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 
-def _fail(message: str, code: int = 1):
-    typer.echo(f"xpu slurm: {message}", err=True)
-    raise typer.Exit(code)
-
-
 def _runtime() -> str | None:
     from xpu_cli.main import state
 
@@ -85,7 +80,7 @@ def prolog(
                 command=f"slurm job {job}",
             )
     except (XpudError, slurm.SlurmError) as e:
-        _fail(f"job {env.get('SLURM_JOB_ID', '?')}: {e}")
+        output.fail(f"job {env.get('SLURM_JOB_ID', '?')}: {e}")
     _report(granted.lease, as_json, "leased")
 
 
@@ -104,7 +99,7 @@ def epilog(as_json: JsonOpt = False) -> None:
         with Client(_runtime(), admin=True) as c:
             released = [c.release(le.id) for le in _job_leases(c, job)]
     except (XpudError, slurm.SlurmError) as e:
-        _fail(f"job {os.environ.get('SLURM_JOB_ID', '?')}: {e}")
+        output.fail(f"job {os.environ.get('SLURM_JOB_ID', '?')}: {e}")
     if as_json:
         return output.print_json({"job": job, "released": [le.id for le in released]})
     for le in released:
@@ -119,7 +114,7 @@ def taskprolog() -> None:
         with Client(_runtime()) as c:
             leases = _job_leases(c, job)
     except (XpudError, slurm.SlurmError) as e:
-        _fail(f"job {os.environ.get('SLURM_JOB_ID', '?')}: {e}")
+        output.fail(f"job {os.environ.get('SLURM_JOB_ID', '?')}: {e}")
     for le in leases:
         print("\n".join(slurm.export_lines(dict(le.env))))
 
@@ -146,7 +141,7 @@ def healthcheck(
         if action:
             slurm.apply(name, action)
     except slurm.SlurmError as e:
-        _fail(str(e))
+        output.fail(str(e))
     if as_json:
         return output.print_json(
             {"node": name, "state": state.state, "reason": state.reason, "unhealthy": reason}
@@ -170,7 +165,7 @@ def gres(
         with Client(_runtime()) as c:
             cards = [(x.index, x.name) for x in c.cards().cards]
     except XpudError as e:
-        _fail(str(e))
+        output.fail(str(e))
     lines = slurm.gres_lines(node or slurm.node_name(os.environ), cards, dev_dir.rstrip("/") or "/", shards)
     if as_json:
         return output.print_json({"lines": lines, "gpus": len(cards)})

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import BIN, DaemonProc, poll, wait_until, xpu_env
 from tests.slurm_site import SlurmSite, install
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # real Slurm daemons: set-up is slow on a loaded host
 
 CLEAR_S = 1.5
 
