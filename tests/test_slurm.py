@@ -17,7 +17,8 @@ import pytest
 from tests.conftest import BIN, DaemonProc, poll, wait_until, xpu_env
 from tests.slurm_site import SlurmSite, install
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # real Slurm daemons: set-up is slow on a loaded host
+# real Slurm daemons: their set-up took over 120 s on a heavily loaded host
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 CLEAR_S = 1.5
 
