@@ -45,7 +45,14 @@ def _logged(what: str):
 
 class Jobs:
     def __init__(
-        self, engine: Engine, hw, sample_interval_s: float = 5.0, monitor=None, defrag=None, anchors=None
+        self,
+        engine: Engine,
+        hw,
+        sample_interval_s: float = 5.0,
+        monitor=None,
+        defrag=None,
+        hostjobs=None,
+        anchors=None,
     ):
         self.engine = engine
         self.anchors = anchors  # xpud.bridges.anchors.AnchorReaper: leases of Slurm jobs and pods
@@ -53,6 +60,7 @@ class Jobs:
         self.sample_interval_s = sample_interval_s
         self.monitor = monitor  # xpud.monitor.HealthMonitor: judges each poll's samples
         self.defrag = defrag  # xpud.defrag.Defragmenter
+        self.hostjobs = hostjobs  # xpud.federation.hostjobs.HostJobs: expires multi-host reservations
         self.scheduler: AsyncIOScheduler | None = None
         self._reading: asyncio.Future | None = None  # the hardware read in progress, if any
         self.provisioner = None  # xpud.provisioning.Provisioner, from start()
@@ -166,6 +174,11 @@ class Jobs:
                 log.info("reclaimed lease %s (%s ended)", lease.id, lease.anchor)
         except Exception:
             log.exception("lease reaper failed")
+        if self.hostjobs is not None:
+            try:
+                await self.hostjobs.expire()  # reservations past their TTL end here, with no help
+            except Exception:
+                log.exception("expiring reservations failed")
 
     async def sample(self) -> None:
         indices = sorted(self.engine.cards)
