@@ -712,24 +712,24 @@ class Ledger:
         self, kind: str, message: str, card: int = -1, lease_id: str = "", ts: float | None = None
     ) -> EventRecord:
         """Log an event (queued: it is committed with the next write; a failure is logged, not raised)."""
-        ev = EventRecord(next(self._next_event), ts or time.time(), kind, card, lease_id, message)
+        ev, o = self.event_op(kind, message, card, lease_id, ts)
         self._pending_events[ev.id] = ev
 
         def done() -> None:
             self._pending_events.pop(ev.id, None)
 
-        o = op(
-            "INSERT INTO events (id, ts, kind, card, lease_id, message) VALUES (?,?,?,?,?,?)",
-            ev.id,
-            ev.ts,
-            kind,
-            card,
-            lease_id,
-            message,
-            effect=done,
-        )
         self.submit(o).add_done_callback(_logged(done))
         return ev
+
+    def event_op(
+        self, kind: str, message: str, card: int = -1, lease_id: str = "", ts: float | None = None
+    ) -> tuple[EventRecord, Op]:
+        """An event to commit with the change it reports (one transaction: both or neither)."""
+        ev = EventRecord(next(self._next_event), ts or time.time(), kind, card, lease_id, message)
+        return ev, op(
+            "INSERT INTO events (id, ts, kind, card, lease_id, message) VALUES (?,?,?,?,?,?)",
+            *(ev.id, ev.ts, kind, card, lease_id, message),
+        )
 
     def events(self, limit: int = 200, card: int | None = None) -> list[EventRecord]:
         pending = [e for e in list(self._pending_events.values()) if card is None or e.card == card]
