@@ -39,6 +39,7 @@ from xpud.model import (
     CardMode,
     CardSample,
     CardView,
+    CommandEnd,
     HealthState,
     Lease,
     LeaseState,
@@ -737,6 +738,7 @@ class Engine:
             restartable=req.restartable,
             holder_pid=req.holder_pid,
             command=req.command[:500],
+            name=req.name,
             created=self.clock(),
             anchor=req.anchor,
         )
@@ -813,7 +815,7 @@ class Engine:
         if granted:
             return granted
         if req.wait_s <= 0:
-            raise NoCapacity(self._why_not(req) + "; add --wait SECONDS to queue for it")
+            raise NoCapacity(self._why_not(req) + "; add --wait 10m (any duration, or inf) to queue for it")
         self._check_limits(req, queueing=True)
         # try_grant found no room in this very state (no await since): the queue needs a pass only if
         # one ran while it waited for busy cards, before this request was in it. (One pass per queued
@@ -886,17 +888,20 @@ class Engine:
         """
         self._pumps += 1
         reserve = False
-        # What did not fit in this pass: an equal request behind it does not fit either (grants only
-        # take room), so a long queue costs one placement per kind of request, not one per waiter, and
-        # the pass ends once every kind still waiting has failed (it need not walk the rest of the queue).
-        failed: set[tuple] = set()
+        # What did not fit in this pass (and why): an equal request behind it does not fit either (grants
+        # only take room), so a long queue costs one placement per kind of request, not one per waiter,
+        # and the pass ends once every kind still waiting has failed (it need not walk the rest).
+        failed: dict[tuple, str] = {}  # (kind, reserve) -> the pending reason
         unseen = self.waitlist.kinds()  # kind -> waiters not yet looked at
         granted: list[tuple[Waiter, tuple[int, ...]]] = []
         retry: float | None = None
         for w in self.waitlist:
             kind = kind_of(w.request)
             unseen[kind] -= 1
-            if w.future.done() or (kind, reserve) in failed:
+            if w.future.done():
+                continue
+            if (kind, reserve) in failed:
+                w.reason = failed[(kind, reserve)]
                 continue
             cards = self._fit(w.request, reserve_whole=reserve)
             switches = cards is not None and self._busy and self._switches(w.request, cards)
@@ -906,8 +911,12 @@ class Engine:
                 # switch this one's card once it has waited convert_within_s (a burst: in parallel).
                 cards = None
                 retry = left if retry is None else min(retry, left)
+                failed[(kind, reserve)] = "Busy"
             if cards is None:
-                failed.add((kind, reserve))
+                key = (kind, reserve)
+                if key not in failed:
+                    failed[key] = self._pending_reason(w.request, reserve)
+                w.reason = failed[key]
                 if w.request.mode is Mode.XPU:
                     reserve = True
                 if all(n == 0 or (k, reserve) in failed for k, n in unseen.items()):
@@ -936,6 +945,29 @@ class Engine:
             self.pump()
 
         self._pump_timer = loop.call_at(at, fire)
+
+    def _pending_reason(self, req: Request, reserved: bool) -> str:
+        """Why a queued request does not fit now, as squeue's REASON: "Priority" (it would fit, but
+        the idle whole cards are held for a request ahead of it), "MPS user" (a card with room serves
+        another user's MPS slices), else "Resources"."""
+        if reserved and self._fit(req, reserve_whole=False) is not None:
+            return "Priority"
+        spec = self.cfg.slices.get(req.mode.value)
+        if spec is not None:
+            for c in self.cards.values():
+                cap = self._capacity(c)
+                room = (
+                    cap.free_memory_fraction >= spec.memory_fraction
+                    and cap.free_compute_pct >= spec.compute_pct
+                )
+                if (
+                    c.usable
+                    and c.slices
+                    and room
+                    and self._backends[c.info.index].serves_other_user(req.owner_uid)
+                ):
+                    return "MPS user"
+        return "Resources"
 
     async def _grant_waiter(self, w, cards: tuple[int, ...]) -> None:
         try:
@@ -970,10 +1002,16 @@ class Engine:
         )
 
     @_uninterrupted
-    async def release(self, lease_id: str, caller: Caller, token: str = "") -> Lease:
+    async def release(
+        self, lease_id: str, caller: Caller, token: str = "", end: CommandEnd | None = None
+    ) -> Lease:
+        """End a lease for its holder, owner or an operator; ``end``: how its command ended (recorded;
+        a start time outside the lease's life is clamped into it)."""
         lease = self.resolve_lease(lease_id)
         self.check_authority(lease, caller, token)
-        return await self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}")
+        if end is not None and end.started is not None:
+            end = replace(end, started=min(max(end.started, lease.created), self.clock()))
+        return await self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}", end=end)
 
     @_uninterrupted
     async def evict(self, lease_id: str, reason: str = "") -> Lease:
@@ -997,24 +1035,46 @@ class Engine:
         return await self._end(lease, state, reason, also=also)
 
     async def _end(
-        self, lease: Lease, state: LeaseState, reason: str, revoke: str = "", also: tuple[Op, ...] = ()
+        self,
+        lease: Lease,
+        state: LeaseState,
+        reason: str,
+        revoke: str = "",
+        end: CommandEnd | None = None,
+        also: tuple[Op, ...] = (),
     ) -> Lease:
         """End a lease: commit it, then tell its holder, then free its cards (tear slices down)."""
         if lease.id in self._ending:
             raise NotFound(f"lease {lease.id} is being released already")
         self._ending.add(lease.id)
+        now, end = self.clock(), end or CommandEnd()
         try:
             card = lease.cards[0] if len(lease.cards) == 1 else -1
-            message = f"lease {lease.id} {state.value}: {reason}"
+            how = ""
+            if end.exit_signal is not None:
+                how = f" (its command ended by signal {end.exit_signal})"
+            elif end.exit_code is not None:
+                how = f" (its command exited {end.exit_code})"
+            message = f"lease {lease.id} {state.value}: {reason}{how}"
             event = self._event_op(_EVENT_KIND[state], message, card, lease.id)
-            end = self.ledger.end_lease_op(lease.id, state, reason, self.clock())
-            await self.ledger.write(end, event[1], *also)
+            await self.ledger.write(
+                self.ledger.end_lease_op(lease.id, state, reason, now, end), event[1], *also
+            )
         finally:
             self._ending.discard(lease.id)
         # Committed: the lease is over. What it held is freed below, after its teardown.
         self.leases.pop(lease.id, None)
         self.unheld_since.pop(lease.id, None)
-        ended = replace(lease, state=state)
+        ended = replace(
+            lease,
+            state=state,
+            mark="",
+            ended=now,
+            end_reason=reason,
+            started=end.started,
+            exit_code=end.exit_code,
+            exit_signal=end.exit_signal,
+        )
         if revoke:
             self._notify(lease, "revoke", revoke)
         self._notify(ended, "released", reason)
@@ -1324,6 +1384,7 @@ class Engine:
         """Events committed with their change: logged and shown to watchers, as ``event`` does."""
         for ev, _ in events:
             log.info("%s", ev.message)
+            self.stats.events[ev.kind] += 1
             self._changed(ev)
 
     def watch(self) -> asyncio.Queue:

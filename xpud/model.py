@@ -168,6 +168,7 @@ class Request:
     owner_uid: int = -1
     holder_pid: int | None = None
     command: str = ""
+    name: str = ""  # the job's name (`xpu run --name`), shown in listings
     cards: tuple[int, ...] = ()  # exactly these cards (bridges: the cards Slurm gave a job); () = any
     anchor: str = ""  # what keeps the lease alive instead of a Hold stream ("slurm:<job>", "pod:<uid>")
     exempt: bool = (
@@ -176,6 +177,16 @@ class Request:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # a plain "xpu" becomes Mode.XPU
+
+
+@dataclass(frozen=True)
+class CommandEnd:
+    """How a lease's command ended, as its wrapper reports it at release: an exit status or the signal
+    that ended it, and when the command first started (seconds since the epoch). None: not known."""
+
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    started: float | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +206,14 @@ class Lease:
     state: LeaseState = LeaseState.ACTIVE
     restart_count: int = 0
     mark: str = ""  # set when the daemon needs the holder's attention (e.g. "card 3 unhealthy")
+    name: str = ""  # the job's name (`xpu run --name`)
+    # How it ended (ended leases only): when, why, and how its command ended as its wrapper reported it
+    # (an exit status or a signal; both None when nobody reported), and when the command first started.
+    ended: float | None = None
+    end_reason: str = ""
+    started: float | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
     anchor: str = ""  # "slurm:<job>" / "pod:<uid>": alive while that lives, not while a Hold stream is open
 
     def __post_init__(self) -> None:
@@ -232,3 +251,4 @@ class QueuedRequest:
     position: int  # 1-based
     enqueued: float
     deadline: float
+    reason: str = "Resources"  # why it waits, as squeue's REASON (see QueueEntry.reason in the proto)

@@ -34,6 +34,7 @@ class Waiter:
     on_position: Callable[[QueuedRequest, int], None] | None = None  # (entry, queue length)
     last_position: int = field(default=0)
     queued: bool = True  # False once removed
+    reason: str = "Resources"  # why it waits (the engine's queue pass sets it)
 
 
 def _order(w: Waiter) -> tuple[int, int]:
@@ -118,7 +119,7 @@ class Waitlist:
 
     def view(self) -> list[QueuedRequest]:
         return [
-            QueuedRequest(w.ticket, w.request, pos, w.enqueued, w.deadline)
+            QueuedRequest(w.ticket, w.request, pos, w.enqueued, w.deadline, w.reason)
             for pos, w in enumerate(self._waiters, 1)
         ]
 

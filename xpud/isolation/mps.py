@@ -168,6 +168,9 @@ class MpsIsolation:
             return f"card {card.index} has {MAX_CLIENTS} MPS clients, the most MPS allows"
         return ""
 
+    def serves_other_user(self, owner_uid: int) -> bool:
+        return self._other_user(owner_uid) is not None
+
     def _other_user(self, owner_uid: int) -> int | None:
         uids = set(self._owners.values())
         return next(iter(uids)) if owner_uid >= 0 and uids and uids != {owner_uid} else None
