@@ -33,6 +33,14 @@ class Raw:
         reply_cls = getattr(pb, m.output_type.name)
         path = f"/xpud.v1.{service}/{method}"
         serialize = (lambda b: b) if isinstance(request, bytes) else type(request).SerializeToString
+        if m.client_streaming:  # one message, then the end of the client's stream
+            call = self.channel.stream_stream(path, serialize, reply_cls.FromString)(
+                iter([request]), metadata=self.md, timeout=timeout
+            )
+            try:
+                return next(iter(call))
+            finally:
+                call.cancel()
         if m.server_streaming:
             call = self.channel.unary_stream(path, serialize, reply_cls.FromString)(
                 request, metadata=self.md, timeout=timeout

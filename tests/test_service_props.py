@@ -46,18 +46,54 @@ doubles = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 100.0, -1.0, 1e308]), st.flo
 SCALARS = {
     FD.TYPE_STRING: strings,
     FD.TYPE_INT32: int32s,
+    FD.TYPE_UINT32: st.one_of(st.sampled_from([0, 1, 2, 8, 2**32 - 1]), st.integers(0, 2**32 - 1)),
+    FD.TYPE_UINT64: st.one_of(st.sampled_from([0, 1, 2**63, 2**64 - 1]), st.integers(0, 2**64 - 1)),
     FD.TYPE_DOUBLE: doubles,
     FD.TYPE_BOOL: st.booleans(),
+    FD.TYPE_BYTES: st.binary(max_size=64),
+    FD.TYPE_ENUM: st.integers(0, 7),
 }
 
 
-def message(cls) -> st.SearchStrategy:
-    """Any value of ``cls`` (a request message): each field arbitrary, optional fields maybe absent."""
+def _field(f, depth: int) -> st.SearchStrategy:
+    if f.message_type is not None and f.message_type.GetOptions().map_entry:
+        k, v = (f.message_type.fields_by_name[n] for n in ("key", "value"))
+        return st.dictionaries(SCALARS[k.type], SCALARS[v.type], max_size=3)
+    if f.message_type is not None:
+        one = message(getattr(pb, f.message_type.name), depth + 1)
+        return st.lists(one, max_size=2) if f.is_repeated else one
+    return st.lists(SCALARS[f.type], max_size=3) if f.is_repeated else SCALARS[f.type]
+
+
+def message(cls, depth: int = 0) -> st.SearchStrategy:
+    """Any value of ``cls`` (a request message): each field arbitrary (nested messages, maps and lists
+    too), optional fields and oneof members maybe absent."""
     fields = {}
     for f in cls.DESCRIPTOR.fields:
-        value = SCALARS[f.type]
-        fields[f.name] = st.one_of(st.none(), value) if f.has_presence else value
-    return st.fixed_dictionaries(fields).map(lambda kw: cls(**{k: v for k, v in kw.items() if v is not None}))
+        if f.message_type is not None and depth >= 2:
+            continue
+        value = _field(f, depth)
+        fields[f.name] = st.one_of(st.none(), value) if f.has_presence or f.containing_oneof else value
+    return st.fixed_dictionaries(fields).map(lambda kw: _build(cls, kw))
+
+
+def _build(cls, kw: dict):
+    m = cls()
+    for k, v in kw.items():
+        if v is None:
+            continue
+        f = cls.DESCRIPTOR.fields_by_name[k]
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            getattr(m, k).update(v)
+        elif f.message_type is not None and f.is_repeated:
+            getattr(m, k).extend(v)
+        elif f.message_type is not None:
+            getattr(m, k).CopyFrom(v)  # the last oneof member set wins, as on the wire
+        elif f.is_repeated:
+            getattr(m, k).extend(v)
+        else:
+            setattr(m, k, v)
+    return m
 
 
 @pytest.fixture(scope="module")

@@ -820,7 +820,9 @@ class Engine:
         # try_grant found no room in this very state (no await since): the queue needs a pass only if
         # one ran while it waited for busy cards, before this request was in it. (One pass per queued
         # request made queueing quadratic: 6,000 requests took minutes and gRPC cancelled the last.)
+        reason = self._pending_reason(req, reserved=self.waitlist.whole_waiting_at(req.priority))
         w = self.waitlist.add(req, self.clock(), on_position)
+        w.reason = reason  # a queue pass keeps it current; this request may see none for a while
         self._changed()
         if self._pumps != pumps:
             self._pump_soon()
