@@ -3,6 +3,8 @@ and never a move for a job that cannot be restarted."""
 
 from __future__ import annotations
 
+import itertools
+
 from xpud.config import DEFAULT_SLICES, AutoSection
 from xpud.rightsize import AutoState, decide, first_mode, ladder
 from xpud.usage import Reading, UsageBook
@@ -67,7 +69,7 @@ def test_hysteresis_prevents_ping_pong_under_an_oscillating_load():
 
     moves, _ = run(load, "vxpu-quarter", until=20000)
     assert moves[0][1:] == ("vxpu-quarter", "vxpu-half")
-    for (t0, _, _), (t1, _, _) in zip(moves, moves[1:], strict=False):
+    for (t0, _, _), (t1, _, _) in itertools.pairwise(moves):
         assert t1 - t0 >= 2 * CFG.hold_s  # never a quick move back
     assert len(moves) <= CFG.max_moves  # and the budget bounds the rest
     # without the hold and the budget, the same load flaps every cycle

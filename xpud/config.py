@@ -408,7 +408,7 @@ class MetricsSection:
 
 @dataclass(frozen=True)
 class AutoSection:
-    """Right-sizing: per-lease measurement and ``xpu run --mode auto`` (``xpud.usage``, ``xpud.rightsize``)."""
+    """Right-sizing: per-lease measurement, ``xpu run --mode auto`` (``xpud.usage``, ``xpud.rightsize``)."""
 
     first: str = _key(
         "vxpu-half",

@@ -61,7 +61,8 @@ class Decision:
 
     def line(self) -> str:
         verb = "moving" if self.move else "recommend moving"
-        return f"lease {self.lease_id}: {verb} {self.direction} from {self.current} to {self.to}: {self.evidence}"
+        where = f"from {self.current} to {self.to}"
+        return f"lease {self.lease_id}: {verb} {self.direction} {where}: {self.evidence}"
 
 
 def _window(history: Sequence[Reading], now: float, span: float) -> list[Reading] | None:
