@@ -1,0 +1,107 @@
+"""Right-sizing in the engine: measured through the fake NVML, decided, and acted on with real moves."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.syncengine import sync_engine
+from tests.test_engine import Clock, cards, pcie_box, req
+from xpud.autosize import Rightsizer
+from xpud.config import Config
+from xpud.hw.fakenvml import FakeNvml
+from xpud.hw.nvml import Nvml
+from xpud.ledger import Ledger
+
+ME = os.getpid()  # the lease's holder: its processes are this one and its children
+
+
+@pytest.fixture
+def world(tmp_path):
+    clock = Clock()
+    cfg = Config().replace("auto", sample_s=5.0, up_after_s=60.0, down_after_s=120.0, hold_s=300.0)
+    engine = sync_engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=clock)
+    fake = FakeNvml("pcie-8x-l40s", clock=clock)
+    nvml = Nvml(fake)
+    nvml.open()
+    rs = Rightsizer(engine._engine, nvml)
+    return engine, fake, rs, clock
+
+
+def running(engine, fake, rs, mode, sm, restartable=True, auto=True):
+    lease, token = engine.try_grant(
+        req(mode, restartable=restartable, holder_pid=ME, command="python serve.py")
+    )
+    q = engine.hold_opened(lease.id)
+    rs.track(lease.id, "serve", auto)
+    fake.add_process(lease.cards[0], ME, used_bytes=1 << 30)
+    fake.set_process_load(lease.cards[0], ME, sm)
+    return lease, token, q
+
+
+def tick(engine, rs, clock, seconds):
+    """Let time pass, polling every sample_s; the decisions made."""
+    out = []
+    for _ in range(int(seconds / rs.cfg.sample_s)):
+        clock.t += rs.cfg.sample_s
+        out += engine._loop.run_until_complete(rs.poll())
+    return out
+
+
+def follow(engine, fake, lease, token, sm):
+    """The holder acknowledges the move and its command runs again on the new card."""
+    fake.remove_process(lease.cards[0], ME)
+    new = engine.ack_move(lease.id, token)
+    fake.add_process(new.cards[0], ME, used_bytes=1 << 30)
+    fake.set_process_load(new.cards[0], ME, sm)
+    return new
+
+
+def test_quarter_at_its_cap_moves_to_half_then_to_a_whole_card(world):
+    engine, fake, rs, clock = world
+    lease, token, q = running(engine, fake, rs, "vxpu-quarter", 15)
+    assert tick(engine, rs, clock, 55) == []  # not yet the configured time
+    [d] = tick(engine, rs, clock, 10)
+    assert d.move and d.to == "vxpu-half" and "throttled at its 15 % compute cap" in d.evidence
+    half = follow(engine, fake, lease, token, 30)
+    assert str(half.mode) == "vxpu-half" and str(engine.ledger.active_leases()[0].mode) == "vxpu-half"
+    held = tick(engine, rs, clock, 250)  # at the new cap, but within the hold: said, not done
+    assert held and not any(d.move for d in held) and "hold 300 s" in held[-1].evidence
+    moved = [d for d in tick(engine, rs, clock, 120) if d.move]
+    assert [d.to for d in moved] == ["xpu"]
+    whole = follow(engine, fake, half, token, 60)
+    assert str(whole.mode) == "xpu" and engine.cards[whole.cards[0]].whole_lease == lease.id
+    kinds = [(e.kind, e.message) for e in engine.ledger.events() if e.kind == "auto"]
+    assert [m.split(":")[1].strip() for _, m in kinds] == [
+        "moving up from vxpu-quarter to vxpu-half",
+        "recommend moving up from vxpu-half to xpu",  # in the hold
+        "moving up from vxpu-half to xpu",
+    ]
+    assert all("throttled at its" in m for _, m in kinds)  # each decision with its evidence
+
+
+def test_an_idle_whole_card_job_moves_to_a_slice(world):
+    engine, fake, rs, clock = world
+    lease, token, _ = running(engine, fake, rs, "xpu", 1)
+    [d] = [d for d in tick(engine, rs, clock, 130) if d.move]
+    assert d.to == "vxpu-half" and "peak compute" in d.evidence
+    assert str(follow(engine, fake, lease, token, 1).mode) == "vxpu-half"
+
+
+def test_a_non_restartable_job_is_never_moved_and_is_told_why(world):
+    engine, fake, rs, clock = world
+    lease, _, q = running(engine, fake, rs, "vxpu-quarter", 15, restartable=False)
+    decisions = tick(engine, rs, clock, 400)
+    assert decisions and not any(d.move for d in decisions)
+    assert engine.leases[lease.id].cards == lease.cards and lease.id not in engine.moves.pending
+    assert "right-sizing recommends vxpu-half" in engine.leases[lease.id].mark
+    assert sum(e.kind == "auto" for e in engine.ledger.events()) == 1  # said once, not every sample
+
+
+def test_a_lease_not_asking_for_auto_is_only_measured(world):
+    engine, fake, rs, clock = world
+    lease, _, _ = running(engine, fake, rs, "vxpu-quarter", 15, auto=False)
+    decisions = tick(engine, rs, clock, 100)
+    assert decisions and not any(d.move for d in decisions) and "not --mode auto" in decisions[0].evidence
+    assert len(rs.book.history(lease.id)) == 20

@@ -1,0 +1,128 @@
+"""Right-sizing in the daemon: measure every lease each ``[auto] sample_s``, keep the history
+(``xpud.usage``), decide (``xpud.rightsize``) and act: an ``--mode auto`` restartable lease is moved to
+its new size (``Moves.start`` with ``mode``); any other lease gets the decision as a recommendation.
+Every decision is an ``auto`` event (and a ``mark`` for the lease's holder) carrying its evidence.
+
+Hardware reads and /proc walks run in a worker thread (``Engine._hw``), never on the loop.
+
+Which leases are ``--mode auto`` and their classes are kept in memory: after a daemon restart the
+leases restored from the ledger keep their size and are measured, but no longer moved automatically.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from xpud.errors import Conflict, NoCapacity
+from xpud.model import Mode
+from xpud.rightsize import AutoState, Decision, caps, decide, first_mode
+from xpud.usage import Reading, UsageBook, job_class, lease_pids, measure
+
+if TYPE_CHECKING:
+    from xpud.engine import Engine
+
+log = logging.getLogger("xpud.autosize")
+
+
+@dataclass
+class Tracked:
+    cls: str
+    auto: bool  # --mode auto: may be moved
+    state: AutoState
+    last: Decision | None = None  # the newest decision (a recommendation or a move)
+
+
+class Rightsizer:
+    def __init__(self, engine: Engine, nvml):
+        self.engine = engine
+        self.nvml = nvml
+        self.cfg = engine.cfg.auto
+        self.book = UsageBook(self.cfg.history)
+        self.tracked: dict[str, Tracked] = {}
+        self._since: dict[int, int] = {}  # per card: newest sample timestamp read (µs)
+
+    # ------------------------------------------------------------------ starting size
+    def choose(self, command: str, given_class: str = "") -> tuple[str, str, str]:
+        """(mode, class, why) for a new ``--mode auto`` request."""
+        cls = job_class(command, given_class)
+        mem = max((c.info.memory_total_bytes for c in self.engine.cards.values()), default=0)
+        mode, why = first_mode(self.book, cls, self.cfg, self.engine.cfg.slices, mem)
+        return mode, cls, why
+
+    def track(self, lease_id: str, cls: str, auto: bool) -> None:
+        self.tracked[lease_id] = Tracked(cls, auto, AutoState())
+
+    # ------------------------------------------------------------------ one round
+    def _read(self, plan: list[tuple[str, int, int | None]]) -> dict:
+        """Worker thread: per card the samples and memory, per lease its pids."""
+        cards = {card for _, card, _ in plan}
+        util = {i: self.nvml.process_utilization(i, self._since.get(i, 0)) for i in cards}
+        memory = {i: self.nvml.process_memory(i) for i in cards}
+        pids = {lid: lease_pids(pid) for lid, _, pid in plan}
+        return {"util": util, "memory": memory, "pids": pids}
+
+    async def poll(self) -> list[Decision]:
+        e = self.engine
+        leases = [x for x in e.leases.values() if len(x.cards) == 1 and x.id not in e.moves.pending]
+        if not leases:
+            return []
+        got = await e._hw(self._read, [(x.id, x.cards[0], x.holder_pid) for x in leases])
+        now = e.clock()
+        out = []
+        for i, samples in got["util"].items():
+            if samples:
+                self._since[i] = max(self._since.get(i, 0), *(s[1] for s in samples))
+        for lease in leases:
+            if lease.id not in e.leases or lease.id in e.moves.pending:
+                continue  # ended or started moving while the read ran
+            card = lease.cards[0]
+            cap, mem_frac = caps(str(lease.mode), e.cfg.slices)
+            total = e.cards[card].info.memory_total_bytes
+            r = measure(
+                now, got["pids"][lease.id], got["util"][card], got["memory"][card], cap, int(mem_frac * total)
+            )
+            t = self.tracked.setdefault(lease.id, Tracked(job_class(lease.command), False, AutoState()))
+            self.book.add(lease.id, t.cls, r)
+            d = decide(
+                lease.id,
+                str(lease.mode),
+                lease.restartable,
+                self.book.history(lease.id),
+                t.state,
+                now,
+                self.cfg,
+                e.cfg.slices,
+                total,
+            )
+            if d is not None:
+                out.append(await self._act(lease.id, t, d, r))
+        return out
+
+    async def _act(self, lease_id: str, t: Tracked, d: Decision, r: Reading) -> Decision:
+        e = self.engine
+        if d.move and not t.auto:  # measured only: xpud never moves a lease that did not ask for auto
+            d = Decision(d.lease_id, d.direction, d.current, d.to, False, f"{d.evidence}; not --mode auto")
+        if d.move:
+            try:
+                await e.moves.start(lease_id, f"right-sizing: {d.evidence}", mode=Mode(d.to))
+            except (NoCapacity, Conflict) as err:
+                d = Decision(
+                    d.lease_id, d.direction, d.current, d.to, False, f"{d.evidence}; not moved: {err}"
+                )
+            else:
+                t.state.moves += 1
+                t.state.last_move_t, t.state.last_direction = e.clock(), d.direction
+                self.book.moved(lease_id)
+        changed = t.last is None or (t.last.to, t.last.move) != (d.to, d.move)
+        t.last = d
+        if changed or d.move:  # a standing recommendation is said once, not every sample
+            e.event("auto", d.line(), card=-1, lease_id=lease_id)
+            if not d.move and lease_id in e.leases:
+                e.mark(lease_id, f"right-sizing recommends {d.to}: {d.evidence}")
+        return d
+
+    def ended(self, lease_id: str) -> None:
+        self.tracked.pop(lease_id, None)
+        self.book.end(lease_id)
