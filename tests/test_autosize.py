@@ -60,7 +60,7 @@ def follow(engine, fake, lease, token, sm):
 
 def test_quarter_at_its_cap_moves_to_half_then_to_a_whole_card(world):
     engine, fake, rs, clock = world
-    lease, token, q = running(engine, fake, rs, "vxpu-quarter", 15)
+    lease, token, _ = running(engine, fake, rs, "vxpu-quarter", 15)
     assert tick(engine, rs, clock, 55) == []  # not yet the configured time
     [d] = tick(engine, rs, clock, 10)
     assert d.move and d.to == "vxpu-half" and "throttled at its 15 % compute cap" in d.evidence
@@ -91,7 +91,7 @@ def test_an_idle_whole_card_job_moves_to_a_slice(world):
 
 def test_a_non_restartable_job_is_never_moved_and_is_told_why(world):
     engine, fake, rs, clock = world
-    lease, _, q = running(engine, fake, rs, "vxpu-quarter", 15, restartable=False)
+    lease, _, _ = running(engine, fake, rs, "vxpu-quarter", 15, restartable=False)
     decisions = tick(engine, rs, clock, 400)
     assert decisions and not any(d.move for d in decisions)
     assert engine.leases[lease.id].cards == lease.cards and lease.id not in engine.moves.pending

@@ -123,6 +123,48 @@ class Rightsizer:
                 e.mark(lease_id, f"right-sizing recommends {d.to}: {d.evidence}")
         return d
 
+    async def poll_logged(self) -> None:
+        """The scheduler's job: a failed round is logged, never raised; ended leases are forgotten."""
+        for lid in [x for x in self.tracked if x not in self.engine.leases]:
+            self.ended(lid)
+        try:
+            await self.poll()
+        except Exception:
+            log.exception("right-sizing round failed")
+
     def ended(self, lease_id: str) -> None:
         self.tracked.pop(lease_id, None)
         self.book.end(lease_id)
+
+
+def usage_rows(engine: Engine, rs: Rightsizer) -> list:
+    """``LeaseUsage`` rows: requested vs used for each active lease, newest recommendation."""
+    from xpud.api.v1 import xpu_pb2 as pb
+    from xpud.usage import summarize
+
+    rows = []
+    for lease in engine.leases.values():
+        t = rs.tracked.get(lease.id)
+        hist = rs.book.history(lease.id)
+        last = hist[-1] if hist else None
+        s = summarize(hist, rs.cfg.at_cap)
+        cap, mem_frac = caps(str(lease.mode), engine.cfg.slices) if len(lease.cards) == 1 else (100.0, 1.0)
+        total = sum(engine.cards[i].info.memory_total_bytes for i in lease.cards)
+        rows.append(
+            pb.UsageRow(
+                lease_id=lease.id,
+                mode=str(lease.mode),
+                job_class=t.cls if t else job_class(lease.command),
+                auto=bool(t and t.auto),
+                cap_pct=cap,
+                used_pct=-1.0 if last is None or last.sm_pct is None else last.sm_pct,
+                peak_pct=-1.0 if s.sm_peak is None else s.sm_peak,
+                mem_cap_bytes=int(mem_frac * total),
+                mem_used_bytes=-1 if last is None or last.mem_bytes is None else last.mem_bytes,
+                throttled=bool(last and last.throttled(rs.cfg.at_cap)),
+                readings=len(hist),
+                recommendation=t.last.line() if t and t.last else "",
+                auto_moves=t.state.moves if t else 0,
+            )
+        )
+    return rows

@@ -27,7 +27,7 @@ from xpud.auth import CredentialIssuer
 from xpud.defrag import Defragmenter
 from xpud.engine import Engine
 from xpud.errors import XpudError
-from xpud.jobs import Jobs
+from xpud.jobs import OPTS, Jobs
 from xpud.ledger import Ledger, LedgerDamaged
 from xpud.monitor import HealthMonitor
 from xpud.service import AdminService, Context, NodeService, add_to_server
@@ -211,6 +211,7 @@ class Daemon:
             self.engine, self.hw, self.cfg.health.poll_interval_s, self.monitor, defrag=self.defrag
         )
         self.jobs.start()
+        self._start_rightsizing()
         self.monitor.start()
         log.info(
             "xpud %s serving %d card(s) (%s) on %s",
@@ -221,6 +222,15 @@ class Daemon:
         )
         (self.runtime_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         sd_notify("READY=1\nSTATUS=serving")
+
+    def _start_rightsizing(self) -> None:
+        """Measure leases every [auto] sample_s and act on --mode auto (xpud.autosize)."""
+        from xpud.autosize import Rightsizer
+
+        self.engine.rightsizer = rs = Rightsizer(self.engine, self.hw)
+        self.jobs.scheduler.add_job(
+            rs.poll_logged, "interval", seconds=self.cfg.auto.sample_s, id="rightsize", **OPTS
+        )
 
     def reload(self) -> str:
         """SIGHUP (``systemctl reload xpud``): re-read the config file; apply what can change live

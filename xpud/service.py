@@ -21,9 +21,11 @@ from xpud.api import convert, validate
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.auth import METADATA_KEY, CredentialIssuer, member_of
+from xpud.autosize import usage_rows
 from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, XpudError
 from xpud.model import Caller, Mode, QueuedRequest, Request
+from xpud.usage import job_class
 
 log = logging.getLogger("xpud.service")
 
@@ -185,9 +187,15 @@ class NodeService(pbg.NodeServicer):
     async def Acquire(self, request, context):
         caller = self.ctx.caller(context)
         e = self.ctx.engine
+        mode_text, cls, why = request.mode, request.job_class, ""
+        if request.mode == "auto":  # right-sizing picks the size (xpud.autosize)
+            if e.rightsizer is not None:
+                mode_text, cls, why = e.rightsizer.choose(request.command, request.job_class)
+            else:
+                mode_text = e.cfg.auto.first
         req = e.validate(
             Request(
-                mode=_mode(request.mode, self.ctx),
+                mode=_mode(mode_text, self.ctx),
                 gpus=request.gpus or 1,
                 priority=request.priority,
                 wait_s=request.wait_s,
@@ -213,6 +221,10 @@ class NodeService(pbg.NodeServicer):
         finally:
             if not task.done():
                 task.cancel()  # the caller went away: leave the queue
+        if e.rightsizer is not None:
+            e.rightsizer.track(lease.id, cls or job_class(lease.command), request.mode == "auto")
+            if why:
+                e.event("auto", f"lease {lease.id} started as {lease.mode}: {why}", lease_id=lease.id)
         granted = pb.AcquireUpdate(granted=pb.Granted(lease=convert.lease_pb(lease, True), token=token))
         if not request.hold:
             yield granted
@@ -286,6 +298,12 @@ class NodeService(pbg.NodeServicer):
         if request.all:
             leases = self.ctx.engine.ledger.recent_leases(min(request.limit or 100, MAX_ENDED_LEASES))
         return self.ctx.leases_reply(caller, REPLY_BUDGET, leases)
+
+    @unary
+    async def LeaseUsage(self, request, context):
+        self.ctx.caller(context)
+        rs = self.ctx.engine.rightsizer
+        return pb.LeaseUsageReply(rows=usage_rows(self.ctx.engine, rs) if rs is not None else [])
 
     @unary
     async def GetTopology(self, request, context):

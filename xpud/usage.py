@@ -46,10 +46,11 @@ def job_class(command: str, given: str = "", words: int = 2) -> str:
     (``python serve.py --port 80`` -> ``python serve.py``)."""
     if given:
         return given
+    head = command[:256]  # the first words are at the start: never split a long command whole
     try:
-        parts = shlex.split(command)
+        parts = shlex.split(head)
     except ValueError:
-        parts = command.split()
+        parts = head.split()
     picked = [p.rsplit("/", 1)[-1] for p in parts if not p.startswith("-")][:words]
     return " ".join(picked)[:64] or "unknown"
 

@@ -52,6 +52,10 @@ class Alphabet:
 
 _ID = Alphabet(re.compile(r"[0-9A-Za-z_.-]*"), "a lease id (ASCII letters, digits, '.', '_' and '-')")
 _CARD = Alphabet(re.compile(r"[0-9A-Za-z-]*"), "a card index or UUID (ASCII digits, letters and '-')")
+_CLASS = Alphabet(
+    re.compile(r"[0-9A-Za-z._:/ -]*"),
+    "a job class (ASCII letters, digits, space, '.', '_', ':', '/' and '-')",
+)
 _NAME = Alphabet(re.compile(r"[0-9A-Za-z._-]*"), "a name (ASCII letters, digits, '.', '_' and '-')")
 _TOKEN = Alphabet(re.compile(r"[0-9A-Za-z_-]*"), "a lease token (ASCII letters, digits, '_' and '-')")
 
@@ -63,6 +67,7 @@ LIMITS: dict[str, Limit] = {
     "AcquireRequest.restartable": Limit(),
     "AcquireRequest.command": Limit(chars=COMMAND_CHARS, truncate=True),
     "AcquireRequest.hold": Limit(),
+    "AcquireRequest.job_class": Limit(chars=64, pattern=_CLASS),
     "HoldRequest.lease_id": Limit(chars=64, pattern=_ID),
     "HoldRequest.token": Limit(chars=64, pattern=_TOKEN),
     "ReleaseRequest.lease_id": Limit(chars=64, pattern=_ID),
