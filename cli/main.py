@@ -88,9 +88,19 @@ def run(
             metavar="MODE",
             autocompletion=lambda: list(RUN_MODES),
             help="xpu (whole cards), vxpu-half or vxpu-quarter (slices), or another slice size from the "
-            "daemon's config (`xpu info` lists them); any case.",
+            "daemon's config (`xpu info` lists them); auto: the daemon picks it from the job class's "
+            "measured history and, with --restartable, moves the job up or down as it measures it; any case.",
         ),
     ] = "xpu",
+    job_class: Annotated[
+        str,
+        typer.Option(
+            "--class",
+            metavar="NAME",
+            help="Job class for right-sizing (--mode auto learns per class); default: the command's first "
+            "words.",
+        ),
+    ] = "",
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Whole cards to lease (mode xpu).", min=1)] = 1,
     wait: Annotated[
         float,
@@ -151,6 +161,7 @@ def run(
             restartable=restartable,
             kill_grace_s=kill_grace,
             json_env=json_env,
+            job_class=job_class,
         )
     raise typer.Exit(die_like(outcome))
 
@@ -209,9 +220,20 @@ def leases(
     all_: Annotated[
         bool, typer.Option("--all", "-a", help="Include ended leases (most recent first).")
     ] = False,
+    usage: Annotated[
+        bool,
+        typer.Option(
+            "--usage", "-u", help="Requested vs used per lease (right-sizing): cap, use, throttled, advice."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Active leases and the requests waiting in the queue."""
+    if usage:
+        from xpu_cli.usage import show_usage
+
+        with client() as c:
+            return show_usage(c.lease_usage(), as_json)
     with client() as c:
         reply = c.leases(all=all_)
     if as_json:

@@ -406,6 +406,7 @@ def run(
     restartable: bool = False,
     kill_grace_s: float = 10.0,
     json_env: bool = False,
+    job_class: str = "",
 ) -> Outcome:
     """Lease, run ``argv`` under supervision (or hold for another launcher with ``json_env``), release.
     Returns how the command ended (``xpu_cli.child.die_like`` ends the wrapper the same way)."""
@@ -422,6 +423,7 @@ def run(
         wait_s=wait_s,
         restartable=restartable,
         command=shlex.join(argv) if argv else "(xpu run --json-env)",
+        job_class=job_class,
     )
     wake = Wakeup()
     try:

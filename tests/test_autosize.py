@@ -105,3 +105,26 @@ def test_a_lease_not_asking_for_auto_is_only_measured(world):
     decisions = tick(engine, rs, clock, 100)
     assert decisions and not any(d.move for d in decisions) and "not --mode auto" in decisions[0].evidence
     assert len(rs.book.history(lease.id)) == 20
+
+
+def test_xpu_run_mode_auto_starts_a_class_with_no_history_in_first(daemon):
+    """Through the socket: --mode auto with --class, the lease in [auto] first, measured in --usage."""
+    import json
+
+    p = daemon.xpu_popen("run", "--mode", "auto", "--class", "serve", "--", "sleep", "30")
+    try:
+        from tests.conftest import wait_until
+
+        with daemon.client() as c:
+            wait_until(lambda: len(c.leases().leases) == 1, timeout=20)
+            [lease] = c.leases().leases
+        assert lease.mode == "vxpu-half"
+        r = daemon.xpu("leases", "--usage", "--json")
+        [row] = json.loads(r.stdout)["rows"]
+        assert row["auto"] and row["job_class"] == "serve" and row["cap_pct"] == 30
+        assert "serve" in daemon.xpu("leases", "--usage").stdout
+        bad = daemon.xpu("run", "--mode", "auto", "--class", "bad\nname", "--", "true")
+        assert bad.returncode != 0 and "job_class" in bad.stderr
+    finally:
+        p.terminate()
+        p.wait(20)

@@ -151,6 +151,7 @@ class Client:
         restartable: bool = False,
         command: str = "",
         hold: bool = False,
+        job_class: str = "",
     ):
         """The Acquire stream call: iterate it (``iterate``) for ``queued`` updates, then ``granted``. With
         ``hold`` the same stream goes on as the lease's Hold stream (``event`` updates)."""
@@ -162,6 +163,7 @@ class Client:
             restartable=restartable,
             command=command,
             hold=hold,
+            job_class=job_class,
         )
         return self._stream(self.node.Acquire, request)
 
@@ -194,6 +196,9 @@ class Client:
 
     def leases(self, all: bool = False, limit: int = 0) -> pb.ListLeasesReply:
         return self._unary(self.node.ListLeases, pb.ListLeasesRequest(all=all, limit=limit))
+
+    def lease_usage(self) -> pb.LeaseUsageReply:
+        return self._unary(self.node.LeaseUsage, pb.LeaseUsageRequest())
 
     def topology(self) -> pb.TopologyReply:
         return self._unary(self.node.GetTopology, pb.TopologyRequest())
