@@ -166,6 +166,24 @@ def run(
     raise typer.Exit(die_like(outcome))
 
 
+@app.command()
+@handled
+def resize(
+    lease: Annotated[str, typer.Argument(help="The lease id (or a unique prefix).")],
+    mode: Annotated[
+        str, typer.Option("--mode", "-m", metavar="MODE", help="The new size: xpu or a slice size.")
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a running lease's size (its owner or an operator). A --restartable job is stopped and
+    restarted on the new size, as a move; no backend changes a running job's limits in place."""
+    with client() as c:
+        reply = c.resize(lease, mode.lower())
+    if as_json:
+        return output.print_json(reply)
+    print(f"lease {reply.lease.id}: {reply.how}")
+
+
 # ---------------------------------------------------------------------------------------------- listings
 @app.command("ls")
 @handled

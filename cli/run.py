@@ -345,7 +345,7 @@ def _supervise(
                 msg = ev if isinstance(ev, str) else ev.message
                 _say(f"lease {lease.id} ended by the daemon ({msg}); stopping the command")
                 return child.stop(wake)
-            elif kind == "mark":
+            elif kind in ("resize", "mark"):  # a resize's restart comes as its move: said here
                 _say(f"lease {lease.id}: {ev.message}")
     except StartFailed as e:
         _say(str(e))

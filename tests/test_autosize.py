@@ -128,3 +128,29 @@ def test_xpu_run_mode_auto_starts_a_class_with_no_history_in_first(daemon):
     finally:
         p.terminate()
         p.wait(20)
+
+
+def test_resize_restarts_a_restartable_job_and_refuses_the_others(world):
+    from xpud.autosize import resize
+    from xpud.errors import Conflict, Forbidden
+    from xpud.model import Caller
+
+    engine, fake, rs, _clock = world
+    lease, token, q = running(engine, fake, rs, "vxpu-quarter", 5)
+    owner, stranger = Caller(uid=1000, gid=1000, pid=ME), Caller(uid=1001, gid=1001, pid=ME)
+    with pytest.raises(Forbidden):
+        engine._loop.run_until_complete(resize(engine._engine, lease.id, "xpu", stranger))
+    _new, how = engine._loop.run_until_complete(resize(engine._engine, lease.id, "xpu", owner))
+    assert "restarting on xpu" in how and "new clients only" in how
+    kinds = []
+    while not q.empty():
+        kinds.append(q.get_nowait().kind)
+    assert kinds == ["move", "resize"]  # the holder restarts on the move, and is told why
+    done = engine.ack_move(lease.id, token)
+    assert str(done.mode) == "xpu" and "XPU_COMPUTE_PCT" not in done.env and done.env["XPU_MODE"] == "xpu"
+    assert engine.cards[done.cards[0]].whole_lease == lease.id
+    assert any(e.kind == "resize" for e in engine.ledger.events())
+    fixed, _, _ = running(engine, fake, rs, "vxpu-half", 5, restartable=False)
+    with pytest.raises(Conflict, match="not restartable: its size cannot change while it runs"):
+        engine._loop.run_until_complete(resize(engine._engine, fixed.id, "xpu", owner))
+    assert engine.leases[fixed.id].mode == fixed.mode and fixed.id not in engine.moves.pending

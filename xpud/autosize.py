@@ -137,6 +137,39 @@ class Rightsizer:
         self.book.end(lease_id)
 
 
+# What NVIDIA's MPS documents for its control commands (nvidia-cuda-mps-control, "MPS v2 interface"):
+# set_default_active_thread_percentage only affects the next MPS server; set_active_thread_percentage
+# <server PID> and set_device_pinned_mem_limit <server PID> apply to clients that connect to that server
+# afterwards, and clients already running keep the limits they started with (NVIDIA's forum: "you cannot
+# edit the percentage assigned to a process today"). A MIG instance cannot be resized at all. So no limit
+# of a running job changes in place: a resize restarts the job on the new size, as a move does.
+IN_PLACE = "none: MPS thread % and pinned-memory limits apply to new clients only; MIG cannot resize"
+
+
+async def resize(engine: Engine, lease_id: str, mode: str, caller, token: str = ""):
+    """``xpu resize``: the owner or an operator changes a running lease's size. Returns (lease as it will
+    be, how). A job that is not restartable is refused: its limits cannot change while it runs."""
+    lease = engine.leases.get(lease_id) or engine.resolve_lease(lease_id)
+    engine.check_authority(lease, caller, token)
+    new = Mode(mode)
+    if new == lease.mode:
+        raise Conflict(f"lease {lease.id} is already {new}")
+    if not lease.restartable:
+        raise Conflict(
+            f"lease {lease.id} is not restartable: its size cannot change while it runs (no backend "
+            "changes a running job's limits); release it and run it again with --mode "
+            f"{new}, or run it with --restartable"
+        )
+    moved = await engine.moves.start(lease.id, f"resize from {lease.mode} to {new}", mode=new)
+    how = f"restarting on {new} (card {','.join(map(str, moved.cards))}); in place: {IN_PLACE}"
+    engine._notify(moved, "resize", f"resizing from {lease.mode} to {new}: {how}")
+    engine.event("resize", f"lease {lease.id}: {how}", lease_id=lease.id)
+    rs = engine.rightsizer
+    if rs is not None:
+        rs.book.moved(lease.id)
+    return moved, how
+
+
 def usage_rows(engine: Engine, rs: Rightsizer) -> list:
     """``LeaseUsage`` rows: requested vs used for each active lease, newest recommendation."""
     from xpud.api.v1 import xpu_pb2 as pb

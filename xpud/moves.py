@@ -193,6 +193,10 @@ class Moves:
         # Keep the lease's own variables (XPU_*, CUDA_DEVICE_ORDER); the placement's come new, so nothing
         # of the old isolation (e.g. MPS pipe directories) leaks into the restarted command.
         kept = {k: v for k, v in lease.env.items() if k.startswith("XPU_") or k == "CUDA_DEVICE_ORDER"}
+        if kept.get("XPU_MODE", lease.mode.value) != lease.mode.value:  # a move to another size: its
+            for k in ("XPU_MEMORY_LIMIT_BYTES", "XPU_COMPUTE_PCT", "XPU_MIG_PROFILE"):  # limits come new
+                kept.pop(k, None)
+            kept["XPU_MODE"] = lease.mode.value
         count = lease.restart_count + 1
         return replace(
             lease,

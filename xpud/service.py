@@ -21,7 +21,7 @@ from xpud.api import convert, validate
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.auth import METADATA_KEY, CredentialIssuer, member_of
-from xpud.autosize import usage_rows
+from xpud.autosize import resize, usage_rows
 from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, XpudError
 from xpud.model import Caller, Mode, QueuedRequest, Request
@@ -298,6 +298,13 @@ class NodeService(pbg.NodeServicer):
         if request.all:
             leases = self.ctx.engine.ledger.recent_leases(min(request.limit or 100, MAX_ENDED_LEASES))
         return self.ctx.leases_reply(caller, REPLY_BUDGET, leases)
+
+    @unary
+    async def Resize(self, request, context):
+        caller = self.ctx.caller(context)
+        e = self.ctx.engine
+        lease, how = await resize(e, request.lease_id, _mode(request.mode, self.ctx), caller, request.token)
+        return pb.ResizeReply(lease=convert.lease_pb(lease, True), how=how)
 
     @unary
     async def LeaseUsage(self, request, context):

@@ -197,6 +197,9 @@ class Client:
     def leases(self, all: bool = False, limit: int = 0) -> pb.ListLeasesReply:
         return self._unary(self.node.ListLeases, pb.ListLeasesRequest(all=all, limit=limit))
 
+    def resize(self, lease_id: str, mode: str, token: str = "") -> pb.ResizeReply:
+        return self._unary(self.node.Resize, pb.ResizeRequest(lease_id=lease_id, mode=mode, token=token))
+
     def lease_usage(self) -> pb.LeaseUsageReply:
         return self._unary(self.node.LeaseUsage, pb.LeaseUsageRequest())
 

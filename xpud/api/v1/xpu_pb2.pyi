@@ -1033,3 +1033,21 @@ class LeaseUsageReply(_message.Message):
     ROWS_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
     def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ...) -> None: ...
+
+class ResizeRequest(_message.Message):
+    __slots__ = ("lease_id", "token", "mode")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    token: str
+    mode: str
+    def __init__(self, lease_id: _Optional[str] = ..., token: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class ResizeReply(_message.Message):
+    __slots__ = ("lease", "how")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    HOW_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    how: str
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., how: _Optional[str] = ...) -> None: ...

@@ -74,6 +74,11 @@ class NodeStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageRequest.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageReply.FromString,
                 _registered_method=True)
+        self.Resize = channel.unary_unary(
+                '/xpud.v1.Node/Resize',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeReply.FromString,
+                _registered_method=True)
         self.GetTopology = channel.unary_unary(
                 '/xpud.v1.Node/GetTopology',
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.TopologyRequest.SerializeToString,
@@ -157,6 +162,13 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Resize(self, request, context):
+        """Change a running lease's size (owner or operator): a restartable job restarts on the new size.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetTopology(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -235,6 +247,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.LeaseUsage,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageRequest.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageReply.SerializeToString,
+            ),
+            'Resize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resize,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeReply.SerializeToString,
             ),
             'GetTopology': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTopology,
@@ -478,6 +495,33 @@ class Node:
             '/xpud.v1.Node/LeaseUsage',
             xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageRequest.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/Resize',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeReply.FromString,
             options,
             channel_credentials,
             insecure,
