@@ -13,6 +13,7 @@ from xpud.config import Config
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
 from xpud.ledger import Ledger
+from xpud.model import Caller
 
 ME = os.getpid()  # the lease's holder: its processes are this one and its children
 
@@ -133,7 +134,6 @@ def test_xpu_run_mode_auto_starts_a_class_with_no_history_in_first(daemon):
 def test_resize_restarts_a_restartable_job_and_refuses_the_others(world):
     from xpud.autosize import resize
     from xpud.errors import Conflict, Forbidden
-    from xpud.model import Caller
 
     engine, fake, rs, _clock = world
     lease, token, q = running(engine, fake, rs, "vxpu-quarter", 5)
@@ -154,3 +154,42 @@ def test_resize_restarts_a_restartable_job_and_refuses_the_others(world):
     with pytest.raises(Conflict, match="not restartable: its size cannot change while it runs"):
         engine._loop.run_until_complete(resize(engine._engine, fixed.id, "xpu", owner))
     assert engine.leases[fixed.id].mode == fixed.mode and fixed.id not in engine.moves.pending
+
+
+def test_each_lease_live_load_is_published_for_its_server(world, tmp_path):
+    import json
+
+    engine, fake, rs, clock = world
+    engine._engine.cfg = engine.cfg.replace("daemon", runtime_dir=str(tmp_path))
+    lease, _, _ = running(engine, fake, rs, "vxpu-quarter", 15)
+    engine.try_grant(req("vxpu-quarter", wait_s=60, uid=1001))  # fits: no queue
+    for _ in range(3):
+        clock.t += 5
+        engine._loop.run_until_complete(rs.poll_logged())
+    load = json.loads((tmp_path / "load" / f"{lease.id}.json").read_text())
+    assert load["throttled"] and load["cap_pct"] == 15 and load["used_pct"] == 15
+    assert load["mode"] == "vxpu-quarter" and load["waiting_for_size"] == 0 and not load["moving"]
+    engine.release(lease.id, Caller(uid=1000))
+    engine._loop.run_until_complete(rs.poll_logged())
+    assert not (tmp_path / "load" / f"{lease.id}.json").exists()  # its file goes with it
+
+
+def test_the_documented_server_example_reads_the_load_file(tmp_path, monkeypatch):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    (tmp_path / "load").mkdir()
+    (tmp_path / "load" / "L1.json").write_text(json.dumps({"throttled": True, "cap_pct": 15, "used_pct": 15}))
+    monkeypatch.setenv("XPUD_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("XPU_LEASE_ID", "L1")
+    path = Path(__file__).parent.parent / "examples" / "adaptive_batch.py"
+    spec = importlib.util.spec_from_file_location("adaptive_batch", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    assert ex.next_batch(8, ex.load()) == 4  # throttled: halve
+    assert ex.next_batch(8, {"used_pct": 2, "cap_pct": 15}) == 16  # idle under the cap: double
+    assert ex.next_batch(8, {}) == 16 and ex.next_batch(1, {"throttled": True}) == 1
+    monkeypatch.setenv("XPU_LEASE_ID", "gone")
+    spec.loader.exec_module(ex)
+    assert ex.load() == {}

@@ -12,13 +12,31 @@ leases restored from the ledger keep their size and are measured, but no longer 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xpud.errors import Conflict, NoCapacity
 from xpud.model import Mode
 from xpud.rightsize import AutoState, Decision, caps, decide, first_mode
+from xpud.runfiles import publish_json
 from xpud.usage import Reading, UsageBook, job_class, lease_pids, measure
+
+LOAD_DIR = "load"
+
+
+def publish_loads(runtime_dir, loads: dict[str, dict]) -> None:
+    """Write ``runtime_dir/load/<lease id>.json`` per lease (atomically) and remove ended leases' files.
+    Blocking: off the loop."""
+    d = Path(runtime_dir) / LOAD_DIR
+    d.mkdir(mode=0o755, exist_ok=True)
+    for lease_id, load in loads.items():
+        publish_json(load, d, f"{lease_id}.json")
+    for f in d.glob("*.json"):
+        if f.stem not in loads:
+            f.unlink(missing_ok=True)
+
 
 if TYPE_CHECKING:
     from xpud.engine import Engine
@@ -129,8 +147,32 @@ class Rightsizer:
             self.ended(lid)
         try:
             await self.poll()
+            await self.engine._hw(publish_loads, self.engine.cfg.runtime_dir, self.loads())
         except Exception:
             log.exception("right-sizing round failed")
+
+    def loads(self) -> dict[str, dict]:
+        """Each active lease's live load, for its server to adapt to (``load/<lease id>.json``)."""
+        e = self.engine
+        waiting: dict[str, int] = {}
+        for q in e.queue_view():
+            waiting[str(q.request.mode)] = waiting.get(str(q.request.mode), 0) + 1
+        out = {}
+        for lease in e.leases.values():
+            hist = self.book.history(lease.id)
+            last = hist[-1] if hist else None
+            out[lease.id] = {
+                "lease_id": lease.id,
+                "mode": str(lease.mode),
+                "t": time.time(),
+                "cap_pct": last.cap_pct if last else None,
+                "used_pct": last.sm_pct if last else None,
+                "mem_used_bytes": last.mem_bytes if last else None,
+                "throttled": bool(last and last.throttled(self.cfg.at_cap)),
+                "waiting_for_size": waiting.get(str(lease.mode), 0),
+                "moving": lease.id in e.moves.pending,
+            }
+        return out
 
     def ended(self, lease_id: str) -> None:
         self.tracked.pop(lease_id, None)
