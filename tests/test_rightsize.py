@@ -100,3 +100,18 @@ def test_first_mode_from_the_class_history():
     for i in range(20):
         book.add(f"T{i}", "train", Reading(i, 30.0, 2 * GIB, 30, 40 * GIB))  # held at the half cap
     assert first_mode(book, "train", CFG, DEFAULT_SLICES, CARD)[0] == "xpu"
+
+
+def test_auto_first_must_be_a_mode_and_numbers_are_bounded():
+    import pytest
+
+    from xpud.config import parse
+    from xpud.errors import ConfigError
+
+    assert parse('[auto]\nfirst = "xpu"\n').auto.first == "xpu"
+    with pytest.raises(ConfigError, match=r"first.*'vxpu-tiny' is not a mode"):
+        parse('[auto]\nfirst = "vxpu-tiny"\n')
+    with pytest.raises(ConfigError, match="at_cap"):
+        parse("[auto]\nat_cap = 1.5\n")
+    with pytest.raises(ConfigError, match="sample_s"):
+        parse("[auto]\nsample_s = nan\n")
