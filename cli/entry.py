@@ -31,6 +31,20 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--when-green": ("when_green", True),
     "--deadline": ("deadline", "str"),
     "--runtime-dir": ("runtime_dir", "str"),  # a global option, accepted after the command too
+    "--quiet": ("quiet", True),
+    "-q": ("quiet", True),
+    # jobs across hosts (xpu_cli.jobrun)
+    "--nodes": ("nodes", "int>=1"),
+    "-N": ("nodes", "int>=1"),
+    "--gpus-per-node": ("gpus_per_node", "int>=1"),
+    "--replicas": ("replicas", "int>=1"),
+    "--spread": ("spread", True),
+    "--label": ("label", True),
+    "-l": ("label", True),
+    "--kill-on-bad-exit": ("kill_on_bad_exit", True),
+    "--no-kill-on-bad-exit": ("kill_on_bad_exit", False),
+    "--json": ("as_json", True),
+    "--class": ("job_class", "str"),
 }
 RUN_DEFAULTS = {
     "mode": "xpu",
@@ -40,9 +54,19 @@ RUN_DEFAULTS = {
     "restartable": False,
     "kill_grace": 10.0,
     "json_env": False,
+    "job_class": "",
     "when_green": False,
     "deadline": None,
+    "quiet": False,
+    "nodes": None,
+    "gpus_per_node": None,
+    "replicas": None,
+    "spread": False,
+    "label": False,
+    "kill_on_bad_exit": True,
+    "as_json": False,
 }
+MULTI_HOST_ONLY = {"label": "--label", "as_json": "--json", "kill_on_bad_exit": "--no-kill-on-bad-exit"}
 
 
 def _value(kind: str, text: str):
@@ -115,11 +139,67 @@ def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
     return (after if after is not None else runtime_dir), opts, args[i:]
 
 
+def run_with(client, opts: dict, command: list[str]):
+    """Run ``command`` with `xpu run`'s options ``opts`` (as ``RUN_DEFAULTS`` names them): on this host
+    (``xpu_cli.run``), or across hosts with --nodes / --replicas (``xpu_cli.jobrun``). Returns the
+    Outcome; bad combinations of options raise BadRequest (one line)."""
+    from xpud.errors import BadRequest
+
+    if opts["nodes"] is not None or opts["replicas"] is not None or opts["spread"]:
+        from xpu_cli.jobrun import check_options, run_job
+
+        check_options(
+            opts["mode"],
+            opts["nodes"],
+            opts["gpus_per_node"],
+            opts["replicas"],
+            opts["spread"],
+            gpus_given=opts["gpus"] != RUN_DEFAULTS["gpus"],
+            priority=opts["priority"],
+            json_env=opts["json_env"],
+            kill_grace_given=opts["kill_grace"] != RUN_DEFAULTS["kill_grace"],
+        )
+        return run_job(
+            client,
+            command,
+            mode=opts["mode"],
+            nodes=opts["nodes"] or 0,
+            gpus_per_node=opts["gpus_per_node"] or 1,
+            replicas=opts["replicas"] or 0,
+            spread=opts["spread"],
+            wait_s=opts["wait"],
+            labelled=opts["label"],
+            kill_on_bad_exit=opts["kill_on_bad_exit"],
+            restartable=opts["restartable"],
+            quiet=opts["quiet"],
+            as_json=opts["as_json"],
+        )
+    if opts["gpus_per_node"] is not None:
+        raise BadRequest("--gpus-per-node needs --nodes N (the hosts to spread the job over)")
+    for name, flag in MULTI_HOST_ONLY.items():
+        if opts[name] != RUN_DEFAULTS[name]:
+            raise BadRequest(f"{flag} applies to jobs across hosts: add --nodes N (or --replicas R --spread)")
+    from xpu_cli.run import run as run_leased
+
+    return run_leased(
+        client,
+        command,
+        mode=opts["mode"],
+        gpus=opts["gpus"],
+        wait_s=opts["wait"],
+        priority=opts["priority"],
+        restartable=opts["restartable"],
+        kill_grace_s=opts["kill_grace"],
+        json_env=opts["json_env"],
+        quiet=opts["quiet"],
+        job_class=opts["job_class"],
+    )
+
+
 def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
     """What `xpu run` does in ``xpu_cli.main``, without Typer: the exit code (or death by the command's
     signal, through ``die_like``)."""
     from xpu_cli.child import die_like
-    from xpu_cli.run import run as run_leased
 
     from xpud.api.client import Client
     from xpud.errors import XpudError
@@ -132,17 +212,7 @@ def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
                 runtime_dir, opts["when_green"], opts["deadline"], lambda m: sys.stderr.write(f"xpu: {m}\n")
             )
         with Client(runtime_dir) as c:
-            outcome = run_leased(
-                c,
-                command,
-                mode=opts["mode"],
-                gpus=opts["gpus"],
-                wait_s=opts["wait"],
-                priority=opts["priority"],
-                restartable=opts["restartable"],
-                kill_grace_s=opts["kill_grace"],
-                json_env=opts["json_env"],
-            )
+            outcome = run_with(c, opts, command)
     except XpudError as e:
         sys.stderr.write(f"xpu: {e}\n")
         return 1

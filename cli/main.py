@@ -142,27 +142,69 @@ def run(
             "stdin closes or a signal comes, then release (for other launchers).",
         ),
     ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No queue or placement lines on stderr.")
+    ] = False,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            "--nodes",
+            "-N",
+            help="Run across this many hosts of the cluster, one rank each (torchrun/srun style).",
+            min=1,
+        ),
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", help="Whole cards per host (with --nodes).", min=1)
+    ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option("--replicas", help="Slices of --mode on several hosts (with --spread).", min=1),
+    ] = None,
+    spread: Annotated[bool, typer.Option("--spread", help="--replicas on distinct hosts.")] = False,
+    label: Annotated[
+        bool, typer.Option("--label", "-l", help="Prefix each output line with its rank ('N: ').")
+    ] = False,
+    kill_on_bad_exit: Annotated[
+        bool,
+        typer.Option(
+            "--kill-on-bad-exit/--no-kill-on-bad-exit", help="One failing rank stops all (multi-host)."
+        ),
+    ] = True,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Multi-host: a JSON summary as the last line of stdout.")
+    ] = False,
 ) -> None:
-    """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release."""
+    """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release.
+    With --nodes (or --replicas --spread): the same across hosts, one rank per host."""
     from xpu_cli import green
     from xpu_cli.child import die_like
-    from xpu_cli.run import run as run_leased
+    from xpu_cli.entry import RUN_DEFAULTS, run_with
 
     green.before_run(state.runtime_dir, when_green, deadline, lambda m: typer.echo(f"xpu: {m}", err=True))
-
+    opts = dict(
+        mode=mode,
+        gpus=gpus,
+        wait=wait,
+        priority=priority,
+        restartable=restartable,
+        kill_grace=kill_grace,
+        json_env=json_env,
+        job_class=job_class,
+        quiet=quiet,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        replicas=replicas,
+        spread=spread,
+        label=label,
+        kill_on_bad_exit=kill_on_bad_exit,
+        as_json=as_json,
+        when_green=when_green,
+        deadline=deadline,
+    )
+    opts = {k: opts[k] for k in RUN_DEFAULTS}  # the fast path's order
     with client() as c:
-        outcome = run_leased(
-            c,
-            list(command or []),
-            mode=mode,
-            gpus=gpus,
-            wait_s=wait,
-            priority=priority,
-            restartable=restartable,
-            kill_grace_s=kill_grace,
-            json_env=json_env,
-            job_class=job_class,
-        )
+        outcome = run_with(c, opts, list(command or []))
     raise typer.Exit(die_like(outcome))
 
 
@@ -502,11 +544,11 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 
 def _register_commands() -> None:
-    """Commands that live in their own modules (defrag, simulator, dashboard, certs, config) register
-    themselves."""
-    from xpu_cli import certs, configure, defrag, simulate, top
+    """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster, config)
+    register themselves."""
+    from xpu_cli import certs, cluster, configure, defrag, simulate, top
 
-    for module in (certs, configure, defrag, simulate, top):
+    for module in (certs, cluster, configure, defrag, simulate, top):
         module.register(app)
 
 

@@ -225,8 +225,9 @@ class LeaseStream(threading.Thread):
 class Progress:
     """The queue position while a request waits (stderr)."""
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, quiet: bool = False):
         self.what = what
+        self.quiet = quiet
         self.tty = sys.stderr.isatty()
         self.started = time.monotonic()
         self.q = None
@@ -243,7 +244,7 @@ class Progress:
 
     def show(self) -> None:
         q = self.q
-        if q is None:
+        if q is None or self.quiet:
             return
         waited = time.monotonic() - self.started
         left = max(0.0, q.deadline - time.time())
@@ -270,9 +271,9 @@ class Progress:
             self.shown = False
 
 
-def _wait_for_grant(stream: LeaseStream, signals: Signals, wake: Wakeup, what: str):
+def _wait_for_grant(stream: LeaseStream, signals: Signals, wake: Wakeup, what: str, quiet: bool = False):
     """The grant (pb.Granted), or the Outcome of a signal that ended the wait. Raises the daemon's error."""
-    progress = Progress(what)
+    progress = Progress(what, quiet)
     while True:
         for sig in signals.pop():
             stream.stop()
@@ -407,6 +408,7 @@ def run(
     kill_grace_s: float = 10.0,
     json_env: bool = False,
     job_class: str = "",
+    quiet: bool = False,
 ) -> Outcome:
     """Lease, run ``argv`` under supervision (or hold for another launcher with ``json_env``), release.
     Returns how the command ended (``xpu_cli.child.die_like`` ends the wrapper the same way)."""
@@ -432,7 +434,8 @@ def run(
             stream.start()
             grant = None
             try:
-                got = _wait_for_grant(stream, signals, wake, mode if mode != "xpu" else f"{gpus} card(s)")
+                what = mode if mode != "xpu" else f"{gpus} card(s)"
+                got = _wait_for_grant(stream, signals, wake, what, quiet)
                 if isinstance(got, Outcome):
                     return got
                 grant = got

@@ -62,8 +62,16 @@ def alive(pid: int) -> bool:
 class DaemonProc:
     """A real ``xpud --simulate`` subprocess with its own runtime and state directories."""
 
-    def __init__(self, base: Path, machine: str, config: str = "", args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        base: Path,
+        machine: str,
+        config: str = "",
+        args: tuple[str, ...] = (),
+        prefix: tuple[str, ...] = (),  # e.g. ("ip", "netns", "exec", NS): run it in a network namespace
+    ):
         self.base = base
+        self.prefix = prefix
         self.machine = machine
         self.runtime_dir = base / "run"
         self.state_dir = base / "state"
@@ -75,6 +83,7 @@ class DaemonProc:
 
     def start(self, wait: bool = True) -> DaemonProc:
         cmd = [
+            *self.prefix,
             str(BIN / "xpud"),
             "--config",
             str(self.config),

@@ -320,7 +320,10 @@ class XpuTop(App[None]):
     def action_view(self, name: str) -> None:
         tabs = self.tabs
         if name == "cluster" and self.cluster is None:
-            self.notify("no cluster view: start with `xpu top --host DIR --host DIR ...`", severity="warning")
+            self.notify(
+                "no cluster view: configure [cluster] (federation), or start with `xpu top --host DIR ...`",
+                severity="warning",
+            )
             return
         if tabs.active == name:
             return

@@ -1,9 +1,9 @@
 """``HostSummary``: one host as the cluster view shows it, and how to make one from a Watch snapshot.
 
-Federation does not exist yet; today the cluster view is fed from several local daemons (``xpu top
---host DIR ...``), each summarised from its own Watch stream. A federation feed only has to produce the
-same small record per peer. No Textual here, and nothing but the protocol messages and the default slice
-sizes, so the daemon side can build these too.
+The cluster view is fed either by federation (``from_cluster_host``: the hosts of the daemon's
+``Node.GetCluster``) or, for daemons without ``[cluster]``, from several local daemons (``xpu top --host
+DIR ...``), each summarised from its own Watch stream. No Textual here, and nothing but the protocol
+messages and the default slice sizes, so the daemon side can build these too.
 """
 
 from __future__ import annotations
@@ -104,6 +104,27 @@ def summarize(
         leases=len(update.leases.leases),
         queued=len(update.leases.queue),
         seen=seen,
+    )
+
+
+def from_cluster_host(h: pb.ClusterHost, now: float) -> HostSummary:
+    """A federation peer as the cluster view shows it. Its summary carries the free capacity and the
+    weakest free card's score, not per-card states: a score under 100 shows as one degraded card. A dead
+    or departed host shows as down; a suspect one ages like any host not heard from."""
+    error = "" if h.state in ("alive", "suspect") else h.state
+    if not h.summary_valid and not error:
+        error = "its summary failed the checks"
+    return HostSummary(
+        name=h.name,
+        domain=h.domain,
+        cards=h.cards,
+        whole_free=h.free_whole,
+        slices_free=dict(h.free_slices),
+        healthy=h.cards - (h.health < 100),
+        degraded=int(h.health < 100),
+        queued=h.queue,
+        seen=now - h.age_s,
+        error=error,
     )
 
 

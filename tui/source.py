@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from xpu_tui.hostsummary import HostSummary, slice_sizes, summarize
+from xpu_tui.hostsummary import HostSummary, from_cluster_host, slice_sizes, summarize
 
 from xpud.api.client import Client
 from xpud.api.v1 import xpu_pb2 as pb
@@ -271,3 +271,25 @@ class LocalHosts:
 
         threading.Thread(target=lambda: (stop.wait(), source.close()), daemon=True).start()
         follow(source, self.interval_s, stop, on_connect, on_update, on_error)
+
+
+class FederationHosts:
+    """The cluster as the local daemon sees it through federation (``Node.GetCluster``), asked every
+    ``interval_s``. On an error the hosts last seen are published again, marked with it."""
+
+    def __init__(self, client: Client, interval_s: float = 1.0, clock: Callable[[], float] = time.time):
+        self.client = client
+        self.interval_s = interval_s
+        self.clock = clock
+
+    def run(self, publish: Callable[[list[HostSummary]], None], stop: threading.Event) -> None:
+        last: list[HostSummary] = []
+        while not stop.is_set():
+            try:
+                reply = self.client.cluster()
+                now = self.clock()
+                last = [from_cluster_host(h, now) for h in reply.hosts]
+                publish(last)
+            except XpudError as e:
+                publish([dataclasses.replace(h, error=str(e)) for h in last])
+            stop.wait(self.interval_s)

@@ -868,19 +868,29 @@ class Engine:
         return await self._end(lease, LeaseState.EVICTED, reason or "evicted by an operator", revoke=why)
 
     @_uninterrupted
-    async def reclaim(self, lease_id: str, reason: str) -> Lease | None:
+    async def reclaim(
+        self,
+        lease_id: str,
+        reason: str,
+        state: LeaseState = LeaseState.RECLAIMED,
+        also: tuple[Op, ...] = (),
+    ) -> Lease | None:
+        """End a lease on the daemon's own authority (reaper, start-up, a multi-host job's end: ``state``
+        RELEASED). ``also``: ledger writes committed in the same transaction as the lease's end."""
         lease = self.leases.get(lease_id)
         if lease is None or lease_id in self._ending:
             return None
-        return await self._end(lease, LeaseState.RECLAIMED, reason)
+        return await self._end(lease, state, reason, also=also)
 
-    async def _end(self, lease: Lease, state: LeaseState, reason: str, revoke: str = "") -> Lease:
+    async def _end(
+        self, lease: Lease, state: LeaseState, reason: str, revoke: str = "", also: tuple[Op, ...] = ()
+    ) -> Lease:
         """End a lease: commit it, then tell its holder, then free its cards (tear slices down)."""
         if lease.id in self._ending:
             raise NotFound(f"lease {lease.id} is being released already")
         self._ending.add(lease.id)
         try:
-            await self.ledger.write(self.ledger.end_lease_op(lease.id, state, reason, self.clock()))
+            await self.ledger.write(self.ledger.end_lease_op(lease.id, state, reason, self.clock()), *also)
         finally:
             self._ending.discard(lease.id)
         # Committed: the lease is over. What it held is freed below, after its teardown.

@@ -111,6 +111,24 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX health_changes_by_card ON health_changes(card_uuid, id);
     """,
+    # 3: multi-host reservations (xpud.federation.hostjobs): the cards are held by the lease ``lease_id``;
+    # held until ``expires`` (wall clock), then committed (the lease is the job's), or ended
+    """
+    CREATE TABLE reservations (
+        job TEXT PRIMARY KEY,
+        attempt INTEGER NOT NULL,
+        coordinator TEXT NOT NULL,
+        lease_id TEXT NOT NULL,
+        cards TEXT NOT NULL,          -- JSON list of card indices
+        ttl_s REAL NOT NULL,
+        created REAL NOT NULL,
+        expires REAL NOT NULL,
+        state TEXT NOT NULL,          -- held, committed, aborted, expired, released
+        ended REAL,
+        rank_pid INTEGER NOT NULL DEFAULT 0  -- the rank started here (its own session), 0 before
+    );
+    CREATE INDEX reservations_by_state ON reservations(state);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -137,6 +155,22 @@ class HealthChangeRecord:
     to_state: str
     score: int
     reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReservationRecord:
+    """One multi-host job's hold on this host (``xpud.federation.hostjobs``)."""
+
+    job: str
+    attempt: int
+    coordinator: str
+    lease_id: str
+    cards: tuple[int, ...]
+    ttl_s: float
+    created: float
+    expires: float
+    state: str
+    rank_pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -471,6 +505,56 @@ class Ledger:
                 else:
                     w.future.set_exception(err)
 
+    # reservations -------------------------------------------------------------------------------
+    def save_reservation_op(self, r: ReservationRecord) -> Op:
+        return op(
+            "INSERT OR REPLACE INTO reservations (job, attempt, coordinator, lease_id, cards, ttl_s, created,"
+            " expires, state, ended) VALUES (?,?,?,?,?,?,?,?,?,NULL)",
+            r.job,
+            r.attempt,
+            r.coordinator,
+            r.lease_id,
+            json.dumps(list(r.cards)),
+            r.ttl_s,
+            r.created,
+            r.expires,
+            r.state,
+        )
+
+    def end_reservation_op(self, job: str, attempt: int, state: str, when: float) -> Op:
+        return op(
+            "UPDATE reservations SET state=?, ended=?"
+            " WHERE job=? AND attempt=? AND state IN ('held','committed')",
+            state,
+            when,
+            job,
+            attempt,
+        )
+
+    def set_rank_pid_op(self, job: str, attempt: int, pid: int) -> Op:
+        return op("UPDATE reservations SET rank_pid=? WHERE job=? AND attempt=?", pid, job, attempt)
+
+    def live_reservations(self) -> list[ReservationRecord]:
+        """Held and committed reservations (restored at start)."""
+        rows = self.db.execute(
+            "SELECT * FROM reservations WHERE state IN ('held','committed') ORDER BY created"
+        ).fetchall()
+        return [
+            ReservationRecord(
+                r["job"],
+                r["attempt"],
+                r["coordinator"],
+                r["lease_id"],
+                tuple(json.loads(r["cards"])),
+                r["ttl_s"],
+                r["created"],
+                r["expires"],
+                r["state"],
+                r["rank_pid"],
+            )
+            for r in rows
+        ]
+
     # leases -------------------------------------------------------------------------------------
     def insert_lease_op(self, lease: Lease, token: str) -> Op:
         token_hash = hash_token(token)
@@ -584,6 +668,7 @@ class Ledger:
         self.write_sync(
             op("DELETE FROM leases WHERE state!='active' AND ended < ?", cutoff),
             op("DELETE FROM events WHERE ts < ?", cutoff),
+            op("DELETE FROM reservations WHERE state NOT IN ('held','committed') AND ended < ?", cutoff),
             # keep each card's latest change: it is the state restored at the next start
             op(
                 "DELETE FROM health_changes WHERE ts < ? AND id NOT IN"

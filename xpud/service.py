@@ -40,15 +40,24 @@ def _detail(e: XpudError) -> str:
 
 
 def add_to_server(servicer: Any, server: aio.Server) -> None:
-    """Register ``servicer`` (a NodeService or AdminService) on ``server``, as the generated
+    """Register ``servicer`` (a Node, Admin or Peer servicer) on ``server``, as the generated
     ``add_*Servicer_to_server`` does, but with deserializers that let a corrupt message be refused with
     INVALID_ARGUMENT (``validate.tolerant``) instead of UNKNOWN and a traceback."""
-    name = "Admin" if isinstance(servicer, pbg.AdminServicer) else "Node"
+    if isinstance(servicer, pbg.AdminServicer):
+        name = "Admin"
+    elif isinstance(servicer, pbg.PeerServicer):
+        name = "Peer"
+    else:
+        name = "Node"
     service = pb.DESCRIPTOR.services_by_name[name]
     handlers = {}
     for m in service.methods:
-        streams = m.server_streaming
-        kind = grpc.unary_stream_rpc_method_handler if streams else grpc.unary_unary_rpc_method_handler
+        kind = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(m.client_streaming, m.server_streaming)]
         handlers[m.name] = kind(
             getattr(servicer, m.name),
             request_deserializer=validate.tolerant(getattr(pb, m.input_type.name)),
@@ -78,10 +87,16 @@ def unary(fn: Callable) -> Callable:
 
 
 def streaming(fn: Callable) -> Callable:
+    """A server-streaming method; for a client stream too (``request`` an async iterator), each message is
+    checked as it arrives."""
+
     @functools.wraps(fn)
     async def wrapper(self, request, context):
         try:
-            validate.check(request)
+            if hasattr(request, "__aiter__"):
+                request = _checked(request)
+            else:
+                validate.check(request)
             async for item in fn(self, request, context):
                 yield item
         except aio.AbortError:
@@ -99,6 +114,12 @@ def streaming(fn: Callable) -> Callable:
     return wrapper
 
 
+async def _checked(requests):
+    async for req in requests:
+        validate.check(req)  # raises BadRequest: the stream ends with INVALID_ARGUMENT
+        yield req
+
+
 @dataclass
 class Context:
     """What the servicers share: the engine, the credential issuer and facts about this daemon."""
@@ -109,6 +130,7 @@ class Context:
     fake: Any = None  # the simulated NVML (fault injection is refused without it)
     health: Any = None  # the health monitor, when running
     defrag: Any = None  # xpud.defrag.Defragmenter
+    federation: Any = None  # xpud.federation.node.Federation, when [cluster] is configured
     extras: dict[str, Any] = field(default_factory=dict)
 
     def caller(self, context: aio.ServicerContext) -> Caller:
@@ -372,6 +394,32 @@ class NodeService(pbg.NodeServicer):
                         events.append(convert.event_pb(ev))
         finally:
             e.unwatch(q)
+
+    @streaming
+    async def RunJob(self, request_iterator, context):
+        from xpud.federation.jobrun import JobRun
+
+        caller = self.ctx.caller(context)
+        first = await anext(request_iterator, None)
+        if first is None or first.WhichOneof("what") != "start":
+            raise BadRequest("RunJob: the first message must be start (a JobSpec)")
+        daemon = self.ctx.extras.get("daemon")
+        if daemon is None or getattr(daemon, "hostjobs", None) is None:
+            raise Conflict("this daemon runs no multi-host jobs")
+        async for ev in JobRun(daemon, first.start, caller).events(request_iterator):
+            yield ev
+
+    @unary
+    async def GetCluster(self, request, context):
+        self.ctx.caller(context)
+        fed = self.ctx.federation
+        if fed is None:
+            return pb.ClusterReply(enabled=False)
+        return pb.ClusterReply(
+            enabled=True,
+            name=fed.name,
+            hosts=[convert.cluster_host_pb(h, h.name == fed.name) for h in fed.members()],
+        )
 
 
 def raise_not_found(lease_id: str):

@@ -213,6 +213,10 @@ class Client:
         return self._stream(self.node.Watch, pb.WatchRequest(min_interval_s=min_interval_s))
 
     # ------------------------------------------------------------------ Admin
+    def cluster(self) -> pb.ClusterReply:
+        """The cluster as this daemon sees it through federation (``enabled`` false without [cluster])."""
+        return self._unary(self.node.GetCluster, pb.ClusterRequest())
+
     def _admin(self):
         if self.admin is None:
             raise Forbidden("this action needs the admin socket: connect with admin=True (operators only)")

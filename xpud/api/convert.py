@@ -138,3 +138,22 @@ def defrag_pb(plan, outcomes=(), applied: bool = False, summary: str = "") -> pb
         target_cards=plan.target_cards,
         notes=plan.notes,
     )
+
+
+def cluster_host_pb(e, is_self: bool = False) -> pb.ClusterHost:
+    """A ``xpud.federation.view.HostEntry`` as the reply of ``GetCluster``."""
+    s = e.summary
+    host = pb.ClusterHost(
+        name=e.name,
+        addr=e.addr,
+        state=str(e.state),
+        incarnation=e.incarnation,
+        age_s=round(e.age_s, 3),
+        self=is_self,
+        summary_valid=s is not None,
+    )
+    if s is not None:
+        host.zone, host.block, host.domain = s.zone, s.block, s.domain
+        host.cards, host.free_whole, host.health, host.queue = s.cards, s.free_whole, s.health, s.queue
+        host.free_slices.update(s.free_slices)
+    return host
