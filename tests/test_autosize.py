@@ -193,3 +193,44 @@ def test_the_documented_server_example_reads_the_load_file(tmp_path, monkeypatch
     monkeypatch.setenv("XPU_LEASE_ID", "gone")
     spec.loader.exec_module(ex)
     assert ex.load() == {}
+
+
+AUTO_FAST = """
+[auto]
+first = "vxpu-quarter"
+sample_s = 1.0
+up_after_s = 2.0
+hold_s = 0.0
+"""
+
+
+def test_end_to_end_xpu_run_mode_auto_moves_up_and_restarts_the_command(inproc):
+    """A real `xpu run --mode auto --restartable` against an in-process daemon whose fake NVML shows the
+    job at its quarter cap: the daemon moves it to a half slice and the wrapper restarts the command."""
+    import subprocess
+
+    from tests.conftest import BIN, wait_until, xpu_env
+
+    d = inproc("pcie-8x-l40s", AUTO_FAST)
+    p = subprocess.Popen(
+        [str(BIN / "xpu"), "run", "--mode", "auto", "--class", "svc", "--restartable", "--", "sleep", "60"],
+        env=xpu_env(d.runtime_dir),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: len(d.engine.leases) == 1, timeout=20)
+        [lease] = d.engine.leases.values()
+        assert str(lease.mode) == "vxpu-quarter" and lease.holder_pid == p.pid
+        d.fake.add_process(lease.cards[0], p.pid)
+        d.fake.set_process_load(lease.cards[0], p.pid, 15)
+        wait_until(lambda: str(next(iter(d.engine.leases.values())).mode) == "vxpu-half", timeout=30)
+        moved = next(iter(d.engine.leases.values()))
+        assert moved.restart_count == 1 and moved.cards != lease.cards
+        events = [e.message for e in d.engine.ledger.events() if e.kind == "auto"]
+        assert any("started as vxpu-quarter" in m for m in events)
+        assert any("moving up from vxpu-quarter to vxpu-half" in m and "throttled" in m for m in events)
+    finally:
+        p.terminate()
+        _, err = p.communicate(timeout=20)
+    assert "restarting the command on card" in err
