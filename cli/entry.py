@@ -10,18 +10,22 @@ sure of goes to Typer, which parses it again and gives its usual help or error m
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
 import sys
 
 # run's options: long and short names -> (parameter, kind). Kinds: "str", "int", "int>=1", "float>=0",
-# a flag's value (True/False). tests/test_run_entry.py checks this against the Typer command.
+# "duration", a flag's value (True/False). tests/test_run_entry.py checks this against the Typer command.
 RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--mode": ("mode", "str"),
     "-m": ("mode", "str"),
     "--gpus": ("gpus", "int>=1"),
     "-g": ("gpus", "int>=1"),
-    "--wait": ("wait", "float>=0"),
-    "-w": ("wait", "float>=0"),
+    "--wait": ("wait", "duration"),
+    "-w": ("wait", "duration"),
+    "--name": ("name", "str"),
+    "-n": ("name", "str"),
     "--priority": ("priority", "int"),
     "-p": ("priority", "int"),
     "--kill-grace": ("kill_grace", "float>=0"),
@@ -49,12 +53,13 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
 RUN_DEFAULTS = {
     "mode": "xpu",
     "gpus": 1,
-    "wait": 0.0,
+    "wait": None,
     "priority": 0,
     "restartable": False,
     "kill_grace": 10.0,
     "json_env": False,
     "job_class": "",
+    "name": "",
     "when_green": False,
     "deadline": None,
     "quiet": False,
@@ -67,6 +72,28 @@ RUN_DEFAULTS = {
     "as_json": False,
 }
 MULTI_HOST_ONLY = {"label": "--label", "as_json": "--json", "kill_on_bad_exit": "--no-kill-on-bad-exit"}
+DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION = re.compile(r"(?:(\d+(?:\.\d*)?|\.\d+)([dhms]))+|\d+(?:\.\d*)?|\.\d+")
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([dhms])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds for a duration as `--wait` takes it: ``30`` or ``2.5`` (seconds), ``90s``, ``5m``, ``2h``,
+    ``1d``, ``1h30m`` (units in falling order), or ``inf`` (``math.inf``). Raises ValueError saying what
+    it accepts."""
+    if text in ("inf", "infinity"):
+        return math.inf
+    if text.isascii() and _DURATION.fullmatch(text):
+        parts = _PART.findall(text)
+        units = [u for _, u in parts]
+        if not parts:
+            return float(text)
+        if len(set(units)) == len(units) and units == sorted(units, key=list(DURATION_UNITS).index):
+            return sum(float(n) * DURATION_UNITS[u] for n, u in parts)
+    raise ValueError(
+        f"{text!r} is not a duration: use seconds (30, 2.5), a number with a unit (90s, 5m, 2h, 1d), "
+        "units together (1h30m), or inf"
+    )
 
 
 def _value(kind: str, text: str):
@@ -80,6 +107,11 @@ def _value(kind: str, text: str):
             return None
         n = int(text)
         return n if kind == "int" or n >= 1 else None
+    if kind == "duration":
+        try:
+            return parse_duration(text)
+        except ValueError:
+            return None
     # float>=0: plain decimals only (no sign, exponent, inf or nan)
     if not text.isascii() or not text.replace(".", "", 1).isdigit():
         return None
@@ -139,6 +171,15 @@ def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
     return (after if after is not None else runtime_dir), opts, args[i:]
 
 
+def _job_wait(wait: float | None) -> float:
+    """A multi-host job's wait: seconds (no daemon default, no `inf` across hosts)."""
+    from xpud.errors import BadRequest
+
+    if wait == math.inf:
+        raise BadRequest("--wait inf is for one-host runs: give a job across hosts a duration (e.g. 2h)")
+    return wait or 0.0
+
+
 def run_with(client, opts: dict, command: list[str]):
     """Run ``command`` with `xpu run`'s options ``opts`` (as ``RUN_DEFAULTS`` names them): on this host
     (``xpu_cli.run``), or across hosts with --nodes / --replicas (``xpu_cli.jobrun``). Returns the
@@ -167,7 +208,7 @@ def run_with(client, opts: dict, command: list[str]):
             gpus_per_node=opts["gpus_per_node"] or 1,
             replicas=opts["replicas"] or 0,
             spread=opts["spread"],
-            wait_s=opts["wait"],
+            wait_s=_job_wait(opts["wait"]),
             labelled=opts["label"],
             kill_on_bad_exit=opts["kill_on_bad_exit"],
             restartable=opts["restartable"],
@@ -193,6 +234,7 @@ def run_with(client, opts: dict, command: list[str]):
         json_env=opts["json_env"],
         quiet=opts["quiet"],
         job_class=opts["job_class"],
+        name=opts["name"],
     )
 
 

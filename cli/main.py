@@ -69,6 +69,15 @@ def client(admin: bool = False) -> Client:
 
 
 # ---------------------------------------------------------------------------------------------- run
+def _duration(text: str) -> float:
+    from xpu_cli.entry import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
 RUN_MODES = ("xpu", "vxpu-half", "vxpu-quarter")  # the built-in ones; a config may add slice sizes
 CARD_MODES = ("whole", "sliced", "auto")
 
@@ -103,14 +112,17 @@ def run(
     ] = "",
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Whole cards to lease (mode xpu).", min=1)] = 1,
     wait: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--wait",
             "-w",
-            help="Queue up to this many seconds when it does not fit now (0: fail at once).",
-            min=0,
+            help="Queue up to this long when it does not fit now: seconds (30), 90s, 5m, 2h, 1d, 1h30m, "
+            "or inf (as long as the daemon allows); 0: fail at once. Default: the daemon's "
+            "[leases] default_wait_s.",
+            parser=_duration,
+            metavar="DURATION",
         ),
-    ] = 0.0,
+    ] = None,
     priority: Annotated[int, typer.Option("--priority", "-p", help="Higher goes first in the queue.")] = 0,
     restartable: Annotated[
         bool,
@@ -122,6 +134,10 @@ def run(
     kill_grace: Annotated[
         float, typer.Option(help="Seconds between a forwarded signal and SIGKILL.", min=0)
     ] = 10.0,
+    name: Annotated[
+        str,
+        typer.Option("--name", "-n", help="A name for the job, shown in `xpu leases` and `xpu show`."),
+    ] = "",
     when_green: Annotated[
         bool,
         typer.Option(
@@ -191,6 +207,7 @@ def run(
         kill_grace=kill_grace,
         json_env=json_env,
         job_class=job_class,
+        name=name,
         quiet=quiet,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
@@ -229,10 +246,23 @@ def resize(
 # ---------------------------------------------------------------------------------------------- listings
 @app.command("ls")
 @handled
-def ls(as_json: JsonOpt = False) -> None:
+def ls(
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Redraw at every change until Ctrl-C (as kubectl -w).")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Cards: mode, slices, free capacity, memory, utilisation, temperature, health."""
     with client() as c:
+        if watch:
+            from xpu_cli.watching import follow
+
+            return follow(c, lambda update: _print_cards(update.cards, as_json))
         reply = c.cards()
+    _print_cards(reply, as_json)
+
+
+def _print_cards(reply, as_json: bool) -> None:
     if as_json:
         return output.print_json([output.to_dict(card) for card in reply.cards])
     rows = []
@@ -272,68 +302,6 @@ def ls(as_json: JsonOpt = False) -> None:
             output.note(f"card {card.index} drained: {card.drain_reason or '(no reason given)'}")
     if any(card.mode_pinned for card in reply.cards):
         output.note("* mode pinned by an operator (`xpu mode CARD auto` lets the scheduler switch it again)")
-
-
-@app.command()
-@handled
-def leases(
-    all_: Annotated[
-        bool, typer.Option("--all", "-a", help="Include ended leases (most recent first).")
-    ] = False,
-    usage: Annotated[
-        bool,
-        typer.Option(
-            "--usage", "-u", help="Requested vs used per lease (right-sizing): cap, use, throttled, advice."
-        ),
-    ] = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Active leases and the requests waiting in the queue."""
-    if usage:
-        from xpu_cli.usage import show_usage
-
-        with client() as c:
-            return show_usage(c.lease_usage(), as_json)
-    with client() as c:
-        reply = c.leases(all=all_)
-    if as_json:
-        return output.print_json(reply)
-    now = time.time()
-    rows = [
-        [
-            le.id,
-            le.mode,
-            ",".join(map(str, le.cards)),
-            vocab.user_name(le.owner_uid),
-            le.holder_pid or "-",
-            output.age(le.created, now),
-            le.state if all_ else ("yes" if le.held else output.Styled("NO", "red")),
-            ("R " if le.restartable else "") + (f"[{le.mark}] " if le.mark else "") + le.command[:60],
-        ]
-        for le in reply.leases
-    ]
-    output.table(
-        ["LEASE", "MODE", "CARDS", "USER", "PID", "AGE", "STATE" if all_ else "HELD", "COMMAND"], rows
-    )
-    if reply.queue:
-        print(f"\nqueue ({len(reply.queue)} waiting):")
-        output.table(
-            ["POS", "TICKET", "MODE", "GPUS", "PRIO", "USER", "WAITED", "GIVES UP IN", "COMMAND"],
-            [
-                [
-                    q.position,
-                    q.ticket,
-                    q.mode,
-                    q.gpus,
-                    q.priority,
-                    vocab.user_name(q.owner_uid),
-                    output.age(q.enqueued, now),
-                    f"{max(0, q.deadline - now):.0f}s",
-                    q.command[:50],
-                ]
-                for q in reply.queue
-            ],
-        )
 
 
 @app.command()
@@ -406,62 +374,6 @@ def info(as_json: JsonOpt = False) -> None:
         output.note(f"{k:16} {v}", indent=" " * 17)
 
 
-@app.command()
-@handled
-def health(
-    card: Annotated[str | None, typer.Argument(help="Card index or UUID (default: every card).")] = None,
-    history: Annotated[int, typer.Option(help="State changes to show per card.", min=1)] = 20,
-    as_json: JsonOpt = False,
-) -> None:
-    """Health score, state, every signal with its threshold, and the history of state changes."""
-    with client() as c:
-        reply = c.health(card or "", history=history)
-        cards = {x.index: x for x in c.cards().cards}
-    if as_json:
-        return output.print_json([output.to_dict(h) for h in reply.cards])
-    now = time.time()
-    for n, h in enumerate(reply.cards):
-        if n:
-            print()
-        print(f"card {h.index} ({h.uuid}): {h.state}, score {h.score}")
-        for reason in h.reasons:
-            print(f"  because: {reason}")
-        info = cards.get(h.index)
-        if info is not None and info.drained:
-            print(f"  drained: {info.drain_reason}")
-        if h.state != "healthy":
-            if h.clear_since:
-                print(
-                    f"  signals say {h.raw_state}, clear for {now - h.clear_since:.0f} s of "
-                    f"{h.clear_needed_s:g} s needed to recover"
-                )
-            else:
-                print(
-                    f"  signals say {h.raw_state}: {h.clear_needed_s:g} s of clear signals needed to recover"
-                )
-        output.table(
-            ["  SIGNAL", "VALUE", "THRESHOLD", "STATUS", "REASON"],
-            [
-                [
-                    f"  {s.name}",
-                    _signal_value(s, "value"),
-                    _signal_value(s, "threshold"),
-                    s.status,
-                    s.reason,
-                ]
-                for s in h.signals
-            ],
-        )
-        if h.history:
-            print("  history:")
-        for ch in h.history:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ch.timestamp))
-            print(f"  {when}  {ch.from_state} -> {ch.to_state} (score {ch.score}): {'; '.join(ch.reasons)}")
-
-
-_signal_value = vocab.signal_value  # one wording for signals in `xpu health` and the dashboard
-
-
 # ---------------------------------------------------------------------------------------------- operators
 @app.command()
 @handled
@@ -481,10 +393,13 @@ def undrain(card: Annotated[str, typer.Argument(help="Card index or UUID.")]) ->
     """Put a drained card back in service (operators)."""
     with client(admin=True) as c:
         card_msg = c.undrain(card)
-    if card_msg.drained:  # the health monitor's drain stays until the card recovers
-        print(f"card {card_msg.index}: operator drain lifted; still out: {card_msg.drain_reason}")
-    else:
-        print(f"card {card_msg.index} back in service")
+        if card_msg.drained:  # the health monitor's drain stays until the card recovers
+            from xpu_cli.health import recovery
+
+            (h,) = c.health(str(card_msg.index)).cards
+            print(f"card {card_msg.index}: operator drain lifted; still out of service: {recovery(h)}")
+            return
+    print(f"card {card_msg.index} back in service")
 
 
 @app.command("mode")
@@ -538,17 +453,22 @@ def fault_inject(
 @fault_app.command("clear")
 @handled
 def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]) -> None:
-    """Clear injected faults on a simulated card."""
+    """Clear injected faults on a simulated card (and say when it will be back in service)."""
+    from xpu_cli.health import recovery
+
     with client(admin=True) as c:
         print(c.clear_fault(card))
+        for h in c.health(card).cards:
+            if h.state != "healthy":
+                print(f"card {h.index} stays out for now: {recovery(h)}")
 
 
 def _register_commands() -> None:
-    """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster, config)
-    register themselves."""
-    from xpu_cli import certs, cluster, configure, defrag, simulate, top
+    """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster, config,
+    leases, events, health) register themselves."""
+    from xpu_cli import certs, cluster, configure, defrag, events, health, leases, simulate, top
 
-    for module in (certs, cluster, configure, defrag, simulate, top):
+    for module in (certs, cluster, configure, defrag, events, health, leases, simulate, top):
         module.register(app)
 
 

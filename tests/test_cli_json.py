@@ -68,7 +68,8 @@ def check(value, typ: str, where: str = "$") -> None:
 
 
 def test_the_document_is_read_whole():
-    objects = {"Card", "Sample", "Lease", "QueueEntry", "CardHealth", "Signal", "Info", "DefragPlan"}
+    objects = {"Card", "Sample", "Lease", "QueueEntry", "CardHealth", "Signal", "Info", "DefragPlan", "Event"}
+    objects |= {"LeaseShow", "CardShow"}
     assert objects <= set(SCHEMAS)
     assert len(SCHEMAS["Sample"]) == len(pb.Sample.DESCRIPTOR.fields)
     assert SCHEMAS["Card"]["health_state"] == SCHEMAS["CardHealth"]["health_state"] == "string"
@@ -100,6 +101,8 @@ def test_every_command_prints_its_documented_shape(daemon_factory):
     with d.client() as c:
         c.acquire_lease("vxpu-half", command="python notebook.py")
         c.acquire_lease("xpu", gpus=2, restartable=True)
+        assert d.xpu("run", "-n", "ended", "--", "sh", "-c", "exit 3").returncode == 3
+        ended = next(x for x in c.leases(all=True).leases if x.name == "ended")
         queued = d.xpu_popen("run", "-g", "8", "--wait", "30", "--", "true")
         try:
             from tests.conftest import wait_until
@@ -115,6 +118,11 @@ def test_every_command_prints_its_documented_shape(daemon_factory):
                 ("info",): "Info",
                 ("topo",): "Topology",
                 ("defrag", "--plan"): "DefragPlan",
+                ("show", ended.id): "LeaseShow",
+                ("show", "3"): "CardShow",
+                ("events",): "[Event]",
+                ("events", "--lease", ended.id): "[Event]",
+                ("health", "--details"): "[CardHealth]",
             }
             seen = {}
             for args, typ in outputs.items():
@@ -122,6 +130,9 @@ def test_every_command_prints_its_documented_shape(daemon_factory):
                 assert r.returncode == 0, (args, r.stderr)
                 seen[args] = json.loads(r.stdout)
                 check(seen[args], typ, "xpu " + " ".join(args))
+            r = d.xpu("wait", ended.id, "--json")
+            assert r.returncode == 3
+            check(json.loads(r.stdout), "Lease", "xpu wait")
         finally:
             queued.terminate()
             queued.wait(20)
@@ -138,3 +149,6 @@ def test_every_command_prints_its_documented_shape(daemon_factory):
     leases = seen["leases",]
     assert all(le["holder_pid"] > 0 for le in leases["leases"])  # the test process asked for them
     assert leases["queue"][0]["gpus"] == 8 and leases["queue"][0]["user"]
+    assert leases["queue"][0]["reason"] == "Resources"
+    (gone,) = [x for x in seen["leases", "--all"]["leases"] if x["name"] == "ended"]
+    assert (gone["exit_code"], gone["status"], gone["mark"]) == (3, "exit 3", None)

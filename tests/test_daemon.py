@@ -399,8 +399,9 @@ def test_queue_is_visible_and_wait_expires(daemon):
         )
         q = wait_until(lambda: list(c.leases().queue))
         assert q[0].gpus == 2 and q[0].position == 1
-        listing = daemon.xpu("leases")
-        assert "queue (1 waiting)" in listing.stdout
+        listing = daemon.xpu("leases").stdout.splitlines()
+        row = next(line for line in listing if line.startswith(q[0].ticket))  # the ticket stands for the id
+        assert " queued " in row and " Resources (position 1, gives up in " in row
         c.release(g.lease.id, g.token)
         assert p.wait(20) == 0
         r = daemon.xpu("run", "--mode", "xpu", "--gpus", "8", "--wait", "0.3", "--", "true")

@@ -72,6 +72,10 @@ CASES = [
     ["--runtime-dir", "", "run", "true"],
     ["run", "-m", "a", "-m", "b", "--", "true"],
     ["run", "--kill-grace", "2.", "--", "true"],
+    ["run", "--wait", "1m", "--", "true"],
+    ["run", "-w", "1h30m", "-n", "train-1", "true"],
+    ["run", "--wait=inf", "--name=x", "true"],
+    ["run", "-w2h", "true"],
     ["run", "-q", "--", "true"],
     ["run", "--nodes", "2", "--gpus-per-node", "4", "--label", "--json", "--", "torchrun", "x.py"],
     ["run", "-N2", "-l", "--no-kill-on-bad-exit", "--kill-on-bad-exit", "-w", "30", "true"],
@@ -88,6 +92,9 @@ REFUSED = [
     ["run", "--gpus", "²", "--", "true"],
     ["run", "--wait", "-1", "--", "true"],
     ["run", "--wait", "nan", "--", "true"],
+    ["run", "--wait", "1e3", "--", "true"],
+    ["run", "--wait", "5x", "--", "true"],
+    ["run", "--wait", "30m1h", "--", "true"],
     ["run", "--mode"],
     ["run", "--bogus", "--", "true"],
     ["run", "-x", "--", "true"],
@@ -100,7 +107,6 @@ REFUSED = [
 # Typer takes these, but they are rare and odd: the fast path leaves them to it rather than mimic it.
 DEFERRED = [
     ["run", "--gpus", " 2", "--", "true"],
-    ["run", "--wait", "1e3", "--", "true"],
     ["run", "--kill-grace", "inf", "--", "true"],
     ["run", "--mode", "--", "true"],
     ["run", "--mode=", "true"],

@@ -110,6 +110,13 @@ class LeasesSection:
     max_wait_s: float = _key(
         86400.0, "Longest --wait a request may ask for (seconds).", min=0.0, max=30 * 86400.0
     )
+    default_wait_s: float = _key(
+        0.0,
+        "Seconds a request queues when it does not say (`xpu run` without --wait); 0: fail at once. "
+        "At most max_wait_s.",
+        min=0.0,
+        max=30 * 86400.0,
+    )
     credential_ttl_s: float = _key(
         300.0, "Lifetime of a peer credential issued on cred.sock (seconds).", min=1.0, max=86400.0
     )
@@ -736,6 +743,13 @@ def parse(text: str, path: str = "<string>") -> Config:
         else:
             raise src.error(table, None, f"unknown table{_hint(table, [*SECTIONS, 'slices', 'windows'])}")
     cfg = Config(**kwargs)
+    if cfg.leases.default_wait_s > cfg.leases.max_wait_s:
+        raise src.error(
+            "leases",
+            "default_wait_s",
+            f"{cfg.leases.default_wait_s:g} is above max_wait_s ({cfg.leases.max_wait_s:g}); "
+            "lower it or raise max_wait_s",
+        )
     if cfg.carbon.signal and cfg.carbon.command:
         raise src.error("carbon", "command", "give signal (a file) or command, not both")
     if cfg.health.fragmentation_slice not in cfg.slices:

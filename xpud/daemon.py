@@ -39,11 +39,13 @@ USER_SOCKET, ADMIN_SOCKET, CRED_SOCKET = "xpud.sock", "admin.sock", "cred.sock"
 LEDGER_DAMAGED_EXIT = 3  # systemd/xpud.service: RestartPreventExitStatus=3
 
 # gRPC core cancels incoming calls that wait for the Python server to pick them up once more than
-# max_pending_requests (default 1,000; all of them past 3,000) are waiting: a burst of thousands of queued
-# Acquire streams then saw CANCELLED. Waiting requests cost little; the daemon takes them at its pace.
+# max_pending_requests (default 1,000; all of them past 3,000) are waiting, or once one has waited
+# server_max_unrequested_time_in_server (default 30 s): a burst of thousands of queued Acquire streams then
+# saw CANCELLED. Waiting requests cost little; the daemon takes them at its pace (callers have deadlines).
 SERVER_OPTIONS = [
     ("grpc.server.max_pending_requests", 50_000),
     ("grpc.server.max_pending_requests_hard_limit", 100_000),
+    ("grpc.server_max_unrequested_time_in_server", 600),
 ]
 
 

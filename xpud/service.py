@@ -24,7 +24,7 @@ from xpud.auth import METADATA_KEY, CredentialIssuer, member_of
 from xpud.autosize import resize, usage_rows
 from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, XpudError
-from xpud.model import Caller, Mode, QueuedRequest, Request
+from xpud.model import Caller, CommandEnd, Mode, QueuedRequest, Request
 from xpud.usage import job_class
 
 log = logging.getLogger("xpud.service")
@@ -163,6 +163,7 @@ class Context:
 
 REPLY_BUDGET = 3 * 1024 * 1024  # bytes per reply: gRPC refuses messages over 4 MiB unless told otherwise
 MAX_ENDED_LEASES = 1000  # `ListLeases(all)` lists at most this many
+MAX_EVENTS = 10_000  # `ListEvents` lists at most this many
 MAX_WATCH_EVENTS = 200  # a Watch update carries at most the latest this many events
 MIN_WATCH_INTERVAL_S = 0.1
 
@@ -185,6 +186,16 @@ def _mode(text: str, ctx: Context) -> Mode:
     except ValueError:
         sizes = ", ".join(["xpu", *ctx.engine.cfg.slices])
         raise BadRequest(f"mode {validate.clip(text)!r}: use one of {sizes}") from None
+
+
+def _wait_s(request: pb.AcquireRequest, leases) -> float:
+    """How long the request may queue: what it asks, the longest allowed (`--wait inf`), or the
+    config's default when it does not say."""
+    if request.wait_longest:
+        if request.HasField("wait_s"):
+            raise BadRequest("wait_longest and wait_s both set: send one")
+        return leases.max_wait_s
+    return request.wait_s if request.HasField("wait_s") else leases.default_wait_s
 
 
 class NodeService(pbg.NodeServicer):
@@ -220,11 +231,12 @@ class NodeService(pbg.NodeServicer):
                 mode=_mode(mode_text, self.ctx),
                 gpus=request.gpus or 1,
                 priority=request.priority,
-                wait_s=request.wait_s,
+                wait_s=_wait_s(request, e.cfg.leases),
                 restartable=request.restartable,
                 owner_uid=caller.uid,
                 holder_pid=caller.pid or None,
                 command=request.command,
+                name=request.name,
                 exempt=caller.admin or member_of(caller.uid, caller.gid, e.cfg.limits.exempt_groups),
             )
         )
@@ -295,7 +307,14 @@ class NodeService(pbg.NodeServicer):
     @unary
     async def Release(self, request, context):
         caller = self.ctx.caller(context)
-        lease = await self.ctx.engine.release(request.lease_id, caller, request.token)
+        end = CommandEnd(
+            exit_code=request.exit_code if request.HasField("exit_code") else None,
+            exit_signal=request.exit_signal if request.HasField("exit_signal") else None,
+            started=request.started or None,
+        )
+        if end.exit_code is not None and end.exit_signal is not None:
+            raise BadRequest("a command ends by an exit code or by a signal, not both: send one")
+        lease = await self.ctx.engine.release(request.lease_id, caller, request.token, end)
         return pb.ReleaseReply(lease=convert.lease_pb(lease, True))
 
     @unary
@@ -317,9 +336,34 @@ class NodeService(pbg.NodeServicer):
     async def ListLeases(self, request, context):
         caller = self.ctx.caller(context)
         leases = None
+        if request.lease_id:
+            return self.ctx.leases_reply(caller, REPLY_BUDGET, [self._find(request.lease_id)])
         if request.all:
             leases = self.ctx.engine.ledger.recent_leases(min(request.limit or 100, MAX_ENDED_LEASES))
         return self.ctx.leases_reply(caller, REPLY_BUDGET, leases)
+
+    def _find(self, selector: str):
+        """The one lease, active or ended, whose id starts with ``selector``."""
+        found = self.ctx.engine.ledger.find_lease(selector)
+        if not found:
+            from xpud.errors import NotFound
+
+            raise NotFound(f"no lease {selector!r} (see `xpu leases --all`)")
+        if len(found) > 1 and found[0].id != selector:
+            raise BadRequest(f"{selector!r} matches more than one lease: give more of the id")
+        lease = found[0]
+        return self.ctx.engine.leases.get(lease.id, lease)
+
+    @unary
+    async def ListEvents(self, request, context):
+        self.ctx.caller(context)
+        card = request.card if request.HasField("card") else None
+        events = self.ctx.engine.ledger.events(
+            min(request.limit or 100, MAX_EVENTS), card=card, lease_id=request.lease_id
+        )
+        return pb.EventsReply(
+            events=_fit((convert.event_pb(ev) for ev in events[::-1]), REPLY_BUDGET)[0][::-1]
+        )
 
     @unary
     async def Resize(self, request, context):

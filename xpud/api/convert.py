@@ -74,6 +74,12 @@ def lease_pb(lease: Lease, show_env: bool, held: bool = False) -> pb.Lease:
         restart_count=lease.restart_count,
         mark=lease.mark,
         held=held,
+        exit_code=lease.exit_code,
+        exit_signal=lease.exit_signal,
+        started=lease.started,
+        ended=lease.ended,
+        end_reason=lease.end_reason,
+        name=lease.name,
     )
 
 
@@ -89,11 +95,13 @@ def queue_pb(q: QueuedRequest) -> pb.QueueEntry:
         position=q.position,
         enqueued=q.enqueued,
         deadline=q.deadline,
+        reason=q.reason,
+        name=r.name,
     )
 
 
 def event_pb(e: EventRecord) -> pb.Event:
-    return pb.Event(timestamp=e.ts, kind=e.kind, card=e.card, lease_id=e.lease_id, message=e.message)
+    return pb.Event(timestamp=e.ts, kind=e.kind, card=e.card, lease_id=e.lease_id, message=e.message, id=e.id)
 
 
 def free_cards_pb(f) -> pb.FreeCards:
