@@ -474,6 +474,47 @@ class KubeletSection:
     )
 
 
+@dataclass(frozen=True)
+class AutoSection:
+    """Right-sizing: per-lease measurement, ``xpu run --mode auto`` (``xpud.usage``, ``xpud.rightsize``)."""
+
+    first: str = _key(
+        "vxpu-half",
+        "Mode an --mode auto job of a class with no history starts in (xpu, or a [slices] name).",
+    )
+    sample_s: float = _key(
+        5.0, "Seconds between two readings of the leases' per-process utilisation.", min=1.0, max=3600.0
+    )
+    history: int = _key(
+        120, "Readings kept per lease and per job class (the short history).", min=4, max=10000
+    )
+    at_cap: float = _key(
+        0.9,
+        "A lease is throttled when its compute use is at least this share of its cap.",
+        min=0.5,
+        max=1.0,
+    )
+    up_after_s: float = _key(
+        120.0, "Seconds a lease must stay throttled at its cap before it moves up.", min=1.0, max=86400.0
+    )
+    down_below: float = _key(
+        0.25,
+        "A lease is far below its size when its peak use fits under this share of the next size down.",
+        min=0.01,
+        max=1.0,
+    )
+    down_after_s: float = _key(
+        600.0, "Seconds a lease must stay far below its size before it moves down.", min=1.0, max=86400.0
+    )
+    hold_s: float = _key(
+        900.0,
+        "Hysteresis: after a move a lease is not moved again, nor back, for this many seconds.",
+        min=0.0,
+        max=86400.0,
+    )
+    max_moves: int = _key(4, "Move budget: automatic moves per lease in its lifetime.", min=0, max=100)
+
+
 SECTIONS: dict[str, type] = {
     "daemon": DaemonSection,
     "devices": DevicesSection,
@@ -489,6 +530,7 @@ SECTIONS: dict[str, type] = {
     "forecast": ForecastSection,
     "slurm": SlurmSection,
     "kubelet": KubeletSection,
+    "auto": AutoSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -517,6 +559,7 @@ class Config:
     forecast: ForecastSection = field(default_factory=ForecastSection)
     slurm: SlurmSection = field(default_factory=SlurmSection)
     kubelet: KubeletSection = field(default_factory=KubeletSection)
+    auto: AutoSection = field(default_factory=AutoSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     windows: tuple[WindowSpec, ...] = ()  # [[windows]]: capacity windows (xpud.windows)
     path: str = ""  # the file it came from ("" = defaults only)
@@ -753,6 +796,10 @@ def parse(text: str, path: str = "<string>") -> Config:
             "health",
             "fragmentation_slice",
             f"{cfg.health.fragmentation_slice!r} is not a slice size; use one of {', '.join(cfg.slices)}",
+        )
+    if cfg.auto.first != "xpu" and cfg.auto.first not in cfg.slices:
+        raise src.error(
+            "auto", "first", f"{cfg.auto.first!r} is not a mode; use xpu or one of {', '.join(cfg.slices)}"
         )
     _check_cluster(src, cfg.cluster)
     for name in cfg.kubelet.resources:

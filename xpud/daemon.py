@@ -31,7 +31,7 @@ from xpud.defrag import Defragmenter
 from xpud.engine import Engine
 from xpud.errors import XpudError
 from xpud.federation.hostjobs import HostJobs
-from xpud.jobs import Jobs
+from xpud.jobs import OPTS, Jobs
 from xpud.ledger import Ledger, LedgerDamaged
 from xpud.monitor import HealthMonitor
 from xpud.service import AdminService, Context, NodeService, add_to_server
@@ -254,6 +254,7 @@ class Daemon:
             anchors=self.anchors,
         )
         self.jobs.start()
+        self._start_rightsizing()
         self.monitor.start()
         log.info(
             "xpud %s serving %d card(s) (%s) on %s",
@@ -264,6 +265,15 @@ class Daemon:
         )
         (self.runtime_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         sd_notify("READY=1\nSTATUS=serving")
+
+    def _start_rightsizing(self) -> None:
+        """Measure leases every [auto] sample_s and act on --mode auto (xpud.autosize)."""
+        from xpud.autosize import Rightsizer
+
+        self.engine.rightsizer = rs = Rightsizer(self.engine, self.hw)
+        self.jobs.scheduler.add_job(
+            rs.poll_logged, "interval", seconds=self.cfg.auto.sample_s, id="rightsize", **OPTS
+        )
 
     def reload(self) -> str:
         """SIGHUP (``systemctl reload xpud``): re-read the config file; apply what can change live

@@ -134,6 +134,7 @@ class Engine:
         self._lease_streams: dict[str, set[asyncio.Queue]] = {}
         self._watchers: set[asyncio.Queue] = set()
         self.moves = Moves(self)
+        self.rightsizer = None  # xpud.autosize.Rightsizer, set by the daemon
         self._busy: set[int] = set()  # cards with backend work in flight
         self._freed: list[asyncio.Future] = []  # woken when a busy card is free again
         self._ending: set[str] = set()  # leases whose end is being committed

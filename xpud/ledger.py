@@ -609,9 +609,11 @@ class Ledger:
         )
 
     def update_placement_op(self, lease: Lease) -> Op:
-        """A lease's new cards/slices/env (after a move)."""
+        """A lease's new cards/slices/env (after a move), and its size (a right-sizing move changes it)."""
         return op(
-            "UPDATE leases SET cards=?, card_uuids=?, slices=?, env=?, restart_count=?, mark=? WHERE id=?",
+            "UPDATE leases SET mode=?, cards=?, card_uuids=?, slices=?, env=?, restart_count=?, mark=? "
+            "WHERE id=?",
+            str(lease.mode),
             json.dumps(list(lease.cards)),
             json.dumps(list(lease.card_uuids)),
             json.dumps([_slice_to_json(s) for s in lease.slices]),

@@ -152,6 +152,7 @@ class Client:
         restartable: bool = False,
         command: str = "",
         hold: bool = False,
+        job_class: str = "",
         name: str = "",
         cards: tuple[int, ...] = (),
         anchor: str = "",
@@ -167,6 +168,7 @@ class Client:
             restartable=restartable,
             command=command,
             hold=hold,
+            job_class=job_class,
             name=name,
             cards=cards,
             anchor=anchor,
@@ -229,6 +231,12 @@ class Client:
         """The daemon's latest events (oldest first), about ``card`` and/or ``lease_id`` when given."""
         request = pb.EventsRequest(card=card, lease_id=lease_id, limit=limit)
         return list(self._unary(self.node.ListEvents, request).events)
+
+    def resize(self, lease_id: str, mode: str, token: str = "") -> pb.ResizeReply:
+        return self._unary(self.node.Resize, pb.ResizeRequest(lease_id=lease_id, mode=mode, token=token))
+
+    def lease_usage(self) -> pb.LeaseUsageReply:
+        return self._unary(self.node.LeaseUsage, pb.LeaseUsageRequest())
 
     def topology(self) -> pb.TopologyReply:
         return self._unary(self.node.GetTopology, pb.TopologyRequest())

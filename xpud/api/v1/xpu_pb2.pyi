@@ -265,7 +265,7 @@ class QueueEntry(_message.Message):
     def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ..., reason: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold", "name", "wait_longest", "cards", "anchor", "owner_uid")
+    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold", "name", "wait_longest", "cards", "anchor", "owner_uid", "job_class")
     MODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -278,6 +278,7 @@ class AcquireRequest(_message.Message):
     CARDS_FIELD_NUMBER: _ClassVar[int]
     ANCHOR_FIELD_NUMBER: _ClassVar[int]
     OWNER_UID_FIELD_NUMBER: _ClassVar[int]
+    JOB_CLASS_FIELD_NUMBER: _ClassVar[int]
     mode: str
     gpus: int
     priority: int
@@ -290,7 +291,8 @@ class AcquireRequest(_message.Message):
     cards: _containers.RepeatedScalarFieldContainer[int]
     anchor: str
     owner_uid: int
-    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., wait_longest: _Optional[bool] = ..., cards: _Optional[_Iterable[int]] = ..., anchor: _Optional[str] = ..., owner_uid: _Optional[int] = ...) -> None: ...
+    job_class: str
+    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., wait_longest: _Optional[bool] = ..., cards: _Optional[_Iterable[int]] = ..., anchor: _Optional[str] = ..., owner_uid: _Optional[int] = ..., job_class: _Optional[str] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("ticket", "position", "queue_length", "deadline")
@@ -1051,3 +1053,61 @@ class LaunchEvent(_message.Message):
     output: RankOutput
     ended: RankEnded
     def __init__(self, started: _Optional[_Union[LaunchStarted, _Mapping]] = ..., output: _Optional[_Union[RankOutput, _Mapping]] = ..., ended: _Optional[_Union[RankEnded, _Mapping]] = ...) -> None: ...
+
+class LeaseUsageRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UsageRow(_message.Message):
+    __slots__ = ("lease_id", "mode", "job_class", "auto", "cap_pct", "used_pct", "peak_pct", "mem_cap_bytes", "mem_used_bytes", "throttled", "readings", "recommendation", "auto_moves")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    JOB_CLASS_FIELD_NUMBER: _ClassVar[int]
+    AUTO_FIELD_NUMBER: _ClassVar[int]
+    CAP_PCT_FIELD_NUMBER: _ClassVar[int]
+    USED_PCT_FIELD_NUMBER: _ClassVar[int]
+    PEAK_PCT_FIELD_NUMBER: _ClassVar[int]
+    MEM_CAP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_FIELD_NUMBER: _ClassVar[int]
+    READINGS_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDATION_FIELD_NUMBER: _ClassVar[int]
+    AUTO_MOVES_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    mode: str
+    job_class: str
+    auto: bool
+    cap_pct: float
+    used_pct: float
+    peak_pct: float
+    mem_cap_bytes: int
+    mem_used_bytes: int
+    throttled: bool
+    readings: int
+    recommendation: str
+    auto_moves: int
+    def __init__(self, lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., job_class: _Optional[str] = ..., auto: _Optional[bool] = ..., cap_pct: _Optional[float] = ..., used_pct: _Optional[float] = ..., peak_pct: _Optional[float] = ..., mem_cap_bytes: _Optional[int] = ..., mem_used_bytes: _Optional[int] = ..., throttled: _Optional[bool] = ..., readings: _Optional[int] = ..., recommendation: _Optional[str] = ..., auto_moves: _Optional[int] = ...) -> None: ...
+
+class LeaseUsageReply(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ...) -> None: ...
+
+class ResizeRequest(_message.Message):
+    __slots__ = ("lease_id", "token", "mode")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    token: str
+    mode: str
+    def __init__(self, lease_id: _Optional[str] = ..., token: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class ResizeReply(_message.Message):
+    __slots__ = ("lease", "how")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    HOW_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    how: str
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., how: _Optional[str] = ...) -> None: ...
