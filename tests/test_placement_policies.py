@@ -119,6 +119,25 @@ def test_xpud_fill_lookahead_pairs_complementary_shares():
     assert p.choose(s, Demand(1_000, 1, 1, 300), RNG) == Placement(0, (0,))
 
 
+def test_xpud_keeps_a_scarce_model_for_the_tasks_that_name_it():
+    # One P100 host and one T4 host, each with 2 idle cards. The tasks that name P100 each have their own
+    # CPU size, so none is among FGD's popular classes: the fragmentation measure sees the two hosts alike
+    # and the tie goes to the P100 host (ranked first). The scarcity term sends the task that may run
+    # anywhere to the T4 host, leaving the P100 cards to the tasks that can only run there.
+    s = ClusterState([Host("p", 64_000, 256_000, 2, "P100"), Host("t", 64_000, 256_000, 2, "T4")])
+    anywhere = Demand(4_000, 1, 1, 1000)
+    named = [Demand(1_000 + k, 1, 1, 1000, ("P100",)) for k in range(2)]
+    for scarcity, host in ((20.0, 1), (0.0, 0)):
+        p = FragAware(scarcity=scarcity)
+        for d in [anywhere] * 40 + named:
+            p.observe(d)
+        assert p.choose(s, anywhere, RNG).host == host
+    assert FragAware().scarcity_points(s, named[0]) is None  # one allowed model: nothing to weigh
+    p = FragAware()
+    p.observe(anywhere)
+    assert p.scarcity_points(s, anywhere) is None  # no model-named task seen: FGD's measure alone
+
+
 @pytest.mark.parametrize("name", POLICY_NAMES)
 def test_every_policy_refuses_what_fits_nowhere_and_never_overbooks(name):
     rng = np.random.default_rng(3)
