@@ -17,7 +17,12 @@ What it adds to FGD (each measured on the openb trace; see ``bench/placement.md`
    that could also run elsewhere loses ``scarcity * min(1, q_m * F / free_m)`` score points on a host of
    model ``m``, so flexible work leaves a model whose free share its own named tasks are about to need.
    Nothing changes until a model-named task has arrived (the default trace has none).
-5. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
+5. **Whole groups.** The same reasoning for multi-card tasks: a ``k``-card class ``c`` can only run on a
+   host with ``k`` idle cards and its CPU. Its share ``q_c`` of the arrived GPU request is learned online,
+   its expected claim on the free share is ``q_c * F``, and the hosts that can take it now hold a supply of
+   whole groups. A smaller task that would break such a host's last group for ``c`` loses
+   ``groups * min(1, q_c * F / supply_c)`` points, so idle groups are spent last when they are scarce.
+6. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
    cards, then to ``ClusterState.tie_rank`` (random per seed in the simulator; health or operator order in
    the daemon).
 """
@@ -70,6 +75,7 @@ class FragAware(FGD):
         scale: float = 500.0,
         small_hosts_first: bool = True,
         scarcity: float = 20.0,
+        groups: float = 50.0,
         refresh_every: int = 512,
     ):
         super().__init__(mix, refresh_every=refresh_every)
@@ -79,6 +85,8 @@ class FragAware(FGD):
         self.scale = scale
         self.small_hosts_first = small_hosts_first
         self.scarcity = scarcity
+        self.groups = groups
+        self._multi: dict[tuple[int, int, tuple[str, ...]], int] = {}  # (cards, cpu, models) -> GPU milli
         self._named: dict[str, float] = {}  # model -> arrived GPU milli that names it (split over a set)
         self._arrived_gpu = 0
         self._gpu = self._cpu = self._mem = 0  # sums over arrived GPU tasks
@@ -89,6 +97,9 @@ class FragAware(FGD):
     def observe(self, d: Demand) -> None:
         if d.gpus:
             self._arrived_gpu += d.gpu_total_milli
+            if d.gpus > 1:
+                key = (d.gpus, d.cpu_milli, d.models)
+                self._multi[key] = self._multi.get(key, 0) + d.gpu_total_milli
             for m in d.models:
                 self._named[m] = self._named.get(m, 0.0) + d.gpu_total_milli / len(d.models)
             self._gpu += d.gpu_total_milli
@@ -152,10 +163,45 @@ class FragAware(FGD):
         ratio = np.where(free_m > 0, np.minimum(1.0, claim / np.maximum(free_m, 1)), 1.0)
         return self.scarcity * ratio
 
+    def group_points(self, state: ClusterState, d: Demand, card: np.ndarray) -> np.ndarray | None:
+        """Score points each host loses for ``d`` (placed on ``card`` for a fractional task) because it
+        breaks the host's last idle group for a multi-card class whose groups are scarce; None if none."""
+        if not (self.groups and self._multi):
+            return None
+        n_full, cpu = state.n_full, state.cpu_free
+        if d.fractional:
+            took = (card >= 0) & (
+                np.take_along_axis(state.card_free, np.maximum(card, 0)[:, None], 1)[:, 0] == CARD_MILLI
+            )
+            n_after = n_full - took
+        else:
+            n_after = n_full - d.gpus
+        cpu_after = cpu - d.cpu_milli
+        free_total = float(state.card_free.sum())
+        pts = None
+        for (k, need, models), milli in self._multi.items():
+            if d.gpus >= k:
+                continue
+            serves = (n_full >= k) & (cpu >= need)
+            if models:
+                serves &= state.model_mask(models)
+            supply = float((n_full[serves] // k).sum()) * k * CARD_MILLI
+            if not supply:
+                continue
+            ratio = min(1.0, milli / self._arrived_gpu * free_total / supply)
+            breaks = serves & ((n_after < k) | (cpu_after < need))
+            if breaks.any():
+                pts = np.zeros(state.size) if pts is None else pts
+                pts[breaks] += self.groups * ratio
+        return pts
+
     def decision_scores(self, state, d):
         score, card = self.host_scores(state, d)
         pts = self.scarcity_points(state, d)
-        return (score if pts is None else score - pts[state.model]), card
+        if pts is not None:
+            score = score - pts[state.model]
+        grp = self.group_points(state, d, card)
+        return (score if grp is None else score - grp), card
 
     def pick(self, state, ties, rng):
         if ties.size == 1:
