@@ -138,6 +138,26 @@ def test_xpud_keeps_a_scarce_model_for_the_tasks_that_name_it():
     assert p.scarcity_points(s, anywhere) is None  # no model-named task seen: FGD's measure alone
 
 
+def test_xpud_keeps_the_only_idle_group_for_a_multi_card_class():
+    # Host 0 (128 cores) is the only one that can take an 8-card task needing 120 cores; host 1 has 96.
+    # The 8-card tasks each have their own CPU size, so none is among FGD's popular classes and the
+    # fragmentation measure sees the two hosts alike (the tie goes to host 0, ranked first). The group term
+    # sends a one-card task to host 1, so the 8-card task that arrives next still finds its group.
+    s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
+    one, eight = Demand(4_000, 1, 1, 1000), [Demand(120_000 + k, 1, 8, 1000) for k in range(2)]
+    for groups, host in ((50.0, 1), (0.0, 0)):
+        p = FragAware(groups=groups)
+        for d in [one] * 40 + eight:
+            p.observe(d)
+        chosen = p.choose(s, one, RNG)
+        assert chosen.host == host
+        if groups:
+            t = s.copy()
+            t.place(one, chosen)
+            assert p.choose(t, eight[0], RNG) is not None
+            assert p.group_points(s, eight[0], np.full(2, -1)) is None  # the 8-card task may use it
+
+
 @pytest.mark.parametrize("name", POLICY_NAMES)
 def test_every_policy_refuses_what_fits_nowhere_and_never_overbooks(name):
     rng = np.random.default_rng(3)
