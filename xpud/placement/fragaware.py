@@ -75,7 +75,7 @@ class FragAware(FGD):
         scale: float = 500.0,
         small_hosts_first: bool = True,
         scarcity: float = 20.0,
-        groups: float = 50.0,
+        groups: float = 20.0,
         refresh_every: int = 512,
     ):
         super().__init__(mix, refresh_every=refresh_every)
