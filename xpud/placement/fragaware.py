@@ -87,6 +87,7 @@ class FragAware(FGD):
         self.scarcity = scarcity
         self.groups = groups
         self._multi: dict[tuple[int, int, tuple[str, ...]], int] = {}  # (cards, cpu, models) -> GPU milli
+        self._multi_cache: tuple | None = None
         self._named: dict[str, float] = {}  # model -> arrived GPU milli that names it (split over a set)
         self._arrived_gpu = 0
         self._gpu = self._cpu = self._mem = 0  # sums over arrived GPU tasks
@@ -177,23 +178,32 @@ class FragAware(FGD):
         else:
             n_after = n_full - d.gpus
         cpu_after = cpu - d.cpu_milli
-        free_total = float(state.card_free.sum())
-        pts = None
-        for (k, need, models), milli in self._multi.items():
-            if d.gpus >= k:
-                continue
-            serves = (n_full >= k) & (cpu >= need)
-            if models:
-                serves &= state.model_mask(models)
-            supply = float((n_full[serves] // k).sum()) * k * CARD_MILLI
-            if not supply:
-                continue
-            ratio = min(1.0, milli / self._arrived_gpu * free_total / supply)
-            breaks = serves & ((n_after < k) | (cpu_after < need))
-            if breaks.any():
-                pts = np.zeros(state.size) if pts is None else pts
-                pts[breaks] += self.groups * ratio
-        return pts
+        kk, need, mask, milli = self._multi_arrays(state)
+        use = kk > d.gpus
+        if not use.any():
+            return None
+        kk, need, mask, milli = kk[use], need[use], mask[use], milli[use]
+        serves = (n_full >= kk[:, None]) & (cpu >= need[:, None]) & mask  # (classes, hosts)
+        supply = (np.where(serves, n_full // kk[:, None], 0).sum(axis=1)) * kk * CARD_MILLI
+        claim = milli / self._arrived_gpu * float(state.card_free.sum())
+        ratio = np.where(supply > 0, np.minimum(1.0, claim / np.maximum(supply, 1)), 0.0)
+        breaks = serves & ((n_after < kk[:, None]) | (cpu_after < need[:, None]))
+        return self.groups * (ratio @ breaks) if breaks.any() else None
+
+    def _multi_arrays(self, state: ClusterState):
+        """The multi-card classes seen so far as arrays: cards, CPU, allowed-host mask, GPU milli."""
+        key = (len(self._multi), state.models, state.size)
+        if self._multi_cache is None or self._multi_cache[0] != key:
+            masks: dict[tuple[str, ...], np.ndarray] = {}
+            rows = list(self._multi)
+            arrays = (
+                np.array([k for k, _, _ in rows], dtype=np.int64),
+                np.array([c for _, c, _ in rows], dtype=np.int64),
+                np.array([masks.setdefault(m, state.model_mask(m)) for _, _, m in rows]),
+            )
+            self._multi_cache = (key, arrays)
+        kk, need, mask = self._multi_cache[1]
+        return kk, need, mask, np.array(list(self._multi.values()), dtype=float)
 
     def decision_scores(self, state, d):
         score, card = self.host_scores(state, d)
