@@ -175,10 +175,13 @@ def cycle_worker(spec: dict) -> None:
     ready.wait()
     print("ready", flush=True)
     window.update(json.loads(sys.stdin.readline()))
+    cpu0 = time.process_time()
     go.set()
     for t in threads:
         t.join()
     out = {
+        "cpu_s": time.process_time()
+        - cpu0,  # every thread of this process, for the window (and a little after)
         "cycles": sum(r.get("cycles", 0) for r in results),
         "errors": sum(r.get("errors", 0) for r in results),
         "error": next((r["error"] for r in results if "error" in r), None),
@@ -222,6 +225,7 @@ def measure_cycles(spec: dict, clients: int, seconds: float, daemon_pid: int | N
                 w.wait(30)
     lat = [x for o in outs for x in o["acquire_s"]]
     cycles = sum(o["cycles"] for o in outs)
+    client_cpu = sum(o["cpu_s"] for o in outs)
     res = {
         "clients": clients,
         "processes": procs,
@@ -230,8 +234,11 @@ def measure_cycles(spec: dict, clients: int, seconds: float, daemon_pid: int | N
         "acquire_p99_ms": ms(pct(lat, 0.99)),
         "errors": sum(o["errors"] for o in outs),
     }
+    # CPU per cycle (ms): less sensitive to other load on the machine than the rates
+    res["clients_cpu_ms_per_cycle"] = round(1e3 * client_cpu / max(cycles, 1), 3)
     if daemon:
         res["daemon_cpu_pct"] = round(100 * (cpu1 - cpu0) / seconds, 1)
+        res["daemon_cpu_ms_per_cycle"] = round(1e3 * (cpu1 - cpu0) / max(cycles, 1), 3)
     if res["errors"]:
         res["first_error"] = next(o["error"] for o in outs if o["error"])
     return res
@@ -274,14 +281,18 @@ def grants(
                     bare_rate = row["cycles_per_s"]
                 elif bare_rate:
                     row["ratio_to_bare"] = round(row["cycles_per_s"] / bare_rate, 3)
-                say(f"  {row['cycles_per_s']}/s, acquire p99 {row['acquire_p99_ms']} ms")
+                say(
+                    f"  {row['cycles_per_s']}/s, acquire p99 {row['acquire_p99_ms']} ms, CPU ms/cycle: "
+                    f"clients {row['clients_cpu_ms_per_cycle']}, server {row.get('daemon_cpu_ms_per_cycle')}"
+                )
                 every.setdefault((name, n), []).append(row)
     if rounds == 1:
         return [rows[0] for rows in every.values()]
     out = []
     for (name, n), rows in every.items():
         med = {"kind": name, "clients": n, "processes": rows[0]["processes"], "rounds": rows}
-        for key in ("cycles_per_s", "acquire_p50_ms", "acquire_p99_ms", "daemon_cpu_pct", "ratio_to_bare"):
+        keys = ("cycles_per_s", "acquire_p50_ms", "acquire_p99_ms", "daemon_cpu_pct", "ratio_to_bare")
+        for key in (*keys, "daemon_cpu_ms_per_cycle", "clients_cpu_ms_per_cycle"):
             values = [x[key] for x in rows if x.get(key) is not None]
             if values:
                 med[key] = round(statistics.median(values), 3 if key == "ratio_to_bare" else 2)

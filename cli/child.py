@@ -25,7 +25,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TERMINATING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED = (*TERMINATING, signal.SIGUSR1, signal.SIGUSR2)
@@ -56,6 +56,8 @@ class Outcome:
 
     code: int
     signal: int | None = None
+    # the wrapper gave up (not the command's own end): nothing to report to the daemon
+    by_wrapper: bool = field(default=False, compare=False)
 
 
 class StartFailed(Exception):

@@ -10,18 +10,22 @@ sure of goes to Typer, which parses it again and gives its usual help or error m
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
 import sys
 
 # run's options: long and short names -> (parameter, kind). Kinds: "str", "int", "int>=1", "float>=0",
-# a flag's value (True/False). tests/test_run_entry.py checks this against the Typer command.
+# "duration", a flag's value (True/False). tests/test_run_entry.py checks this against the Typer command.
 RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--mode": ("mode", "str"),
     "-m": ("mode", "str"),
     "--gpus": ("gpus", "int>=1"),
     "-g": ("gpus", "int>=1"),
-    "--wait": ("wait", "float>=0"),
-    "-w": ("wait", "float>=0"),
+    "--wait": ("wait", "duration"),
+    "-w": ("wait", "duration"),
+    "--name": ("name", "str"),
+    "-n": ("name", "str"),
     "--priority": ("priority", "int"),
     "-p": ("priority", "int"),
     "--kill-grace": ("kill_grace", "float>=0"),
@@ -30,18 +34,64 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--json-env": ("json_env", True),
     "--when-green": ("when_green", True),
     "--deadline": ("deadline", "str"),
+    "--runtime-dir": ("runtime_dir", "str"),  # a global option, accepted after the command too
+    "--quiet": ("quiet", True),
+    "-q": ("quiet", True),
+    # jobs across hosts (xpu_cli.jobrun)
+    "--nodes": ("nodes", "int>=1"),
+    "-N": ("nodes", "int>=1"),
+    "--gpus-per-node": ("gpus_per_node", "int>=1"),
+    "--replicas": ("replicas", "int>=1"),
+    "--spread": ("spread", True),
+    "--label": ("label", True),
+    "-l": ("label", True),
+    "--kill-on-bad-exit": ("kill_on_bad_exit", True),
+    "--no-kill-on-bad-exit": ("kill_on_bad_exit", False),
+    "--json": ("as_json", True),
 }
 RUN_DEFAULTS = {
     "mode": "xpu",
     "gpus": 1,
-    "wait": 0.0,
+    "wait": None,
     "priority": 0,
     "restartable": False,
     "kill_grace": 10.0,
     "json_env": False,
+    "name": "",
     "when_green": False,
     "deadline": None,
+    "quiet": False,
+    "nodes": None,
+    "gpus_per_node": None,
+    "replicas": None,
+    "spread": False,
+    "label": False,
+    "kill_on_bad_exit": True,
+    "as_json": False,
 }
+MULTI_HOST_ONLY = {"label": "--label", "as_json": "--json", "kill_on_bad_exit": "--no-kill-on-bad-exit"}
+DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION = re.compile(r"(?:(\d+(?:\.\d*)?|\.\d+)([dhms]))+|\d+(?:\.\d*)?|\.\d+")
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([dhms])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds for a duration as `--wait` takes it: ``30`` or ``2.5`` (seconds), ``90s``, ``5m``, ``2h``,
+    ``1d``, ``1h30m`` (units in falling order), or ``inf`` (``math.inf``). Raises ValueError saying what
+    it accepts."""
+    if text in ("inf", "infinity"):
+        return math.inf
+    if text.isascii() and _DURATION.fullmatch(text):
+        parts = _PART.findall(text)
+        units = [u for _, u in parts]
+        if not parts:
+            return float(text)
+        if len(set(units)) == len(units) and units == sorted(units, key=list(DURATION_UNITS).index):
+            return sum(float(n) * DURATION_UNITS[u] for n, u in parts)
+    raise ValueError(
+        f"{text!r} is not a duration: use seconds (30, 2.5), a number with a unit (90s, 5m, 2h, 1d), "
+        "units together (1h30m), or inf"
+    )
 
 
 def _value(kind: str, text: str):
@@ -55,6 +105,11 @@ def _value(kind: str, text: str):
             return None
         n = int(text)
         return n if kind == "int" or n >= 1 else None
+    if kind == "duration":
+        try:
+            return parse_duration(text)
+        except ValueError:
+            return None
     # float>=0: plain decimals only (no sign, exponent, inf or nan)
     if not text.isascii() or not text.replace(".", "", 1).isdigit():
         return None
@@ -78,6 +133,7 @@ def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
         return None
     opts = dict(RUN_DEFAULTS)
     i += 1
+    after = None
     while i < len(args):
         arg = args[i]
         if arg == "--":
@@ -106,15 +162,83 @@ def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
         value = _value(kind, text) if text else None
         if value is None:
             return None
-        opts[param] = value
-    return runtime_dir, opts, args[i:]
+        if param == "runtime_dir":
+            after = value
+        else:
+            opts[param] = value
+    return (after if after is not None else runtime_dir), opts, args[i:]
+
+
+def _job_wait(wait: float | None) -> float:
+    """A multi-host job's wait: seconds (no daemon default, no `inf` across hosts)."""
+    from xpud.errors import BadRequest
+
+    if wait == math.inf:
+        raise BadRequest("--wait inf is for one-host runs: give a job across hosts a duration (e.g. 2h)")
+    return wait or 0.0
+
+
+def run_with(client, opts: dict, command: list[str]):
+    """Run ``command`` with `xpu run`'s options ``opts`` (as ``RUN_DEFAULTS`` names them): on this host
+    (``xpu_cli.run``), or across hosts with --nodes / --replicas (``xpu_cli.jobrun``). Returns the
+    Outcome; bad combinations of options raise BadRequest (one line)."""
+    from xpud.errors import BadRequest
+
+    if opts["nodes"] is not None or opts["replicas"] is not None or opts["spread"]:
+        from xpu_cli.jobrun import check_options, run_job
+
+        check_options(
+            opts["mode"],
+            opts["nodes"],
+            opts["gpus_per_node"],
+            opts["replicas"],
+            opts["spread"],
+            gpus_given=opts["gpus"] != RUN_DEFAULTS["gpus"],
+            priority=opts["priority"],
+            json_env=opts["json_env"],
+            kill_grace_given=opts["kill_grace"] != RUN_DEFAULTS["kill_grace"],
+        )
+        return run_job(
+            client,
+            command,
+            mode=opts["mode"],
+            nodes=opts["nodes"] or 0,
+            gpus_per_node=opts["gpus_per_node"] or 1,
+            replicas=opts["replicas"] or 0,
+            spread=opts["spread"],
+            wait_s=_job_wait(opts["wait"]),
+            labelled=opts["label"],
+            kill_on_bad_exit=opts["kill_on_bad_exit"],
+            restartable=opts["restartable"],
+            quiet=opts["quiet"],
+            as_json=opts["as_json"],
+        )
+    if opts["gpus_per_node"] is not None:
+        raise BadRequest("--gpus-per-node needs --nodes N (the hosts to spread the job over)")
+    for name, flag in MULTI_HOST_ONLY.items():
+        if opts[name] != RUN_DEFAULTS[name]:
+            raise BadRequest(f"{flag} applies to jobs across hosts: add --nodes N (or --replicas R --spread)")
+    from xpu_cli.run import run as run_leased
+
+    return run_leased(
+        client,
+        command,
+        mode=opts["mode"],
+        gpus=opts["gpus"],
+        wait_s=opts["wait"],
+        priority=opts["priority"],
+        restartable=opts["restartable"],
+        kill_grace_s=opts["kill_grace"],
+        json_env=opts["json_env"],
+        quiet=opts["quiet"],
+        name=opts["name"],
+    )
 
 
 def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
     """What `xpu run` does in ``xpu_cli.main``, without Typer: the exit code (or death by the command's
     signal, through ``die_like``)."""
     from xpu_cli.child import die_like
-    from xpu_cli.run import run as run_leased
 
     from xpud.api.client import Client
     from xpud.errors import XpudError
@@ -127,17 +251,7 @@ def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
                 runtime_dir, opts["when_green"], opts["deadline"], lambda m: sys.stderr.write(f"xpu: {m}\n")
             )
         with Client(runtime_dir) as c:
-            outcome = run_leased(
-                c,
-                command,
-                mode=opts["mode"],
-                gpus=opts["gpus"],
-                wait_s=opts["wait"],
-                priority=opts["priority"],
-                restartable=opts["restartable"],
-                kill_grace_s=opts["kill_grace"],
-                json_env=opts["json_env"],
-            )
+            outcome = run_with(c, opts, command)
     except XpudError as e:
         sys.stderr.write(f"xpu: {e}\n")
         return 1

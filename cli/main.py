@@ -7,13 +7,15 @@ import time
 from typing import Annotated
 
 import typer
-from xpu_cli import output
+from xpu_cli import grammar, output, vocab
 from xpu_cli.output import fail, handled
 
 from xpud.api.client import Client
 
 app = typer.Typer(
     add_completion=True,  # xpu --install-completion (bash, zsh, fish, PowerShell): README
+    cls=grammar.XpuGroup,
+    context_settings={"help_option_names": grammar.HELP_OPTIONS},
     pretty_exceptions_enable=False,
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -34,12 +36,30 @@ class State:
 state = State()
 
 
+def _run_value_options() -> frozenset[str]:
+    from xpu_cli.entry import RUN_OPTIONS
+
+    return frozenset(name for name, (_, kind) in RUN_OPTIONS.items() if not isinstance(kind, bool))
+
+
+grammar.XpuGroup.passthrough = {"run": _run_value_options()}
+
+
 @app.callback()
 def main_callback(
     runtime_dir: Annotated[
         str | None,
-        typer.Option(envvar="XPUD_RUNTIME_DIR", help="Where the daemon's sockets are (default /run/xpud)."),
+        typer.Option(
+            envvar="XPUD_RUNTIME_DIR",
+            help="Where the daemon's sockets are (default /run/xpud). Accepted after the command too.",
+        ),
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=grammar.version_option, is_eager=True, help="Print xpu's version and exit."
+        ),
+    ] = False,
 ) -> None:
     state.runtime_dir = runtime_dir
 
@@ -49,6 +69,19 @@ def client(admin: bool = False) -> Client:
 
 
 # ---------------------------------------------------------------------------------------------- run
+def _duration(text: str) -> float:
+    from xpu_cli.entry import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+RUN_MODES = ("xpu", "vxpu-half", "vxpu-quarter")  # the built-in ones; a config may add slice sizes
+CARD_MODES = ("whole", "sliced", "auto")
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 @handled
 def run(
@@ -61,20 +94,25 @@ def run(
         typer.Option(
             "--mode",
             "-m",
-            help="xpu (whole cards), vxpu-half, vxpu-quarter, or "
-            "another slice size from the daemon's config.",
+            metavar="MODE",
+            autocompletion=lambda: list(RUN_MODES),
+            help="xpu (whole cards), vxpu-half or vxpu-quarter (slices), or another slice size from the "
+            "daemon's config (`xpu info` lists them); any case.",
         ),
     ] = "xpu",
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Whole cards to lease (mode xpu).", min=1)] = 1,
     wait: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--wait",
             "-w",
-            help="Queue up to this many seconds when it does not fit now (0: fail at once).",
-            min=0,
+            help="Queue up to this long when it does not fit now: seconds (30), 90s, 5m, 2h, 1d, 1h30m, "
+            "or inf (as long as the daemon allows); 0: fail at once. Default: the daemon's "
+            "[leases] default_wait_s.",
+            parser=_duration,
+            metavar="DURATION",
         ),
-    ] = 0.0,
+    ] = None,
     priority: Annotated[int, typer.Option("--priority", "-p", help="Higher goes first in the queue.")] = 0,
     restartable: Annotated[
         bool,
@@ -86,6 +124,10 @@ def run(
     kill_grace: Annotated[
         float, typer.Option(help="Seconds between a forwarded signal and SIGKILL.", min=0)
     ] = 10.0,
+    name: Annotated[
+        str,
+        typer.Option("--name", "-n", help="A name for the job, shown in `xpu leases` and `xpu show`."),
+    ] = "",
     when_green: Annotated[
         bool,
         typer.Option(
@@ -106,141 +148,131 @@ def run(
             "stdin closes or a signal comes, then release (for other launchers).",
         ),
     ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No queue or placement lines on stderr.")
+    ] = False,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            "--nodes",
+            "-N",
+            help="Run across this many hosts of the cluster, one rank each (torchrun/srun style).",
+            min=1,
+        ),
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", help="Whole cards per host (with --nodes).", min=1)
+    ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option("--replicas", help="Slices of --mode on several hosts (with --spread).", min=1),
+    ] = None,
+    spread: Annotated[bool, typer.Option("--spread", help="--replicas on distinct hosts.")] = False,
+    label: Annotated[
+        bool, typer.Option("--label", "-l", help="Prefix each output line with its rank ('N: ').")
+    ] = False,
+    kill_on_bad_exit: Annotated[
+        bool,
+        typer.Option(
+            "--kill-on-bad-exit/--no-kill-on-bad-exit", help="One failing rank stops all (multi-host)."
+        ),
+    ] = True,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Multi-host: a JSON summary as the last line of stdout.")
+    ] = False,
 ) -> None:
-    """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release."""
+    """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release.
+    With --nodes (or --replicas --spread): the same across hosts, one rank per host."""
     from xpu_cli import green
     from xpu_cli.child import die_like
-    from xpu_cli.run import run as run_leased
+    from xpu_cli.entry import RUN_DEFAULTS, run_with
 
     green.before_run(state.runtime_dir, when_green, deadline, lambda m: typer.echo(f"xpu: {m}", err=True))
-
+    opts = dict(
+        mode=mode,
+        gpus=gpus,
+        wait=wait,
+        priority=priority,
+        restartable=restartable,
+        kill_grace=kill_grace,
+        json_env=json_env,
+        name=name,
+        quiet=quiet,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        replicas=replicas,
+        spread=spread,
+        label=label,
+        kill_on_bad_exit=kill_on_bad_exit,
+        as_json=as_json,
+        when_green=when_green,
+        deadline=deadline,
+    )
+    opts = {k: opts[k] for k in RUN_DEFAULTS}  # the fast path's order
     with client() as c:
-        outcome = run_leased(
-            c,
-            list(command or []),
-            mode=mode,
-            gpus=gpus,
-            wait_s=wait,
-            priority=priority,
-            restartable=restartable,
-            kill_grace_s=kill_grace,
-            json_env=json_env,
-        )
+        outcome = run_with(c, opts, list(command or []))
     raise typer.Exit(die_like(outcome))
 
 
 # ---------------------------------------------------------------------------------------------- listings
-def _held(card) -> str:
-    if card.whole_lease:
-        return f"lease {card.whole_lease}"
-    if card.slices:
-        return " ".join(f"{s.size.removeprefix('vxpu-')}:{s.lease_id}" for s in card.slices)
-    return "-"
-
-
-def _free(card) -> str:
-    if card.drained:
-        return "drained"
-    if card.whole_lease:
-        return "0"
-    if card.mode == "sliced" or card.slices:
-        return f"{card.free_memory_fraction * 100:.0f}% mem {card.free_compute_pct}% sm"
-    return "whole"
-
-
 @app.command("ls")
 @handled
-def ls(as_json: JsonOpt = False) -> None:
+def ls(
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Redraw at every change until Ctrl-C (as kubectl -w).")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Cards: mode, slices, free capacity, memory, utilisation, temperature, health."""
     with client() as c:
+        if watch:
+            from xpu_cli.watching import follow
+
+            return follow(c, lambda update: _print_cards(update.cards, as_json))
         reply = c.cards()
+    _print_cards(reply, as_json)
+
+
+def _print_cards(reply, as_json: bool) -> None:
     if as_json:
         return output.print_json([output.to_dict(card) for card in reply.cards])
     rows = []
     for card in reply.cards:
         s = card.sample
         has = card.HasField("sample")
-        mem = (
-            f"{output.gib(s.memory_used_bytes) if has and s.HasField('memory_used_bytes') else '-'}"
-            f"/{output.gib(card.memory_total_bytes)} GiB"
-        )
+        used = s.memory_used_bytes if has and s.HasField("memory_used_bytes") else None
         util = f"{s.utilization_gpu_pct}%" if has and s.HasField("utilization_gpu_pct") else "-"
         temp = f"{s.temperature_c}C" if has and s.HasField("temperature_c") else "-"
         power = f"{s.power_w:.0f}W" if has and s.HasField("power_w") else "-"
         if has and s.lost:
             util = temp = power = "lost"
-        mode = card.mode + ("*" if card.mode_pinned else "")
         rows.append(
             [
                 card.index,
-                card.name,
-                mode,
-                card.isolation,
-                _held(card),
-                _free(card),
-                mem,
+                vocab.card_name(card),
+                vocab.mode(card),
+                vocab.held_by(card),
+                output.Styled(vocab.free(card), "yellow") if card.drained else vocab.free(card),
+                vocab.memory(used, card.memory_total_bytes),
                 util,
                 temp,
                 power,
-                f"{card.health_state} {card.health_score}",
+                output.Styled(
+                    f"{card.health_state} {card.health_score}",
+                    output.HEALTH_STYLES.get(card.health_state, ""),
+                ),
             ]
         )
     output.table(
-        ["CARD", "NAME", "MODE", "ISOL", "HELD BY", "FREE", "MEMORY", "UTIL", "TEMP", "POWER", "HEALTH"], rows
+        ["CARD", "NAME", "MODE", "HELD BY", "FREE", "MEMORY", "UTIL", "TEMP", "POWER", "HEALTH"],
+        rows,
+        optional=("POWER", "TEMP", "NAME"),
     )
+    for card in reply.cards:
+        if card.drained:
+            output.note(f"card {card.index} drained: {card.drain_reason or '(no reason given)'}")
     if any(card.mode_pinned for card in reply.cards):
-        print("* mode pinned by an operator (`xpu mode CARD auto` lets the scheduler switch it again)")
-
-
-@app.command()
-@handled
-def leases(
-    all_: Annotated[
-        bool, typer.Option("--all", "-a", help="Include ended leases (most recent first).")
-    ] = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Active leases and the requests waiting in the queue."""
-    with client() as c:
-        reply = c.leases(all=all_)
-    if as_json:
-        return output.print_json(reply)
-    now = time.time()
-    rows = [
-        [
-            le.id,
-            le.mode,
-            ",".join(map(str, le.cards)),
-            le.owner_uid,
-            le.holder_pid or "-",
-            output.age(le.created, now),
-            le.state if all_ else ("yes" if le.held else "NO"),
-            ("R " if le.restartable else "") + (f"[{le.mark}] " if le.mark else "") + le.command[:60],
-        ]
-        for le in reply.leases
-    ]
-    output.table(
-        ["LEASE", "MODE", "CARDS", "UID", "PID", "AGE", "STATE" if all_ else "HELD", "COMMAND"], rows
-    )
-    if reply.queue:
-        print(f"\nqueue ({len(reply.queue)} waiting):")
-        output.table(
-            ["POS", "TICKET", "MODE", "GPUS", "PRIO", "UID", "WAITED", "GIVES UP IN", "COMMAND"],
-            [
-                [
-                    q.position,
-                    q.ticket,
-                    q.mode,
-                    q.gpus,
-                    q.priority,
-                    q.owner_uid,
-                    output.age(q.enqueued, now),
-                    f"{max(0, q.deadline - now):.0f}s",
-                    q.command[:50],
-                ]
-                for q in reply.queue
-            ],
-        )
+        output.note("* mode pinned by an operator (`xpu mode CARD auto` lets the scheduler switch it again)")
 
 
 @app.command()
@@ -307,83 +339,10 @@ def info(as_json: JsonOpt = False) -> None:
     )
     shown["config_path"] = i.config_path or "(none: defaults)"
     shown["slice_sizes"] = ", ".join(  # what --mode accepts besides xpu
-        f"{s.name} ({s.memory_fraction:.4g} memory, {s.compute_pct}% compute)" for s in i.slice_sizes
+        f"{s.name} ({s.memory_fraction * 100:.4g}% memory, {s.compute_pct}% compute)" for s in i.slice_sizes
     )
     for k, v in shown.items():
-        print(f"{k:16} {v}")
-
-
-@app.command()
-@handled
-def health(
-    card: Annotated[str | None, typer.Argument(help="Card index or UUID (default: every card).")] = None,
-    history: Annotated[int, typer.Option(help="State changes to show per card.", min=1)] = 20,
-    as_json: JsonOpt = False,
-) -> None:
-    """Health score, state, every signal with its threshold, and the history of state changes."""
-    with client() as c:
-        reply = c.health(card or "", history=history)
-        cards = {x.index: x for x in c.cards().cards}
-    if as_json:
-        return output.print_json([output.to_dict(h) for h in reply.cards])
-    now = time.time()
-    for n, h in enumerate(reply.cards):
-        if n:
-            print()
-        print(f"card {h.index} ({h.uuid}): {h.state}, score {h.score}")
-        for reason in h.reasons:
-            print(f"  because: {reason}")
-        info = cards.get(h.index)
-        if info is not None and info.drained:
-            print(f"  drained: {info.drain_reason}")
-        if h.state != "healthy":
-            if h.clear_since:
-                print(
-                    f"  signals say {h.raw_state}, clear for {now - h.clear_since:.0f} s of "
-                    f"{h.clear_needed_s:g} s needed to recover"
-                )
-            else:
-                print(
-                    f"  signals say {h.raw_state}: {h.clear_needed_s:g} s of clear signals needed to recover"
-                )
-        output.table(
-            ["  SIGNAL", "VALUE", "THRESHOLD", "STATUS", "REASON"],
-            [
-                [
-                    f"  {s.name}",
-                    _signal_value(s, "value"),
-                    _signal_value(s, "threshold"),
-                    s.status,
-                    s.reason,
-                ]
-                for s in h.signals
-            ],
-        )
-        if h.history:
-            print("  history:")
-        for ch in h.history:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ch.timestamp))
-            print(f"  {when}  {ch.from_state} -> {ch.to_state} (score {ch.score}): {'; '.join(ch.reasons)}")
-
-
-def _signal_value(sig, name: str) -> str:
-    """A signal's value or threshold in human units (the daemon sends raw numbers and a unit)."""
-    if not sig.HasField(name):
-        return "-"
-    v = getattr(sig, name)
-    unit = sig.unit
-    if unit == "bytes":
-        return f"{output.gib(v)} GiB"
-    if unit == "mask":
-        return f"0x{int(v):x}"
-    if unit == "ratio":
-        return f"{v * 100:.0f}%"
-    if unit == "P":
-        return f"P{int(v)}"
-    if sig.name in ("lost", "inforom") and name == "value":
-        return {"lost": ("no", "yes"), "inforom": ("invalid", "valid")}[sig.name][int(v)]
-    text = f"{v:g}"
-    return f"{text} {unit}" if unit and unit != "%" else text + unit
+        output.note(f"{k:16} {v}", indent=" " * 17)
 
 
 # ---------------------------------------------------------------------------------------------- operators
@@ -405,20 +364,31 @@ def undrain(card: Annotated[str, typer.Argument(help="Card index or UUID.")]) ->
     """Put a drained card back in service (operators)."""
     with client(admin=True) as c:
         card_msg = c.undrain(card)
-    if card_msg.drained:  # the health monitor's drain stays until the card recovers
-        print(f"card {card_msg.index}: operator drain lifted; still out: {card_msg.drain_reason}")
-    else:
-        print(f"card {card_msg.index} back in service")
+        if card_msg.drained:  # the health monitor's drain stays until the card recovers
+            from xpu_cli.health import recovery
+
+            (h,) = c.health(str(card_msg.index)).cards
+            print(f"card {card_msg.index}: operator drain lifted; still out of service: {recovery(h)}")
+            return
+    print(f"card {card_msg.index} back in service")
 
 
 @app.command("mode")
 @handled
 def mode_cmd(
     card: Annotated[str, typer.Argument(help="Card index or UUID.")],
-    mode: Annotated[str, typer.Argument(help="whole, sliced, or auto (the scheduler decides).")],
+    mode: Annotated[
+        str,
+        typer.Argument(
+            metavar="whole|sliced|auto",
+            autocompletion=lambda: list(CARD_MODES),
+            help="whole, sliced, or auto (the scheduler decides); any case.",
+        ),
+    ],
 ) -> None:
     """Switch a card between whole and sliced mode (operators); refused while a lease holds it."""
-    if mode not in ("whole", "sliced", "auto"):
+    mode = mode.lower()
+    if mode not in CARD_MODES:
         fail(f"mode {mode!r}: use whole, sliced or auto", 2)
     with client(admin=True) as c:
         card_msg = c.set_mode(card, mode)
@@ -454,17 +424,22 @@ def fault_inject(
 @fault_app.command("clear")
 @handled
 def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]) -> None:
-    """Clear injected faults on a simulated card."""
+    """Clear injected faults on a simulated card (and say when it will be back in service)."""
+    from xpu_cli.health import recovery
+
     with client(admin=True) as c:
         print(c.clear_fault(card))
+        for h in c.health(card).cards:
+            if h.state != "healthy":
+                print(f"card {h.index} stays out for now: {recovery(h)}")
 
 
 def _register_commands() -> None:
-    """Commands that live in their own modules (defrag, simulator, dashboard, certs, config) register
-    themselves."""
-    from xpu_cli import certs, configure, defrag, simulate, top
+    """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster, config,
+    leases, events, health) register themselves."""
+    from xpu_cli import certs, cluster, configure, defrag, events, health, leases, simulate, top
 
-    for module in (certs, configure, defrag, simulate, top):
+    for module in (certs, cluster, configure, defrag, events, health, leases, simulate, top):
         module.register(app)
 
 

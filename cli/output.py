@@ -1,15 +1,18 @@
-"""Printing for the CLI: aligned tables, JSON, human units. Formatting lives here, not in the daemon."""
+"""Printing for the CLI: aligned tables, JSON (shaped by ``jsonshape``), human units. Formatting lives here,
+not in the daemon."""
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.json_format import MessageToDict
+from xpu_cli.jsonshape import to_dict
 
 from xpud.errors import XpudError
 
@@ -39,48 +42,7 @@ def handled(fn):
     return wrapper
 
 
-_INT64 = frozenset(
-    {
-        FieldDescriptor.TYPE_INT64,
-        FieldDescriptor.TYPE_UINT64,
-        FieldDescriptor.TYPE_SINT64,
-        FieldDescriptor.TYPE_FIXED64,
-        FieldDescriptor.TYPE_SFIXED64,
-    }
-)
-
-
-def to_dict(msg) -> dict:
-    """The message as JSON-ready data with the proto's field names, in the proto's field order; 64-bit
-    integers stay numbers (protobuf's JSON mapping writes them as strings, which `jq` and scripts would
-    have to convert)."""
-    d = MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    return _tidy(msg.DESCRIPTOR, d)
-
-
-def _repeated(f) -> bool:
-    rep = getattr(f, "is_repeated", None)  # protobuf >= 5.28; `label` is gone in 7
-    return rep if rep is not None else f.label == FieldDescriptor.LABEL_REPEATED
-
-
-def _tidy(desc, d: dict) -> dict:
-    out = {}
-    for f in desc.fields:
-        if f.name not in d:
-            continue
-        v = d[f.name]
-        if f.message_type is not None and f.message_type.GetOptions().map_entry:
-            vf = f.message_type.fields_by_name["value"]
-            if vf.message_type is not None:
-                v = {k: _tidy(vf.message_type, x) for k, x in v.items()}
-            elif vf.type in _INT64:
-                v = {k: int(x) for k, x in v.items()}
-        elif f.message_type is not None:
-            v = [_tidy(f.message_type, x) for x in v] if _repeated(f) else _tidy(f.message_type, v)
-        elif f.type in _INT64:
-            v = [int(x) for x in v] if _repeated(f) else int(v)
-        out[f.name] = v
-    return out
+__all__ = ["fail", "handled", "to_dict"]
 
 
 def print_json(obj) -> None:
@@ -92,16 +54,126 @@ def print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out=None) -> None:
+class Styled(str):
+    """A table cell with a style (``green``, ``yellow``, ``red``, ``bold``), shown only where colour is on."""
+
+    style: str
+
+    def __new__(cls, text: object, style: str) -> Styled:
+        cell = super().__new__(cls, str(text))
+        cell.style = style
+        return cell
+
+
+_SGR = {"bold": "1", "red": "31", "green": "32", "yellow": "33", "dim": "2"}
+HEALTH_STYLES = {"healthy": "green", "degraded": "yellow", "unhealthy": "red"}
+ELLIPSIS = "…"
+GAP = 2  # spaces between columns
+COMFORTABLE = 16
+
+
+def colour_on(out) -> bool:
+    """Colour only on a terminal, never with ``NO_COLOR`` set (https://no-color.org) or ``TERM=dumb``."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(out, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def paint(text: str, style: str, on: bool) -> str:
+    codes = ";".join(_SGR[s] for s in style.split() if s in _SGR)
+    return f"\x1b[{codes}m{text}\x1b[0m" if on and codes else text
+
+
+def width_for(out) -> int | None:
+    """The width a table must fit: ``COLUMNS`` when set, the terminal's on a terminal, else None (a pipe or
+    a file gets whole rows: cutting them would lose data a script greps for)."""
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    isatty = getattr(out, "isatty", None)
+    if isatty and isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def fit(widths: list[int], mins: list[int], width: int | None) -> list[int]:
+    """Column widths that fit ``width`` (gaps included): the widest column is cut first, down to the
+    next widest or its minimum, then the widest again, and so on. Widths stay as they are when they fit
+    or when no width is given; a table whose minimums do not fit stays too wide."""
+    widths = list(widths)
+    if width is None:
+        return widths
+    excess = sum(widths) + GAP * (len(widths) - 1) - width
+    while excess > 0:
+        order = sorted((i for i, w in enumerate(widths) if w > mins[i]), key=lambda i: -widths[i])
+        if not order:
+            break
+        i = order[0]
+        floor = max(mins[i], widths[order[1]]) if len(order) > 1 else mins[i]
+        step = min(excess, widths[i] - floor) or 1
+        widths[i] -= step
+        excess -= step
+    return widths
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` cells, an ellipsis marking a cut."""
+    return text if len(text) <= width else text[: max(0, width - 1)] + ELLIPSIS
+
+
+def table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    out=None,
+    width: int | None = None,
+    optional: Sequence[str] = (),
+) -> None:
+    """Print an aligned table that fits the terminal (see ``width_for``; ``width`` overrides it): the
+    widest columns are cut with an ellipsis, so each row stays one line; where that would cut columns
+    below 16 cells, the ``optional`` columns (header names, least useful first) are left out first, with
+    a note saying so. ``Styled`` cells are coloured where colour is on (``colour_on``), the header bold."""
     out = out or sys.stdout
-    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    for r in cells:
-        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+    on = colour_on(out)
+    limit = width if width is not None else width_for(out)
+    cells = [[str(h) for h in headers]] + [[c if isinstance(c, str) else str(c) for c in r] for r in rows]
+    natural = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    # a column keeps its header's width (up to 8 cells) and never goes below 3 cells
+    mins = [min(n, max(3, min(len(h), 8))) for n, h in zip(natural, cells[0], strict=True)]
+    # a column is cut comfortably down to 16 cells (or its header); below that, optional columns go first
+    comfortable = [min(n, max(COMFORTABLE, len(h))) for n, h in zip(natural, cells[0], strict=True)]
+    keep = list(range(len(headers)))
+    hidden = []
+    for name in optional:
+        if limit is None or sum(comfortable[i] for i in keep) + GAP * (len(keep) - 1) <= limit:
+            break
+        if name in headers:
+            keep.remove(headers.index(name))
+            hidden.append(name)
+    cells = [[r[i] for i in keep] for r in cells]
+    widths = fit([natural[i] for i in keep], [mins[i] for i in keep], limit)
+    for n, r in enumerate(cells):
+        parts = []
+        for i, (c, w) in enumerate(zip(r, widths, strict=True)):
+            text = cut(c, w)
+            pad = "" if i == len(r) - 1 else " " * (w - len(text))
+            style = "bold" if n == 0 else getattr(c, "style", "")
+            parts.append(paint(text, style, on) + pad)
+        out.write((" " * GAP).join(parts).rstrip() + "\n")
+    if hidden:
+        out.write(f"({', '.join(hidden)} left out to fit {limit} columns; --json has everything)\n")
 
 
-def gib(n: int | float | None) -> str:
-    return "-" if n is None else f"{n / (1 << 30):.1f}"
+def note(text: str, out=None, indent: str = "  ") -> None:
+    """Print a line of prose under a table, wrapped to the table's width (continuation lines indented)."""
+    out = out or sys.stdout
+    limit = width_for(out)
+    if limit is None or len(text) <= limit:
+        out.write(text + "\n")
+        return
+    lead = len(text) - len(text.lstrip(" "))
+    wrapped = textwrap.fill(text, limit, subsequent_indent=" " * lead + indent, break_on_hyphens=False)
+    out.write(wrapped + "\n")
 
 
 def age(since: float, now: float | None = None) -> str:

@@ -5,9 +5,12 @@ then goes on as the lease's Hold stream (move, revoke, mark, released events). A
 breaks after the grant (the daemon restarts), keeps the lease held through new Hold streams. The main
 thread sleeps on one self-pipe that signals, SIGCHLD and that thread all poke.
 
-- Queueing (``--wait``): on a terminal the position in the queue, the time waited and the time left are
-  shown on one line, redrawn every second; otherwise a line is printed when the position changes (at most
-  every 5 s). A signal while queued (Ctrl-C) leaves the queue and ends the wrapper by that signal.
+- Queueing (``--wait``): on a terminal the ticket, the position in the queue, the time waited and the time
+  left are shown on one line, redrawn every second; otherwise a line is printed when the position changes
+  (at most every 5 s). A signal while queued (Ctrl-C) leaves the queue ("left the queue") and ends the
+  wrapper by that signal.
+- Release: the wrapper tells the daemon how the command ended (exit status or signal) and when it
+  started; `xpu leases --all` shows it.
 - Running: see ``xpu_cli.child``. The wrapper ends as the command ended: the same exit code, or death by
   the same signal (a shell shows 128 + n), after releasing the lease.
 - ``--restartable``: on a ``move`` event the command is stopped (SIGTERM, SIGKILL after the grace), the
@@ -225,8 +228,9 @@ class LeaseStream(threading.Thread):
 class Progress:
     """The queue position while a request waits (stderr)."""
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, quiet: bool = False):
         self.what = what
+        self.quiet = quiet
         self.tty = sys.stderr.isatty()
         self.started = time.monotonic()
         self.q = None
@@ -243,13 +247,13 @@ class Progress:
 
     def show(self) -> None:
         q = self.q
-        if q is None:
+        if q is None or self.quiet:
             return
         waited = time.monotonic() - self.started
         left = max(0.0, q.deadline - time.time())
         line = (
             f"queued for {self.what}: position {q.position} of {q.queue_length}, "
-            f"waited {waited:.0f} s, giving up in {left:.0f} s"
+            f"waited {waited:.0f} s, giving up in {left:.0f} s (ticket {q.ticket})"
         )
         if self.tty:
             with contextlib.suppress(OSError):
@@ -270,13 +274,18 @@ class Progress:
             self.shown = False
 
 
-def _wait_for_grant(stream: LeaseStream, signals: Signals, wake: Wakeup, what: str):
+def _wait_for_grant(stream: LeaseStream, signals: Signals, wake: Wakeup, what: str, quiet: bool = False):
     """The grant (pb.Granted), or the Outcome of a signal that ended the wait. Raises the daemon's error."""
-    progress = Progress(what)
+    progress = Progress(what, quiet)
     while True:
         for sig in signals.pop():
             stream.stop()
             progress.clear()
+            if progress.q is not None:
+                _say(
+                    f"left the queue (ticket {progress.q.ticket}, position {progress.q.position}, "
+                    f"waited {time.monotonic() - progress.started:.0f} s)"
+                )
             return Outcome(128 + sig, sig)
         item = stream.next()
         if item is None:
@@ -334,7 +343,7 @@ def _supervise(
                     lease = client.ack_move(lease.id, token)
                 except XpudError as e:
                     _say(f"the move of lease {lease.id} failed: {e}")
-                    return Outcome(1)
+                    return Outcome(1, by_wrapper=True)
                 restarts += 1
                 where = ",".join(map(str, lease.cards))
                 _say(f"restarting the command on card {where} (restart {restarts})")
@@ -396,19 +405,30 @@ def _hold_for_launcher(stream: LeaseStream, signals: Signals, wake: Wakeup, gran
                 return 0
 
 
+def _reported(outcome: Outcome | None) -> tuple[int | None, int | None]:
+    """(exit code, signal) to report at release; (None, None) when the command's end is not known."""
+    if outcome is None or outcome.by_wrapper:
+        return None, None
+    return (None, outcome.signal) if outcome.signal else (outcome.code, None)
+
+
 def run(
     client: Client,
     argv: list[str],
     mode: str,
     gpus: int = 1,
-    wait_s: float = 0.0,
+    wait_s: float | None = 0.0,
     priority: int = 0,
     restartable: bool = False,
     kill_grace_s: float = 10.0,
     json_env: bool = False,
+    name: str = "",
+    quiet: bool = False,
 ) -> Outcome:
-    """Lease, run ``argv`` under supervision (or hold for another launcher with ``json_env``), release.
-    Returns how the command ended (``xpu_cli.child.die_like`` ends the wrapper the same way)."""
+    """Lease, run ``argv`` under supervision (or hold for another launcher with ``json_env``), release
+    (telling the daemon how the command ended, for `xpu leases --all`). ``wait_s``: None for the daemon's
+    default, ``math.inf`` for the longest it allows. Returns how the command ended
+    (``xpu_cli.child.die_like`` ends the wrapper the same way)."""
     if json_env and argv:
         raise BadRequest("--json-env prints the environment for another launcher: give no command")
     if json_env and restartable:
@@ -416,31 +436,35 @@ def run(
     if not json_env and not argv:
         raise BadRequest("no command given: xpu run --mode MODE -- COMMAND [ARGS...] (or --json-env)")
     request = dict(
-        mode=mode,
+        mode=mode.lower(),  # --mode VXPU-HALF is vxpu-half: mode names are lower case
         gpus=gpus,
         priority=priority,
         wait_s=wait_s,
         restartable=restartable,
         command=shlex.join(argv) if argv else "(xpu run --json-env)",
+        name=name,
     )
     wake = Wakeup()
     try:
         with Signals(wake) as signals:
             stream = LeaseStream(client, request, wake)
             stream.start()
-            grant = None
+            grant, ended, started = None, None, 0.0
             try:
-                got = _wait_for_grant(stream, signals, wake, mode if mode != "xpu" else f"{gpus} card(s)")
+                what = mode if mode != "xpu" else f"{gpus} card(s)"
+                got = _wait_for_grant(stream, signals, wake, what, quiet)
                 if isinstance(got, Outcome):
                     return got
                 grant = got
                 if json_env:
                     return Outcome(_hold_for_launcher(stream, signals, wake, grant))
-                return _supervise(client, stream, signals, wake, grant, argv, kill_grace_s)
+                started = time.time()
+                ended = _supervise(client, stream, signals, wake, grant, argv, kill_grace_s)
+                return ended
             finally:
                 stream.stop()
                 if grant is not None:
                     with contextlib.suppress(XpudError):
-                        client.release(grant.lease.id, grant.token)
+                        client.release(grant.lease.id, grant.token, *_reported(ended), started=started)
     finally:
         wake.close()

@@ -28,6 +28,7 @@ def top(
         str | None,
         typer.Option(
             "--runtime-dir",
+            metavar="DIR",
             envvar="XPUD_RUNTIME_DIR",
             help="The daemon shown in the host view (its socket directory; default /run/xpud).",
         ),
@@ -38,7 +39,8 @@ def top(
             "--host",
             metavar="[DOMAIN/][NAME=]DIR",
             help="A host for the cluster view: a local daemon's runtime dir, optionally named and placed "
-            "in a network domain (e.g. rack-3/node-a=/run/xpud-a). Repeat for more hosts.",
+            "in a network domain (e.g. rack-3/node-a=/run/xpud-a). Repeat for more hosts. Without it, a "
+            "daemon with [cluster] configured feeds the cluster view from its federation.",
         ),
     ] = None,
     interval: Annotated[
@@ -56,7 +58,7 @@ def top(
     """Live dashboard: cards by topology, leases and queue, events, cluster; operator actions."""
     try:
         from xpu_tui.app import XpuTop
-        from xpu_tui.source import HostSpec, LocalHosts
+        from xpu_tui.source import FederationHosts, HostSpec, LocalHosts
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] != "textual":
             raise
@@ -82,7 +84,15 @@ def top(
         client.info()  # fail here, with the client's one-line reason, rather than inside the screen
     except XpudError as e:
         _fail(str(e))
-    cluster = LocalHosts(specs, interval, clock=time.time) if specs else None
+    cluster = None
+    if specs:
+        cluster = LocalHosts(specs, interval, clock=time.time)
+    else:
+        try:
+            if client.cluster().enabled:  # the daemon has peers: its federation view feeds the cluster tab
+                cluster = FederationHosts(client, interval, clock=time.time)
+        except XpudError:
+            pass  # an older daemon without GetCluster: no cluster view, as before
     try:
         XpuTop(client, cluster, interval_s=interval).run()
     finally:

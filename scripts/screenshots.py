@@ -26,6 +26,8 @@ SHOTS = {
     "xpu-top-leases.svg": (lambda: demo.dgx_source(admin=True), None, (120, 32), ("2", "down")),
     "xpu-top-events.svg": (lambda: demo.dgx_source(admin=True), None, (120, 24), ("3",)),
     "xpu-top-cluster.svg": (lambda: demo.dgx_source(admin=True), demo.cluster, (120, 32), ("4",)),
+    "xpu-top-200x60.svg": (lambda: demo.dgx_source(admin=True), None, (200, 60), ()),
+    "xpu-top-card.svg": (lambda: demo.dgx_source(admin=True), None, (100, 40), ("down", "enter")),
     "xpu-top-drain.svg": (
         lambda: demo.dgx_source(admin=True),
         None,
@@ -53,6 +55,9 @@ async def shoot(name: str, outdir: Path) -> None:
         for key in keys:
             await pilot.press(key)
         await pilot.pause(0.2)
+        while hasattr(app.screen, "report") and app.screen.report is None:  # the card's health signals
+            await pilot.pause(0.02)
+        await pilot.pause(0.1)
         app.save_screenshot(name, str(outdir))
     print(outdir / name)
 

@@ -21,7 +21,12 @@ BIN = Path(sys.executable).parent
 
 
 def xpu_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XPUD_", "CUDA_", "XPU_"))}
+    # COLUMNS/LINES out too: tables fit a width only where one is set (tests that want one set it)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("XPUD_", "CUDA_", "XPU_")) and k not in ("COLUMNS", "LINES")
+    }
     env.update(XPUD_RUNTIME_DIR=str(runtime_dir), PYTHONUNBUFFERED="1", **extra)
     return env
 
@@ -57,8 +62,16 @@ def alive(pid: int) -> bool:
 class DaemonProc:
     """A real ``xpud --simulate`` subprocess with its own runtime and state directories."""
 
-    def __init__(self, base: Path, machine: str, config: str = "", args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        base: Path,
+        machine: str,
+        config: str = "",
+        args: tuple[str, ...] = (),
+        prefix: tuple[str, ...] = (),  # e.g. ("ip", "netns", "exec", NS): run it in a network namespace
+    ):
         self.base = base
+        self.prefix = prefix
         self.machine = machine
         self.runtime_dir = base / "run"
         self.state_dir = base / "state"
@@ -70,6 +83,7 @@ class DaemonProc:
 
     def start(self, wait: bool = True) -> DaemonProc:
         cmd = [
+            *self.prefix,
             str(BIN / "xpud"),
             "--config",
             str(self.config),

@@ -47,6 +47,9 @@ def test_documented_file_lists_every_key_with_its_default():
         ("[slices.vxpu-eighth]\nmemory_fraction = 0.125\n", 1, ["needs both"]),
         ("[slices.big]\nmemory_fraction = 0.5\ncompute_pct = 10\n", 1, ["vxpu-<word>"]),
         ("[cards]\nreserved_memory_mib = true\n", 2, ["expected an integer"]),
+        ("[leases]\ndefault_wait_s = -5\n", 2, ["[leases] default_wait_s", "below the minimum"]),
+        ("[leases]\ndefault_wait_s = inf\n", 2, ["[leases] default_wait_s", "not a finite number"]),
+        ("[leases]\nmax_wait_s = 60\ndefault_wait_s = 600\n", 3, ["default_wait_s", "above max_wait_s (60)"]),
     ],
 )
 def test_bad_values_name_file_line_and_key(text, line, words):

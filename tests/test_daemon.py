@@ -378,6 +378,7 @@ def test_two_daemons_side_by_side_and_a_second_on_the_same_socket_is_refused(dae
         env=xpu_env(a.runtime_dir),
     )
     assert r.returncode == 1 and "another xpud answers" in r.stderr
+    assert a.xpu("ls").returncode == 0  # the refused daemon cleaned up only what it made: a serves on
 
 
 def test_queue_is_visible_and_wait_expires(daemon):
@@ -398,8 +399,9 @@ def test_queue_is_visible_and_wait_expires(daemon):
         )
         q = wait_until(lambda: list(c.leases().queue))
         assert q[0].gpus == 2 and q[0].position == 1
-        listing = daemon.xpu("leases")
-        assert "queue (1 waiting)" in listing.stdout
+        listing = daemon.xpu("leases").stdout.splitlines()
+        row = next(line for line in listing if line.startswith(q[0].ticket))  # the ticket stands for the id
+        assert " queued " in row and " Resources (position 1, gives up in " in row
         c.release(g.lease.id, g.token)
         assert p.wait(20) == 0
         r = daemon.xpu("run", "--mode", "xpu", "--gpus", "8", "--wait", "0.3", "--", "true")

@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.inproc import InProcDaemon
 from xpud.api.client import Client
 from xpud.errors import Conflict, NoCapacity
@@ -201,6 +202,8 @@ def test_a_second_user_s_mps_slice_goes_to_another_card_or_waits_with_the_reason
     waiter = asyncio.run_coroutine_threadsafe(
         d.engine.acquire(Request(Mode.VXPU_QUARTER, owner_uid=1002, wait_s=30)), d.loop
     )
+    # it waits for an MPS server of its own, and the queue says so (squeue's REASON)
+    wait_until(lambda: [q.reason for q in d.call(d.engine.queue_view)] == ["MPS user"])
     admin = Caller(uid=0, admin=True)
     for lease in d.call(lambda: [x for x in d.engine.leases.values() if x.owner_uid == 1000]):
         assert not waiter.done()

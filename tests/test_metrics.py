@@ -80,7 +80,7 @@ def test_scrape_matches_xpu_ls(busy_site):
         assert value(found, "xpud_card_health_state", **lab, state=card["health_state"]) == 1.0
         assert value(found, "xpud_card_memory_total_bytes", **lab) == card["memory_total_bytes"]
         assert value(found, "xpud_card_free_memory_ratio", **lab) == pytest.approx(
-            card["free_memory_fraction"]
+            card["free_memory_pct"] / 100
         )
         halves = sum(1 for s in card["slices"] if s["size"] == "vxpu-half")
         assert value(found, "xpud_card_slices", **lab, size="vxpu-half") == halves

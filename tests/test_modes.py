@@ -56,10 +56,10 @@ def test_a_configured_size_works_end_to_end(daemon_factory, machine, isolation):
             c.acquire_lease("vxpu-huge")
     leases = json.loads(d.xpu("leases", "--json").stdout)["leases"]
     assert [(x["id"], x["mode"]) for x in leases] == [(g.lease.id, "vxpu-tiny")]
-    assert "tiny:" + g.lease.id in d.xpu("ls").stdout
+    assert f"{g.lease.id} (tiny)" in d.xpu("ls").stdout
     assert g.lease.id in d.xpu("leases").stdout
     info = d.xpu("info").stdout
-    assert "vxpu-quarter (0.25 memory, 15% compute), vxpu-tiny (0.125 memory, 10% compute)" in info
+    assert "vxpu-quarter (25% memory, 15% compute), vxpu-tiny (12.5% memory, 10% compute)" in info
 
     d.kill(signal.SIGKILL)  # the ledger brings the lease back with its size
     d.start()  # the simulated hardware outlives the daemon (hw/simstate.py): its MIG instance is adopted

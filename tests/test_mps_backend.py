@@ -12,7 +12,7 @@ from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
 from xpud.isolation.base import Held
 from xpud.isolation.faketools import FakeNvidiaTools
-from xpud.isolation.mps import MAX_CLIENTS, RESERVED_ESTIMATE, MpsIsolation
+from xpud.isolation.mps import CHECK_INTERVAL_S, MAX_CLIENTS, RESERVED_ESTIMATE, MpsIsolation
 from xpud.isolation.runner import CommandRunner, ToolError, check
 from xpud.model import CardMode, SliceSpec
 
@@ -207,3 +207,25 @@ def test_compute_mode_without_root_is_a_clear_error(tmp_path):
     b = MpsIsolation(nvml.card_info(0), nvml, FakeNvidiaTools(fake), tmp_path / "run")
     with pytest.raises(Conflict, match="cannot set EXCLUSIVE_PROCESS for MPS"):
         b.prepare(nvml.card_info(0), [], HALF, "a", 1)
+
+
+def test_slices_on_a_running_control_daemon_run_no_tool_and_a_dead_one_is_started_by_tidy(tmp_path):
+    """The control daemon runs until told to quit: the backend remembers it started one instead of asking
+    at every grant (the engine then does such a grant on its loop); tidy asks every CHECK_INTERVAL_S and
+    starts a daemon that died again."""
+    b, card, *_rest, tools = mps(tmp_path)
+    assert b.needs_tool("prepare")  # nothing known yet
+    s1 = b.prepare(card, [], QUARTER, "a", 1000)[0]
+    calls = len(tools.calls)
+    assert not b.needs_tool("prepare") and not b.needs_tool("teardown", "b")
+    s2 = b.prepare(card, [s1], QUARTER, "b", 1000)[0]
+    b.teardown(card, s2)  # not the last slice
+    assert len(tools.calls) == calls
+    assert b.needs_tool("teardown", "a")  # the last slice: its server is shut down
+    assert b.tidy_due(100.0) and b.tidy(100.0) == [] and not b.tidy_due(101.0)
+    check(tools.run(["nvidia-cuda-mps-control"], env=b._env(), input="quit\n"))  # it dies behind our back
+    assert b.tidy(101.0) == []  # not asked again before the interval
+    notes = b.tidy(100.0 + CHECK_INTERVAL_S)
+    assert "started again" in notes[0] and b.running()
+    b.teardown(card, s1)
+    assert b.servers() == []

@@ -20,8 +20,7 @@ RUN = GROUP.commands["run"]
 def typer_reads(args: list[str], monkeypatch):
     """(runtime dir, options, command) as the Typer command passes them on (None: Typer refuses them)."""
     from typer.testing import CliRunner
-    from xpu_cli import child, green, main
-    from xpu_cli import run as run_module
+    from xpu_cli import child, entry, green, main
 
     seen = []
 
@@ -35,33 +34,21 @@ def typer_reads(args: list[str], monkeypatch):
         def __exit__(self, *exc):
             pass
 
-    def run_leased(client, argv, **kw):
-        seen.append((kw, argv))
+    def run_with(client, opts, argv):
+        seen.append((opts, argv))
         return child.Outcome(0)
 
-    green_opts = {}
-
     def before_run(runtime_dir, when_green, deadline, say):
-        green_opts.update(when_green=when_green, deadline=deadline)
+        pass  # the options reach run_with too (checked there)
 
     monkeypatch.setattr(green, "before_run", before_run)
     monkeypatch.setattr(main, "Client", Recorder)
-    monkeypatch.setattr(run_module, "run", run_leased)
+    monkeypatch.setattr(entry, "run_with", run_with)
     monkeypatch.delenv("XPUD_RUNTIME_DIR", raising=False)
     r = CliRunner().invoke(app, args)
     if r.exit_code != 0 or len(seen) != 2:
         return None
-    runtime, (kw, argv) = seen
-    opts = {
-        "mode": kw["mode"],
-        "gpus": kw["gpus"],
-        "wait": kw["wait_s"],
-        "priority": kw["priority"],
-        "restartable": kw["restartable"],
-        "kill_grace": kw["kill_grace_s"],
-        "json_env": kw["json_env"],
-        **green_opts,
-    }
+    runtime, (opts, argv) = seen
     return runtime, opts, argv
 
 
@@ -85,8 +72,18 @@ CASES = [
     ["--runtime-dir", "", "run", "true"],
     ["run", "-m", "a", "-m", "b", "--", "true"],
     ["run", "--kill-grace", "2.", "--", "true"],
+    ["run", "--wait", "1m", "--", "true"],
+    ["run", "-w", "1h30m", "-n", "train-1", "true"],
+    ["run", "--wait=inf", "--name=x", "true"],
+    ["run", "-w2h", "true"],
+    ["run", "-q", "--", "true"],
+    ["run", "--nodes", "2", "--gpus-per-node", "4", "--label", "--json", "--", "torchrun", "x.py"],
+    ["run", "-N2", "-l", "--no-kill-on-bad-exit", "--kill-on-bad-exit", "-w", "30", "true"],
+    ["run", "-m", "vxpu-half", "--replicas=3", "--spread", "--quiet", "--", "serve"],
     ["run", "--when-green", "--deadline", "+6h", "-w", "60", "--", "true"],
     ["run", "--deadline=06:00", "true"],
+    ["run", "--runtime-dir", "/tmp", "--", "true"],  # global options are accepted after the command
+    ["--runtime-dir", "/a", "run", "-g", "2", "--runtime-dir=/b", "true"],
 ]
 # Typer refuses these: the fast path must leave them to it, for its usual message.
 REFUSED = [
@@ -95,17 +92,21 @@ REFUSED = [
     ["run", "--gpus", "²", "--", "true"],
     ["run", "--wait", "-1", "--", "true"],
     ["run", "--wait", "nan", "--", "true"],
+    ["run", "--wait", "1e3", "--", "true"],
+    ["run", "--wait", "5x", "--", "true"],
+    ["run", "--wait", "30m1h", "--", "true"],
     ["run", "--mode"],
     ["run", "--bogus", "--", "true"],
     ["run", "-x", "--", "true"],
     ["run", "--restartable=yes", "--", "true"],
-    ["run", "--runtime-dir", "/tmp", "--", "true"],
     ["--runtime-dir", "run"],
+    ["run", "--nodes", "0", "--", "true"],
+    ["run", "--replicas", "x", "--", "true"],
+    ["run", "--spread=1", "--", "true"],
 ]
 # Typer takes these, but they are rare and odd: the fast path leaves them to it rather than mimic it.
 DEFERRED = [
     ["run", "--gpus", " 2", "--", "true"],
-    ["run", "--wait", "1e3", "--", "true"],
     ["run", "--kill-grace", "inf", "--", "true"],
     ["run", "--mode", "--", "true"],
     ["run", "--mode=", "true"],

@@ -51,7 +51,7 @@ class ScriptedClient:
 
     def __init__(self, script, moved=None, hold=None):
         self.script, self.moved, self.hold_script = script, moved, hold
-        self.acks, self.released, self.requests = [], [], []
+        self.acks, self.released, self.requests, self.reports = [], [], [], []
 
     def acquire(self, **request):
         self.requests.append(request)
@@ -68,8 +68,9 @@ class ScriptedClient:
             raise Conflict(f"no move is pending for lease {lease_id}")
         return self.moved
 
-    def release(self, lease_id, token=""):
+    def release(self, lease_id, token="", exit_code=None, exit_signal=None, started=0.0):
         self.released.append(lease_id)
+        self.reports.append((exit_code, exit_signal))
 
     def _metadata(self, renew=False):
         return ()
@@ -128,6 +129,7 @@ def test_a_move_restarts_the_command_with_the_new_placement(tmp_path, capsys):
     assert outcome == Outcome(7) and time.monotonic() - t < 5  # the first run stopped on SIGTERM
     assert out.read_text() == "0 GPU-0\n1 GPU-3\n"
     assert client.acks == [("L1", "tok")] and client.released == ["L1"]
+    assert client.reports == [(7, None)]  # how the command ended goes to the daemon at release
     assert client.requests[0]["restartable"] and client.requests[0]["command"].startswith("sh -c ")
     err = capsys.readouterr().err
     assert "xpu: queued for vxpu-half: position 2 of 3" in err  # without a terminal: one line ...
@@ -172,6 +174,7 @@ def test_a_failed_move_acknowledgement_ends_with_1(tmp_path, capsys):
         client, ["sh", "-c", f"echo x > {out}; exec sleep 60"], "vxpu-half", restartable=True
     ) == Outcome(1)
     assert "the move of lease L1 failed: no move is pending" in capsys.readouterr().err
+    assert client.reports == [(None, None)]  # the wrapper gave up: the command's end is not known
 
 
 def test_a_move_of_a_lease_that_is_not_restartable_is_ignored_and_a_revoke_stops_the_command(
@@ -221,7 +224,7 @@ def test_a_hold_that_comes_back_keeps_the_command_running(tmp_path):
 
     client = ScriptedClient(script, hold=hold)
     outcome = run(client, ["sh", "-c", f"echo x > {out}; sleep 0.5; exit 4"], "vxpu-half")
-    assert outcome == Outcome(4) and client.released == ["L1"]
+    assert outcome == Outcome(4) and client.released == ["L1"] and client.reports == [(4, None)]
 
 
 def test_an_error_before_the_grant_is_raised(tmp_path):

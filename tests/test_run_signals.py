@@ -198,5 +198,6 @@ def test_queue_progress_without_a_terminal_and_ctrl_c_while_queued(daemon):
         assert line.startswith(b"xpu: queued for vxpu-quarter: position 1 of 1"), line
         p.send_signal(signal.SIGINT)  # leave the queue, end as interrupted
         assert p.wait(15) == -signal.SIGINT
+        assert b"xpu: left the queue (ticket " in p.stderr.read()
         wait_until(lambda: list(c.leases().queue) == [], timeout=5)
         c.release(g.lease.id, g.token)

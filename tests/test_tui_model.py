@@ -138,7 +138,9 @@ def test_stale_and_totals():
     down = HostSummary("c", "r1", unhealthy=2, seen=100.0, error="cannot reach xpud")
     assert not fresh.stale(101.0, 5.0) and old.stale(101.0, 5.0) and down.stale(101.0, 5.0)
     t = totals("r1", [fresh, old, down], now=101.0, stale_after_s=5.0)
-    assert (t.hosts, t.stale, t.whole_free, t.degraded, t.unhealthy) == (3, 2, 3, 1, 2)
+    assert (t.hosts, t.stale, t.down, t.whole_free, t.degraded, t.unhealthy) == (3, 1, 1, 3, 1, 2)
+    # one word per host, the same in its row, the domain's totals and the filter
+    assert [h.reach(101.0, 5.0) for h in (fresh, old, down)] == ["live", "stale", "down"]
     assert t.slices_free == {"vxpu-half": 1}
 
 

@@ -161,7 +161,9 @@ async def test_cancelling_the_dialog_changes_nothing(daemons):
             await select_card(pilot, app, 1)
             await pilot.press("d")
             assert isinstance(app.screen, ConfirmScreen)
-            await pilot.press("n")
+            await pilot.press("n")  # Esc is the one cancel key, in every dialog
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("escape")
             assert not isinstance(app.screen, ConfirmScreen)
             await pilot.press("d", "escape", "m", "escape")
             await pilot.pause(0.3)
@@ -182,14 +184,20 @@ async def test_m_switches_a_cards_mode_and_a_refusal_is_shown(daemons):
             await until(pilot, lambda: card(c, 5).mode == "sliced", what="card 5 sliced")
             assert card(c, 5).mode_pinned
 
-            # A card a lease holds whole cannot switch: the daemon's reason reaches the operator.
+            # A card a lease holds whole cannot switch: the dialog says so before the choice, and
+            # refuses the key; the daemon is not asked.
             grant = c.acquire_lease("xpu", gpus=1, command="sleep 1000")
             held = grant.lease.cards[0]
+            await until(pilot, lambda: app.state.card(held).whole_lease == grant.lease.id, what="held")
             await select_card(pilot, app, held)
-            await pilot.press("m", "s")
-            await until(pilot, lambda: len(app.actions_done) == 2, what="the refusal")
-            ok, text = app.actions_done[-1]
-            assert not ok and f"held whole by lease {grant.lease.id}" in text
+            await pilot.press("m")
+            assert isinstance(app.screen, ModeScreen) and app.screen.query_one("#sliced").disabled
+            assert f"held whole by lease {grant.lease.id}" in str(
+                app.screen.query_one(".dialog-body").render()
+            )
+            await pilot.press("s")
+            assert isinstance(app.screen, ModeScreen) and len(app.actions_done) == 1
+            await pilot.press("escape")
             assert card(c, held).mode == "whole"
 
 
@@ -248,7 +256,8 @@ async def test_the_watch_stream_updates_every_view(daemons):
             await until(pilot, lambda: app.state.lease(lease.id) is not None, what="the new lease")
             slice_card = lease.cards[0]
             tile = app.query_one(f"#card-{slice_card}", CardTile)
-            await until(pilot, lambda: f"¼:{lease.id}" in str(tile.render()), what="the slice on its tile")
+            held = f"{lease.id} (quarter)"
+            await until(pilot, lambda: held in str(tile.render()), what="the slice on its tile")
             assert any(e.kind == "grant" and e.lease_id == lease.id for e in app.state.events)
             log = app.query_one(EventLog)
             assert log.count == len(app.state.events)
@@ -258,7 +267,11 @@ async def test_the_watch_stream_updates_every_view(daemons):
             await pilot.press("enter")
             assert isinstance(app.screen, CardScreen)
             details = str(app.screen.query_one(".details").render())
-            assert "temperature_c" in details and f"lease {lease.id}" in details
+            assert f"{lease.id} (quarter)" in details and tile.card.uuid + "\n" in details
+            screen = app.screen
+            await until(pilot, lambda: screen.report is not None, what="the health signals")
+            names = {s.name for s in screen.report.signals}
+            assert {"temperature", "ecc_dbe_volatile"} <= names and screen.report.index == tile.card.index
             await pilot.press("escape", "question_mark")
             assert isinstance(app.screen, HelpScreen)
             await pilot.press("escape")
@@ -344,4 +357,4 @@ async def test_cluster_view_counts_a_slice_size_the_config_adds(daemons):
             assert free["vxpu-tiny"] == 7 and free["vxpu-half"] == 1  # 7 more eighths; 10 % compute each
             await pilot.press("4")
             summary = str(app.query_one("#cluster-summary").render())
-            assert "free: 7 whole, 1 ½, 3 ¼, 7 tiny ·" in summary
+            assert "free: 7 whole, 1×½, 3×¼, 7×tiny ·" in summary  # never read as 1¼

@@ -76,7 +76,7 @@ def test_cluster_view_with_1000_hosts(snap_compare):
 
 
 def test_cluster_view_filtered_80x24(snap_compare):
-    """Typing on the table filters it: here the stale and unreachable hosts."""
+    """Typing on the table filters it: here the stale hosts (no news lately; unreachable ones are down)."""
     app = dashboard(cluster=demo.cluster(1000))
     keys = ("4", "s", "t", "a", "l", "e")
     assert snap_compare(app, terminal_size=SMALL, run_before=settled(*keys, hosts=1000))
@@ -93,3 +93,51 @@ def test_events_80x24(snap_compare):
 def test_drain_asks_first(snap_compare):
     app = dashboard(demo.dgx_source(admin=True))
     assert snap_compare(app, terminal_size=SMALL, run_before=settled("right", "right", "right", "d"))
+
+
+LARGE = (200, 60)
+
+
+def test_host_view_200x60(snap_compare):
+    """A large terminal is used: the four cards of a group in one row, wide sparklines, tall tiles with a
+    power line and one line per holder."""
+    assert snap_compare(dashboard(), terminal_size=LARGE, run_before=settled())
+
+
+def details_loaded(*keys: str):
+    """``settled`` and then wait until the card dialog has its health signals."""
+    before = settled(*keys)
+
+    async def run_before(pilot) -> None:
+        await before(pilot)
+        deadline = time.monotonic() + 20
+        while getattr(pilot.app.screen, "report", None) is None:
+            assert time.monotonic() < deadline, "the health signals did not arrive"
+            await pilot.pause(0.02)
+        await pilot.pause(0.1)
+
+    return run_before
+
+
+def test_card_details_80x24(snap_compare):
+    """Enter on a tile: the card's facts, its UUID on a line of its own, every health signal against its
+    threshold (as `xpu health CARD`), a close hint, and the dialog's own footer instead of the host's."""
+    assert snap_compare(dashboard(), terminal_size=SMALL, run_before=details_loaded("down", "enter"))
+
+
+def test_events_filtered_80x24(snap_compare):
+    """Typing on the event log filters it (here: the health events), newest selected."""
+    keys = ("3", "h", "e", "a", "l", "t", "h")
+    assert snap_compare(dashboard(), terminal_size=SMALL, run_before=settled(*keys))
+
+
+def test_mode_refuses_before_the_choice(snap_compare):
+    """m on a card a lease holds whole: sliced is offered disabled, with the reason; Esc cancels."""
+    app = dashboard(demo.dgx_source(admin=True))
+    assert snap_compare(app, terminal_size=SMALL, run_before=settled("right", "m"))
+
+
+def test_enter_on_a_cluster_host(snap_compare):
+    app = dashboard(cluster=demo.cluster(40))
+    keys = ("4", "down", "down", "enter")
+    assert snap_compare(app, terminal_size=SMALL, run_before=settled(*keys, hosts=40))

@@ -8,11 +8,9 @@ run in worker threads after a confirmation dialog, and only on the admin socket.
 
 from __future__ import annotations
 
-import pwd
 import threading
 import time
 from collections.abc import Callable
-from functools import lru_cache
 from typing import ClassVar
 
 from rich.text import Text
@@ -21,9 +19,10 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+from xpu_cli.vocab import user_name
 from xpu_tui.cardtile import CardTile
 from xpu_tui.clusterview import ClusterView
-from xpu_tui.eventlog import EventLog
+from xpu_tui.eventlog import EventLog, EventsView
 from xpu_tui.hoststate import HostState
 from xpu_tui.hostsummary import HostSummary
 from xpu_tui.hostview import HostView
@@ -38,16 +37,13 @@ from xpud.api.v1 import xpu_pb2 as pb
 from xpud.errors import XpudError
 
 OPERATOR_ACTIONS = ("drain", "undrain", "mode", "release")
+# The views each operator key acts in: it is offered (in the footer) and works there only.
+ACTION_VIEWS = {"drain": {"host"}, "undrain": {"host"}, "mode": {"host"}, "release": {"host", "leases"}}
+RESULT_S = 8.0  # how long an operator action's result stays on the status line
 ADMIN_HINT = "run `xpu top --admin` as root or a member of the admin group"
 
 
-@lru_cache(maxsize=4096)
-def owner_name(uid: int) -> str:
-    """A uid as a user name when this machine knows it, else ``uid N``."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+owner_name = user_name  # a uid as a user name, as the CLI shows it
 
 
 class XpuTop(App[None]):
@@ -72,6 +68,8 @@ class XpuTop(App[None]):
     #lease-detail { height: auto; max-height: 7; border: round $primary-darken-2; padding: 0 1; }
     #queue-table { height: auto; max-height: 6; border: round $primary-darken-2; }
     LeasesView.-wide #lease-detail { dock: right; width: 64; height: 1fr; max-height: 100%; }
+    EventsView { height: 1fr; }
+    #event-filter { height: 3; }
     EventLog { height: 1fr; border: round $primary-darken-2; }
     ClusterView { height: 1fr; }
     #cluster-filter { height: 3; }
@@ -140,6 +138,8 @@ class XpuTop(App[None]):
         self.selected_card: int | None = None
         self.selected_lease: str | None = None
         self.actions_done: list[tuple[bool, str]] = []  # (ok, message) of finished operator actions
+        self.live_word = getattr(self.source, "label", "live")  # "demo" for constructed data
+        self._result: tuple[bool, str, float] | None = None  # the last action's result, shown until then
         self._mailbox: Mailbox[pb.WatchUpdate] = Mailbox()
         self._cluster_box: Mailbox[HostSummary] = Mailbox(limit=100_000)
         self._stop = threading.Event()
@@ -167,7 +167,7 @@ class XpuTop(App[None]):
             with TabPane("2 Leases", id="leases"):
                 yield self.leases_view
             with TabPane("3 Events", id="events"):
-                yield self.event_log
+                yield EventsView(self.event_log, id="events-view")
             if self.cluster is not None:
                 with TabPane("4 Cluster", id="cluster"):
                     yield self.cluster_view
@@ -227,7 +227,7 @@ class XpuTop(App[None]):
         if not self.is_running:
             return
         self.info = message.info
-        self.connection = "live"
+        self.connection = self.live_word
         groups = groups_from_topology(message.topology) if message.topology else None
         self.host_view.set_topology(groups)
         self._show_status()
@@ -247,7 +247,7 @@ class XpuTop(App[None]):
         for update in batch:
             added += self.state.apply(update)
         self.refreshes += 1
-        self.connection = "live"
+        self.connection = self.live_word
         self.host_view.show(self.state)
         self.leases_view.show(self.state)
         self.event_log.add(added)
@@ -263,8 +263,11 @@ class XpuTop(App[None]):
             self.cluster_view.update_hosts(batch)
 
     def on_xpu_top_action_finished(self, message: ActionFinished) -> None:
+        # On the status line, not as a toast: a toast would cover the tiles (often the one acted on).
         self.actions_done.append((message.ok, message.text))
-        self.notify(message.text, severity="information" if message.ok else "error", timeout=6)
+        self._result = (message.ok, message.text, time.monotonic() + RESULT_S)
+        self._show_status()
+        self.set_timer(RESULT_S + 0.1, self._show_status)
 
     def on_card_tile_selected(self, message: CardTile.Selected) -> None:
         self.selected_card = message.index
@@ -272,7 +275,8 @@ class XpuTop(App[None]):
     def on_card_tile_details_requested(self, message: CardTile.DetailsRequested) -> None:
         card = self.state.card(message.index)
         if card is not None:
-            self.push_screen(CardScreen(card, self.state.events, self.localtime))
+            health = lambda: self.source.health(str(card.index))  # noqa: E731
+            self.push_screen(CardScreen(card, self.state.events, self.localtime, health))
 
     def on_leases_view_lease_highlighted(self, message: LeasesView.LeaseHighlighted) -> None:
         self.selected_lease = message.lease_id
@@ -287,9 +291,14 @@ class XpuTop(App[None]):
         # Most important first: a narrow terminal cuts the end of the line.
         s = self.state
         text = Text()
+        if self._result is not None and time.monotonic() < self._result[2]:
+            ok, result, _ = self._result
+            text.append(f"{'✔' if ok else '✖'} {result}", style="bold green" if ok else "bold red")
+            text.append(" · ")
         text.append(s.hostname or (self.info.hostname if self.info else "?"), style="bold")
         text.append(" · ")
-        text.append(self.connection, style="green" if self.connection == "live" else "bold yellow")
+        live = {"live": "green", "demo": "cyan"}.get(self.connection, "bold yellow")
+        text.append(self.connection, style=live)
         text.append(" · ")
         text.append("operator" if self.operator else "read-only", style="bold" if self.operator else "dim")
         states = [c.health_state for c in s.cards]
@@ -311,7 +320,10 @@ class XpuTop(App[None]):
     def action_view(self, name: str) -> None:
         tabs = self.tabs
         if name == "cluster" and self.cluster is None:
-            self.notify("no cluster view: start with `xpu top --host DIR --host DIR ...`", severity="warning")
+            self.notify(
+                "no cluster view: configure [cluster] (federation), or start with `xpu top --host DIR ...`",
+                severity="warning",
+            )
             return
         if tabs.active == name:
             return
@@ -339,6 +351,7 @@ class XpuTop(App[None]):
             self.leases_view.query_one("#lease-table", DataTable).focus()
         elif name == "events":
             self.event_log.focus()
+            self.event_log.show_newest()  # opens at the newest event
         elif name == "cluster":
             self.cluster_view.query_one("#cluster-table", DataTable).focus()
 
@@ -346,9 +359,12 @@ class XpuTop(App[None]):
         self.push_screen(HelpScreen(self.operator))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # In the cluster view letters filter the table; the card and lease keys act on this host only.
-        in_cluster = self.cluster is not None and self.tabs.active == "cluster"
-        return not (action in OPERATOR_ACTIONS and in_cluster)
+        # An operator key is offered, and acts, only in the views where it has something to act on: the
+        # card keys in the host view, release there and in the leases view (in the event and cluster
+        # views letters filter instead).
+        if action in ACTION_VIEWS:
+            return self.tabs.active in ACTION_VIEWS[action]
+        return True
 
     # ------------------------------------------------------------------ operator actions
     def _may_operate(self, what: str) -> bool:
@@ -460,6 +476,13 @@ class XpuTop(App[None]):
 def main() -> None:
     """The ``xpu-top`` console script: the same command as ``xpu top``."""
     import typer
+    from xpu_cli.grammar import HELP_OPTIONS, plain_metavars
     from xpu_cli.top import top
 
-    typer.run(top)
+    app = typer.Typer(
+        add_completion=False, rich_markup_mode=None, context_settings={"help_option_names": HELP_OPTIONS}
+    )
+    app.command()(top)
+    command = typer.main.get_command(app)
+    plain_metavars(command)
+    command(prog_name="xpu-top")

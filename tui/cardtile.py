@@ -13,13 +13,16 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
 from textual.widget import Widget
+from xpu_cli import vocab
 from xpu_tui.hoststate import CardHistory
-from xpu_tui.render import bar, gib, health_badge, short, slice_glyph, spark
+from xpu_tui.render import bar, health_badge, short, spark
 
 from xpud.api.v1 import xpu_pb2 as pb
 
 TILE_WIDTH = 38  # the narrowest tile that still reads well (two fit in 80 columns)
 TILE_HEIGHT = 8  # six lines and the border
+COMPACT_HEIGHT = 4  # two lines and the border: eight cards in 80x24
+TALL_HEIGHT = 11  # nine lines and the border, where the screen has room: power, every holder
 
 
 def _level_style(pct: float | None) -> str:
@@ -32,33 +35,59 @@ def _field(sample: pb.Sample, name: str):
     return getattr(sample, name) if sample.HasField(name) else None
 
 
-def mode_text(card: pb.Card) -> str:
-    """``whole``, ``sliced/mig``, with ``*`` when an operator pinned the mode."""
-    text = card.mode + (f"/{card.isolation}" if card.mode == "sliced" and card.isolation != "none" else "")
-    return text + ("*" if card.mode_pinned else "")
+mode_text = vocab.mode  # ``whole``, ``sliced/mig``, with ``*`` when an operator pinned the mode
 
 
 def holders_text(card: pb.Card) -> str:
-    """Who holds the card: the whole-card lease, or each slice with its lease."""
-    if card.whole_lease:
-        return f"lease {card.whole_lease} (whole card)"
-    if card.slices:
-        return " ".join(f"{slice_glyph(s.size)}:{s.lease_id}" for s in card.slices)
-    return "idle"
+    """Who holds the card, in the CLI's HELD BY words: ``held by 78a228d2 (whole)``, or ``idle``."""
+    held = vocab.held_by(card)
+    return "idle" if held == "-" else f"held by {held}"
 
 
-def tile_lines(card: pb.Card, history: CardHistory, width: int) -> list[Text]:
-    """The six lines of a tile ``width`` cells wide (inside the border)."""
-    width = max(width, 24)
-    lines: list[Text] = []
-
+def _head(card: pb.Card) -> Text:
     symbol, word, style = health_badge(card.health_state)
     head = Text()
     head.append(f"{symbol} {word} {card.health_score:>3}", style=style)
     head.append(f"  {mode_text(card)}")
     if card.drained:
         head.append("  ⊘ drained", style="yellow")
-    lines.append(head)
+    return head
+
+
+def compact_lines(card: pb.Card, width: int) -> list[Text]:
+    """Two lines: health (symbol and score), mode and the load in numbers; then who holds it, or why it
+    is out."""
+    symbol, _, style = health_badge(card.health_state)
+    head = Text()
+    head.append(f"{symbol} {card.health_score:>3}", style=style)
+    head.append(f"  {mode_text(card)}")
+    sample = card.sample if card.HasField("sample") else None
+    if sample is not None and sample.lost:
+        head.append("  ✖ lost", style="bold red")
+    elif sample is not None:
+        util = _field(sample, "utilization_gpu_pct")
+        used, total = _field(sample, "memory_used_bytes"), _field(sample, "memory_total_bytes")
+        mem = 100.0 * used / total if used is not None and total else None
+        head.append("  util ")
+        head.append(f"{'-' if util is None else util}%", style=_level_style(util))
+        head.append(" mem ")
+        head.append(f"{'-' if mem is None else f'{mem:.0f}'}%", style=_level_style(mem))
+    head.truncate(width, overflow="ellipsis")
+    if card.drained:
+        second = Text(short(f"⊘ {card.drain_reason or 'drained'}", width), style="yellow")
+    else:
+        second = Text(short(holders_text(card), width), style="bold" if card.whole_lease else "")
+    return [head, second]
+
+
+def tile_lines(card: pb.Card, history: CardHistory, width: int, height: int = TILE_HEIGHT - 2) -> list[Text]:
+    """The lines of a tile ``width`` cells wide and ``height`` lines high (inside the border): two in a
+    compact tile, six in a normal one, nine in a tall one (a power line and one line per holder)."""
+    width = max(width, 24)
+    if height < TILE_HEIGHT - 2:
+        return compact_lines(card, width)
+    tall = height >= TALL_HEIGHT - 2
+    lines: list[Text] = [_head(card)]
 
     sample = card.sample if card.HasField("sample") else None
     if sample is not None and sample.lost:
@@ -72,10 +101,13 @@ def tile_lines(card: pb.Card, history: CardHistory, width: int) -> list[Text]:
         mem_pct = 100.0 * used / total if used is not None and total else None
         bar_w = max(6, (width - 11) // 2)
         spark_w = max(0, width - 11 - bar_w)
-        for label, pct, points in (
-            ("util", util, history.utilization_pct),
-            ("mem ", mem_pct, history.memory_pct),
-        ):
+        power = _field(sample, "power_w") if sample else None
+        limit = _field(sample, "power_limit_w") if sample else None
+        rows = [("util", util, history.utilization_pct), ("mem ", mem_pct, history.memory_pct)]
+        if tall:
+            power_pct = 100.0 * power / limit if power is not None and limit else None
+            rows.append(("pwr ", power_pct, history.power_pct))
+        for label, pct, points in rows:
             line = Text(f"{label} ")
             line.append(bar(None if pct is None else pct / 100, bar_w), style=_level_style(pct))
             line.append(f" {pct:>3.0f}%" if pct is not None else "    -")
@@ -83,7 +115,15 @@ def tile_lines(card: pb.Card, history: CardHistory, width: int) -> list[Text]:
             lines.append(line)
         lines.append(_readings(sample, used, total))
 
-    lines.append(Text(short(holders_text(card), width), style="bold" if not card.slices else ""))
+    if tall and card.slices:
+        lines.append(Text("held by", style="dim"))
+        shown = card.slices[: max(1, height - len(lines) - 1)]
+        for s in shown:
+            lines.append(Text(short(f"  {s.lease_id} ({vocab.size_word(s.size)})", width)))
+        if len(shown) < len(card.slices):
+            lines[-1] = Text(f"  … and {len(card.slices) - len(shown) + 1} more", style="dim")
+    else:
+        lines.append(Text(short(holders_text(card), width), style="bold" if not card.slices else ""))
     lines.append(_footnote(card, width))
     return lines
 
@@ -104,7 +144,7 @@ def _readings(sample: pb.Sample | None, used: int | None, total: int | None) -> 
     out.append(f"  {power:.0f}" if power is not None else "  -")
     out.append(f"/{limit:.0f}W" if limit is not None else "W")
     out.append(f"  P{pstate}" if pstate is not None else "")
-    out.append(f"  {gib(used)}/{gib(total)}G")
+    out.append(f"  {vocab.memory(used, total)}")
     return out
 
 
@@ -113,7 +153,7 @@ def _footnote(card: pb.Card, width: int) -> Text:
         return Text(short(f"⊘ {card.drain_reason or 'drained'}", width), style="yellow")
     if card.mode == "sliced" and not card.whole_lease:
         return Text(
-            short(f"free {card.free_memory_fraction * 100:.0f}% mem · {card.free_compute_pct}% sm", width),
+            short(f"free {vocab.free(card)}", width),
             style="dim",
         )
     return Text("")
@@ -173,7 +213,8 @@ class CardTile(Widget, can_focus=True):
                 self.set_class(flag, name)
 
     def render(self) -> Text:
-        return Text("\n").join(tile_lines(self.card, self.history, self.content_size.width))
+        size = self.content_size
+        return Text("\n").join(tile_lines(self.card, self.history, size.width, size.height))
 
     def on_focus(self) -> None:
         self._set_titles(focused=True)

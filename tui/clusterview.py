@@ -16,7 +16,7 @@ from textual.containers import Vertical
 from textual.events import Key
 from textual.widgets import DataTable, Input, Static
 from xpu_tui.hostsummary import HostSummary, totals
-from xpu_tui.render import age, slice_glyph
+from xpu_tui.render import age, slice_count
 from xpu_tui.tablesync import sync_rows
 
 COLUMNS = ("HOST", "WHOLE", "½", "¼", "HEALTH", "SEEN", "CARDS", "LEASES", "QUEUE", "DRAINED")
@@ -37,11 +37,18 @@ def health_text(healthy: int, degraded: int, unhealthy: int) -> Text:
 
 
 def seen_text(h: HostSummary, now: float, stale_after_s: float) -> Text:
-    if h.error:
-        return Text("✖ down", style="bold red")
-    if h.stale(now, stale_after_s):
+    reach = h.reach(now, stale_after_s)
+    if reach == "down":
+        return Text(f"✖ down {age(now - h.seen)}" if h.seen else "✖ down", style="bold red")
+    if reach == "stale":
         return Text(f"stale {age(now - h.seen)}", style="yellow")
     return Text("live", style="green")
+
+
+def reach_totals(t) -> str:
+    """``live``, or ``2 down, 1 stale``: the same words as the host rows."""
+    parts = [f"{t.down} down"] * bool(t.down) + [f"{t.stale} stale"] * bool(t.stale)
+    return ", ".join(parts) or "live"
 
 
 def matches(h: HostSummary, words: list[str], now: float, stale_after_s: float) -> bool:
@@ -49,11 +56,7 @@ def matches(h: HostSummary, words: list[str], now: float, stale_after_s: float) 
     unhealthy, free)."""
     if not words:
         return True
-    tags = [h.domain.lower(), h.name.lower()]
-    if h.stale(now, stale_after_s):
-        tags.append("stale")
-    if h.error:
-        tags.append("down")
+    tags = [h.domain.lower(), h.name.lower(), h.reach(now, stale_after_s)]
     if h.degraded:
         tags.append("degraded")
     if h.unhealthy:
@@ -112,7 +115,7 @@ class ClusterView(Vertical):
             by_domain.setdefault(h.domain, []).append(h)
         for domain, hosts in by_domain.items():
             t = totals(domain, hosts, now, self.stale_after_s)
-            stale = f"{t.stale} stale" if t.stale else "live"
+            stale = reach_totals(t)
             rows.append(
                 (
                     f"domain:{domain}",
@@ -122,7 +125,7 @@ class ClusterView(Vertical):
                         Text(str(t.slices_free.get(HALF, 0)), style="bold"),
                         Text(str(t.slices_free.get(QUARTER, 0)), style="bold"),
                         health_text(1, t.degraded, t.unhealthy),
-                        Text(stale, style="yellow bold" if t.stale else "bold"),
+                        Text(stale, style="yellow bold" if t.stale or t.down else "bold"),
                         "",
                         "",
                         "",
@@ -156,18 +159,34 @@ class ClusterView(Vertical):
         domains = len({h.domain for h in every})
         # ½ and ¼ have columns; other sizes a daemon's config adds are counted here only.
         others = "".join(
-            f", {n} {slice_glyph(size)}"
+            f", {slice_count(n, size)}"
             for size, n in sorted(t.slices_free.items())
             if size not in (HALF, QUARTER)
         )
         text = (
-            f"{t.hosts} hosts in {domains} domains · {t.stale} stale · free: {t.whole_free} whole, "
-            f"{t.slices_free.get(HALF, 0)} ½, {t.slices_free.get(QUARTER, 0)} ¼{others} · "
+            f"{t.hosts} hosts in {domains} domains · {reach_totals(t)} · free: {t.whole_free} whole, "
+            f"{slice_count(t.slices_free.get(HALF, 0), HALF)}, "
+            f"{slice_count(t.slices_free.get(QUARTER, 0), QUARTER)}{others} · "
             f"{t.degraded} degraded, {t.unhealthy} unhealthy cards"
         )
         if len(shown) != len(every):
             text += f" · showing {len(shown)}"
         self.query_one("#cluster-summary", Static).update(text)
+
+    @on(DataTable.RowSelected, "#cluster-table")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter on a host: its summary in a dialog; on a domain: show that domain only."""
+        key = str(event.row_key.value)
+        kind, _, rest = key.partition(":")
+        if kind == "domain":
+            self.query_one("#cluster-filter", Input).value = rest
+            return
+        domain, _, name = rest.rpartition("/")  # domains may hold a slash (dc1/rack-01)
+        host = self.hosts.get((domain, name))
+        if host is not None:
+            from xpu_tui.modals import HostScreen
+
+            self.app.push_screen(HostScreen(host, self.clock(), self.stale_after_s))
 
     @on(Input.Changed, "#cluster-filter")
     def _filter_changed(self) -> None:

@@ -273,6 +273,45 @@ def info(hostname: str, backend: str, cards: int, admin: bool) -> pb.InfoReply:
     )
 
 
+def card_health(card: pb.Card) -> pb.CardHealth:
+    """A card's health report as the daemon would give it, derived from the card as recorded: the main
+    signals with their thresholds, and the reason for its state."""
+    s = card.sample
+    lost = s.lost
+    signals = [
+        pb.Signal(name="lost", value=float(lost), unit="", status="fail" if lost else "ok",
+                  reason="fallen off the bus (XID 79)" if lost else ""),
+    ]  # fmt: skip
+
+    def reading(name: str, field: str, threshold: float, unit: str, warn_below: float = 0.0) -> None:
+        if lost or not s.HasField(field):
+            signals.append(pb.Signal(name=name, threshold=threshold, unit=unit, status="absent"))
+            return
+        v = float(getattr(s, field))
+        status = "fail" if v > threshold else ("warn" if warn_below and v >= threshold - warn_below else "ok")
+        why = f"{v:g} {unit} within {threshold - v:g} {unit} of {threshold:g}" if status == "warn" else ""
+        signals.append(
+            pb.Signal(name=name, value=v, threshold=threshold, unit=unit, status=status, reason=why)
+        )
+
+    reading("temperature", "temperature_c", float(s.temperature_slowdown_c or 87), "C", warn_below=5)
+    reading("power", "power_w", s.power_limit_w or 700.0, "W")
+    reading("ecc_dbe_volatile", "ecc_dbe_volatile", 0.0, "errors")
+    reading("pcie_replays", "pcie_replay_counter", 100.0, "")
+    reasons = [card.drain_reason.removeprefix("unhealthy: ")] if card.health_state == "unhealthy" else []
+    reasons += [sig.reason for sig in signals if sig.status == "warn"]
+    return pb.CardHealth(
+        index=card.index,
+        uuid=card.uuid,
+        score=card.health_score,
+        state=card.health_state,
+        signals=signals,
+        reasons=reasons,
+        raw_state=card.health_state,
+        clear_needed_s=60.0,
+    )
+
+
 def dgx_source(admin: bool = False, samples: int = SAMPLES) -> RecordedSource:
     """The 8-card demo host as a recorded Watch stream of ``samples`` updates."""
     leases = _dgx_leases()
@@ -288,7 +327,11 @@ def dgx_source(admin: bool = False, samples: int = SAMPLES) -> RecordedSource:
         )
     cards = list(updates[-1].cards.cards)
     return RecordedSource(
-        info("dgx-a07", "simulated:dgx-h100", len(cards), admin), dgx_topology(cards), updates, admin=admin
+        info("dgx-a07", "simulated:dgx-h100", len(cards), admin),
+        dgx_topology(cards),
+        updates,
+        admin=admin,
+        health_of=card_health,
     )
 
 
@@ -359,7 +402,8 @@ def health_source(admin: bool = False) -> RecordedSource:
         levels=[0 if i == j else (SINGLE if {i, j} == {0, 1} else MULTIPLE + 10) for i, j in cells],
         cards=cards,
     )
-    return RecordedSource(info("ws-03", "simulated:workstation", n, admin), topology, updates, admin=admin)
+    ws = info("ws-03", "simulated:workstation", n, admin)
+    return RecordedSource(ws, topology, updates, admin=admin, health_of=card_health)
 
 
 def cluster(hosts: int = 1000, seed: int = 7) -> StaticCluster:

@@ -2,7 +2,8 @@
 as the Watch stream delivers them (the first update brings recent history).
 
 A DataTable rather than a text log: it is virtualised, keeps a cursor to read one event by, and draws
-the same on every run (snapshot tests). It follows the newest event unless the cursor was moved up.
+the same on every run (snapshot tests). It follows the newest event unless the cursor was moved up, and
+opens at the newest. ``EventsView`` puts a filter box above it: typing on the log filters it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ import time
 from collections.abc import Callable, Iterable
 
 from rich.text import Text
-from textual.widgets import DataTable
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.events import Key
+from textual.widgets import DataTable, Input
 from xpu_tui.hoststate import EVENT_LOG_SIZE
 from xpu_tui.render import EVENT_BADGES
 
@@ -42,12 +47,20 @@ def event_line(e: pb.Event, localtime: Callable = time.localtime) -> Text:
     return line
 
 
+def matches(e: pb.Event, words: list[str]) -> bool:
+    """Every filter word is part of the event's kind, ``card N``, its lease or its message."""
+    tags = [e.kind, f"card {e.card}" if e.card >= 0 else "", e.lease_id, e.message.lower()]
+    return all(any(w in t for t in tags) for w in words)
+
+
 class EventLog(DataTable):
     def __init__(self, localtime: Callable = time.localtime, **kw) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kw)
         self.localtime = localtime
         self.border_title = "events"
         self.count = 0  # events added since the start
+        self.kept: list[tuple[int, pb.Event]] = []  # the last EVENT_LOG_SIZE events, with their number
+        self.words: list[str] = []  # the filter
         self._early: list[pb.Event] | None = []  # events that came before the columns did
 
     def on_mount(self) -> None:
@@ -65,10 +78,69 @@ class EventLog(DataTable):
             return
         following = self.row_count == 0 or self.cursor_row >= self.row_count - 1
         for e in events:
-            self.add_row(*event_cells(e, self.localtime), key=str(self.count))
+            self.kept.append((self.count, e))
+            if matches(e, self.words):
+                self.add_row(*event_cells(e, self.localtime), key=str(self.count))
             self.count += 1
+        del self.kept[:-EVENT_LOG_SIZE]
         while self.row_count > EVENT_LOG_SIZE:
             self.remove_row(next(iter(self.rows)))
-        self.border_title = f"events ({self.count})"
+        self._title()
         if following:
-            self.move_cursor(row=self.row_count - 1)
+            self.show_newest()
+
+    def _title(self) -> None:
+        shown = f"{self.count}"
+        if self.words:
+            shown = f"{self.row_count} of {self.count}, filter: {' '.join(self.words)}"
+        self.border_title = f"events ({shown})"
+
+    def set_filter(self, text: str) -> None:
+        """Show only the events every word of ``text`` matches (``matches``), newest selected."""
+        self.words = text.lower().split()
+        self.clear()
+        for n, e in self.kept:
+            if matches(e, self.words):
+                self.add_row(*event_cells(e, self.localtime), key=str(n))
+        self._title()
+        self.show_newest()
+
+    def show_newest(self) -> None:
+        if self.row_count:
+            self.move_cursor(row=self.row_count - 1, animate=False)
+            self.scroll_end(animate=False)
+
+
+class EventsView(Vertical):
+    """The event log under a filter box; letters typed on the log go to the box, Esc clears it."""
+
+    def __init__(self, log: EventLog, **kw) -> None:
+        super().__init__(**kw)
+        self.log_table = log
+
+    def compose(self) -> ComposeResult:
+        yield Input(
+            placeholder="filter: kind, card N, lease, words (type; Esc clears)",
+            id="event-filter",
+            select_on_focus=False,  # the first letter typed on the log is kept, not selected and replaced
+        )
+        yield self.log_table
+
+    @on(Input.Changed, "#event-filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.log_table.set_filter(event.value)
+
+    @on(Input.Submitted, "#event-filter")
+    def _filter_done(self) -> None:
+        self.log_table.focus()
+
+    def on_key(self, event: Key) -> None:
+        box = self.query_one("#event-filter", Input)
+        if event.key == "escape" and box.value:
+            box.value = ""
+            self.log_table.focus()
+            event.stop()
+        elif self.log_table.has_focus and event.is_printable and (event.character or "?") not in "?q":
+            box.focus()
+            box.insert_text_at_cursor(event.character)
+            event.stop()

@@ -22,6 +22,7 @@ class CardHistory:
 
     utilization_pct: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     memory_pct: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    power_pct: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))  # of the limit
     last_timestamp: float = 0.0
 
     def add(self, sample: pb.Sample) -> None:
@@ -34,6 +35,8 @@ class CardHistory:
             self.utilization_pct.append(float(sample.utilization_gpu_pct))
         if sample.HasField("memory_used_bytes") and sample.memory_total_bytes:
             self.memory_pct.append(100.0 * sample.memory_used_bytes / sample.memory_total_bytes)
+        if sample.HasField("power_w") and sample.power_limit_w:
+            self.power_pct.append(100.0 * sample.power_w / sample.power_limit_w)
 
 
 def event_key(e: pb.Event) -> tuple:

@@ -1,9 +1,9 @@
 """``HostSummary``: one host as the cluster view shows it, and how to make one from a Watch snapshot.
 
-Federation does not exist yet; today the cluster view is fed from several local daemons (``xpu top
---host DIR ...``), each summarised from its own Watch stream. A federation feed only has to produce the
-same small record per peer. No Textual here, and nothing but the protocol messages and the default slice
-sizes, so the daemon side can build these too.
+The cluster view is fed either by federation (``from_cluster_host``: the hosts of the daemon's
+``Node.GetCluster``) or, for daemons without ``[cluster]``, from several local daemons (``xpu top --host
+DIR ...``), each summarised from its own Watch stream. No Textual here, and nothing but the protocol
+messages and the default slice sizes, so the daemon side can build these too.
 """
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ class HostSummary:
     def stale(self, now: float, after_s: float) -> bool:
         """Old data (not refreshed for ``after_s`` seconds) or a failed last refresh."""
         return bool(self.error) or now - self.seen > after_s
+
+    def reach(self, now: float, after_s: float) -> str:
+        """One word for a host everywhere in the cluster view: ``down`` (its last refresh failed: the
+        daemon cannot be reached), ``stale`` (no news for ``after_s`` seconds) or ``live``."""
+        if self.error:
+            return "down"
+        return "stale" if now - self.seen > after_s else "live"
 
 
 def _usable(card: pb.Card) -> bool:
@@ -100,13 +107,35 @@ def summarize(
     )
 
 
+def from_cluster_host(h: pb.ClusterHost, now: float) -> HostSummary:
+    """A federation peer as the cluster view shows it. Its summary carries the free capacity and the
+    weakest free card's score, not per-card states: a score under 100 shows as one degraded card. A dead
+    or departed host shows as down; a suspect one ages like any host not heard from."""
+    error = "" if h.state in ("alive", "suspect") else h.state
+    if not h.summary_valid and not error:
+        error = "its summary failed the checks"
+    return HostSummary(
+        name=h.name,
+        domain=h.domain,
+        cards=h.cards,
+        whole_free=h.free_whole,
+        slices_free=dict(h.free_slices),
+        healthy=h.cards - (h.health < 100),
+        degraded=int(h.health < 100),
+        queued=h.queue,
+        seen=now - h.age_s,
+        error=error,
+    )
+
+
 @dataclass(frozen=True)
 class DomainTotals:
     """The sum over a domain's hosts, for its header row."""
 
     domain: str
     hosts: int
-    stale: int
+    stale: int  # no news, but not known to be down
+    down: int  # the last refresh failed
     whole_free: int
     slices_free: Mapping[str, int]
     degraded: int
@@ -122,7 +151,8 @@ def totals(domain: str, hosts: Iterable[HostSummary], now: float, stale_after_s:
     return DomainTotals(
         domain=domain,
         hosts=len(hosts),
-        stale=sum(h.stale(now, stale_after_s) for h in hosts),
+        stale=sum(h.reach(now, stale_after_s) == "stale" for h in hosts),
+        down=sum(h.reach(now, stale_after_s) == "down" for h in hosts),
         whole_free=sum(h.whole_free for h in hosts),
         slices_free=sizes,
         degraded=sum(h.degraded for h in hosts),

@@ -1,13 +1,18 @@
 """The host view: every card as a tile, grouped by how the cards are connected (NVLink island, PCIe
-switch, NUMA node). The grid's column count follows the terminal width.
+switch, NUMA node). The grid's column count follows the terminal width (never more columns than the
+largest group has cards: the tiles widen instead, and so do their sparklines), and the tiles' height
+follows its height: compact two-line tiles when the normal ones would not all show (eight cards in
+80x24), tall ones with a power line and every holder where there is room.
 """
 
 from __future__ import annotations
 
+import math
+
 from textual.app import ComposeResult
 from textual.containers import Grid, Vertical, VerticalScroll
 from textual.widgets import Static
-from xpu_tui.cardtile import TILE_WIDTH, CardTile
+from xpu_tui.cardtile import COMPACT_HEIGHT, TALL_HEIGHT, TILE_HEIGHT, TILE_WIDTH, CardTile
 from xpu_tui.hoststate import HostState
 from xpu_tui.topogroups import CardGroup, single_group
 
@@ -35,6 +40,8 @@ class HostView(VerticalScroll):
         super().__init__(**kw)
         self.groups: list[CardGroup] | None = None  # from the topology, once known
         self.tiles: dict[int, CardTile] = {}
+        self.shown_groups: list[CardGroup] = []
+        self.tile_height = TILE_HEIGHT
         self._layout_key: tuple = ()
         self._state: HostState | None = None
         self._ready = False  # the first update can come before this view is mounted
@@ -70,6 +77,7 @@ class HostView(VerticalScroll):
     def _rebuild(self, groups: list[CardGroup], cards: dict[int, pb.Card], state: HostState) -> None:
         focused = next((i for i, t in self.tiles.items() if t.has_focus), None)
         self.remove_children()
+        self.shown_groups = groups
         self.tiles = {i: CardTile(c, state.history_of(c)) for i, c in cards.items()}
         boxes = [CardGroupBox(g, [self.tiles[i] for i in g.cards]) for g in groups]
         if not boxes:
@@ -83,12 +91,31 @@ class HostView(VerticalScroll):
         self._fit_columns()
 
     def columns(self) -> int:
-        return max(1, (self.scrollable_content_region.width or self.size.width) // TILE_WIDTH)
+        fit = max(1, (self.scrollable_content_region.width or self.size.width) // TILE_WIDTH)
+        biggest = max((len(g.cards) for g in self.shown_groups), default=fit)
+        # as few columns as give the same number of rows: 4 cards in 3 columns take 2 rows, so do 2
+        # columns with wider tiles (and no lone tile on the second row)
+        return max(1, math.ceil(biggest / math.ceil(biggest / fit)))
+
+    def pick_tile_height(self, cols: int) -> int:
+        """Tall tiles when all fit tall, normal ones when all fit, else compact ones."""
+        rows = sum(math.ceil(len(g.cards) / cols) for g in self.shown_groups)
+        labels = len(self.shown_groups)
+        height = self.size.height
+        for tile_h in (TALL_HEIGHT, TILE_HEIGHT):
+            if rows * tile_h + labels <= height:
+                return tile_h
+        return COMPACT_HEIGHT
 
     def _fit_columns(self) -> None:
         cols = self.columns()
+        tile_h = self.pick_tile_height(cols)
+        self.tile_height = tile_h
         for grid in self.query(".card-grid").results(Grid):
             grid.styles.grid_size_columns = cols
+            grid.set_styles(f"grid-rows: {tile_h};")
+        for tile in self.tiles.values():
+            tile.styles.height = tile_h
 
     def on_card_tile_move(self, message: CardTile.Move) -> None:
         message.stop()

@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from xpu_cli.vocab import gib  # one memory format in every view: 79.6 GiB
+
+__all__ = ["gib"]
+
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 _SPARK = "▁▂▃▄▅▆▇█"
 
@@ -48,6 +52,11 @@ def slice_glyph(size: str) -> str:
     return SLICE_GLYPHS.get(size, size.removeprefix("vxpu-"))
 
 
+def slice_count(n: int, size: str) -> str:
+    """``3×½``: a count of slices that cannot be misread as a mixed number (``1¼``)."""
+    return f"{n}×{slice_glyph(size)}"
+
+
 def bar(fraction: float | None, width: int) -> str:
     """A horizontal bar ``width`` cells wide, in eighths of a cell; blank-dotted when unknown."""
     if fraction is None or math.isnan(fraction):
@@ -66,14 +75,6 @@ def spark(values: Sequence[float], width: int, high: float = 100.0) -> str:
         level = min(max(v / high, 0.0), 1.0) if high > 0 else 0.0
         cells.append(_SPARK[min(len(_SPARK) - 1, int(level * len(_SPARK)))])
     return "".join(cells).rjust(width)
-
-
-def gib(nbytes: int | None) -> str:
-    """Bytes as GiB, short: ``80`` or ``0.5``; ``-`` when unknown."""
-    if nbytes is None:
-        return "-"
-    g = nbytes / (1 << 30)
-    return f"{g:.0f}" if g >= 10 else f"{g:.1f}"
 
 
 def age(seconds: float) -> str:

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from xpu_tui.hostsummary import HostSummary, slice_sizes, summarize
+from xpu_tui.hostsummary import HostSummary, from_cluster_host, slice_sizes, summarize
 
 from xpud.api.client import Client
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.config import DEFAULT_SLICES
-from xpud.errors import Forbidden, Unavailable, XpudError
+from xpud.errors import Forbidden, NotFound, Unavailable, XpudError
 
 RETRY_S = 2.0  # wait between reconnect attempts
 
@@ -38,10 +38,13 @@ class HostSource(Protocol):
     def undrain(self, card: str) -> pb.Card: ...
     def set_mode(self, card: str, mode: str) -> pb.Card: ...
     def evict(self, lease_id: str, reason: str) -> pb.Lease: ...
+    def health(self, card: str) -> pb.CardHealth: ...
 
 
 class ClientSource:
     """A live daemon behind an ``xpud.api.client.Client``."""
+
+    label = "live"  # what the status line calls the connection once it works
 
     def __init__(self, client: Client):
         self.client = client
@@ -84,13 +87,19 @@ class ClientSource:
     def evict(self, lease_id: str, reason: str) -> pb.Lease:
         return self.client.evict(lease_id, reason)
 
+    def health(self, card: str) -> pb.CardHealth:
+        return self.client.health(card, history=5).cards[0]
+
 
 class RecordedSource:
     """Recorded or constructed data played through the live path: for tests, screenshots and ``--demo``.
 
     ``updates`` yields the recorded updates and then stays quiet (like a daemon with nothing new)
-    until closed. Operator verbs are refused unless ``admin``; when allowed they are only recorded.
+    until closed. Operator verbs are refused unless ``admin``; when allowed they are only recorded. A card's
+    health is ``health_of(card)`` for the card as last recorded.
     """
+
+    label = "demo"  # constructed or recorded data: never called live
 
     def __init__(
         self,
@@ -98,9 +107,11 @@ class RecordedSource:
         topology: pb.TopologyReply,
         updates: Sequence[pb.WatchUpdate],
         admin: bool = False,
+        health_of: Callable[[pb.Card], pb.CardHealth] | None = None,
     ):
         self._info, self._topology, self._updates = info, topology, list(updates)
         self.admin = admin
+        self._health_of = health_of
         self.actions: list[tuple[str, ...]] = []
         self._closed = threading.Event()
 
@@ -137,6 +148,15 @@ class RecordedSource:
     def evict(self, lease_id: str, reason: str) -> pb.Lease:
         self._act("evict", lease_id, reason)
         return pb.Lease()
+
+    def health(self, card: str) -> pb.CardHealth:
+        last = {str(c.index): c for c in self._updates[-1].cards.cards} if self._updates else {}
+        if card not in last:
+            raise NotFound(f"card {card}: no such card")
+        c = last[card]
+        if self._health_of is not None:
+            return self._health_of(c)
+        return pb.CardHealth(index=c.index, uuid=c.uuid, state=c.health_state, score=c.health_score)
 
 
 def follow(
@@ -251,3 +271,25 @@ class LocalHosts:
 
         threading.Thread(target=lambda: (stop.wait(), source.close()), daemon=True).start()
         follow(source, self.interval_s, stop, on_connect, on_update, on_error)
+
+
+class FederationHosts:
+    """The cluster as the local daemon sees it through federation (``Node.GetCluster``), asked every
+    ``interval_s``. On an error the hosts last seen are published again, marked with it."""
+
+    def __init__(self, client: Client, interval_s: float = 1.0, clock: Callable[[], float] = time.time):
+        self.client = client
+        self.interval_s = interval_s
+        self.clock = clock
+
+    def run(self, publish: Callable[[list[HostSummary]], None], stop: threading.Event) -> None:
+        last: list[HostSummary] = []
+        while not stop.is_set():
+            try:
+                reply = self.client.cluster()
+                now = self.clock()
+                last = [from_cluster_host(h, now) for h in reply.hosts]
+                publish(last)
+            except XpudError as e:
+                publish([dataclasses.replace(h, error=str(e)) for h in last])
+            stop.wait(self.interval_s)

@@ -110,6 +110,13 @@ class LeasesSection:
     max_wait_s: float = _key(
         86400.0, "Longest --wait a request may ask for (seconds).", min=0.0, max=30 * 86400.0
     )
+    default_wait_s: float = _key(
+        0.0,
+        "Seconds a request queues when it does not say (`xpu run` without --wait); 0: fail at once. "
+        "At most max_wait_s.",
+        min=0.0,
+        max=30 * 86400.0,
+    )
     credential_ttl_s: float = _key(
         300.0, "Lifetime of a peer credential issued on cred.sock (seconds).", min=1.0, max=86400.0
     )
@@ -307,6 +314,32 @@ class DefragSection:
     )
 
 
+MAX_SEEDS = 64  # seed peers a host may list
+
+
+@dataclass(frozen=True)
+class ClusterSection:
+    """Federation with peer daemons (``xpud.federation``). Off (no peer traffic) unless ``listen`` is set."""
+
+    name: str = _key("", "This host's name in the cluster (its certificate's name); empty = the hostname.")
+    listen: str = _key("", "IP:PORT of the Peer service (mutual TLS); empty = federation off.")
+    seeds: tuple[str, ...] = _key((), "Peers to join through, as HOST:PORT (at most 64).")
+    zone: str = _key("", "Network location: the zone (largest area), for multi-host placement.")
+    block: str = _key("", "Network location: the block within the zone.")
+    domain: str = _key("", "Network location: the domain (rack or leaf switch) within the block.")
+    ca: str = _key("", "The site CA's certificate (ca.crt from `xpu certs init`).")
+    cert: str = _key("", "This host's certificate (NAME.crt from `xpu certs issue`).")
+    key: str = _key("", "This host's private key (NAME.key, 0600).")
+    dead_after_s: float = _key(
+        10.0, "Seconds after which a crashed peer is declared dead.", min=2.0, max=3600.0
+    )
+    remote_launch: bool = _key(True, "Peers may start ranks of multi-host jobs on this host.")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.listen)
+
+
 @dataclass(frozen=True)
 class BurstsSection:
     """Converting idle cards between whole and sliced as demand arrives (``Engine.pump``)."""
@@ -414,6 +447,7 @@ SECTIONS: dict[str, type] = {
     "limits": LimitsSection,
     "health": HealthSection,
     "defrag": DefragSection,
+    "cluster": ClusterSection,
     "metrics": MetricsSection,
     "bursts": BurstsSection,
     "carbon": CarbonSection,
@@ -439,6 +473,7 @@ class Config:
     limits: LimitsSection = field(default_factory=LimitsSection)
     health: HealthSection = field(default_factory=HealthSection)
     defrag: DefragSection = field(default_factory=DefragSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     bursts: BurstsSection = field(default_factory=BurstsSection)
     carbon: CarbonSection = field(default_factory=CarbonSection)
@@ -665,6 +700,13 @@ def parse(text: str, path: str = "<string>") -> Config:
         else:
             raise src.error(table, None, f"unknown table{_hint(table, [*SECTIONS, 'slices', 'windows'])}")
     cfg = Config(**kwargs)
+    if cfg.leases.default_wait_s > cfg.leases.max_wait_s:
+        raise src.error(
+            "leases",
+            "default_wait_s",
+            f"{cfg.leases.default_wait_s:g} is above max_wait_s ({cfg.leases.max_wait_s:g}); "
+            "lower it or raise max_wait_s",
+        )
     if cfg.carbon.signal and cfg.carbon.command:
         raise src.error("carbon", "command", "give signal (a file) or command, not both")
     if cfg.health.fragmentation_slice not in cfg.slices:
@@ -673,7 +715,57 @@ def parse(text: str, path: str = "<string>") -> Config:
             "fragmentation_slice",
             f"{cfg.health.fragmentation_slice!r} is not a slice size; use one of {', '.join(cfg.slices)}",
         )
+    _check_cluster(src, cfg.cluster)
     return cfg
+
+
+_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # as `xpu certs issue NAME` accepts
+_LOCATION_CHARS = 64  # as xpud.federation.view accepts from peers
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    """``"10.0.0.2:7443"`` / ``"[::1]:7443"`` / ``"node-a:7443"`` -> (host, port). Raises ValueError."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{text[:80]!r} is not HOST:PORT (port 1..65535)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def _check_cluster(src: _Source, c: ClusterSection) -> None:
+    import ipaddress
+
+    if c.name and not _HOST_NAME.match(c.name):
+        raise src.error("cluster", "name", "use letters, digits, '.', '_' or '-' (at most 63)")
+    for key in ("zone", "block", "domain"):
+        v = getattr(c, key)
+        if len(v) > _LOCATION_CHARS or not v.isprintable():
+            raise src.error("cluster", key, f"at most {_LOCATION_CHARS} printable characters")
+    if len(c.seeds) > MAX_SEEDS:
+        raise src.error("cluster", "seeds", f"{len(c.seeds)} seeds; at most {MAX_SEEDS}")
+    for seed in c.seeds:
+        try:
+            split_host_port(seed)
+        except ValueError as e:
+            raise src.error("cluster", "seeds", f'{e}, e.g. "10.0.0.2:7443"') from None
+    if not c.listen:
+        if c.seeds:
+            raise src.error("cluster", "seeds", "set listen too: without it federation is off")
+        return
+    try:
+        host, _ = split_host_port(c.listen)
+        if ipaddress.ip_address(host).is_unspecified:
+            raise ValueError(f"{host} is every address; peers reach this host at the address given here")
+    except ValueError as e:
+        raise src.error(
+            "cluster", "listen", f'{e}; give IP:PORT of this host, e.g. "10.0.0.2:7443"'
+        ) from None
+    for key in ("ca", "cert", "key"):
+        if not getattr(c, key):
+            raise src.error(
+                "cluster", key, "needed with listen: the paths `xpu certs init` and `xpu certs issue` wrote"
+            )
 
 
 def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | None = None) -> Config:

@@ -27,6 +27,7 @@ from xpud.auth import CredentialIssuer
 from xpud.defrag import Defragmenter
 from xpud.engine import Engine
 from xpud.errors import XpudError
+from xpud.federation.hostjobs import HostJobs
 from xpud.jobs import Jobs
 from xpud.ledger import Ledger, LedgerDamaged
 from xpud.monitor import HealthMonitor
@@ -38,11 +39,13 @@ USER_SOCKET, ADMIN_SOCKET, CRED_SOCKET = "xpud.sock", "admin.sock", "cred.sock"
 LEDGER_DAMAGED_EXIT = 3  # systemd/xpud.service: RestartPreventExitStatus=3
 
 # gRPC core cancels incoming calls that wait for the Python server to pick them up once more than
-# max_pending_requests (default 1,000; all of them past 3,000) are waiting: a burst of thousands of queued
-# Acquire streams then saw CANCELLED. Waiting requests cost little; the daemon takes them at its pace.
+# max_pending_requests (default 1,000; all of them past 3,000) are waiting, or once one has waited
+# server_max_unrequested_time_in_server (default 30 s): a burst of thousands of queued Acquire streams then
+# saw CANCELLED. Waiting requests cost little; the daemon takes them at its pace (callers have deadlines).
 SERVER_OPTIONS = [
     ("grpc.server.max_pending_requests", 50_000),
     ("grpc.server.max_pending_requests_hard_limit", 100_000),
+    ("grpc.server_max_unrequested_time_in_server", 600),
 ]
 
 
@@ -120,6 +123,8 @@ class Daemon:
         self.jobs: Jobs | None = None
         self.monitor: HealthMonitor | None = None
         self.defrag: Defragmenter | None = None
+        self.hostjobs: HostJobs | None = None
+        self.federation = None  # xpud.federation.node.Federation when [cluster] listen is set
         self.metrics = None  # xpud.metrics.MetricsServer when [metrics] listen is set
         self.started = time.time()
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
@@ -162,7 +167,17 @@ class Daemon:
         self.engine = Engine(
             self.hw.cards(), self.hw.topology(), self.cfg, self.ledger, isolation=self._isolation()
         )
+        if self.cfg.cluster.enabled:  # the certificate files are checked before anything serves
+            from xpud.federation.certs import CertError
+            from xpud.federation.node import Federation
+
+            try:
+                self.federation = Federation(self.cfg.cluster, self.engine, daemon=self)
+            except CertError as e:
+                raise StartupError(str(e)) from None
         await self.engine.restore()
+        self.hostjobs = HostJobs(self)  # multi-host reservations: held ones outlive a restart
+        await self.hostjobs.restore()
         self.monitor = HealthMonitor(self.engine, self.hw, self.cfg)
         self.monitor.restore()  # cards that were out before a restart stay out until they clear
         self.defrag = Defragmenter(self.engine, self.cfg)
@@ -174,6 +189,7 @@ class Daemon:
             fake=self.fake,
             health=self.monitor,
             defrag=self.defrag,
+            federation=self.federation,
             info={
                 "version": __version__,
                 "hostname": socket.gethostname(),
@@ -185,6 +201,7 @@ class Daemon:
                 "config_path": self.cfg.path,
             },
         )
+        ctx.extras["daemon"] = self  # Node.RunJob coordinates multi-host jobs through it
         self.context = ctx
         if self.cfg.metrics.listen:
             from xpud.metrics import MetricsServer
@@ -206,9 +223,19 @@ class Daemon:
             await s.start()
         self.servers = [user, admin]
         self._set_permissions()
+        if self.federation is not None:
+            try:
+                await self.federation.start()
+            except OSError as e:
+                raise StartupError(str(e)) from None
         self.engine.serving()  # restored leases' holders can reconnect from now: their grace starts
         self.jobs = Jobs(
-            self.engine, self.hw, self.cfg.health.poll_interval_s, self.monitor, defrag=self.defrag
+            self.engine,
+            self.hw,
+            self.cfg.health.poll_interval_s,
+            self.monitor,
+            defrag=self.defrag,
+            hostjobs=self.hostjobs,
         )
         self.jobs.start()
         self.monitor.start()
@@ -246,17 +273,23 @@ class Daemon:
         in progress return, the event thread ends (it frees its own event set), then NVML shuts down
         (``Nvml.close`` also waits for any other call, and nothing re-opens it afterwards)."""
         sd_notify("STOPPING=1")
+        if self.federation is not None:
+            await self.federation.stop()  # peers hear "left" at once, not "dead" after dead_after_s
         if self.metrics:
             await asyncio.to_thread(self.metrics.stop)  # a scrape in progress still gets its answer
         if self.jobs:
             self.jobs.stop()
         for s in self.servers:
             await s.stop(grace=0.5)
+        from xpud.federation import rankproc
+
+        await rankproc.stop_all()  # ranks of multi-host jobs started here: their groups are killed
         if self.cred_server:
             self.cred_server.close()
-        for p in (self.user_socket, self.admin_socket, self.cred_socket, self.runtime_dir / PID_FILE):
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+        if self.cred_server or self.servers:  # ours: a start that failed early leaves another daemon's alone
+            for p in (self.user_socket, self.admin_socket, self.cred_socket, self.runtime_dir / PID_FILE):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
         if self.jobs:
             await self.jobs.drain()
         if self.monitor:
@@ -277,7 +310,11 @@ async def run_daemon(cfg: config.Config, hw, fake=None, overrides=None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, lambda: None)  # not a stop while starting; reload once serving
-    await d.start()
+    try:
+        await d.start()
+    except BaseException:
+        await d.stop()  # what did start (servers, sockets, threads) stops, so the process can exit
+        raise
     loop.add_signal_handler(signal.SIGHUP, d.reload)
     try:
         await stop.wait()

@@ -4,7 +4,8 @@ Each check gives one line, ``ok``, ``warn``, ``fail`` or ``skip``, and for warn 
 status is 1 when a check fails, else 0. Checks: the driver and NVML, MIG capability and mode per card,
 persistence mode, ``nvidia-cuda-mps-control`` where MPS will serve slices, the admin group, the daemon's
 sockets and state directory, the installed unit (its ExecStart and its device access against the
-``/dev/nvidia*`` nodes), and clock skew against peers (once federation is configured).
+``/dev/nvidia*`` nodes), and with ``[cluster]``: the peer certificate, each peer reached over mutual
+TLS, and the clock skew against them.
 
 With ``--simulate MACHINE`` the driver is the fake (``xpud.hw.fakenvml``), the NVIDIA tools the simulated
 ones, and the device nodes those the NVIDIA driver makes for that machine.
@@ -139,7 +140,7 @@ def run_checks(cfg: config.Config, host: Host) -> list[Check]:
     checks.append(_admin_group(cfg, host))
     checks += _daemon_dirs(cfg)
     checks += _unit(host)
-    checks.append(_clock_skew(cfg))
+    checks += _cluster(cfg)
     return checks
 
 
@@ -517,10 +518,68 @@ def _unit(host: Host) -> list[Check]:
     return checks
 
 
-def _clock_skew(cfg: config.Config) -> Check:
-    if getattr(cfg, "cluster", None) is None:
-        return Check("clock skew", SKIP, "no [cluster] configured: no peers to compare clocks with")
-    return Check("clock skew", SKIP, "peers are configured, but this xpud cannot measure clock skew yet")
+SKEW_WARN_S = 1.0  # clocks further apart than this (beyond the probe's uncertainty) are worth a look
+
+
+def _cluster(cfg: config.Config) -> list[Check]:
+    """With [cluster]: the certificate files, each seed's (and each known member's) Peer service reached
+    with them, and the clock skew against the peers that answered."""
+    c = cfg.cluster
+    if not c.enabled:
+        return [Check("clock skew", SKIP, "no [cluster] configured: no peers to compare clocks with")]
+    import socket
+
+    from xpud.federation import certs, probe
+
+    name = c.name or socket.gethostname()
+    try:
+        creds = certs.load_host(c.ca, c.cert, c.key, name, config.split_host_port(c.listen)[0])
+    except certs.CertError as e:
+        fix = "xpu certs issue NAME --ip IP --ca DIR --out DIR, then set [cluster] ca, cert and key"
+        return [
+            Check("peer certificate", FAIL, str(e), fix),
+            Check("clock skew", SKIP, "no usable certificate"),
+        ]
+    checks = [Check("peer certificate", OK, f"{c.cert} is this site's certificate for {name}")]
+    results = probe.probe_all(creds, name, c.listen, [*c.seeds, *_known_peers(cfg, name)])
+    if not results:
+        checks.append(Check("peers", SKIP, "no seeds and no members known: a first host has nobody to reach"))
+        return [*checks, Check("clock skew", SKIP, "no peers to compare clocks with")]
+    down = [p for p in results if not p.ok]
+    if down:
+        what = "; ".join(f"{p.addr}: {p.error}" for p in down[:5])
+        checks.append(
+            Check(
+                "peers",
+                WARN,
+                f"{len(results) - len(down)} of {len(results)} peer(s) answered; {what}",
+                "check that those daemons run with [cluster] listen there, that the network lets TCP "
+                "through, and that their certificates come from the same CA (xpu certs)",
+            )
+        )
+    else:
+        checks.append(Check("peers", OK, f"{len(results)} peer(s) answered over mutual TLS"))
+    timed = [p for p in results if p.ok and not p.error]
+    if not timed:
+        return [*checks, Check("clock skew", SKIP, "no peer reported its clock")]
+    worst = max(timed, key=lambda p: abs(p.skew_s) - p.uncertainty_s)
+    text = f"largest skew {worst.skew_s:+.3f} s (+/- {worst.uncertainty_s:.3f}) against {worst.addr}"
+    if abs(worst.skew_s) - worst.uncertainty_s > SKEW_WARN_S:
+        fix = "run NTP (chronyd or systemd-timesyncd) on every host: logs and ages compare across hosts"
+        return [*checks, Check("clock skew", WARN, text, fix)]
+    return [*checks, Check("clock skew", OK, text)]
+
+
+def _known_peers(cfg: config.Config, name: str) -> list[str]:
+    """The alive members the local daemon knows, if it runs (best effort: empty otherwise)."""
+    from xpud.api.client import Client
+
+    try:
+        with Client(cfg.runtime_dir, timeout=3.0) as c:
+            reply = c.cluster()
+    except (XpudError, OSError):
+        return []
+    return [h.addr for h in reply.hosts if h.state == "alive" and h.name != name]
 
 
 # ----------------------------------------------------------------------------------------- output

@@ -39,6 +39,7 @@ from xpud.model import (
     CardMode,
     CardSample,
     CardView,
+    CommandEnd,
     HealthState,
     Lease,
     LeaseState,
@@ -50,7 +51,7 @@ from xpud.model import (
 from xpud.moves import Moves
 from xpud.placement.host import CardCapacity, best_group, choose_slice_card
 from xpud.stats import Stats
-from xpud.waitlist import Waitlist
+from xpud.waitlist import Waiter, Waitlist, kind_of
 from xpud.windows import WindowSpec, whole_needed
 
 log = logging.getLogger("xpud.engine")
@@ -139,6 +140,7 @@ class Engine:
         self._granting: set = set()  # waiters whose grant is under way
         self._tasks: set[asyncio.Task] = set()
         self._pump_scheduled = False
+        self._pumps = 0  # passes over the queue so far
         self._pump_timer: asyncio.TimerHandle | None = None  # a pump asked for later (bursts)
         self._next_tidy = 0.0
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
@@ -257,12 +259,19 @@ class Engine:
             await self._card_freed()
         self._claim(cards)
 
-    async def _hw(self, fn: Callable, *args):
-        """Run a backend call off the loop (the caller holds the card's claim); bookkeeping-only backends
-        run inline."""
-        if isinstance(getattr(fn, "__self__", None), Accounting):
+    async def _hw(self, fn: Callable, *args, inline: bool = False):
+        """Run a backend call off the loop (the caller holds the card's claim); bookkeeping-only backends,
+        and calls the caller knows to be bookkeeping (``inline``), run on the loop."""
+        if inline or isinstance(getattr(fn, "__self__", None), Accounting):
             return fn(*args)
         return await asyncio.to_thread(fn, *args)
+
+    def _bookkeeping(self, index: int, op: str, lease_id: str) -> bool:
+        """Whether card ``index``'s backend says ``op`` ("prepare", "teardown") for ``lease_id`` runs no
+        tool now (e.g. MPS with its control daemon known to run): then it runs on the loop, and the
+        card's claim is not held across an await (other grants do not wait for it)."""
+        needs_tool = getattr(self._backends[index], "needs_tool", None)
+        return needs_tool is not None and not needs_tool(op, lease_id)
 
     def _spawn(self, coro: Awaitable, what: str) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -511,7 +520,9 @@ class Engine:
             spec = self.cfg.slices[mode.value]
             held = list(c.slices.values())
             s, env = await self._hw(
-                self._backends[c.info.index].prepare, c.info, held, spec, lease_id, owner_uid
+                self._backends[c.info.index].prepare,
+                *(c.info, held, spec, lease_id, owner_uid),
+                inline=self._bookkeeping(c.info.index, "prepare", lease_id),
             )
             c.slices[lease_id] = s
             return (s,), env, switched
@@ -552,7 +563,8 @@ class Engine:
         for s in slices:
             card = self.cards[s.card_index]
             try:
-                await self._hw(self._backends[s.card_index].teardown, card.info, s)
+                inline = self._bookkeeping(s.card_index, "teardown", lease_id)
+                await self._hw(self._backends[s.card_index].teardown, card.info, s, inline=inline)
             except Exception as e:
                 log.error("teardown of %s on card %d failed: %s", lease_id, s.card_index, e)
                 self.event("error", f"teardown of lease {lease_id} failed: {e}", card=s.card_index)
@@ -599,8 +611,11 @@ class Engine:
             if n > 0:
                 self._granting_uids[uid] = n
 
-    def _converted(self, i: int, lease_id: str, req: Request, queued_s: float | None) -> None:
-        """The event (and counter) of a card switched to serve a request, with the reason."""
+    def _converted(
+        self, i: int, lease_id: str, req: Request, queued_s: float | None
+    ) -> tuple[EventRecord, Op]:
+        """The event (committed with the grant) and counter of a card switched to serve a request, with
+        the reason."""
         mode = self.cards[i].mode
         if req.mode is Mode.XPU:
             why = f"a {req.gpus}-card request found too few idle whole cards"
@@ -609,7 +624,7 @@ class Engine:
         if queued_s is not None:
             why += f" (queued {queued_s:.2f} s, {len(self.waitlist)} still waiting)"
         self.stats.conversions[(mode.value, "demand")] += 1
-        self.event("mode", f"card {i} switched to {mode} for lease {lease_id}: {why}", card=i)
+        return self._event_op("mode", f"card {i} switched to {mode} for lease {lease_id}: {why}", i)
 
     async def _grant_now(
         self, req: Request, cards: tuple[int, ...], queued_s: float | None = None
@@ -639,27 +654,30 @@ class Engine:
             restartable=req.restartable,
             holder_pid=req.holder_pid,
             command=req.command[:500],
+            name=req.name,
             created=self.clock(),
         )
         ops = [self.ledger.insert_lease_op(lease, token)]
         ops += [self.ledger.save_card_op(self.cards[i].record()) for i in switched]
+        where = ",".join(map(str, cards))
+        events = [
+            *(self._converted(i, lease_id, req, queued_s) for i in switched),
+            self._event_op(
+                "grant",
+                f"lease {lease_id} ({req.mode}) on card {where} to uid {req.owner_uid}",
+                cards[0] if len(cards) == 1 else -1,
+                lease_id,
+            ),
+        ]
         try:
-            await self.ledger.write(*ops)  # committed before anyone is told
+            await self.ledger.write(*ops, *(o for _, o in events))  # committed before anyone is told
         except BaseException:
             await self._unplace(lease_id, cards, slices, switched)
             raise
         self.leases[lease_id] = lease
         self.stats.grant.observe(time.perf_counter() - t0)
         self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
-        for i in switched:
-            self._converted(i, lease_id, req, queued_s)
-        where = ",".join(map(str, cards))
-        self.event(
-            "grant",
-            f"lease {lease_id} ({req.mode}) on card {where} to uid {req.owner_uid}",
-            card=cards[0] if len(cards) == 1 else -1,
-            lease_id=lease_id,
-        )
+        self._committed(events)
         return lease, token
 
     async def try_grant(self, req: Request, wait_busy_s: float = BUSY_WAIT_S) -> tuple[Lease, str] | None:
@@ -670,10 +688,7 @@ class Engine:
         self.validate(req)
         deadline = time.monotonic() + wait_busy_s
         while True:
-            blocked_whole = any(
-                w.request.mode is Mode.XPU and w.request.priority >= req.priority
-                for w in self.waitlist.in_order()
-            )
+            blocked_whole = self.waitlist.whole_waiting_at(req.priority)
             cards = self._fit(req, reserve_whole=blocked_whole)
             left = deadline - time.monotonic()
             if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
@@ -709,15 +724,20 @@ class Engine:
         self._check_limits(req, queueing=False)
         # A request that may queue waits for busy cards only briefly: beyond that it shows in the queue.
         busy_wait = BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
+        pumps = self._pumps
         granted = await self.try_grant(req, busy_wait)
         if granted:
             return granted
         if req.wait_s <= 0:
-            raise NoCapacity(self._why_not(req) + "; add --wait SECONDS to queue for it")
+            raise NoCapacity(self._why_not(req) + "; add --wait 10m (any duration, or inf) to queue for it")
         self._check_limits(req, queueing=True)
+        # try_grant found no room in this very state (no await since): the queue needs a pass only if
+        # one ran while it waited for busy cards, before this request was in it. (One pass per queued
+        # request made queueing quadratic: 6,000 requests took minutes and gRPC cancelled the last.)
         w = self.waitlist.add(req, self.clock(), on_position)
         self._changed()
-        self._pump_soon()  # a card may have been freed while this request was being placed
+        if self._pumps != pumps:
+            self._pump_soon()
         try:
             return await asyncio.wait_for(asyncio.shield(w.future), timeout=max(w.deadline - self.clock(), 0))
         except TimeoutError:
@@ -778,16 +798,24 @@ class Engine:
         still use free room on sliced cards, so small work flows without starving large work. The grants
         run as tasks (their cards claimed now, so the next waiter's placement already leaves them out).
         """
+        self._pumps += 1
         reserve = False
-        # What did not fit in this pass: an equal request behind it does not fit either (grants only
-        # take room), so a long queue costs one placement per kind of request, not one per waiter.
-        failed: set[tuple] = set()
+        # What did not fit in this pass (and why): an equal request behind it does not fit either (grants
+        # only take room), so a long queue costs one placement per kind of request, not one per waiter,
+        # and the pass ends once every kind still waiting has failed (it need not walk the rest).
+        failed: dict[tuple, str] = {}  # (kind, reserve) -> the pending reason
+        unseen = self.waitlist.kinds()  # kind -> waiters not yet looked at
+        granted: list[tuple[Waiter, tuple[int, ...]]] = []
         retry: float | None = None
-        for w in self.waitlist.in_order():
+        for w in self.waitlist:
+            kind = kind_of(w.request)
+            unseen[kind] -= 1
             if w.future.done():
                 continue
-            kind = (w.request.mode, w.request.gpus, w.request.owner_uid, reserve)
-            cards = None if kind in failed else self._fit(w.request, reserve_whole=reserve)
+            if (kind, reserve) in failed:
+                w.reason = failed[(kind, reserve)]
+                continue
+            cards = self._fit(w.request, reserve_whole=reserve)
             switches = cards is not None and self._busy and self._switches(w.request, cards)
             left = w.enqueued + self.cfg.bursts.convert_within_s - self.clock()
             if switches and left > 0:
@@ -795,12 +823,20 @@ class Engine:
                 # switch this one's card once it has waited convert_within_s (a burst: in parallel).
                 cards = None
                 retry = left if retry is None else min(retry, left)
+                failed[(kind, reserve)] = "Busy"
             if cards is None:
-                failed.add(kind)
+                key = (kind, reserve)
+                if key not in failed:
+                    failed[key] = self._pending_reason(w.request, reserve)
+                w.reason = failed[key]
                 if w.request.mode is Mode.XPU:
                     reserve = True
+                if all(n == 0 or (k, reserve) in failed for k, n in unseen.items()):
+                    break  # every waiter left is of a kind that did not fit
                 continue
             self._claim_for(w.request, cards)
+            granted.append((w, cards))
+        for w, cards in granted:  # not removed while the waitlist was being walked
             self.waitlist.remove(w)
             self._granting.add(w)
             self._spawn(self._grant_waiter(w, cards), f"granting queued request {w.ticket}")
@@ -821,6 +857,29 @@ class Engine:
             self.pump()
 
         self._pump_timer = loop.call_at(at, fire)
+
+    def _pending_reason(self, req: Request, reserved: bool) -> str:
+        """Why a queued request does not fit now, as squeue's REASON: "Priority" (it would fit, but
+        the idle whole cards are held for a request ahead of it), "MPS user" (a card with room serves
+        another user's MPS slices), else "Resources"."""
+        if reserved and self._fit(req, reserve_whole=False) is not None:
+            return "Priority"
+        spec = self.cfg.slices.get(req.mode.value)
+        if spec is not None:
+            for c in self.cards.values():
+                cap = self._capacity(c)
+                room = (
+                    cap.free_memory_fraction >= spec.memory_fraction
+                    and cap.free_compute_pct >= spec.compute_pct
+                )
+                if (
+                    c.usable
+                    and c.slices
+                    and room
+                    and self._backends[c.info.index].serves_other_user(req.owner_uid)
+                ):
+                    return "MPS user"
+        return "Resources"
 
     async def _grant_waiter(self, w, cards: tuple[int, ...]) -> None:
         try:
@@ -855,10 +914,16 @@ class Engine:
         )
 
     @_uninterrupted
-    async def release(self, lease_id: str, caller: Caller, token: str = "") -> Lease:
+    async def release(
+        self, lease_id: str, caller: Caller, token: str = "", end: CommandEnd | None = None
+    ) -> Lease:
+        """End a lease for its holder, owner or an operator; ``end``: how its command ended (recorded;
+        a start time outside the lease's life is clamped into it)."""
         lease = self.resolve_lease(lease_id)
         self.check_authority(lease, caller, token)
-        return await self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}")
+        if end is not None and end.started is not None:
+            end = replace(end, started=min(max(end.started, lease.created), self.clock()))
+        return await self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}", end=end)
 
     @_uninterrupted
     async def evict(self, lease_id: str, reason: str = "") -> Lease:
@@ -867,34 +932,65 @@ class Engine:
         return await self._end(lease, LeaseState.EVICTED, reason or "evicted by an operator", revoke=why)
 
     @_uninterrupted
-    async def reclaim(self, lease_id: str, reason: str) -> Lease | None:
+    async def reclaim(
+        self,
+        lease_id: str,
+        reason: str,
+        state: LeaseState = LeaseState.RECLAIMED,
+        also: tuple[Op, ...] = (),
+    ) -> Lease | None:
+        """End a lease on the daemon's own authority (reaper, start-up, a multi-host job's end: ``state``
+        RELEASED). ``also``: ledger writes committed in the same transaction as the lease's end."""
         lease = self.leases.get(lease_id)
         if lease is None or lease_id in self._ending:
             return None
-        return await self._end(lease, LeaseState.RECLAIMED, reason)
+        return await self._end(lease, state, reason, also=also)
 
-    async def _end(self, lease: Lease, state: LeaseState, reason: str, revoke: str = "") -> Lease:
+    async def _end(
+        self,
+        lease: Lease,
+        state: LeaseState,
+        reason: str,
+        revoke: str = "",
+        end: CommandEnd | None = None,
+        also: tuple[Op, ...] = (),
+    ) -> Lease:
         """End a lease: commit it, then tell its holder, then free its cards (tear slices down)."""
         if lease.id in self._ending:
             raise NotFound(f"lease {lease.id} is being released already")
         self._ending.add(lease.id)
+        now, end = self.clock(), end or CommandEnd()
         try:
-            await self.ledger.write(self.ledger.end_lease_op(lease.id, state, reason, self.clock()))
+            card = lease.cards[0] if len(lease.cards) == 1 else -1
+            how = ""
+            if end.exit_signal is not None:
+                how = f" (its command ended by signal {end.exit_signal})"
+            elif end.exit_code is not None:
+                how = f" (its command exited {end.exit_code})"
+            message = f"lease {lease.id} {state.value}: {reason}{how}"
+            event = self._event_op(_EVENT_KIND[state], message, card, lease.id)
+            await self.ledger.write(
+                self.ledger.end_lease_op(lease.id, state, reason, now, end), event[1], *also
+            )
         finally:
             self._ending.discard(lease.id)
         # Committed: the lease is over. What it held is freed below, after its teardown.
         self.leases.pop(lease.id, None)
         self.unheld_since.pop(lease.id, None)
-        ended = replace(lease, state=state)
+        ended = replace(
+            lease,
+            state=state,
+            mark="",
+            ended=now,
+            end_reason=reason,
+            started=end.started,
+            exit_code=end.exit_code,
+            exit_signal=end.exit_signal,
+        )
         if revoke:
             self._notify(lease, "revoke", revoke)
         self._notify(ended, "released", reason)
-        self.event(
-            _EVENT_KIND[state],
-            f"lease {lease.id} {state.value}: {reason}",
-            lease_id=lease.id,
-            card=lease.cards[0] if len(lease.cards) == 1 else -1,
-        )
+        self._committed([event])
         await self.moves.forget(lease.id)  # a move in flight: free what it reserved
         await self._free_claimed(lease.id, lease.cards, lease.slices)
         self.pump()
@@ -949,8 +1045,9 @@ class Engine:
             return
         self._next_tidy = now + TIDY_INTERVAL_S
         for i in sorted(self._backends):
-            if i in self._busy or isinstance(self._backends[i], Accounting):
-                continue
+            due = getattr(self._backends[i], "tidy_due", None)
+            if i in self._busy or isinstance(self._backends[i], Accounting) or (due and not due(now)):
+                continue  # (claiming a card for nothing would hold up the grants that want it)
             self._claim([i])
             self._spawn(self._tidy(i), f"isolation upkeep on card {i}")
 
@@ -1190,6 +1287,17 @@ class Engine:
         ev = self.ledger.add_event(kind, message, card, lease_id, self.clock())
         self._changed(ev)
         return ev
+
+    def _event_op(self, kind: str, message: str, card: int, lease_id: str = "") -> tuple[EventRecord, Op]:
+        """An event to commit in the same write as the change it reports (then ``_committed``)."""
+        return self.ledger.event_op(kind, message, card, lease_id, self.clock())
+
+    def _committed(self, events: Iterable[tuple[EventRecord, Op]]) -> None:
+        """Events committed with their change: logged and shown to watchers, as ``event`` does."""
+        for ev, _ in events:
+            log.info("%s", ev.message)
+            self.stats.events[ev.kind] += 1
+            self._changed(ev)
 
     def watch(self) -> asyncio.Queue:
         q: asyncio.Queue = asyncio.Queue()

@@ -44,12 +44,15 @@ def _logged(what: str):
 
 
 class Jobs:
-    def __init__(self, engine: Engine, hw, sample_interval_s: float = 5.0, monitor=None, defrag=None):
+    def __init__(
+        self, engine: Engine, hw, sample_interval_s: float = 5.0, monitor=None, defrag=None, hostjobs=None
+    ):
         self.engine = engine
         self.hw = hw
         self.sample_interval_s = sample_interval_s
         self.monitor = monitor  # xpud.monitor.HealthMonitor: judges each poll's samples
         self.defrag = defrag  # xpud.defrag.Defragmenter
+        self.hostjobs = hostjobs  # xpud.federation.hostjobs.HostJobs: expires multi-host reservations
         self.scheduler: AsyncIOScheduler | None = None
         self._reading: asyncio.Future | None = None  # the hardware read in progress, if any
         self.provisioner = None  # xpud.provisioning.Provisioner, from start()
@@ -161,6 +164,11 @@ class Jobs:
                 log.info("reclaimed lease %s", lease.id)
         except Exception:
             log.exception("lease reaper failed")
+        if self.hostjobs is not None:
+            try:
+                await self.hostjobs.expire()  # reservations past their TTL end here, with no help
+            except Exception:
+                log.exception("expiring reservations failed")
 
     async def sample(self) -> None:
         indices = sorted(self.engine.cards)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xpud.errors import ConfigError, Unavailable, XpudError
-from xpud.model import Lease, LeaseState, Mode, Slice
+from xpud.model import CommandEnd, Lease, LeaseState, Mode, Slice
 
 log = logging.getLogger("xpud.ledger")
 
@@ -111,6 +111,33 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX health_changes_by_card ON health_changes(card_uuid, id);
     """,
+    # 3: multi-host reservations (xpud.federation.hostjobs): the cards are held by the lease ``lease_id``;
+    # held until ``expires`` (wall clock), then committed (the lease is the job's), or ended
+    """
+    CREATE TABLE reservations (
+        job TEXT PRIMARY KEY,
+        attempt INTEGER NOT NULL,
+        coordinator TEXT NOT NULL,
+        lease_id TEXT NOT NULL,
+        cards TEXT NOT NULL,          -- JSON list of card indices
+        ttl_s REAL NOT NULL,
+        created REAL NOT NULL,
+        expires REAL NOT NULL,
+        state TEXT NOT NULL,          -- held, committed, aborted, expired, released
+        ended REAL,
+        rank_pid INTEGER NOT NULL DEFAULT 0  -- the rank started here (its own session), 0 before
+    );
+    CREATE INDEX reservations_by_state ON reservations(state);
+    """,
+    # 4: how each lease's command ended (its wrapper reports it at release), and the job's name
+    """
+    ALTER TABLE leases ADD COLUMN started REAL;          -- when the command first started
+    ALTER TABLE leases ADD COLUMN exit_code INTEGER;     -- its exit status, or
+    ALTER TABLE leases ADD COLUMN exit_signal INTEGER;   -- the signal that ended it (NULL: not reported)
+    ALTER TABLE leases ADD COLUMN name TEXT NOT NULL DEFAULT '';
+    CREATE INDEX events_by_lease ON events(lease_id, id);
+    CREATE INDEX events_by_card ON events(card, id);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -137,6 +164,22 @@ class HealthChangeRecord:
     to_state: str
     score: int
     reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReservationRecord:
+    """One multi-host job's hold on this host (``xpud.federation.hostjobs``)."""
+
+    job: str
+    attempt: int
+    coordinator: str
+    lease_id: str
+    cards: tuple[int, ...]
+    ttl_s: float
+    created: float
+    expires: float
+    state: str
+    rank_pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -177,6 +220,12 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         state=LeaseState(row["state"]),
         restart_count=row["restart_count"],
         mark=row["mark"],
+        name=row["name"],
+        ended=row["ended"],
+        end_reason=row["end_reason"],
+        started=row["started"],
+        exit_code=row["exit_code"],
+        exit_signal=row["exit_signal"],
     )
 
 
@@ -471,6 +520,56 @@ class Ledger:
                 else:
                     w.future.set_exception(err)
 
+    # reservations -------------------------------------------------------------------------------
+    def save_reservation_op(self, r: ReservationRecord) -> Op:
+        return op(
+            "INSERT OR REPLACE INTO reservations (job, attempt, coordinator, lease_id, cards, ttl_s, created,"
+            " expires, state, ended) VALUES (?,?,?,?,?,?,?,?,?,NULL)",
+            r.job,
+            r.attempt,
+            r.coordinator,
+            r.lease_id,
+            json.dumps(list(r.cards)),
+            r.ttl_s,
+            r.created,
+            r.expires,
+            r.state,
+        )
+
+    def end_reservation_op(self, job: str, attempt: int, state: str, when: float) -> Op:
+        return op(
+            "UPDATE reservations SET state=?, ended=?"
+            " WHERE job=? AND attempt=? AND state IN ('held','committed')",
+            state,
+            when,
+            job,
+            attempt,
+        )
+
+    def set_rank_pid_op(self, job: str, attempt: int, pid: int) -> Op:
+        return op("UPDATE reservations SET rank_pid=? WHERE job=? AND attempt=?", pid, job, attempt)
+
+    def live_reservations(self) -> list[ReservationRecord]:
+        """Held and committed reservations (restored at start)."""
+        rows = self.db.execute(
+            "SELECT * FROM reservations WHERE state IN ('held','committed') ORDER BY created"
+        ).fetchall()
+        return [
+            ReservationRecord(
+                r["job"],
+                r["attempt"],
+                r["coordinator"],
+                r["lease_id"],
+                tuple(json.loads(r["cards"])),
+                r["ttl_s"],
+                r["created"],
+                r["expires"],
+                r["state"],
+                r["rank_pid"],
+            )
+            for r in rows
+        ]
+
     # leases -------------------------------------------------------------------------------------
     def insert_lease_op(self, lease: Lease, token: str) -> Op:
         token_hash = hash_token(token)
@@ -481,8 +580,8 @@ class Ledger:
         self._ids.add(lease.id)  # taken from now on, whether or not the insert commits
         return op(
             "INSERT INTO leases (id, token_hash, mode, owner_uid, cards, card_uuids, slices, env,"
-            " priority, restartable, holder_pid, command, created, state, restart_count, mark)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " priority, restartable, holder_pid, command, created, state, restart_count, mark, name)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             lease.id,
             token_hash,
             lease.mode.value,
@@ -499,6 +598,7 @@ class Ledger:
             lease.state.value,
             lease.restart_count,
             lease.mark,
+            lease.name,
             effect=effect,
         )
 
@@ -519,16 +619,28 @@ class Ledger:
         return op("UPDATE leases SET mark=? WHERE id=?", mark, lease_id)
 
     def end_lease_op(
-        self, lease_id: str, state: LeaseState, reason: str = "", when: float | None = None
+        self,
+        lease_id: str,
+        state: LeaseState,
+        reason: str = "",
+        when: float | None = None,
+        end: CommandEnd | None = None,
     ) -> Op:
+        """End an active lease; ``end``: how its command ended. Its mark (a note for the holder) goes."""
+
         def effect() -> None:
             self._tokens.pop(lease_id, None)
 
+        end = end or CommandEnd()
         return op(
-            "UPDATE leases SET state=?, ended=?, end_reason=? WHERE id=? AND state='active'",
+            "UPDATE leases SET state=?, ended=?, end_reason=?, mark='', started=?, exit_code=?,"
+            " exit_signal=? WHERE id=? AND state='active'",
             state.value,
             when or time.time(),
             reason,
+            end.started,
+            end.exit_code,
+            end.exit_signal,
             lease_id,
             effect=effect,
         )
@@ -543,9 +655,14 @@ class Ledger:
         self.write_sync(self.set_mark_op(lease_id, mark))
 
     def end_lease(
-        self, lease_id: str, state: LeaseState, reason: str = "", when: float | None = None
+        self,
+        lease_id: str,
+        state: LeaseState,
+        reason: str = "",
+        when: float | None = None,
+        end: CommandEnd | None = None,
     ) -> None:
-        self.write_sync(self.end_lease_op(lease_id, state, reason, when))
+        self.write_sync(self.end_lease_op(lease_id, state, reason, when, end))
 
     def active_leases(self) -> list[Lease]:
         rows = self.db.execute("SELECT * FROM leases WHERE state='active' ORDER BY created").fetchall()
@@ -553,6 +670,14 @@ class Ledger:
 
     def recent_leases(self, limit: int = 100) -> list[Lease]:
         rows = self.db.execute("SELECT * FROM leases ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
+        return [_lease_from_row(r) for r in rows]
+
+    def find_lease(self, prefix: str) -> list[Lease]:
+        """Leases, active or ended, whose id starts with ``prefix`` (at most two: enough to tell)."""
+        rows = self.db.execute(
+            "SELECT * FROM leases WHERE substr(id, 1, ?) = ? ORDER BY created DESC LIMIT 2",
+            (len(prefix), prefix),
+        ).fetchall()
         return [_lease_from_row(r) for r in rows]
 
     def lease_intervals(self, since: float) -> list[tuple[str, float, float | None]]:
@@ -582,6 +707,7 @@ class Ledger:
         self.write_sync(
             op("DELETE FROM leases WHERE state!='active' AND ended < ?", cutoff),
             op("DELETE FROM events WHERE ts < ?", cutoff),
+            op("DELETE FROM reservations WHERE state NOT IN ('held','committed') AND ended < ?", cutoff),
             # keep each card's latest change: it is the state restored at the next start
             op(
                 "DELETE FROM health_changes WHERE ts < ? AND id NOT IN"
@@ -621,30 +747,40 @@ class Ledger:
         self, kind: str, message: str, card: int = -1, lease_id: str = "", ts: float | None = None
     ) -> EventRecord:
         """Log an event (queued: it is committed with the next write; a failure is logged, not raised)."""
-        ev = EventRecord(next(self._next_event), ts or time.time(), kind, card, lease_id, message)
+        ev, o = self.event_op(kind, message, card, lease_id, ts)
         self._pending_events[ev.id] = ev
 
         def done() -> None:
             self._pending_events.pop(ev.id, None)
 
-        o = op(
-            "INSERT INTO events (id, ts, kind, card, lease_id, message) VALUES (?,?,?,?,?,?)",
-            ev.id,
-            ev.ts,
-            kind,
-            card,
-            lease_id,
-            message,
-            effect=done,
-        )
         self.submit(o).add_done_callback(_logged(done))
         return ev
 
-    def events(self, limit: int = 200, card: int | None = None) -> list[EventRecord]:
-        pending = [e for e in list(self._pending_events.values()) if card is None or e.card == card]
-        q, args = "SELECT * FROM events", []
+    def event_op(
+        self, kind: str, message: str, card: int = -1, lease_id: str = "", ts: float | None = None
+    ) -> tuple[EventRecord, Op]:
+        """An event to commit with the change it reports (one transaction: both or neither)."""
+        ev = EventRecord(next(self._next_event), ts or time.time(), kind, card, lease_id, message)
+        return ev, op(
+            "INSERT INTO events (id, ts, kind, card, lease_id, message) VALUES (?,?,?,?,?,?)",
+            *(ev.id, ev.ts, kind, card, lease_id, message),
+        )
+
+    def events(self, limit: int = 200, card: int | None = None, lease_id: str = "") -> list[EventRecord]:
+        """The latest ``limit`` events, oldest first; only those about ``card`` and/or leases whose id
+        starts with ``lease_id`` when given."""
+        pending = [
+            e
+            for e in list(self._pending_events.values())
+            if (card is None or e.card == card) and e.lease_id.startswith(lease_id)
+        ]
+        where, args = [], []
         if card is not None:
-            q, args = q + " WHERE card=?", [card]
+            where, args = ["card=?"], [card]
+        if lease_id:
+            where.append("substr(lease_id, 1, ?) = ?")
+            args += [len(lease_id), lease_id]
+        q = "SELECT * FROM events" + (f" WHERE {' AND '.join(where)}" if where else "")
         rows = self.db.execute(q + " ORDER BY id DESC LIMIT ?", [*args, limit]).fetchall()
         out = {
             r["id"]: EventRecord(r["id"], r["ts"], r["kind"], r["card"], r["lease_id"], r["message"])

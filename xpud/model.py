@@ -168,12 +168,23 @@ class Request:
     owner_uid: int = -1
     holder_pid: int | None = None
     command: str = ""
+    name: str = ""  # the job's name (`xpu run --name`), shown in listings
     exempt: bool = (
         False  # the caller is an operator or in [limits] exempt_groups: per-user limits do not apply
     )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # a plain "xpu" becomes Mode.XPU
+
+
+@dataclass(frozen=True)
+class CommandEnd:
+    """How a lease's command ended, as its wrapper reports it at release: an exit status or the signal
+    that ended it, and when the command first started (seconds since the epoch). None: not known."""
+
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    started: float | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +204,14 @@ class Lease:
     state: LeaseState = LeaseState.ACTIVE
     restart_count: int = 0
     mark: str = ""  # set when the daemon needs the holder's attention (e.g. "card 3 unhealthy")
+    name: str = ""  # the job's name (`xpu run --name`)
+    # How it ended (ended leases only): when, why, and how its command ended as its wrapper reported it
+    # (an exit status or a signal; both None when nobody reported), and when the command first started.
+    ended: float | None = None
+    end_reason: str = ""
+    started: float | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -229,3 +248,4 @@ class QueuedRequest:
     position: int  # 1-based
     enqueued: float
     deadline: float
+    reason: str = "Resources"  # why it waits, as squeue's REASON (see QueueEntry.reason in the proto)

@@ -379,6 +379,7 @@ class HealthMonitor:
                     unit=s.unit,
                     status=s.status,
                     reason=s.reason,
+                    until=s.until,
                 )
                 for s in r.signals
             ],
@@ -397,6 +398,8 @@ class HealthMonitor:
             clear_since=r.clear_since or 0.0,
             raw_state=r.raw_state.value,
             clear_needed_s=r.clear_needed_s,
+            back_at=r.back_at,
+            window_ends=r.window_ends,
         )
 
 

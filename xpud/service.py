@@ -23,7 +23,7 @@ from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.auth import METADATA_KEY, CredentialIssuer, member_of
 from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, XpudError
-from xpud.model import Caller, Mode, QueuedRequest, Request
+from xpud.model import Caller, CommandEnd, Mode, QueuedRequest, Request
 
 log = logging.getLogger("xpud.service")
 
@@ -38,15 +38,24 @@ def _detail(e: XpudError) -> str:
 
 
 def add_to_server(servicer: Any, server: aio.Server) -> None:
-    """Register ``servicer`` (a NodeService or AdminService) on ``server``, as the generated
+    """Register ``servicer`` (a Node, Admin or Peer servicer) on ``server``, as the generated
     ``add_*Servicer_to_server`` does, but with deserializers that let a corrupt message be refused with
     INVALID_ARGUMENT (``validate.tolerant``) instead of UNKNOWN and a traceback."""
-    name = "Admin" if isinstance(servicer, pbg.AdminServicer) else "Node"
+    if isinstance(servicer, pbg.AdminServicer):
+        name = "Admin"
+    elif isinstance(servicer, pbg.PeerServicer):
+        name = "Peer"
+    else:
+        name = "Node"
     service = pb.DESCRIPTOR.services_by_name[name]
     handlers = {}
     for m in service.methods:
-        streams = m.server_streaming
-        kind = grpc.unary_stream_rpc_method_handler if streams else grpc.unary_unary_rpc_method_handler
+        kind = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(m.client_streaming, m.server_streaming)]
         handlers[m.name] = kind(
             getattr(servicer, m.name),
             request_deserializer=validate.tolerant(getattr(pb, m.input_type.name)),
@@ -76,10 +85,16 @@ def unary(fn: Callable) -> Callable:
 
 
 def streaming(fn: Callable) -> Callable:
+    """A server-streaming method; for a client stream too (``request`` an async iterator), each message is
+    checked as it arrives."""
+
     @functools.wraps(fn)
     async def wrapper(self, request, context):
         try:
-            validate.check(request)
+            if hasattr(request, "__aiter__"):
+                request = _checked(request)
+            else:
+                validate.check(request)
             async for item in fn(self, request, context):
                 yield item
         except aio.AbortError:
@@ -97,6 +112,12 @@ def streaming(fn: Callable) -> Callable:
     return wrapper
 
 
+async def _checked(requests):
+    async for req in requests:
+        validate.check(req)  # raises BadRequest: the stream ends with INVALID_ARGUMENT
+        yield req
+
+
 @dataclass
 class Context:
     """What the servicers share: the engine, the credential issuer and facts about this daemon."""
@@ -107,6 +128,7 @@ class Context:
     fake: Any = None  # the simulated NVML (fault injection is refused without it)
     health: Any = None  # the health monitor, when running
     defrag: Any = None  # xpud.defrag.Defragmenter
+    federation: Any = None  # xpud.federation.node.Federation, when [cluster] is configured
     extras: dict[str, Any] = field(default_factory=dict)
 
     def caller(self, context: aio.ServicerContext) -> Caller:
@@ -139,6 +161,7 @@ class Context:
 
 REPLY_BUDGET = 3 * 1024 * 1024  # bytes per reply: gRPC refuses messages over 4 MiB unless told otherwise
 MAX_ENDED_LEASES = 1000  # `ListLeases(all)` lists at most this many
+MAX_EVENTS = 10_000  # `ListEvents` lists at most this many
 MAX_WATCH_EVENTS = 200  # a Watch update carries at most the latest this many events
 MIN_WATCH_INTERVAL_S = 0.1
 
@@ -161,6 +184,16 @@ def _mode(text: str, ctx: Context) -> Mode:
     except ValueError:
         sizes = ", ".join(["xpu", *ctx.engine.cfg.slices])
         raise BadRequest(f"mode {validate.clip(text)!r}: use one of {sizes}") from None
+
+
+def _wait_s(request: pb.AcquireRequest, leases) -> float:
+    """How long the request may queue: what it asks, the longest allowed (`--wait inf`), or the
+    config's default when it does not say."""
+    if request.wait_longest:
+        if request.HasField("wait_s"):
+            raise BadRequest("wait_longest and wait_s both set: send one")
+        return leases.max_wait_s
+    return request.wait_s if request.HasField("wait_s") else leases.default_wait_s
 
 
 class NodeService(pbg.NodeServicer):
@@ -190,11 +223,12 @@ class NodeService(pbg.NodeServicer):
                 mode=_mode(request.mode, self.ctx),
                 gpus=request.gpus or 1,
                 priority=request.priority,
-                wait_s=request.wait_s,
+                wait_s=_wait_s(request, e.cfg.leases),
                 restartable=request.restartable,
                 owner_uid=caller.uid,
                 holder_pid=caller.pid or None,
                 command=request.command,
+                name=request.name,
                 exempt=caller.admin or member_of(caller.uid, caller.gid, e.cfg.limits.exempt_groups),
             )
         )
@@ -261,7 +295,14 @@ class NodeService(pbg.NodeServicer):
     @unary
     async def Release(self, request, context):
         caller = self.ctx.caller(context)
-        lease = await self.ctx.engine.release(request.lease_id, caller, request.token)
+        end = CommandEnd(
+            exit_code=request.exit_code if request.HasField("exit_code") else None,
+            exit_signal=request.exit_signal if request.HasField("exit_signal") else None,
+            started=request.started or None,
+        )
+        if end.exit_code is not None and end.exit_signal is not None:
+            raise BadRequest("a command ends by an exit code or by a signal, not both: send one")
+        lease = await self.ctx.engine.release(request.lease_id, caller, request.token, end)
         return pb.ReleaseReply(lease=convert.lease_pb(lease, True))
 
     @unary
@@ -283,9 +324,34 @@ class NodeService(pbg.NodeServicer):
     async def ListLeases(self, request, context):
         caller = self.ctx.caller(context)
         leases = None
+        if request.lease_id:
+            return self.ctx.leases_reply(caller, REPLY_BUDGET, [self._find(request.lease_id)])
         if request.all:
             leases = self.ctx.engine.ledger.recent_leases(min(request.limit or 100, MAX_ENDED_LEASES))
         return self.ctx.leases_reply(caller, REPLY_BUDGET, leases)
+
+    def _find(self, selector: str):
+        """The one lease, active or ended, whose id starts with ``selector``."""
+        found = self.ctx.engine.ledger.find_lease(selector)
+        if not found:
+            from xpud.errors import NotFound
+
+            raise NotFound(f"no lease {selector!r} (see `xpu leases --all`)")
+        if len(found) > 1 and found[0].id != selector:
+            raise BadRequest(f"{selector!r} matches more than one lease: give more of the id")
+        lease = found[0]
+        return self.ctx.engine.leases.get(lease.id, lease)
+
+    @unary
+    async def ListEvents(self, request, context):
+        self.ctx.caller(context)
+        card = request.card if request.HasField("card") else None
+        events = self.ctx.engine.ledger.events(
+            min(request.limit or 100, MAX_EVENTS), card=card, lease_id=request.lease_id
+        )
+        return pb.EventsReply(
+            events=_fit((convert.event_pb(ev) for ev in events[::-1]), REPLY_BUDGET)[0][::-1]
+        )
 
     @unary
     async def GetTopology(self, request, context):
@@ -347,6 +413,32 @@ class NodeService(pbg.NodeServicer):
                         events.append(convert.event_pb(ev))
         finally:
             e.unwatch(q)
+
+    @streaming
+    async def RunJob(self, request_iterator, context):
+        from xpud.federation.jobrun import JobRun
+
+        caller = self.ctx.caller(context)
+        first = await anext(request_iterator, None)
+        if first is None or first.WhichOneof("what") != "start":
+            raise BadRequest("RunJob: the first message must be start (a JobSpec)")
+        daemon = self.ctx.extras.get("daemon")
+        if daemon is None or getattr(daemon, "hostjobs", None) is None:
+            raise Conflict("this daemon runs no multi-host jobs")
+        async for ev in JobRun(daemon, first.start, caller).events(request_iterator):
+            yield ev
+
+    @unary
+    async def GetCluster(self, request, context):
+        self.ctx.caller(context)
+        fed = self.ctx.federation
+        if fed is None:
+            return pb.ClusterReply(enabled=False)
+        return pb.ClusterReply(
+            enabled=True,
+            name=fed.name,
+            hosts=[convert.cluster_host_pb(h, h.name == fed.name) for h in fed.members()],
+        )
 
 
 def raise_not_found(lease_id: str):

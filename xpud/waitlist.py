@@ -1,9 +1,10 @@
 """Requests that did not fit yet: a priority queue, FIFO within a priority, with deadlines.
 
 Adding or removing a waiter costs O(log n) (a sorted list). Waiters learn their position when they join
-and then from a pusher that runs ``push_interval_s`` after a change (and then at most once per interval
-while changes go on), telling a waiter only when its own position moved: cancelling thousands of waiters
-costs each of the others at most one update per interval, not one per cancellation.
+and then from a pusher that runs once a ``push_interval_s`` has passed without a change (while changes go
+on: every ``PUSH_MAX_REST`` intervals), telling a waiter only when its own position moved: cancelling
+thousands of waiters costs each of the others at most one update per interval, not one per cancellation,
+and the leavers are not sent positions while they leave (each update is a message on their stream).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedKeyList
 
-from xpud.model import QueuedRequest, Request
+from xpud.model import Mode, QueuedRequest, Request
 
 PUSH_CHUNK = 256  # waiters told per loop iteration: other calls are served between chunks
+PUSH_MAX_REST = 3  # intervals the pusher waits at most for a burst of changes to end
 
 
 @dataclass(eq=False)
@@ -32,10 +34,23 @@ class Waiter:
     on_position: Callable[[QueuedRequest, int], None] | None = None  # (entry, queue length)
     last_position: int = field(default=0)
     queued: bool = True  # False once removed
+    reason: str = "Resources"  # why it waits (the engine's queue pass sets it)
 
 
 def _order(w: Waiter) -> tuple[int, int]:
     return -w.request.priority, w.seq
+
+
+def kind_of(request: Request) -> tuple:
+    """What placement looks at in a request: two waiters of one kind fit, or not, alike."""
+    return request.mode, request.gpus, request.owner_uid
+
+
+def _count(counts: dict, key, delta: int) -> None:
+    if n := counts.get(key, 0) + delta:
+        counts[key] = n
+    else:
+        del counts[key]
 
 
 class Waitlist:
@@ -44,8 +59,11 @@ class Waitlist:
         self._seq = itertools.count()
         self.push_interval_s = push_interval_s
         self._dirty = False
+        self._changes = 0  # adds and removals so far
         self._pusher: asyncio.Task | None = None
         self._per_uid: dict[int, int] = {}  # owner uid -> waiters
+        self._kinds: dict[tuple, int] = {}  # kind_of(request) -> waiters
+        self._whole_priorities: dict[int, int] = {}  # priority -> whole-card waiters
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -65,7 +83,10 @@ class Waitlist:
             on_position,
         )
         self._waiters.add(w)
-        self._per_uid[request.owner_uid] = self._per_uid.get(request.owner_uid, 0) + 1
+        _count(self._per_uid, request.owner_uid, 1)
+        _count(self._kinds, kind_of(request), 1)
+        if request.mode is Mode.XPU:
+            _count(self._whole_priorities, request.priority, 1)
         if on_position:  # the newcomer hears its position at once; the others from the pusher
             self._tell(w, self._waiters.index(w) + 1, len(self._waiters))
         self._touch()
@@ -75,19 +96,30 @@ class Waitlist:
         if w.queued:
             w.queued = False
             self._waiters.remove(w)
-            uid = w.request.owner_uid
-            if (n := self._per_uid[uid] - 1) > 0:
-                self._per_uid[uid] = n
-            else:
-                del self._per_uid[uid]
+            _count(self._per_uid, w.request.owner_uid, -1)
+            _count(self._kinds, kind_of(w.request), -1)
+            if w.request.mode is Mode.XPU:
+                _count(self._whole_priorities, w.request.priority, -1)
             self._touch()
 
     def in_order(self) -> list[Waiter]:
         return list(self._waiters)
 
+    def __iter__(self):
+        """The waiters in order, without a copy: the waitlist must not change while it is iterated."""
+        return iter(self._waiters)
+
+    def kinds(self) -> dict[tuple, int]:
+        """``kind_of`` each waiter's request -> how many wait (a copy; O(kinds), not O(waiters))."""
+        return dict(self._kinds)
+
+    def whole_waiting_at(self, priority: int) -> bool:
+        """Whether a whole-card request of at least ``priority`` waits (O(priorities))."""
+        return any(p >= priority for p in self._whole_priorities)
+
     def view(self) -> list[QueuedRequest]:
         return [
-            QueuedRequest(w.ticket, w.request, pos, w.enqueued, w.deadline)
+            QueuedRequest(w.ticket, w.request, pos, w.enqueued, w.deadline, w.reason)
             for pos, w in enumerate(self._waiters, 1)
         ]
 
@@ -98,6 +130,7 @@ class Waitlist:
 
     def _touch(self) -> None:
         self._dirty = True
+        self._changes += 1
         if self._pusher is None or self._pusher.done():
             self._pusher = asyncio.get_running_loop().create_task(self._push())
 
@@ -108,7 +141,13 @@ class Waitlist:
         the waiters that were leaving too are not sent positions they will never read.
         """
         while self._dirty:
-            await asyncio.sleep(self.push_interval_s)
+            # Rest until a whole interval passes without a change (a burst of leavers is over), but
+            # tell the waiters at least every PUSH_MAX_REST intervals while changes go on.
+            for _ in range(PUSH_MAX_REST):
+                seen = self._changes
+                await asyncio.sleep(self.push_interval_s)
+                if self._changes == seen:
+                    break
             self._dirty = False
             snapshot = list(self._waiters)
             n = len(snapshot)

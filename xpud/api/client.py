@@ -6,6 +6,7 @@ credential to every call, and turns gRPC status codes back into the ``xpud.error
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Iterator
@@ -147,22 +148,28 @@ class Client:
         mode: str,
         gpus: int = 1,
         priority: int = 0,
-        wait_s: float = 0.0,
+        wait_s: float | None = 0.0,
         restartable: bool = False,
         command: str = "",
         hold: bool = False,
+        name: str = "",
     ):
         """The Acquire stream call: iterate it (``iterate``) for ``queued`` updates, then ``granted``. With
-        ``hold`` the same stream goes on as the lease's Hold stream (``event`` updates)."""
+        ``hold`` the same stream goes on as the lease's Hold stream (``event`` updates). ``wait_s``: None
+        for the daemon's default ([leases] default_wait_s), ``math.inf`` for the longest it allows."""
         request = pb.AcquireRequest(
             mode=mode,
             gpus=gpus,
             priority=priority,
-            wait_s=wait_s,
             restartable=restartable,
             command=command,
             hold=hold,
+            name=name,
         )
+        if wait_s == math.inf:
+            request.wait_longest = True
+        elif wait_s is not None:
+            request.wait_s = wait_s
         return self._stream(self.node.Acquire, request)
 
     def acquire_lease(self, mode: str, **kw) -> pb.Granted:
@@ -183,8 +190,20 @@ class Client:
     def hold(self, lease_id: str, token: str):
         return self._stream(self.node.Hold, pb.HoldRequest(lease_id=lease_id, token=token))
 
-    def release(self, lease_id: str, token: str = "") -> pb.Lease:
-        return self._unary(self.node.Release, pb.ReleaseRequest(lease_id=lease_id, token=token)).lease
+    def release(
+        self,
+        lease_id: str,
+        token: str = "",
+        exit_code: int | None = None,
+        exit_signal: int | None = None,
+        started: float = 0.0,
+    ) -> pb.Lease:
+        """Release a lease; its wrapper says how the command ended (an exit code or a signal) and when
+        it started."""
+        request = pb.ReleaseRequest(
+            lease_id=lease_id, token=token, exit_code=exit_code, exit_signal=exit_signal, started=started
+        )
+        return self._unary(self.node.Release, request).lease
 
     def ack_move(self, lease_id: str, token: str) -> pb.Lease:
         return self._unary(self.node.AckMove, pb.AckMoveRequest(lease_id=lease_id, token=token)).lease
@@ -192,8 +211,18 @@ class Client:
     def cards(self) -> pb.ListCardsReply:
         return self._unary(self.node.ListCards, pb.ListCardsRequest())
 
-    def leases(self, all: bool = False, limit: int = 0) -> pb.ListLeasesReply:
-        return self._unary(self.node.ListLeases, pb.ListLeasesRequest(all=all, limit=limit))
+    def leases(self, all: bool = False, limit: int = 0, lease_id: str = "") -> pb.ListLeasesReply:
+        request = pb.ListLeasesRequest(all=all, limit=limit, lease_id=lease_id)
+        return self._unary(self.node.ListLeases, request)
+
+    def lease(self, lease_id: str) -> pb.Lease:
+        """One lease, active or ended, by its id or a unique prefix."""
+        return self.leases(lease_id=lease_id).leases[0]
+
+    def events(self, card: int | None = None, lease_id: str = "", limit: int = 0) -> list[pb.Event]:
+        """The daemon's latest events (oldest first), about ``card`` and/or ``lease_id`` when given."""
+        request = pb.EventsRequest(card=card, lease_id=lease_id, limit=limit)
+        return list(self._unary(self.node.ListEvents, request).events)
 
     def topology(self) -> pb.TopologyReply:
         return self._unary(self.node.GetTopology, pb.TopologyRequest())
@@ -205,6 +234,10 @@ class Client:
         return self._stream(self.node.Watch, pb.WatchRequest(min_interval_s=min_interval_s))
 
     # ------------------------------------------------------------------ Admin
+    def cluster(self) -> pb.ClusterReply:
+        """The cluster as this daemon sees it through federation (``enabled`` false without [cluster])."""
+        return self._unary(self.node.GetCluster, pb.ClusterRequest())
+
     def _admin(self):
         if self.admin is None:
             raise Forbidden("this action needs the admin socket: connect with admin=True (operators only)")

@@ -74,6 +74,12 @@ def lease_pb(lease: Lease, show_env: bool, held: bool = False) -> pb.Lease:
         restart_count=lease.restart_count,
         mark=lease.mark,
         held=held,
+        exit_code=lease.exit_code,
+        exit_signal=lease.exit_signal,
+        started=lease.started,
+        ended=lease.ended,
+        end_reason=lease.end_reason,
+        name=lease.name,
     )
 
 
@@ -89,11 +95,13 @@ def queue_pb(q: QueuedRequest) -> pb.QueueEntry:
         position=q.position,
         enqueued=q.enqueued,
         deadline=q.deadline,
+        reason=q.reason,
+        name=r.name,
     )
 
 
 def event_pb(e: EventRecord) -> pb.Event:
-    return pb.Event(timestamp=e.ts, kind=e.kind, card=e.card, lease_id=e.lease_id, message=e.message)
+    return pb.Event(timestamp=e.ts, kind=e.kind, card=e.card, lease_id=e.lease_id, message=e.message, id=e.id)
 
 
 def free_cards_pb(f) -> pb.FreeCards:
@@ -138,3 +146,22 @@ def defrag_pb(plan, outcomes=(), applied: bool = False, summary: str = "") -> pb
         target_cards=plan.target_cards,
         notes=plan.notes,
     )
+
+
+def cluster_host_pb(e, is_self: bool = False) -> pb.ClusterHost:
+    """A ``xpud.federation.view.HostEntry`` as the reply of ``GetCluster``."""
+    s = e.summary
+    host = pb.ClusterHost(
+        name=e.name,
+        addr=e.addr,
+        state=str(e.state),
+        incarnation=e.incarnation,
+        age_s=round(e.age_s, 3),
+        self=is_self,
+        summary_valid=s is not None,
+    )
+    if s is not None:
+        host.zone, host.block, host.domain = s.zone, s.block, s.domain
+        host.cards, host.free_whole, host.health, host.queue = s.cards, s.free_whole, s.health, s.queue
+        host.free_slices.update(s.free_slices)
+    return host

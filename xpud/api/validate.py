@@ -63,14 +63,23 @@ LIMITS: dict[str, Limit] = {
     "AcquireRequest.restartable": Limit(),
     "AcquireRequest.command": Limit(chars=COMMAND_CHARS, truncate=True),
     "AcquireRequest.hold": Limit(),
+    "AcquireRequest.name": Limit(chars=64, pattern=_NAME),
+    "AcquireRequest.wait_longest": Limit(),
     "HoldRequest.lease_id": Limit(chars=64, pattern=_ID),
     "HoldRequest.token": Limit(chars=64, pattern=_TOKEN),
     "ReleaseRequest.lease_id": Limit(chars=64, pattern=_ID),
     "ReleaseRequest.token": Limit(chars=64, pattern=_TOKEN),
+    "ReleaseRequest.exit_code": Limit(lo=0, hi=255),  # what waitpid can report
+    "ReleaseRequest.exit_signal": Limit(lo=1, hi=64),  # Linux signal numbers (SIGRTMAX is 64)
+    "ReleaseRequest.started": Limit(lo=0, hi=1e11),  # seconds since the epoch; the engine clamps it further
     "AckMoveRequest.lease_id": Limit(chars=64, pattern=_ID),
     "AckMoveRequest.token": Limit(chars=64, pattern=_TOKEN),
     "ListLeasesRequest.all": Limit(),
     "ListLeasesRequest.limit": Limit(lo=0, hi=1_000_000),  # the reply is capped at MAX_ENDED_LEASES
+    "ListLeasesRequest.lease_id": Limit(chars=64, pattern=_ID),
+    "EventsRequest.card": Limit(lo=0, hi=4096),
+    "EventsRequest.lease_id": Limit(chars=64, pattern=_ID),
+    "EventsRequest.limit": Limit(lo=0, hi=100_000),  # the reply is capped at MAX_EVENTS
     "HealthRequest.card": Limit(chars=ECHO_CHARS, pattern=_CARD),
     "HealthRequest.history": Limit(lo=0, hi=500),  # state changes per card: keeps the reply small
     "WatchRequest.min_interval_s": Limit(lo=0, hi=3600.0),
@@ -214,6 +223,8 @@ def check(request: Any) -> None:
                 raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
             for v in value:
                 _scalar(where, fd, lim, v)
+        elif fd.has_presence and not request.HasField(name):
+            continue  # an optional field left out: nothing to check
         elif lim.truncate and len(value) > lim.chars:
             setattr(request, name, value[: lim.chars - 1] + "…")
         else:

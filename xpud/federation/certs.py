@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -186,3 +187,82 @@ def peer_name(cert_pem: bytes) -> str:
     cert = x509.load_pem_x509_certificate(cert_pem)
     cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     return str(cns[0].value) if cns else ""
+
+
+@dataclass(frozen=True)
+class HostCredentials:
+    """A host's PEM files for the peer service, checked to belong together."""
+
+    ca: bytes
+    cert: bytes
+    key: bytes
+    name: str  # the certificate's common name
+
+
+def _read(key: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise CertError(
+            f"[cluster] {key} = {path!r}: cannot read it ({e.strerror}); "
+            "make it with `xpu certs init` / `xpu certs issue` and let xpud read it"
+        ) from None
+
+
+def load_host(ca: str, cert: str, key: str, name: str, ip: str = "") -> HostCredentials:
+    """Read and check ``[cluster] ca``, ``cert`` and ``key``: the certificate is signed by the CA, current,
+    issued for ``name`` (and names ``ip``, the listen address, when given), and the key is its key.
+    Raises CertError with one line saying which file and how to fix it."""
+    ca_pem, cert_pem, key_pem = _read("ca", ca), _read("cert", cert), _read("key", key)
+    try:
+        ca_cert = x509.load_pem_x509_certificate(ca_pem)
+    except ValueError:
+        raise CertError(
+            f"[cluster] ca = {ca!r}: not a PEM certificate (use the ca.crt of `xpu certs init`)"
+        ) from None
+    try:
+        host_cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError:
+        raise CertError(
+            f"[cluster] cert = {cert!r}: not a PEM certificate (use NAME.crt of `xpu certs issue`)"
+        ) from None
+    try:
+        private = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise CertError(f"[cluster] key = {key!r}: not an unencrypted PEM private key (NAME.key)") from None
+    try:
+        host_cert.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature):
+        raise CertError(
+            f"[cluster] cert = {cert!r} is not signed by the CA in [cluster] ca = {ca!r}: issue it with "
+            f"`xpu certs issue {name} --ca DIR` from this site's CA"
+        ) from None
+    if private.public_key().public_bytes(*_SPKI) != host_cert.public_key().public_bytes(*_SPKI):
+        raise CertError(f"[cluster] key = {key!r} is not the key of [cluster] cert = {cert!r}")
+    now = _now()
+    if not host_cert.not_valid_before_utc <= now <= host_cert.not_valid_after_utc:
+        raise CertError(
+            f"[cluster] cert = {cert!r} is valid from {host_cert.not_valid_before_utc:%Y-%m-%d} to "
+            f"{host_cert.not_valid_after_utc:%Y-%m-%d}, not now: issue a new one (`xpu certs issue`)"
+        )
+    cn = peer_name(cert_pem)
+    if cn != name:
+        raise CertError(
+            f"[cluster] cert = {cert!r} is issued for host {cn!r}, but this host's name is {name!r}: set "
+            f"[cluster] name = {cn!r}, or issue a certificate for {name!r}"
+        )
+    if ip:
+        try:
+            sans = host_cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            ips = {str(a) for a in sans.get_values_for_type(x509.IPAddress)}
+        except x509.ExtensionNotFound:
+            ips = set()
+        if str(ipaddress.ip_address(ip)) not in ips:
+            raise CertError(
+                f"[cluster] cert = {cert!r} does not name the listen address {ip} (peers check it): "
+                f"issue it with `xpu certs issue {name} --ip {ip}`"
+            )
+    return HostCredentials(ca_pem, cert_pem, key_pem, cn)
+
+
+_SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)

@@ -73,6 +73,13 @@ class Reservations:
     def get(self, job: str) -> Reservation | None:
         return self._by_job.get(job)
 
+    def all(self) -> list[Reservation]:
+        return list(self._by_job.values())
+
+    def put(self, r: Reservation) -> None:
+        """Set a job's entry as it is elsewhere (restored from a ledger, or undone after a failed write)."""
+        self._by_job[r.job] = r
+
     def active(self) -> list[Reservation]:
         return [r for r in self._by_job.values() if r.state is ResState.HELD]
 
@@ -176,14 +183,16 @@ async def coordinate(
     max_attempts: int = 3,
     step_timeout_s: float = 5.0,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    first_attempt: int = 0,
 ) -> Outcome:
     """Reserve ``gpus_per_host`` cards on each host ``plan(excluded)`` names, commit when all hold; on a
     refusal (or a host that does not answer within ``step_timeout_s``) abort everywhere and re-plan
     without that host. Raises ``Refused`` after ``max_attempts`` (nothing is left held anywhere that
-    answered; what did not answer expires by its TTL)."""
+    answered; what did not answer expires by its TTL). Attempts are numbered from ``first_attempt`` (a
+    queued job that tries again uses new numbers: hosts refuse an attempt older than one they saw)."""
     excluded: set[str] = set()
     refusals: list[str] = []
-    for attempt in range(max_attempts):
+    for attempt in range(first_attempt, first_attempt + max_attempts):
         hosts = list(plan(set(excluded)))
         if not hosts:
             break

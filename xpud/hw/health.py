@@ -65,6 +65,10 @@ class HealthReport:
     reasons: tuple[str, ...]  # the warn/fail signals' reasons, worst first
     clear_since: float | None = None  # raw state below ``state`` since (None: not clear)
     clear_needed_s: float = 0.0  # how long it must stay clear (flap damping included)
+    # When the state improves if nothing new goes wrong (None: not known, a signal is still raised with no
+    # end in sight), and when the event windows holding the signals raised end (None: none holds them).
+    back_at: float | None = None
+    window_ends: float | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,18 @@ class CardHealth:
         bad = sorted((sg for sg in sigs if sg.status in order), key=lambda sg: order[sg.status])
         level = RANK[self.state]
         since = self._since.get(level - 1) if level else None
+        if since is None and level and RANK[raw] < level:
+            since = now  # clear since this reading (the next evaluation starts the clock there too)
+        need = self.clear_needed_s() if level else 0.0
+        window_ends, back_at = None, None
+        if level:
+            # what keeps the raw state at the card's state: once those signals clear, the clock starts
+            holding = [sg for sg in sigs if RANK[_STATE_OF.get(sg.status, HealthState.HEALTHY)] >= level]
+            if since is not None:
+                back_at = since + need
+            elif holding and all(sg.until is not None for sg in holding):
+                window_ends = max(sg.until for sg in holding)
+                back_at = window_ends + need
         return HealthReport(
             index=self.index,
             timestamp=now,
@@ -188,8 +204,13 @@ class CardHealth:
             signals=tuple(sigs),
             reasons=tuple(sg.reason or sg.name for sg in bad),
             clear_since=since,
-            clear_needed_s=self.clear_needed_s() if level else 0.0,
+            clear_needed_s=need,
+            back_at=back_at,
+            window_ends=window_ends,
         )
+
+
+_STATE_OF = {FAIL: HealthState.UNHEALTHY, WARN: HealthState.DEGRADED}
 
 
 def raw_state(signals: Sequence[Signal]) -> HealthState:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from xpud.config import HealthSection
 from xpud.model import CardSample, Slice
@@ -123,6 +123,7 @@ class Signal:
     unit: str = ""
     status: str = OK
     reason: str = ""
+    until: float | None = None  # raised by an event: it clears by itself then, unless another comes
 
 
 def memory_fragmentation(
@@ -237,6 +238,33 @@ class SignalMemory:
 
     def signals(self, now: float) -> list[Signal]:
         """Every signal at ``now``, from the last sample and the events within the window."""
+        return [self._with_window(sg, now) for sg in self._signals(now)]
+
+    def _with_window(self, sg: Signal, now: float) -> Signal:
+        """``sg`` with ``until`` set when only an event within the window holds it raised."""
+        if sg.status not in (WARN, FAIL):
+            return sg
+        w = self.cfg.event_window_s
+        at: float | None = None
+        if sg.name == "xid":
+            at = max((t for t, _, _ in self._xids if now - t < w), default=None)
+        elif sg.name == "ecc_dbe_volatile" and not sg.value:  # no counter raised: the event alone
+            at = self._dbe_event_at
+        elif sg.name == "nvlink_crc":
+            at = self._crc_high_at
+        else:
+            key = {
+                "remapped_rows": "remapped_rows_uncorrected",
+                "nvlink_replay": "nvlink_replay_errors",
+                "nvlink_recovery": "nvlink_recovery_errors",
+            }.get(sg.name)
+            counter = self._counters.get(key) if key else None
+            rose = key is not None and self._rose(key, now)
+            if rose and counter is not None and (sg.name != "remapped_rows" or "rose to" in sg.reason):
+                at = counter.rose_at
+        return sg if at is None else replace(sg, until=at + w)
+
+    def _signals(self, now: float) -> list[Signal]:
         c, s, w = self.cfg, self.sample, self.cfg.event_window_s
         out = [self._xid_signal(now), self._app_xid_signal(now)]
         lost = bool(s and s.lost)

@@ -47,6 +47,10 @@ class Isolation(Protocol):
     def why_not(self, card: CardInfo, held: Sequence[Slice], spec: SliceSpec, owner_uid: int = -1) -> str:
         """Why ``fits`` says no, when the reason is not plain lack of room ("" otherwise)."""
 
+    def serves_other_user(self, owner_uid: int) -> bool:
+        """Whether the card's slices belong to another user whom ``owner_uid`` cannot share it with (one
+        user per MPS server): the queue shows such a wait as "MPS user"."""
+
     def prepare(
         self, card: CardInfo, held: Sequence[Slice], spec: SliceSpec, lease_id: str, owner_uid: int
     ) -> tuple[Slice, dict[str, str]]:
@@ -104,6 +108,9 @@ class Accounting:
 
     def why_not(self, card, held, spec, owner_uid=-1) -> str:
         return ""
+
+    def serves_other_user(self, owner_uid: int) -> bool:
+        return False
 
     def prepare(self, card, held, spec, lease_id, owner_uid):
         mem = int(usable_memory(card, self.reserved_bytes) * spec.memory_fraction)

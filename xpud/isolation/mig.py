@@ -145,6 +145,9 @@ class MigIsolation:
     def fits(self, card: CardInfo, held: Sequence[Slice], spec: SliceSpec, owner_uid: int = -1) -> bool:
         return not self.why_not(card, held, spec, owner_uid, room=True)
 
+    def serves_other_user(self, owner_uid: int) -> bool:
+        return False  # MIG instances are hard partitions: any users may share a card
+
     def why_not(self, card, held, spec, owner_uid=-1, room: bool = False) -> str:
         """The reason ``spec`` does not fit ("" when it does). Lack of room is a reason only with ``room``."""
         mode = self.hw.mig_mode(self.index)

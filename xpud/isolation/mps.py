@@ -16,6 +16,13 @@ Life of a card under MPS (facts: ../shared/REFERENCE.md, MPS):
   restored. The saved mode lives in a file beside the pipe directory, so a restart after a crash restores
   it too.
 
+What the backend knows of the control daemon. It starts one per card and the daemon runs until told to
+``quit`` (the real tool's behaviour), so the backend remembers that it runs instead of asking
+(``get_server_list``) at every grant: a slice on a card whose daemon runs is bookkeeping only, which the
+engine does on its loop (``needs_tool``). What it learns from any command it runs (the daemon answered or
+did not) updates what it knows, and ``tidy`` asks again every ``CHECK_INTERVAL_S``: a control daemon that
+died (killed, crashed) is started again there, within that interval, instead of at the next grant.
+
 One server uid at a time: MPS runs one server per card for one uid; a client of another uid waits until
 that server's clients are done. xpud makes this a placement rule instead of a hidden wait: a card whose
 MPS slices belong to uid A takes no slice for uid B (``fits`` says no, ``why_not`` says why). B's request
@@ -47,6 +54,7 @@ MAX_CLIENTS = 48  # clients per card since Volta
 # idle card) plus the MPS server's context (~300-500 MiB, unverified), rounded up.
 RESERVED_ESTIMATE = 1024 << 20
 MIB = 1 << 20
+CHECK_INTERVAL_S = 5.0  # how often tidy asks whether a control daemon the backend started still answers
 
 
 class MpsIsolation:
@@ -64,6 +72,8 @@ class MpsIsolation:
         self.log_dir = self.base / "log"
         self._saved_mode = self.base / "compute-mode"  # the mode to restore when MPS stops
         self._owners: dict[str, int] = {}  # lease id -> uid of its slice on this card
+        self._known_running = False  # the control daemon answered (or was started) and was not told to quit
+        self._next_check = 0.0  # when tidy asks the control daemon again (time.monotonic)
 
     # ---------------------------------------------------------------------------- control daemon
     def _env(self) -> dict[str, str]:
@@ -76,17 +86,32 @@ class MpsIsolation:
     def _control(self, *commands: str):
         return self.runner.run([MPS_CONTROL], env=self._env(), input="".join(f"{c}\n" for c in commands))
 
+    def _ask(self):
+        """``get_server_list``: whether the control daemon answers is learnt from it."""
+        done = self._control("get_server_list")
+        self._known_running = done.ok
+        return done
+
     def running(self) -> bool:
-        """Whether this card's control daemon answers."""
-        return self._control("get_server_list").ok
+        """Whether this card's control daemon answers (asked now)."""
+        return self._ask().ok
 
     def servers(self) -> list[int]:
         """PIDs of the MPS servers the control daemon runs now ([] when it does not run)."""
-        done = self._control("get_server_list")
+        done = self._ask()
         return [int(x) for x in done.lines() if x.isdigit()] if done.ok else []
 
+    def needs_tool(self, op: str, lease_id: str = "") -> bool:
+        """Whether ``prepare`` (``op`` "prepare") or ``teardown`` of ``lease_id``'s slice ("teardown") would
+        run the control tool now; when not, it is bookkeeping only (no I/O)."""
+        if op == "prepare":
+            return not self._known_running
+        if op == "teardown":
+            return not set(self._owners) - {lease_id}  # the last slice: its server is shut down
+        return True
+
     def _start(self) -> None:
-        if self.running():
+        if self._known_running or self.running():
             return
         for d in (self.pipe_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -100,11 +125,13 @@ class MpsIsolation:
         except NvmlError as e:
             raise Conflict(f"card {self.card.index}: cannot set EXCLUSIVE_PROCESS for MPS: {e}") from None
         check(self.runner.run([MPS_CONTROL, "-d"], env=self._env(), detach=True))
+        self._known_running = True
         log.info("card %d: MPS control daemon started (pipe %s)", self.card.index, self.pipe_dir)
 
     def _stop(self) -> None:
         if self.running():
             check(self._control("quit"))
+            self._known_running = False
             log.info("card %d: MPS control daemon stopped", self.card.index)
         self._restore_compute_mode()
 
@@ -140,6 +167,9 @@ class MpsIsolation:
         if len(held) >= MAX_CLIENTS:
             return f"card {card.index} has {MAX_CLIENTS} MPS clients, the most MPS allows"
         return ""
+
+    def serves_other_user(self, owner_uid: int) -> bool:
+        return self._other_user(owner_uid) is not None
 
     def _other_user(self, owner_uid: int) -> int | None:
         uids = set(self._owners.values())
@@ -199,5 +229,18 @@ class MpsIsolation:
             notes.append(f"card {card.index}: compute mode restored after MPS")
         return Reconciled(mode, [], notes)
 
+    def tidy_due(self, now: float) -> bool:
+        """Whether ``tidy`` has anything to do at ``now`` (time.monotonic): the engine claims the card
+        for it only then."""
+        return self._known_running and now >= self._next_check
+
     def tidy(self, now: float) -> list[str]:
-        return []
+        """Every CHECK_INTERVAL_S, while the card is sliced: a control daemon that stopped answering is
+        started again (the slices' next clients need it)."""
+        if not self.tidy_due(now):
+            return []
+        self._next_check = now + CHECK_INTERVAL_S
+        if self.running():
+            return []
+        self._start()
+        return [f"card {self.card.index}: MPS control daemon had stopped answering; started again"]

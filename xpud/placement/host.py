@@ -433,7 +433,23 @@ def best_group(
         return None
     if len(free) > EXACT_SEARCH_MAX_CARDS:
         return cluster_group(topo, free, n, scores, avoid=avoid)
-    return _exact(topo, free, n, scores, set(avoid))
+    # Everything _exact reads, as a key: the same free set asks the same question at every grant.
+    avoid = set(avoid)
+    return _exact_cached(
+        topo,
+        tuple(free),
+        n,
+        tuple(scores.get(c, 100) for c in free),
+        tuple(c in avoid for c in free),
+    )
+
+
+@lru_cache(maxsize=4096)
+def _exact_cached(
+    topo: Topology, free: tuple[int, ...], n: int, scores: tuple[int, ...], avoid: tuple[bool, ...]
+) -> tuple[int, ...]:
+    avoided = {c for c, a in zip(free, avoid, strict=True) if a}
+    return _exact(topo, free, n, dict(zip(free, scores, strict=True)), avoided)
 
 
 def choose_slice_card(
@@ -500,11 +516,7 @@ def _least_harmful(
     if topo is None or len(free_whole) < 3 or max(free_whole) >= topo.size:
         harm = fallback
     elif len(free_whole) <= EXACT_SEARCH_MAX_CARDS:
-        t = _universe(topo, free_whole)
-        fmask = t.mask(free_whole)
-        lefts = np.array([fmask ^ t.mask([c.index]) for c in convertible], dtype=np.int32)
-        p, q = _packing_value(t, lefts)
-        harm = {c.index: (-p[i], -q[i]) for i, c in enumerate(convertible)}
+        harm = _exact_harm(topo, tuple(free_whole), tuple(c.index for c in convertible))
     else:
         order = _link_order(topo)
         tree = _tree(_dendrogram(order, free_whole))
@@ -514,3 +526,16 @@ def _least_harmful(
             p, q = _tree_quality(order, tree, fmask & ~(1 << c.index))
             harm[c.index] = (-p, -q)
     return min(convertible, key=lambda c: (*harm[c.index], -c.health_score, c.index))
+
+
+@lru_cache(maxsize=4096)
+def _exact_harm(
+    topo: Topology, free_whole: tuple[int, ...], convertible: tuple[int, ...]
+) -> dict[int, tuple[float, float]]:
+    """What losing each ``convertible`` card does to the groups of ``free_whole`` (exact search); cached:
+    it depends on nothing else, and a slice grant asks it again for the same free cards. (Read only.)"""
+    t = _universe(topo, free_whole)
+    fmask = t.mask(free_whole)
+    lefts = np.array([fmask ^ t.mask([c]) for c in convertible], dtype=np.int32)
+    p, q = _packing_value(t, lefts)
+    return {c: (-p[i], -q[i]) for i, c in enumerate(convertible)}

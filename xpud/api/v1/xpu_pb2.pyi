@@ -182,7 +182,7 @@ class Card(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., numa_node: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., mode_pinned: _Optional[bool] = ..., drained: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., health_state: _Optional[str] = ..., health_score: _Optional[int] = ..., whole_lease: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., free_memory_fraction: _Optional[float] = ..., free_compute_pct: _Optional[int] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., isolation: _Optional[str] = ..., cpu_affinity: _Optional[_Iterable[int]] = ..., nvlink_active_links: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("id", "mode", "owner_uid", "cards", "card_uuids", "slices", "env", "priority", "restartable", "holder_pid", "command", "created", "state", "restart_count", "mark", "held")
+    __slots__ = ("id", "mode", "owner_uid", "cards", "card_uuids", "slices", "env", "priority", "restartable", "holder_pid", "command", "created", "state", "restart_count", "mark", "held", "exit_code", "exit_signal", "started", "ended", "end_reason", "name")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,12 @@ class Lease(_message.Message):
     RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
     MARK_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    END_REASON_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     id: str
     mode: str
     owner_uid: int
@@ -222,10 +228,16 @@ class Lease(_message.Message):
     restart_count: int
     mark: str
     held: bool
-    def __init__(self, id: _Optional[str] = ..., mode: _Optional[str] = ..., owner_uid: _Optional[int] = ..., cards: _Optional[_Iterable[int]] = ..., card_uuids: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., env: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., restartable: _Optional[bool] = ..., holder_pid: _Optional[int] = ..., command: _Optional[str] = ..., created: _Optional[float] = ..., state: _Optional[str] = ..., restart_count: _Optional[int] = ..., mark: _Optional[str] = ..., held: _Optional[bool] = ...) -> None: ...
+    exit_code: int
+    exit_signal: int
+    started: float
+    ended: float
+    end_reason: str
+    name: str
+    def __init__(self, id: _Optional[str] = ..., mode: _Optional[str] = ..., owner_uid: _Optional[int] = ..., cards: _Optional[_Iterable[int]] = ..., card_uuids: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., env: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., restartable: _Optional[bool] = ..., holder_pid: _Optional[int] = ..., command: _Optional[str] = ..., created: _Optional[float] = ..., state: _Optional[str] = ..., restart_count: _Optional[int] = ..., mark: _Optional[str] = ..., held: _Optional[bool] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., end_reason: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class QueueEntry(_message.Message):
-    __slots__ = ("ticket", "mode", "gpus", "priority", "owner_uid", "command", "position", "enqueued", "deadline")
+    __slots__ = ("ticket", "mode", "gpus", "priority", "owner_uid", "command", "position", "enqueued", "deadline", "reason", "name")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +247,8 @@ class QueueEntry(_message.Message):
     POSITION_FIELD_NUMBER: _ClassVar[int]
     ENQUEUED_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     ticket: str
     mode: str
     gpus: int
@@ -244,10 +258,12 @@ class QueueEntry(_message.Message):
     position: int
     enqueued: float
     deadline: float
-    def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ...) -> None: ...
+    reason: str
+    name: str
+    def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ..., reason: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold")
+    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold", "name", "wait_longest")
     MODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +271,8 @@ class AcquireRequest(_message.Message):
     RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     HOLD_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WAIT_LONGEST_FIELD_NUMBER: _ClassVar[int]
     mode: str
     gpus: int
     priority: int
@@ -262,7 +280,9 @@ class AcquireRequest(_message.Message):
     restartable: bool
     command: str
     hold: bool
-    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ...) -> None: ...
+    name: str
+    wait_longest: bool
+    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., wait_longest: _Optional[bool] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("ticket", "position", "queue_length", "deadline")
@@ -317,12 +337,18 @@ class LeaseEvent(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., lease_id: _Optional[str] = ..., message: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., timestamp: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("lease_id", "token")
+    __slots__ = ("lease_id", "token", "exit_code", "exit_signal", "started")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     token: str
-    def __init__(self, lease_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+    exit_code: int
+    exit_signal: int
+    started: float
+    def __init__(self, lease_id: _Optional[str] = ..., token: _Optional[str] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., started: _Optional[float] = ...) -> None: ...
 
 class ReleaseReply(_message.Message):
     __slots__ = ("lease",)
@@ -357,12 +383,14 @@ class ListCardsReply(_message.Message):
     def __init__(self, cards: _Optional[_Iterable[_Union[Card, _Mapping]]] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class ListLeasesRequest(_message.Message):
-    __slots__ = ("all", "limit")
+    __slots__ = ("all", "limit", "lease_id")
     ALL_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     all: bool
     limit: int
-    def __init__(self, all: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+    lease_id: str
+    def __init__(self, all: _Optional[bool] = ..., limit: _Optional[int] = ..., lease_id: _Optional[str] = ...) -> None: ...
 
 class ListLeasesReply(_message.Message):
     __slots__ = ("leases", "queue", "leases_omitted", "queue_omitted")
@@ -405,20 +433,22 @@ class HealthRequest(_message.Message):
     def __init__(self, card: _Optional[str] = ..., history: _Optional[int] = ...) -> None: ...
 
 class Signal(_message.Message):
-    __slots__ = ("name", "value", "threshold", "unit", "status", "reason")
+    __slots__ = ("name", "value", "threshold", "unit", "status", "reason", "until")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
     name: str
     value: float
     threshold: float
     unit: str
     status: str
     reason: str
-    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., threshold: _Optional[float] = ..., unit: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    until: float
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., threshold: _Optional[float] = ..., unit: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., until: _Optional[float] = ...) -> None: ...
 
 class StateChange(_message.Message):
     __slots__ = ("timestamp", "from_state", "to_state", "reasons", "score")
@@ -435,7 +465,7 @@ class StateChange(_message.Message):
     def __init__(self, timestamp: _Optional[float] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., score: _Optional[int] = ...) -> None: ...
 
 class CardHealth(_message.Message):
-    __slots__ = ("index", "uuid", "score", "state", "signals", "history", "reasons", "clear_since", "raw_state", "clear_needed_s")
+    __slots__ = ("index", "uuid", "score", "state", "signals", "history", "reasons", "clear_since", "raw_state", "clear_needed_s", "back_at", "window_ends")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -446,6 +476,8 @@ class CardHealth(_message.Message):
     CLEAR_SINCE_FIELD_NUMBER: _ClassVar[int]
     RAW_STATE_FIELD_NUMBER: _ClassVar[int]
     CLEAR_NEEDED_S_FIELD_NUMBER: _ClassVar[int]
+    BACK_AT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_ENDS_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     score: int
@@ -456,7 +488,9 @@ class CardHealth(_message.Message):
     clear_since: float
     raw_state: str
     clear_needed_s: float
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., score: _Optional[int] = ..., state: _Optional[str] = ..., signals: _Optional[_Iterable[_Union[Signal, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., reasons: _Optional[_Iterable[str]] = ..., clear_since: _Optional[float] = ..., raw_state: _Optional[str] = ..., clear_needed_s: _Optional[float] = ...) -> None: ...
+    back_at: float
+    window_ends: float
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., score: _Optional[int] = ..., state: _Optional[str] = ..., signals: _Optional[_Iterable[_Union[Signal, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., reasons: _Optional[_Iterable[str]] = ..., clear_since: _Optional[float] = ..., raw_state: _Optional[str] = ..., clear_needed_s: _Optional[float] = ..., back_at: _Optional[float] = ..., window_ends: _Optional[float] = ...) -> None: ...
 
 class HealthReply(_message.Message):
     __slots__ = ("cards",)
@@ -465,18 +499,36 @@ class HealthReply(_message.Message):
     def __init__(self, cards: _Optional[_Iterable[_Union[CardHealth, _Mapping]]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("timestamp", "kind", "card", "lease_id", "message")
+    __slots__ = ("timestamp", "kind", "card", "lease_id", "message", "id")
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     CARD_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
     timestamp: float
     kind: str
     card: int
     lease_id: str
     message: str
-    def __init__(self, timestamp: _Optional[float] = ..., kind: _Optional[str] = ..., card: _Optional[int] = ..., lease_id: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    id: int
+    def __init__(self, timestamp: _Optional[float] = ..., kind: _Optional[str] = ..., card: _Optional[int] = ..., lease_id: _Optional[str] = ..., message: _Optional[str] = ..., id: _Optional[int] = ...) -> None: ...
+
+class EventsRequest(_message.Message):
+    __slots__ = ("card", "lease_id", "limit")
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    card: int
+    lease_id: str
+    limit: int
+    def __init__(self, card: _Optional[int] = ..., lease_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class EventsReply(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("min_interval_s",)

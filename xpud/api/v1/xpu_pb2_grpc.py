@@ -84,6 +84,11 @@ class NodeStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.WatchRequest.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.WatchUpdate.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/xpud.v1.Node/ListEvents',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.EventsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.EventsReply.FromString,
+                _registered_method=True)
         self.GetCluster = channel.unary_unary(
                 '/xpud.v1.Node/GetCluster',
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ClusterRequest.SerializeToString,
@@ -164,6 +169,13 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEvents(self, request, context):
+        """The daemon's event log (grants, releases, health changes, moves, ...), oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetCluster(self, request, context):
         """The cluster as this host's daemon sees it through federation (`enabled` false without `[cluster]`).
         """
@@ -233,6 +245,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.WatchRequest.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.WatchUpdate.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.EventsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.EventsReply.SerializeToString,
             ),
             'GetCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCluster,
@@ -515,6 +532,33 @@ class Node:
             '/xpud.v1.Node/Watch',
             xpud_dot_api_dot_v1_dot_xpu__pb2.WatchRequest.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.WatchUpdate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/ListEvents',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.EventsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.EventsReply.FromString,
             options,
             channel_credentials,
             insecure,

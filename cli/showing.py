@@ -1,0 +1,121 @@
+"""`xpu show LEASE|CARD`: one object and everything about it (as `scontrol show job`, `kubectl
+describe`): a lease's placement, owner, how it ended and its events; a card's state, health, leases and
+events."""
+
+from __future__ import annotations
+
+import time
+
+from xpu_cli import output, vocab
+from xpu_cli.leases import exit_status, run_time, status
+
+from xpud.errors import BadRequest, NotFound
+
+EVENTS = 10  # the latest events shown with the object
+
+
+def when(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(ts))} ({output.age(ts)} ago)"
+
+
+def show(c, what: str, as_json: bool) -> None:
+    cards = list(c.cards().cards)
+    if what.isdigit() and len(what) <= 4 and int(what) < len(cards):  # a card index (lease ids are 8 long)
+        return _card(c, cards, int(what), as_json)
+    try:
+        lease = c.lease(what)
+    except (NotFound, BadRequest) as lease_error:
+        try:
+            (health,) = c.health(what).cards
+        except (NotFound, BadRequest):
+            raise NotFound(f"{what!r} is neither a lease nor a card: {lease_error}") from None
+        return _card(c, cards, health.index, as_json)
+    return _lease(c, lease, as_json)
+
+
+def _pairs(rows: list[tuple[str, object]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k + ':':<{width + 1}} {v}")
+
+
+def _events(events) -> None:
+    from xpu_cli.events import line
+
+    print(f"\nevents (latest {EVENTS}):" if events else "\nevents: none")
+    for ev in events:
+        print(f"  {line(ev)}")
+
+
+def _lease(c, le, as_json: bool) -> None:
+    events = c.events(lease_id=le.id, limit=EVENTS)
+    if as_json:
+        return output.print_json(
+            {
+                "lease": {**output.to_dict(le), "status": status(le)},
+                "events": [output.to_dict(e) for e in events],
+            }
+        )
+    now = time.time()
+    rows: list[tuple[str, object]] = [
+        ("lease", le.id),
+        ("name", le.name or "-"),
+        ("status", status(le) + (f" (shell status {exit_status(le)})" if le.state != "active" else "")),
+        ("mode", le.mode),
+        ("cards", ", ".join(f"{i} ({u})" for i, u in zip(le.cards, le.card_uuids, strict=False)) or "-"),
+    ]
+    for s in le.slices:
+        rows.append(
+            ("slice", f"{s.size}: {vocab.gib(s.memory_bytes)} GiB, {s.compute_pct}% compute, {s.handle}")
+        )
+    rows += [
+        ("uid", le.owner_uid),
+        ("holder pid", le.holder_pid or "-"),
+        ("held", "yes" if le.held else "no"),
+        ("priority", le.priority),
+        ("restartable", "yes" if le.restartable else "no"),
+        ("restarts", le.restart_count),
+        ("command", le.command or "-"),
+        ("granted", when(le.created)),
+        ("started", when(le.started) if le.HasField("started") else "- (its wrapper reports it at release)"),
+        ("ended", when(le.ended) if le.HasField("ended") else "-"),
+        ("run time", output.age(now - run_time(le, now), now)),
+        ("end reason", le.end_reason or "-"),
+        ("note", le.mark or "-"),
+    ]
+    _pairs(rows)
+    _events(events)
+
+
+def _card(c, cards, index: int, as_json: bool) -> None:
+    card = next(x for x in cards if x.index == index)
+    (health,) = c.health(str(index), history=5).cards
+    leases = [le for le in c.leases().leases if index in le.cards]
+    events = c.events(card=index, limit=EVENTS)
+    if as_json:
+        return output.print_json(
+            {
+                "card": output.to_dict(card),
+                "health": output.to_dict(health),
+                "leases": [{**output.to_dict(le), "status": status(le)} for le in leases],
+                "events": [output.to_dict(e) for e in events],
+            }
+        )
+    held = [f"{le.id} ({le.mode}{', ' + le.name if le.name else ''})" for le in leases]
+    _pairs(
+        [
+            ("card", f"{card.index} ({card.uuid})"),
+            ("name", card.name),
+            ("pci bus", card.pci_bus_id),
+            ("mode", card.mode + (" (pinned)" if card.mode_pinned else "")),
+            ("isolation", card.isolation),
+            ("drained", card.drain_reason if card.drained else "no"),
+            ("health", f"{health.state}, score {health.score}"),
+            ("because", "; ".join(health.reasons) or "-"),
+            ("memory", f"{vocab.gib(card.memory_total_bytes)} GiB"),
+            ("leases", ", ".join(held) or "none"),
+        ]
+    )
+    _events(events)

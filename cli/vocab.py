@@ -1,0 +1,87 @@
+"""The words every view uses for a card, a lease and a user: `xpu ls`, `xpu leases`, `xpu health` and the
+dashboard (``xpu_tui``) all say "held by", "free", memory and owners the same way.
+
+- MODE: ``whole`` or ``sliced/ISOLATION`` (``sliced/mig``, ``sliced/mps``), ``*`` when an operator pinned it.
+- HELD BY: ``-``, or one ``LEASE (SIZE)`` per holder, SIZE ``whole``, ``half``, ``quarter`` or a
+  configured slice's name: ``78a228d2 (whole)``, ``1f2e3d4c (half), 9a8b7c6d (quarter)``.
+- FREE: ``drained`` when nothing may be placed on the card, else what a new lease could still have of it,
+  as ``MEM% mem SM% sm`` (an idle card: ``100% mem 100% sm``; a whole-card lease: ``0% mem 0% sm``).
+- MEMORY: ``USED/TOTAL GiB`` with one decimal: ``0.5/79.6 GiB``; ``-`` for what a card cannot report.
+- Users: names, as this machine knows them, else ``uid N``.
+"""
+
+from __future__ import annotations
+
+import pwd
+from functools import lru_cache
+
+
+@lru_cache(maxsize=4096)
+def user_name(uid: int) -> str:
+    """A uid as a user name when this machine knows it, else ``uid N``."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def size_word(size: str) -> str:
+    """A slice size as a word: ``half``, ``quarter``, or a configured name without ``vxpu-``."""
+    return size.removeprefix("vxpu-")
+
+
+def held_by(card) -> str:
+    """Who holds ``card`` (a ``pb.Card``), in the HELD BY vocabulary."""
+    if card.whole_lease:
+        return f"{card.whole_lease} (whole)"
+    if card.slices:
+        return ", ".join(f"{s.lease_id} ({size_word(s.size)})" for s in card.slices)
+    return "-"
+
+
+def mode(card) -> str:
+    """``whole``, ``sliced/mig``, with ``*`` when an operator pinned the mode."""
+    text = card.mode + (f"/{card.isolation}" if card.mode == "sliced" and card.isolation != "none" else "")
+    return text + ("*" if card.mode_pinned else "")
+
+
+def card_name(card) -> str:
+    """The card's model without the vendor: ``H100 80GB HBM3``."""
+    return card.name.removeprefix("NVIDIA ")
+
+
+def free(card) -> str:
+    """What is free on ``card`` (a ``pb.Card``), in the FREE vocabulary."""
+    if card.drained:
+        return "drained"
+    return f"{card.free_memory_fraction * 100:.0f}% mem {card.free_compute_pct}% sm"
+
+
+def gib(nbytes: int | float | None) -> str:
+    """Bytes as GiB with one decimal (``79.6``); ``-`` when unknown."""
+    return "-" if nbytes is None else f"{nbytes / (1 << 30):.1f}"
+
+
+def memory(used: int | None, total: int | None) -> str:
+    """``0.5/79.6 GiB``: used and total memory, ``-`` for either when unknown."""
+    return f"{gib(used)}/{gib(total)} GiB"
+
+
+def signal_value(sig, name: str) -> str:
+    """A signal's value or threshold in human units (the daemon sends raw numbers and a unit)."""
+    if not sig.HasField(name):
+        return "-"
+    v = getattr(sig, name)
+    unit = sig.unit
+    if unit == "bytes":
+        return f"{gib(v)} GiB"
+    if unit == "mask":
+        return f"0x{int(v):x}"
+    if unit == "ratio":
+        return f"{v * 100:.0f}%"
+    if unit == "P":
+        return f"P{int(v)}"
+    if sig.name in ("lost", "inforom") and name == "value":
+        return {"lost": ("no", "yes"), "inforom": ("invalid", "valid")}[sig.name][int(v)]
+    text = f"{v:g}"
+    return f"{text} {unit}" if unit and unit != "%" else text + unit

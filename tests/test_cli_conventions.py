@@ -1,0 +1,98 @@
+"""The command line's conventions as a user meets them: global options anywhere, -h, --version, plain
+metavars in every help page, case-insensitive modes, shell completion."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from xpu_cli.grammar import hoist_globals
+from xpu_cli.main import app
+
+from tests.conftest import xpu_env
+
+BIN = Path(sys.executable).parent
+RUN = {"run": frozenset({"-g", "--gpus", "-m", "--mode", "-w", "--wait", "-p", "--priority", "--kill-grace"})}
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["ls", "--runtime-dir", "D", "--json"], ["--runtime-dir", "D", "ls", "--json"]),
+        (["ls", "--runtime-dir=D"], ["--runtime-dir=D", "ls"]),
+        (
+            ["fault", "inject", "0", "xid", "--runtime-dir", "D"],
+            ["--runtime-dir", "D", "fault", "inject", "0", "xid"],
+        ),
+        # run: its own options may carry it, the command it runs may not lose it
+        (["run", "-g", "2", "--runtime-dir", "D", "x"], ["--runtime-dir", "D", "run", "-g", "2", "x"]),
+        (["run", "-g", "2", "sh", "--runtime-dir", "D"], ["run", "-g", "2", "sh", "--runtime-dir", "D"]),
+        (["run", "--", "x", "--runtime-dir", "D"], ["run", "--", "x", "--runtime-dir", "D"]),
+        (["health", "--", "--runtime-dir"], ["health", "--", "--runtime-dir"]),
+    ],
+)
+def test_global_options_move_to_the_front_except_inside_a_command(args, want):
+    assert hoist_globals(args, RUN) == want
+
+
+def _commands(group, prefix=()):
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, (*prefix, name))
+        else:
+            yield (*prefix, name)
+
+
+def test_every_help_page_answers_h_with_plain_metavars():
+    root = typer.main.get_command(app)
+    pages = [(), *_commands(root)]
+    assert len(pages) > 15 and ("fault", "inject") in pages
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"COLUMNS": "100"}
+    for page in pages:
+        r = subprocess.run([BIN / "xpu", *page, "-h"], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, (page, r.stderr)
+        assert r.stdout.startswith("Usage: xpu"), page
+        for noise in ("<str>", "<list", "<int", "<float", "<path>", "{"):
+            assert noise not in r.stdout.split("\n\n", 1)[0] + _options(r.stdout), (page, noise, r.stdout)
+
+
+def _options(help_text: str) -> str:
+    """The Arguments and Options sections (a command's own description may use braces)."""
+    start = help_text.find("Arguments:") if "Arguments:" in help_text else help_text.find("Options:")
+    return help_text[start:]
+
+
+def test_version_and_completion():
+    r = subprocess.run([BIN / "xpu", "--version"], capture_output=True, text=True, timeout=60)
+    from importlib.metadata import version
+
+    assert r.returncode == 0 and r.stdout == f"xpu {version('xpud')}\n"
+    r = subprocess.run([BIN / "xpu", "--show-completion", "bash"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "_XPU_COMPLETE" in r.stdout
+    env = dict(os.environ, _XPU_COMPLETE="complete_bash", COMP_WORDS="xpu run --mode vx", COMP_CWORD="3")
+    r = subprocess.run([BIN / "xpu"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.stdout.split() == ["vxpu-half", "vxpu-quarter"]
+
+
+def test_runtime_dir_after_the_command_and_modes_in_any_case(daemon):
+    env = {k: v for k, v in xpu_env(daemon.runtime_dir).items() if k != "XPUD_RUNTIME_DIR"}
+
+    def xpu(*args):
+        return subprocess.run([BIN / "xpu", *args], capture_output=True, text=True, env=env, timeout=60)
+
+    before = xpu("--runtime-dir", str(daemon.runtime_dir), "ls", "--json")
+    after = xpu("ls", "--runtime-dir", str(daemon.runtime_dir), "--json")
+    assert before.returncode == after.returncode == 0, after.stderr
+    assert [c["uuid"] for c in json.loads(after.stdout)] == [c["uuid"] for c in json.loads(before.stdout)]
+    assert xpu("ls", "--json").returncode == 1  # the default /run/xpud: no daemon there
+    r = xpu("run", "--mode", "VXPU-Half", "--runtime-dir", str(daemon.runtime_dir), "--", "true")
+    assert r.returncode == 0, r.stderr
+    r = xpu("mode", "5", "Sliced", f"--runtime-dir={daemon.runtime_dir}")
+    assert r.returncode == 0 and "card 5 is sliced" in r.stdout, r.stderr
+    r = xpu("mode", "5", "sideways", "--runtime-dir", str(daemon.runtime_dir))
+    assert r.returncode == 2 and "use whole, sliced or auto" in r.stderr

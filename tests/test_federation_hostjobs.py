@@ -1,0 +1,195 @@
+"""One host's side of multi-host jobs (xpud/federation/hostjobs.py) in a real in-process daemon: real
+engine, real SQLite ledger, the daemon's own reaper as the only timer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from tests.conftest import wait_until
+from xpud.api.v1 import xpu_pb2 as pb
+from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
+from xpud.model import Mode, Request
+
+MACHINE = "pcie-4x-h100"
+UID = os.getuid()
+
+
+def res(job="j1", attempt=0, count=2, ttl=30.0, mode="xpu", uid=UID):
+    return pb.ReserveRequest(job=job, attempt=attempt, mode=mode, count=count, ttl_s=ttl, uid=uid, user="u")
+
+
+def rows(d, job):
+    return d.daemon.ledger.db.execute(
+        "SELECT state, lease_id FROM reservations WHERE job=? ORDER BY created", (job,)
+    ).fetchall()
+
+
+def lease_state(d, lease_id):
+    return d.daemon.ledger.db.execute("SELECT state FROM leases WHERE id=?", (lease_id,)).fetchone()[0]
+
+
+def test_reserve_is_idempotent_and_holds_cards_from_the_engine(inproc):
+    d = inproc(MACHINE, "[leases]\ngrace_s = 1.0\n")
+    hj = d.daemon.hostjobs
+    a = d.call(hj.reserve, res(count=3))
+    b = d.call(hj.reserve, res(count=3))  # a retried message
+    assert list(a.cards) == list(b.cards) and len(a.cards) == 3
+    assert len(d.engine.leases) == 1
+    (lease,) = d.engine.leases.values()
+    assert lease.owner_uid == UID and "reserved for job j1" in lease.mark
+    # the local engine cannot grant the reserved cards: 2 whole cards asked, 1 free
+    with pytest.raises(NoCapacity):
+        d.call(d.engine.acquire, Request(Mode.XPU, gpus=2, owner_uid=UID))
+    # nor another job on this host
+    with pytest.raises(NoCapacity):
+        d.call(hj.reserve, res(job="j2", count=2))
+    # an older attempt is refused; the same attempt with another outcome too
+    d.call(hj.reserve, res(attempt=2, count=3))
+    with pytest.raises(Conflict, match="older than attempt 2"):
+        d.call(hj.reserve, res(attempt=1, count=3))
+    # the reaper (grace 1 s) leaves the reservation's lease alone: the host holds it
+    time.sleep(1.6)
+    assert len(d.engine.leases) == 1
+    assert [r["state"] for r in rows(d, "j1")] == ["held"]
+
+
+def test_a_reservation_expires_by_its_ttl_with_nobodys_help(inproc):
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+    t0 = time.monotonic()
+    r = d.call(hj.reserve, res(ttl=0.6))
+    assert len(r.cards) == 2
+    (lid,) = d.engine.leases
+    wait_until(lambda: not d.engine.leases, timeout=5)
+    assert time.monotonic() - t0 >= 0.6
+    assert rows(d, "j1")[0]["state"] == "expired" and lease_state(d, lid) == "reclaimed"
+    with pytest.raises(Conflict, match="expired"):
+        d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))
+    assert not d.call(hj.abort, pb.AbortRequest(job="j1", attempt=0)).dropped
+    # the cards are free again
+    d.call(d.engine.acquire, Request(Mode.XPU, gpus=4, owner_uid=UID))
+
+
+def test_a_late_commit_is_refused_even_before_the_reaper_runs(inproc):
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+    d.daemon.jobs.stop()  # no reaper: the commit itself must see the TTL is past
+    d.call(hj.reserve, res(ttl=0.5))
+    time.sleep(0.7)
+    assert d.engine.leases  # nobody expired it yet
+    with pytest.raises(Conflict, match="expired"):
+        d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))
+    assert not d.engine.leases and rows(d, "j1")[0]["state"] == "expired"
+
+
+def test_commit_makes_the_job_lease_and_abort_kills_the_rank_then_releases(inproc):
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+    d.call(hj.reserve, res(ttl=0.8))
+    c = d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))
+    again = d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))  # retried: same lease
+    assert c.lease_id == again.lease_id and 1024 <= c.free_port <= 65535
+    assert c.env["CUDA_VISIBLE_DEVICES"] and c.env["XPU_LEASE_ID"] == c.lease_id
+    lease = d.engine.leases[c.lease_id]
+    assert lease.mark == "job j1 (multi-host)" and lease.owner_uid == UID
+    assert d.daemon.ledger.db.execute("SELECT mark FROM leases WHERE id=?", (c.lease_id,)).fetchone()[0]
+    killed = []
+
+    async def kill():
+        await asyncio.sleep(0.05)
+        killed.append(d.engine.leases.get(c.lease_id) is not None)  # still held while the rank dies
+
+    d.call(hj.launching, "j1", kill)
+    time.sleep(1.2)  # past the TTL: a launched job is not released by it
+    assert c.lease_id in d.engine.leases
+    assert d.call(hj.abort, pb.AbortRequest(job="j1", attempt=0)).dropped
+    assert killed == [True]
+    assert not d.engine.leases and lease_state(d, c.lease_id) == "released"
+    assert rows(d, "j1")[0]["state"] == "released"
+    assert not d.call(hj.abort, pb.AbortRequest(job="j1", attempt=0)).dropped  # idempotent
+
+
+def test_a_committed_job_never_launched_is_released_after_one_ttl(inproc):
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+    d.call(hj.reserve, res(ttl=0.5))
+    d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))
+    wait_until(lambda: not d.engine.leases, timeout=5)
+    assert rows(d, "j1")[0]["state"] == "released"
+    with pytest.raises(Conflict, match="not committed"):
+        d.call(hj.launching, "j1", None)
+
+
+def test_a_restarted_host_keeps_its_reservation_and_its_expiry(inproc):
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+    kept = d.call(hj.reserve, res(job="keep", count=1, ttl=60))
+    short = d.call(hj.reserve, res(job="short", count=1, ttl=2.0))
+    committed = d.call(hj.reserve, res(job="done", count=1, ttl=60))
+    d.call(hj.commit, pb.CommitRequest(job="done", attempt=0))
+    fake, base = d.fake, d.runtime_dir.parent
+    d.stop()
+    from tests.inproc import InProcDaemon
+
+    d3 = InProcDaemon(base, MACHINE, "", fake)  # the same state directory and cards: a restart
+    try:
+        hj3 = d3.daemon.hostjobs
+        again = d3.call(hj3.reserve, res(job="keep", count=1, ttl=60))
+        assert list(again.cards) == list(kept.cards)  # the same reservation, answered again
+        assert {lz.mark for lz in d3.engine.leases.values()} >= {"job done (multi-host)"}
+        assert d3.call(hj3.commit, pb.CommitRequest(job="done", attempt=0)).cards == committed.cards
+        # the short one still expires by its TTL on the restarted host
+        wait_until(lambda: rows(d3, "short")[0]["state"] == "expired", timeout=5)
+        wait_until(lambda: not any(lz.cards == tuple(short.cards) for lz in d3.engine.leases.values()))
+        assert d3.call(hj3.commit, pb.CommitRequest(job="keep", attempt=0)).lease_id
+    finally:
+        d3.stop()
+
+
+def test_an_unknown_uid_and_bad_requests_are_refused_with_one_line(inproc):
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+    with pytest.raises(Forbidden, match=r"uid 3999999 .*does not exist on host"):
+        d.call(hj.reserve, res(uid=3999999))
+    with pytest.raises(BadRequest, match="ttl"):
+        d.call(hj.reserve, res(ttl=0.1))
+    with pytest.raises(BadRequest, match="one slice per host"):
+        d.call(hj.reserve, res(mode="vxpu-half", count=2))
+    with pytest.raises(BadRequest, match="--gpus 9"):
+        d.call(hj.reserve, res(count=9))
+    assert not d.engine.leases
+
+
+def test_a_slice_replica_is_reserved_and_committed(inproc):
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+    r = d.call(hj.reserve, res(mode="vxpu-half", count=1))
+    c = d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))
+    (lease,) = d.engine.leases.values()
+    assert lease.mode == "vxpu-half" and list(c.cards) == list(r.cards) == list(lease.cards)
+
+
+def test_an_evicted_job_lease_ends_the_reservation(inproc):
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+    d.call(hj.reserve, res())
+    (lid,) = d.engine.leases
+    d.call(d.engine.evict, lid, "test")
+    wait_until(lambda: rows(d, "j1")[0]["state"] == "aborted", timeout=5)
+    with pytest.raises(Conflict):
+        d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))
+
+
+def test_remote_launch_off_refuses_other_hosts_but_not_this_ones_own_jobs(inproc):
+    d = inproc(MACHINE, '[cluster]\nname = "h1"\nremote_launch = false\n')
+    hj = d.daemon.hostjobs
+    with pytest.raises(
+        Forbidden, match=r"host h1 takes no jobs from other hosts \(\[cluster\] remote_launch"
+    ):
+        d.call(hj.reserve, res(), "h2")
+    assert not d.engine.leases
+    assert len(d.call(hj.reserve, res(), None).cards) == 2  # coordinated here: not remote

@@ -1,0 +1,208 @@
+"""Node.RunJob, the coordinator of multi-host jobs (xpud/federation/jobrun.py), on real daemons: real
+gRPC, real engines and ledgers, real rank processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.conftest import wait_until
+from xpud.api.client import Client, to_error
+from xpud.api.v1 import xpu_pb2 as pb
+from xpud.errors import BadRequest, NoCapacity
+
+MACHINE = "pcie-4x-h100"
+
+
+def spec(argv, **kw):
+    kw.setdefault("mode", "xpu")
+    kw.setdefault("nodes", 1)
+    kw.setdefault("gpus_per_node", 2)
+    kw.setdefault("kill_on_bad_exit", True)
+    return pb.JobSpec(argv=argv, cwd=os.getcwd(), env={"PATH": os.environ["PATH"], "KEEP": "me"}, **kw)
+
+
+def run_job(runtime, s, more=(), hold: threading.Event | None = None, timeout=60):
+    """Events of one RunJob call; ``more`` are sent after start; ``hold`` keeps the request side open."""
+    c = Client(runtime)
+
+    def inputs():
+        yield pb.JobInput(start=s)
+        yield from more
+        if hold is not None:
+            hold.wait(timeout)
+
+    call = c.node.RunJob(inputs(), metadata=c._metadata(), timeout=timeout)
+    return c, call
+
+
+def collect(call, where="d"):
+    out = []
+    try:
+        for ev in call:
+            out.append(ev)
+    except Exception as e:  # grpc.RpcError
+        raise to_error(e, where) from None
+    return out
+
+
+def start_sleeper(runtime, tmp_path):
+    """A one-host job whose rank sleeps; returns (call, hold, the rank's pid) once it runs."""
+    pidfile = tmp_path / "pid"
+    hold = threading.Event()
+    _, call = run_job(runtime, spec(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"]), hold=hold)
+    assert next(iter(call)).HasField("placed")
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=10)
+    return call, hold, int(pidfile.read_text())
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def text(events, fd=1):
+    return b"".join(e.output.data for e in events if e.HasField("output") and e.output.fd == fd).decode()
+
+
+def test_a_one_host_job_runs_with_the_torchrun_environment_and_its_exit_code(inproc):
+    d = inproc(MACHINE)
+    script = "echo $RANK/$WORLD_SIZE $NODE_RANK $MASTER_ADDR:$MASTER_PORT $CUDA_VISIBLE_DEVICES $KEEP; exit 3"
+    _, call = run_job(d.runtime_dir, spec(["sh", "-c", script]))
+    events = collect(call)
+    kinds = [e.WhichOneof("what") for e in events]
+    assert kinds[0] == "placed" and kinds[-1] == "ended"
+    placed = events[0].placed
+    assert len(placed.ranks) == 1 and len(placed.ranks[0].cards) == 2
+    line = text(events).strip()
+    rank_world, node, master, cvd, keep = line.split(" ")
+    assert rank_world == "0/1" and node == "0" and keep == "me"
+    assert master.startswith("127.0.0.1:") and int(master.split(":")[1]) > 1024
+    assert cvd.count("GPU-") == 2
+    assert events[-1].ended.exit_code == 3
+    # the job's lease was released at the end, its reservation row too
+    wait_until(lambda: not d.engine.leases, timeout=5)
+    rows = d.daemon.ledger.db.execute("SELECT state FROM reservations").fetchall()
+    assert [r[0] for r in rows] == ["released"]
+
+
+def test_stdin_goes_to_rank_0_and_a_signal_stops_the_job(inproc):
+    d = inproc(MACHINE)
+    _, call = run_job(d.runtime_dir, spec(["sh", "-c", "read x; echo got $x"]), [pb.JobInput(stdin=b"hi\n")])
+    events = collect(call)
+    assert text(events) == "got hi\n" and events[-1].ended.exit_code == 0
+    hold = threading.Event()
+    _, call = run_job(
+        d.runtime_dir,
+        spec(["sh", "-c", "echo up; sleep 30"]),
+        [pb.JobInput(signal=signal.SIGTERM)],
+        hold=hold,
+    )
+    t0 = time.monotonic()
+    events = collect(call)
+    hold.set()
+    assert events[-1].ended.exit_code == 128 + signal.SIGTERM and time.monotonic() - t0 < 15
+    wait_until(lambda: not d.engine.leases, timeout=5)
+
+
+def test_the_client_going_away_stops_the_rank_and_releases_the_lease(inproc, tmp_path):
+    d = inproc(MACHINE)
+    call, hold, pid = start_sleeper(d.runtime_dir, tmp_path)
+    assert d.engine.leases
+    call.cancel()  # Ctrl-C, or the client died
+    hold.set()
+    wait_until(lambda: not d.engine.leases, timeout=15)
+
+    wait_until(lambda: gone(pid), timeout=10)
+
+
+def test_bad_specs_are_refused_with_one_line_and_no_room_says_why(inproc):
+    d = inproc(MACHINE)
+    with pytest.raises(BadRequest, match="--gpus-per-node"):
+        collect(run_job(d.runtime_dir, spec(["true"], gpus_per_node=0))[1])
+    with pytest.raises(BadRequest, match="--spread"):
+        collect(run_job(d.runtime_dir, spec(["true"], mode="vxpu-half", nodes=0, replicas=1))[1])
+    with pytest.raises(NoCapacity, match="federation is off"):
+        collect(run_job(d.runtime_dir, spec(["true"], nodes=2))[1])
+    with pytest.raises(NoCapacity, match="--wait"):
+        collect(run_job(d.runtime_dir, spec(["true"], gpus_per_node=5))[1])
+    hold = threading.Event()
+    with pytest.raises(BadRequest, match="signal"):  # a bad input mid-job ends it, released
+        collect(run_job(d.runtime_dir, spec(["sleep", "30"]), [pb.JobInput(signal=99)], hold=hold)[1])
+    hold.set()
+    wait_until(lambda: not d.engine.leases, timeout=10)
+
+
+def test_a_queued_job_runs_when_the_cards_free(inproc):
+    d = inproc(MACHINE)
+    _, first = run_job(d.runtime_dir, spec(["sh", "-c", "sleep 1.5"], gpus_per_node=3))
+    it = iter(first)
+    assert next(it).HasField("placed")
+    _, second = run_job(d.runtime_dir, spec(["echo", "ran"], gpus_per_node=2, wait_s=30))
+    events = collect(second)
+    assert events[0].HasField("queued") and events[0].queued.position == 1
+    assert any(e.HasField("placed") for e in events) and text(events) == "ran\n"
+    assert events[-1].ended.exit_code == 0
+    list(it)
+
+
+HEALTH = """
+[leases]
+grace_s = 30.0
+[health]
+poll_interval_s = 0.2
+event_window_s = 0.5
+move_ack_timeout_s = 10.0
+"""
+
+
+def test_a_failed_card_under_a_restartable_job_restarts_the_whole_job_on_healthy_cards(inproc):
+    d = inproc(MACHINE, HEALTH)
+    hold = threading.Event()
+    script = 'echo "start $XPU_RESTART_COUNT $CUDA_VISIBLE_DEVICES"; exec sleep 60'
+    _, call = run_job(d.runtime_dir, spec(["sh", "-c", script], restartable=True), hold=hold)
+    it = iter(call)
+    first = next(it).placed
+    assert next(it).output.data.startswith(b"start 0 ")
+    bad = first.ranks[0].cards[0]
+    bad_uuid = d.engine.cards[bad].info.uuid
+    with Client(d.runtime_dir, admin=True) as admin:
+        admin.inject_fault(str(bad), "xid", 79)
+    events = []
+    for ev in it:
+        events.append(ev)
+        if ev.HasField("output"):
+            break
+    kinds = [e.WhichOneof("what") for e in events]
+    assert kinds == ["rank_ended", "placed", "output"], events
+    assert events[0].rank_ended.error.startswith("restart: ") and "unhealthy" in events[0].rank_ended.error
+    again = events[1].placed
+    assert bad not in again.ranks[0].cards and again.job == first.job and again.attempts > first.attempts
+    line = events[2].output.data.decode().split()
+    assert line[0:2] == ["start", "1"] and bad_uuid not in line[2] and line[2].count("GPU-") == 2
+    # only the new placement is held now
+    assert [tuple(lz.cards) for lz in d.engine.leases.values()] == [tuple(again.ranks[0].cards)]
+    call.cancel()
+    hold.set()
+    wait_until(lambda: not d.engine.leases, timeout=15)
+
+
+def test_a_daemon_killed_under_a_running_rank_stops_it_and_frees_the_cards_when_it_restarts(
+    daemon_factory, tmp_path
+):
+    d = daemon_factory(MACHINE)
+    _, hold, pid = start_sleeper(d.runtime_dir, tmp_path)
+    d.kill(signal.SIGKILL)
+    hold.set()
+    os.kill(pid, 0)  # the rank outlived its daemon
+    d.start()
+    wait_until(lambda: gone(pid), timeout=20)  # at start-up, well before any TTL or grace
+    with d.client() as c:
+        wait_until(lambda: not c.leases().leases, timeout=10)

@@ -1,0 +1,93 @@
+"""`xpu run --nodes 2` end to end: the real CLI against three real daemons on 127.0.0.2-4 with mutual TLS
+(the ``cluster`` fixture of test_federation_jobs_daemons.py). Each rank sees its torchrun environment, the
+output comes back labelled and the exit code is the job's; stdin reaches rank 0; Ctrl-C stops both ranks
+and every host lets its cards go."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+
+import pytest
+
+from tests.conftest import BIN, alive, wait_until, xpu_env
+from tests.test_federation_daemons import site, three  # noqa: F401 (fixtures)
+from tests.test_federation_jobs_daemons import cluster, leases, live_reservations  # noqa: F401
+
+pytestmark = pytest.mark.timeout(180)
+
+TORCHRUN = ["RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+XPU = ["CUDA_VISIBLE_DEVICES", "XPU_JOB_ID", "XPU_NODES", "XPU_NODE_RANK", "XPU_HOSTS"]
+ENV_KEYS = [*TORCHRUN, *XPU, "MARK"]
+
+
+def xpu(host, *args, **kw):
+    return subprocess.Popen([str(BIN / "xpu"), *args], env=xpu_env(host.daemon.runtime_dir, MARK="sub"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # fmt: skip
+
+
+def test_a_two_host_job_through_the_cli_has_each_ranks_environment_stdin_and_exit_code(cluster, tmp_path):  # noqa: F811
+    h1 = cluster[0]
+    show = "; ".join(f'echo "{k}=${k}"' for k in ENV_KEYS)
+    rank0 = 'read -r line; echo "in=$line"; exit 0'
+    script = f'{show}; echo "cwd=$(pwd)"; if [ "$RANK" = 0 ]; then {rank0}; fi; exit 5'
+    p = xpu(h1, "run", "--nodes", "2", "--gpus-per-node", "2", "--label", "--json", "--no-kill-on-bad-exit",
+            "--", "sh", "-c", script,
+            stdin=subprocess.PIPE, cwd=tmp_path)  # fmt: skip
+    out, err = p.communicate(b"hello rank 0\n", timeout=120)
+    assert p.returncode == 5, err
+    lines = out.decode().splitlines()
+    summary = json.loads(lines[-1])
+    envs: dict[int, dict[str, str]] = {0: {}, 1: {}}
+    for line in lines[:-1]:
+        rank, _, rest = line.partition(": ")  # --label
+        k, _, v = rest.partition("=")
+        envs[int(rank)][k] = v
+    hosts = summary["hosts"]
+    assert len(set(hosts)) == 2 and summary["exit_code"] == 5
+    ips = {h.name: h.ip for h in cluster}
+    for r in (0, 1):
+        e = envs[r]
+        assert (e["RANK"], e["NODE_RANK"], e["WORLD_SIZE"]) == (str(r), str(r), "2")
+        assert (e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) == ("0", "1")
+        assert e["MASTER_ADDR"] == ips[hosts[0]] and 0 < int(e["MASTER_PORT"]) < 65536
+        assert e["XPU_HOSTS"] == ",".join(hosts) and e["XPU_NODES"] == "2" and e["XPU_NODE_RANK"] == str(r)
+        assert len(e["CUDA_VISIBLE_DEVICES"].split(",")) == 2  # the host's two leased cards
+        assert e["MARK"] == "sub" and e["cwd"] == str(tmp_path) and e["XPU_JOB_ID"] == summary["job"]
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    assert envs[0]["in"] == "hello rank 0" and "in" not in envs[1]
+    assert [(x["rank"], x["exit_code"]) for x in summary["ranks"]] == [(0, 0), (1, 5)]
+    assert "ended with exit code 5" in err.decode()
+    for h in cluster:
+        wait_until(lambda h=h: not leases(h) and live_reservations(h) == 0, timeout=15)
+
+
+def test_ctrl_c_on_the_cli_stops_both_ranks_and_frees_every_host(cluster, tmp_path):  # noqa: F811
+    h1 = cluster[0]
+    os.chmod(tmp_path, 0o755)
+    script = (
+        f'echo $$ > {tmp_path}/$RANK.pid; trap "" TERM; trap "echo got INT; exit 130" INT; echo up; '
+        "while :; do sleep 0.1; done"
+    )
+    p = xpu(h1, "run", "--nodes", "2", "--label", "--", "sh", "-c", script, stdin=subprocess.DEVNULL)
+    guard = threading.Timer(90, p.kill)  # a hang becomes a failure that shows xpu's stderr
+    guard.start()
+    ups = 0
+    while ups < 2:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        ups += line.endswith(b"up\n")
+    guard.cancel()
+    pids = [int((tmp_path / f"{r}.pid").read_text()) for r in (0, 1)]
+    assert all(alive(pid) for pid in pids)
+    p.send_signal(signal.SIGINT)
+    rest, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err  # rank 0's exit code (it caught the SIGINT)
+    assert sorted(rest.decode().splitlines()) == ["0: got INT", "1: got INT"]
+    for pid in pids:
+        wait_until(lambda pid=pid: not alive(pid), timeout=15)
+    for h in cluster:
+        wait_until(lambda h=h: not leases(h) and live_reservations(h) == 0, timeout=15)

@@ -1,0 +1,101 @@
+"""`xpu top` as a newcomer meets it (issue 18, item 11), on constructed data: every card on an 80x24
+screen, the space of a 200x60 one used, the event log at its newest and filterable, operator keys only in
+the views they act in, an action's result on the status line (not a toast over the tiles), `--demo` not
+called live."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("textual")
+
+from xpu_tui import demo
+from xpu_tui.cardtile import COMPACT_HEIGHT, TALL_HEIGHT, TILE_HEIGHT
+from xpu_tui.eventlog import EventLog
+from xpu_tui.modals import ConfirmScreen
+
+from tests.test_tui_pilot import in_asyncio, until
+from tests.test_tui_snapshots import dashboard, settled
+from xpud.api.v1 import xpu_pb2 as pb
+
+
+async def _tiles_shown(pilot) -> list[int]:
+    """The cards whose whole tile lies inside the host view's visible region."""
+    app = pilot.app
+    view = app.host_view.region
+    return [i for i, t in app.host_view.tiles.items() if view.contains_region(t.region)]
+
+
+@pytest.mark.parametrize(
+    ("size", "height", "columns"),
+    [((80, 24), COMPACT_HEIGHT, 2), ((120, 40), TILE_HEIGHT, 2), ((200, 60), TALL_HEIGHT, 4)],
+)
+@in_asyncio
+async def test_tiles_fit_the_screen(size, height, columns):
+    app = dashboard()
+    async with app.run_test(size=size) as pilot:
+        await settled()(pilot)
+        await until(pilot, lambda: app.host_view.tile_height == height, what=f"tiles {height} high")
+        assert app.host_view.columns() == columns
+        assert sorted(await _tiles_shown(pilot)) == list(range(8)), "every card visible at once"
+
+
+@in_asyncio
+async def test_demo_data_is_not_called_live_and_keys_are_offered_where_they_act():
+    app = dashboard(demo.dgx_source(admin=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settled()(pilot)
+        status = str(app.status.render())
+        assert " · demo · " in status and "live" not in status
+        offered = {
+            view: {a for a in ("drain", "undrain", "mode", "release") if app.check_action(a, ())}
+            for view in ("host", "leases", "events")
+            if not app.action_view(view) and await pilot.pause(0.1) is None
+        }
+        assert offered == {
+            "host": {"drain", "undrain", "mode", "release"},
+            "leases": {"release"},
+            "events": set(),
+        }
+
+
+@in_asyncio
+async def test_an_actions_result_is_on_the_status_line_not_a_toast():
+    app = dashboard(demo.dgx_source(admin=True))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settled("right", "right", "right", "d")(pilot)
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await until(pilot, lambda: app.actions_done == [(True, "card 3 drained")], what="the action")
+        await pilot.pause(0.1)
+        assert str(app.status.render()).startswith("✔ card 3 drained · dgx-a07")
+        assert list(app._notifications) == []
+
+
+def _many_events(n: int) -> list[pb.Event]:
+    return [
+        pb.Event(timestamp=demo.T0 + i, kind="fault" if i % 10 == 0 else "grant", card=i % 8, message=f"e{i}")
+        for i in range(n)
+    ]
+
+
+@in_asyncio
+async def test_events_open_at_the_newest_and_filter_as_you_type():
+    source = demo.dgx_source()
+    source._updates[0].events.extend(_many_events(120))
+    app = dashboard(source)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settled("3")(pilot)
+        log = app.query_one(EventLog)
+        await until(pilot, lambda: log.has_focus, what="the log focused")
+        assert log.cursor_row == log.row_count - 1 and log.scroll_y == log.max_scroll_y > 0
+        for key in "fault":
+            await pilot.press(key)
+        await pilot.pause(0.1)
+        assert log.row_count == 12 + 1  # every tenth constructed event, and the demo's own fault
+        assert log.cursor_row == log.row_count - 1 and "filter: fault" in str(log.border_title)
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert log.row_count == len(app.state.events) and time.monotonic()

@@ -1,0 +1,466 @@
+"""One host's side of multi-host jobs: the Peer service's Reserve, Commit and Abort (and the hooks the
+Launch handler uses). This host stays the only authority over its cards.
+
+A reservation is a lease of this host's engine, granted like any other (so the engine never gives its
+cards to anyone else) and owned by the submitter's uid, plus a row in the ledger's ``reservations``
+table (job, attempt, lease, expiry). The lease is granted and the row written before the coordinator
+hears of it. The decision logic (idempotency per job + attempt, older attempts refused, late commits
+refused) is ``reserve.Reservations``'s; this module adds the engine, the ledger and the clock.
+
+- **Expiry with no help**: the daemon's reaper calls ``expire`` (4 Hz); a held reservation past its TTL
+  ends the lease and marks the row expired in one ledger transaction, then the cards are free.
+- **Commit** marks the row committed and the lease ``job JOB`` (``xpu leases`` shows it) in one
+  transaction. A commit after the TTL is refused (the reservation is expired then, even if the reaper
+  has not run yet). A committed job must be launched (``launching``) within one TTL, or it is released.
+- **Abort** drops a held reservation, or releases a committed lease, killing its rank first (the kill
+  hook the Launch handler gave ``launching``). Aborting what is unknown or ended answers
+  ``dropped=False``.
+- **Restart**: ``restore`` takes the rows back; a held one past its TTL is expired at once, a
+  committed one gets one TTL from the restart to be launched.
+
+Hooks for the Launch handler (``xpud/federation/rankproc.py``): ``launching(job, kill)`` before the rank
+starts (returns the job's lease; raises when the job is not committed here) and ``launch_ended(job,
+reason)`` once the rank is gone, however the stream ended: the lease is released then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pwd
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+
+from xpud.api.v1 import xpu_pb2 as pb
+from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
+from xpud.federation.reserve import Refused, Reservation, Reservations, ResState, check_request
+from xpud.ledger import LedgerUnavailable, ReservationRecord
+from xpud.model import Lease, LeaseState, Mode, Request
+
+log = logging.getLogger("xpud.hostjobs")
+
+RESTART = "restart: "  # RankEnded.error of a rank stopped because a card under it failed (item: moves)
+RESERVE_BUSY_WAIT_S = 1.0  # a Reserve waits this long for busy cards (the coordinator waits 5 s per step)
+KEEP_ENDED_S = 600.0  # ended reservations are remembered this long (a retried message gets its answer)
+
+Kill = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class _Job:
+    lease_id: str
+    ttl_s: float
+    hold: asyncio.Queue | None = None  # this module holds the lease (the engine's reaper leaves it)
+    watcher: asyncio.Task | None = None
+    kill: Kill | None = None  # the rank's, once launching
+    launch_by: float = 0.0  # a committed job not launched by then is released
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on this host now (the OS's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _kill_session(pid: int) -> None:
+    """SIGKILL the process group of a rank started before a restart, if it still runs: ranks lead a session
+    of their own (pid = session id), which another process reusing the pid would not."""
+    try:
+        if os.getsid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+            log.warning("killed the process group %d of a rank started before this daemon restarted", pid)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class HostJobs:
+    """Reserve/Commit/Abort for this host. ``peer`` is the calling host's name (from its certificate),
+    or None/"" when this host coordinates the job itself."""
+
+    def __init__(self, daemon, clock: Callable[[], float] = time.time) -> None:
+        self.daemon = daemon
+        self.clock = clock
+        self.table = Reservations()
+        self.jobs: dict[str, _Job] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.restarting: dict[str, str] = {}  # job -> why its rank here was stopped for a restart
+        self.coordinating: list = []  # jobrun.JobRun waiting for room, in order (their queue positions)
+
+    @property
+    def engine(self):
+        return self.daemon.engine
+
+    @property
+    def ledger(self):
+        return self.daemon.ledger
+
+    @property
+    def name(self) -> str:
+        cluster = getattr(self.daemon.cfg, "cluster", None)
+        return (getattr(cluster, "name", "") or socket.gethostname()) if cluster else socket.gethostname()
+
+    def _lock(self, job: str) -> asyncio.Lock:
+        return self._locks.setdefault(job, asyncio.Lock())
+
+    # ------------------------------------------------------------------------------ restore
+    async def restore(self) -> None:
+        """Take back the ledger's held and committed reservations (after the engine restored leases)."""
+        now = self.clock()
+        for r in self.ledger.live_reservations():
+            lease = self.engine.leases.get(r.lease_id)
+            if lease is None:  # reclaimed at start-up (its card gone): the reservation ended with it
+                await self._try(self.ledger.end_reservation_op(r.job, r.attempt, "released", now))
+                continue
+            res = Reservation(r.job, r.attempt, r.coordinator, r.cards, r.created, r.expires)
+            if r.state == "committed":
+                res = replace(res, state=ResState.COMMITTED)
+            self.table.put(res)
+            self._track(r.job, r.lease_id, r.ttl_s, launch_by=now + r.ttl_s)
+            if r.state == "committed" and r.rank_pid:  # launched before the restart: its stream is gone
+                _kill_session(r.rank_pid)
+                await self.drop(r.job, r.attempt, "its rank's daemon restarted; the rank was stopped")
+        await self.expire()
+
+    # ------------------------------------------------------------------------------ Peer handlers
+    async def reserve(self, req: pb.ReserveRequest, peer: str | None = None) -> pb.ReserveReply:
+        cluster = getattr(self.daemon.cfg, "cluster", None)
+        if peer and peer != self.name and cluster is not None and not cluster.remote_launch:
+            raise Forbidden(
+                f"host {self.name} takes no jobs from other hosts ([cluster] remote_launch = false there)"
+            )
+        mode = self._mode(req.mode)
+        count = req.count or 1
+        if mode is not Mode.XPU and count != 1:
+            raise BadRequest(f"count {count} with mode {mode}: one slice per host; reserve on more hosts")
+        try:
+            pwd_entry = await asyncio.to_thread(pwd.getpwuid, req.uid)
+        except KeyError:
+            raise Forbidden(
+                f"uid {req.uid}{f' ({req.user})' if req.user else ''} does not exist on host {self.name}: "
+                "create the user there (same uid) or run the job on other hosts"
+            ) from None
+        async with self._lock(req.job):
+            now = self.clock()
+            self.table.expire(now)
+            old = self.table.get(req.job)
+            if old is not None:
+                if req.attempt < old.attempt:
+                    raise Conflict(
+                        f"job {req.job}: attempt {req.attempt} is older than attempt {old.attempt}"
+                    )
+                if req.attempt == old.attempt:
+                    if old.state is ResState.HELD:  # a retried message: the same answer
+                        return pb.ReserveReply(cards=old.cards, expires_in_s=max(old.expires - now, 0.0))
+                    raise Conflict(f"job {req.job} attempt {req.attempt} is {old.state} on host {self.name}")
+                if old.state is ResState.COMMITTED:
+                    raise Conflict(f"job {req.job} is committed on host {self.name} (attempt {old.attempt})")
+                if old.state is ResState.HELD:  # a newer attempt replaces it
+                    await self._end_held(old, ResState.ABORTED, f"replaced by attempt {req.attempt}")
+            try:  # the table's checks on the id, attempt and TTL, before anything is granted
+                check_request(req.job, req.attempt, req.ttl_s)
+            except Refused as e:
+                raise BadRequest(str(e)) from None
+            request = self.engine.validate(
+                Request(
+                    mode=mode,
+                    gpus=count if mode is Mode.XPU else 1,
+                    owner_uid=req.uid,
+                    restartable=req.restartable,
+                    command=f"job {req.job}: {req.command}"[:500],
+                    exempt=True,  # the submitter's limits were the coordinator's to check
+                )
+            )
+            granted = await self.engine.try_grant(request, RESERVE_BUSY_WAIT_S)
+            if granted is None:
+                raise NoCapacity(f"host {self.name}: {self.engine._why_not(request)}")
+            lease = granted[0]
+            now = self.clock()
+            rec = ReservationRecord(
+                req.job,
+                req.attempt,
+                peer or self.name,
+                lease.id,
+                lease.cards,
+                req.ttl_s,
+                now,
+                now + req.ttl_s,
+                "held",
+            )
+            try:
+                await self.ledger.write(self.ledger.save_reservation_op(rec))
+            except BaseException:
+                await self.engine.reclaim(lease.id, f"job {req.job}: recording its reservation failed")
+                raise
+            self.restarting.pop(req.job, None)  # a new attempt: whatever stopped the last one is over
+            res = self.table.reserve(
+                req.job, req.attempt, rec.coordinator, lease.cards, req.ttl_s, now, set(lease.cards)
+            )
+            self._track(req.job, lease.id, req.ttl_s)
+            self.engine.mark(
+                lease.id, f"reserved for job {req.job} by {rec.coordinator} (user {pwd_entry.pw_name})"
+            )
+            log.info(
+                "job %s attempt %d: reserved card(s) %s (lease %s)",
+                req.job,
+                req.attempt,
+                lease.cards,
+                lease.id,
+            )
+            return pb.ReserveReply(cards=res.cards, expires_in_s=req.ttl_s)
+
+    async def commit(self, req: pb.CommitRequest, peer: str | None = None) -> pb.CommitReply:
+        async with self._lock(req.job):
+            now = self.clock()
+            await self._expire_due(now)
+            try:
+                before = self.table.get(req.job)
+                was = before.state if before is not None else None
+                res = self.table.commit(req.job, req.attempt, now)
+            except Refused as e:
+                raise Conflict(f"host {self.name}: {e}") from None
+            job = self.jobs[req.job]
+            if was is ResState.HELD:
+                text = f"job {req.job} (multi-host)"
+                try:
+                    await self.ledger.write(
+                        self.ledger.save_reservation_op(
+                            ReservationRecord(
+                                res.job,
+                                res.attempt,
+                                res.coordinator,
+                                job.lease_id,
+                                res.cards,
+                                job.ttl_s,
+                                res.created,
+                                res.expires,
+                                "committed",
+                            )
+                        ),
+                        self.ledger.set_mark_op(job.lease_id, text),
+                    )
+                except BaseException:
+                    self.table.put(before)  # nothing changed: still held
+                    raise
+                job.launch_by = now + job.ttl_s
+                self.engine.mark(job.lease_id, text)
+            lease = self.engine.leases[job.lease_id]
+            return pb.CommitReply(
+                lease_id=lease.id,
+                cards=lease.cards,
+                env=lease.env,
+                free_port=await asyncio.to_thread(free_port),
+            )
+
+    async def abort(self, req: pb.AbortRequest, peer: str | None = None) -> pb.AbortReply:
+        return pb.AbortReply(dropped=await self.drop(req.job, req.attempt, f"aborted by {peer or self.name}"))
+
+    async def drop(self, job: str, attempt: int | None, why: str) -> bool:
+        """End ``job`` here at whatever stage (``attempt`` None: any). True when something was dropped."""
+        async with self._lock(job):
+            r = self.table.get(job)
+            if r is None or (attempt is not None and r.attempt != attempt):
+                return False
+            if r.state is ResState.HELD:
+                await self._end_held(r, ResState.ABORTED, why)
+                return True
+            if r.state is ResState.COMMITTED:
+                await self._end_committed(r, why)
+                return True
+            return False
+
+    # ------------------------------------------------------------------------------ Launch hooks
+    def launching(self, job: str, kill: Kill) -> Lease:
+        """The Launch handler starts ``job``'s rank here: the job must be committed on this host. ``kill``
+        stops the rank (awaited before an abort releases the lease)."""
+        r = self.table.get(job)
+        j = self.jobs.get(job)
+        if (
+            r is None
+            or r.state is not ResState.COMMITTED
+            or j is None
+            or j.lease_id not in self.engine.leases
+        ):
+            raise Conflict(f"job {job} is not committed on host {self.name}: reserve and commit it first")
+        if j.kill is not None:
+            raise Conflict(f"job {job}: its rank is running on host {self.name} already")
+        j.kill = kill
+        return self.engine.leases[j.lease_id]
+
+    async def launch_ended(self, job: str, reason: str) -> None:
+        """The rank is gone (it ended, or the Launch stream broke): release the job's lease here."""
+        j = self.jobs.get(job)
+        if j is not None:
+            j.kill = None
+        await self.drop(job, None, reason)
+
+    async def launch(
+        self, requests: AsyncIterator[pb.LaunchInput], peer: str | None = None, context=None
+    ) -> AsyncIterator[pb.LaunchEvent]:
+        """``Peer.Launch``: run the rank of a job committed here (``rankproc.Rank``) and release the job's
+        lease here once it is gone. An abort stops it first (``Rank.kill``: SIGTERM, then SIGKILL)."""
+        from xpud.federation import rankproc
+
+        requests = aiter(requests)
+        first = await anext(requests, None)
+        if first is None or first.WhichOneof("what") != "start":
+            raise BadRequest("Launch: the first message must be start (a LaunchSpec)")
+        spec = first.start
+        lease = self.lease_of(spec.job)
+        if lease is not None and spec.uid != lease.owner_uid:
+            raise Forbidden(f"job {spec.job}: uid {spec.uid} does not own its lease on host {self.name}")
+        rank = None
+
+        async def kill() -> None:  # an abort: SIGTERM, SIGKILL after the grace; returns once reaped
+            if rank is not None:
+                await rank.kill()
+
+        self.launching(spec.job, kill)  # raises unless the job is committed here
+
+        def on_end(ended: pb.RankEnded) -> None:  # the rank is reaped: the job's lease here is released
+            # in a task: an abort in progress holds the job and waits (in ``kill``) for this very end
+            why = ended.error or f"its rank ended (exit {ended.exit_code})"
+            self._spawn(self.launch_ended(spec.job, why))
+
+        cluster = getattr(self.daemon.cfg, "cluster", None)
+        allowed = not peer or peer == self.name or cluster is None or cluster.remote_launch
+        try:
+            rank = rankproc.Rank(spec, requests, on_end, remote_launch=allowed)
+        except BaseException:
+            await self.launch_ended(spec.job, "its rank could not be started")
+            raise
+        async for ev in rank.events():
+            r = self.table.get(spec.job)
+            if ev.HasField("started") and r is not None:  # a restarted daemon stops it (``restore``)
+                self.ledger.submit(self.ledger.set_rank_pid_op(spec.job, r.attempt, ev.started.pid))
+            if ev.HasField("ended") and spec.job in self.restarting:
+                ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
+            yield ev
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def lease_of(self, job: str) -> Lease | None:
+        j = self.jobs.get(job)
+        return self.engine.leases.get(j.lease_id) if j is not None else None
+
+    # ------------------------------------------------------------------------------ time
+    async def expire(self) -> None:
+        """Held reservations past their TTL, and committed jobs not launched in time, end here (the
+        daemon's reaper calls this; nobody else needs to)."""
+        now = self.clock()
+        await self._expire_due(now)
+        for r in self.table.all():
+            job = r.job
+            j = self.jobs.get(job)
+            if r.state is ResState.COMMITTED and j is not None and j.kill is None and now >= j.launch_by:
+                await self.drop(job, r.attempt, "not launched within its TTL after the commit")
+        self.table.forget(now - KEEP_ENDED_S)
+        for job in list(self.jobs):
+            if self.table.get(job) is None:
+                del self.jobs[job]
+                self.restarting.pop(job, None)
+        for job in list(self._locks):
+            if self.table.get(job) is None and not self._locks[job].locked():
+                del self._locks[job]
+
+    async def _expire_due(self, now: float) -> None:
+        for r in list(self.table.active()):
+            if now >= r.expires:
+                await self._end_held(
+                    r, ResState.EXPIRED, f"not committed within its TTL ({self.jobs[r.job].ttl_s:g} s)"
+                )
+
+    # ------------------------------------------------------------------------------ internals
+    def _mode(self, text: str) -> Mode:
+        try:
+            return Mode(text or "xpu")
+        except ValueError:
+            sizes = ", ".join(["xpu", *self.engine.cfg.slices])
+            raise BadRequest(f"mode {text[:64]!r}: use one of {sizes}") from None
+
+    def _track(self, job: str, lease_id: str, ttl_s: float, launch_by: float = 0.0) -> None:
+        """Hold the lease (so the engine's reaper leaves it) and follow its events."""
+        q = self.engine.hold_opened(lease_id)
+        j = _Job(lease_id, ttl_s, hold=q, launch_by=launch_by)
+        self.jobs[job] = j
+        j.watcher = asyncio.ensure_future(self._watch(job, lease_id, q))
+
+    async def _watch(self, job: str, lease_id: str, q: asyncio.Queue) -> None:
+        """The lease ended by someone else (an operator's evict, a reclaim): the job ends here with it. A
+        move (a card under a restartable job went unhealthy) ends it here too: a gang cannot move one rank,
+        so the rank ends with ``RESTART`` in its error and the coordinator restarts the whole job."""
+        try:
+            while True:
+                ev = await q.get()
+                if ev.kind == "released":
+                    break
+                if ev.kind == "move" and job not in self.restarting:
+                    self.restarting[job] = ev.message
+                    self._spawn(self.drop(job, None, f"{ev.message}; the job restarts"))
+        finally:
+            self.engine.hold_closed(lease_id, q)
+        r = self.table.get(job)
+        j = self.jobs.get(job)
+        if (
+            r is None
+            or j is None
+            or j.lease_id != lease_id
+            or r.state not in (ResState.HELD, ResState.COMMITTED)
+        ):
+            return
+        kill = j.kill
+        if kill is not None:
+            with contextlib.suppress(Exception):
+                await kill()
+        state = "aborted" if r.state is ResState.HELD else "released"
+        self.table.put(replace(r, state=ResState.ABORTED))
+        await self._try(self.ledger.end_reservation_op(job, r.attempt, state, self.clock()))
+
+    async def _end_held(self, r: Reservation, state: ResState, why: str) -> None:
+        """End a held reservation: its row and its lease in one transaction, then the cards are free."""
+        j = self.jobs[r.job]
+        reason = f"job {r.job} attempt {r.attempt}: {why}"
+        op = self.ledger.end_reservation_op(r.job, r.attempt, state.value, self.clock())
+        self.table.put(replace(r, state=state))  # the watcher leaves it to us
+        try:
+            if await self.engine.reclaim(j.lease_id, reason, also=(op,)) is None:
+                await self.ledger.write(op)
+        except BaseException:
+            self.table.put(r)
+            raise
+        log.info("%s", reason)
+
+    async def _end_committed(self, r: Reservation, why: str) -> None:
+        j = self.jobs[r.job]
+        kill, j.kill = j.kill, None
+        if kill is not None:
+            try:
+                await kill()
+            except Exception as e:  # the lease is released anyway: its process group is the hook's
+                log.error("job %s: stopping its rank failed: %s", r.job, e)
+        reason = f"job {r.job}: {why}"
+        op = self.ledger.end_reservation_op(r.job, r.attempt, "released", self.clock())
+        self.table.put(replace(r, state=ResState.ABORTED))
+        try:
+            ended = await self.engine.reclaim(j.lease_id, reason, state=LeaseState.RELEASED, also=(op,))
+            if ended is None:
+                await self.ledger.write(op)
+        except BaseException:
+            self.table.put(r)
+            raise
+        log.info("%s", reason)
+
+    async def _try(self, *ops) -> None:
+        try:
+            await self.ledger.write(*ops)
+        except LedgerUnavailable as e:
+            log.error("%s", e)

@@ -1,0 +1,204 @@
+"""``Federation``: this daemon as a member of its cluster.
+
+Created by the daemon when ``[cluster] listen`` is set (``daemon.federation``; None otherwise). It runs the
+``Peer`` gRPC server with mutual TLS (``require_client_auth``: no certificate from the site CA, no
+service), drives ``membership.Swim`` from one task (a tick every ``TICK_S``; messages in through the
+servicer, out through ``transport.Sender``), and keeps this host's ``view.HostSummary`` in its membership
+meta, refreshed from the engine at most once per ``SUMMARY_EVERY_S`` and spread only when it changed.
+
+What other parts use: ``name``, ``addr``, ``members()`` (``view.HostEntry``: name, addr, state,
+incarnation, age, summary), ``offers()`` (``placement.multihost.HostOffer`` for multi-host placement) and
+``channel(addr)`` (a cached mutual-TLS ``grpc.aio`` channel to a peer, this host's certificate as client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from xpud import config
+from xpud.federation import certs, summary, transport, view
+from xpud.federation.membership import State, Swim, SwimConfig
+from xpud.federation.peer_service import PeerService
+from xpud.placement.multihost import HostOffer
+from xpud.service import add_to_server
+
+log = logging.getLogger("xpud.federation")
+
+TICK_S = 0.05  # how often Swim.tick runs (its timers are 0.2 s and up)
+SUMMARY_EVERY_S = 1.0  # at most one summary refresh (and one new incarnation for it) per this long
+JOIN_RETRY_S = 1.0  # first wait before asking the seeds again, doubling up to the push-pull period
+SEND_TIMEOUT_S = 1.0  # deadline of one membership message
+
+
+class Federation:
+    def __init__(
+        self,
+        cfg: config.ClusterSection,
+        engine: Any,
+        daemon: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        """Reads and checks the certificate files (raises ``certs.CertError`` with one line); starts
+        nothing: ``start`` does."""
+        self.cfg = cfg
+        self.name = cfg.name or socket.gethostname()
+        self.addr = cfg.listen
+        host, _ = config.split_host_port(cfg.listen)
+        self.creds = certs.load_host(cfg.ca, cfg.cert, cfg.key, self.name, host)
+        self.engine = engine
+        self.daemon = daemon
+        self.clock = clock  # the protocol's timers (monotonic: a clock step must not expire suspicions)
+        self.swim: Swim | None = None
+        self.channels = transport.Channels(self.creds.ca, self.creds.cert, self.creds.key)
+        self.sender = transport.Sender(self.channels, timeout_s=SEND_TIMEOUT_S)
+        self.server: aio.Server | None = None
+        self.started = 0.0
+        self._task: asyncio.Task | None = None
+        self._refresh: asyncio.Task | None = None
+        self._next_summary = 0.0
+        self._groups = summary.GroupCache()
+        self._states: dict[str, State] = {}
+        self._join_backoff = JOIN_RETRY_S
+        self._next_join = 0.0
+
+    # ------------------------------------------------------------------------------ life
+    async def start(self) -> None:
+        """Serve ``Peer`` on ``listen`` and join through the seeds. Raises OSError if it cannot listen."""
+        meta = view.encode(await self._summary())
+        self.swim = Swim(
+            self.name,
+            self.addr,
+            self.clock(),
+            incarnation=int(time.time() * 1000),  # wall clock in ms: a restart starts above its old numbers
+            meta=meta,
+            cfg=SwimConfig.for_dead_after(self.cfg.dead_after_s),
+        )
+        server = aio.server(options=transport.SERVER_OPTIONS)
+        add_to_server(PeerService(self, self.daemon), server)
+        creds = grpc.ssl_server_credentials(
+            [(self.creds.key, self.creds.cert)], root_certificates=self.creds.ca, require_client_auth=True
+        )
+        try:
+            port = server.add_secure_port(self.addr, creds)
+        except RuntimeError:  # grpc.aio raises where grpc returns 0
+            port = 0
+        if not port:
+            await server.stop(None)
+            raise OSError(
+                f"[cluster] listen = {self.addr!r}: cannot listen there: the port is in use, or the address "
+                "is not one of this host's"
+            )
+        await server.start()
+        self.server = server
+        self.started = self.clock()
+        self._next_summary = self.clock() + SUMMARY_EVERY_S
+        self.sender.send(self.swim.join(self.cfg.seeds))
+        self._next_join = self.clock() + JOIN_RETRY_S
+        self._task = asyncio.create_task(self._run(), name="federation")
+        log.info(
+            "cluster member %s on %s (incarnation %d), seeds: %s",
+            self.name,
+            self.addr,
+            self.swim.incarnation,
+            ", ".join(self.cfg.seeds) or "none",
+        )
+
+    async def stop(self) -> None:
+        """Leave cleanly (peers mark this host ``left``, not dead), then stop serving."""
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._refresh:
+            self._refresh.cancel()
+        if self.swim is not None and not self.swim.left:
+            self.sender.send(self.swim.leave())
+            await self.sender.flush(0.5)
+        if self.server is not None:
+            await self.server.stop(grace=0.3)
+        await self.sender.close()
+        await self.channels.close()
+
+    # ------------------------------------------------------------------------------ protocol
+    def receive(self, msg) -> None:
+        """A membership message from a peer (the servicer checked who sent it)."""
+        if self.swim is None or self.swim.left:
+            return
+        self.channels.revive(msg.src_addr)  # e.g. a restarted peer: answer it now, not after a backoff
+        self.sender.send(self.swim.handle(msg, self.clock()))
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                now = self.clock()
+                self.sender.send(self.swim.tick(now))
+                self._rejoin(now)
+                self._log_changes()
+                if now >= self._next_summary and (self._refresh is None or self._refresh.done()):
+                    self._next_summary = now + SUMMARY_EVERY_S
+                    self._refresh = asyncio.create_task(self._publish())
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the membership must go on: log and tick again
+                log.exception("federation tick")
+
+    def _rejoin(self, now: float) -> None:
+        """Alone (the seeds' answers lost, or none up yet): ask the seeds again after 1 s, 2 s, 4 s ... up to
+        the push-pull period (Swim itself retries only at each push-pull, 15 s apart)."""
+        if len(self.swim.members) > 1 or not self.cfg.seeds:
+            self._join_backoff = JOIN_RETRY_S
+            return
+        if now >= self._next_join:
+            self.sender.send(self.swim.join(self.cfg.seeds))
+            self._next_join = now + self._join_backoff
+            self._join_backoff = min(self._join_backoff * 2, self.swim.cfg.push_pull_interval_s)
+
+    def _log_changes(self) -> None:
+        """One line per change of a peer's state (a new incarnation alone is not news)."""
+        for ch in self.swim.pop_changes():
+            if self._states.get(ch.name) is not ch.state:
+                log.info("peer %s (%s) is %s, incarnation %d", ch.name, ch.addr, ch.state, ch.incarnation)
+            if len(self._states) < 100_000:
+                self._states[ch.name] = ch.state
+
+    async def _summary(self) -> view.HostSummary:
+        e = self.engine
+        snap = summary.snapshot(e.card_views(), e.busy_cards(), len(e.queue_view()), e.cfg.slices)
+        c = self.cfg
+        return await asyncio.to_thread(
+            summary.summarize, snap, e.topology, self._groups, c.zone, c.block, c.domain
+        )
+
+    async def _publish(self) -> None:
+        try:
+            meta = view.encode(await self._summary())
+        except view.BadSummary as e:
+            log.warning("this host's summary cannot be published: %s", e)
+            return
+        if self.swim is not None and not self.swim.left:
+            self.swim.set_meta(meta)  # a no-op when nothing changed
+
+    # ------------------------------------------------------------------------------ for the others
+    def members(self) -> list[view.HostEntry]:
+        """Every member known here (this host included), by name."""
+        if self.swim is None:
+            return []
+        return view.entries(self.swim.members.values(), self.clock())
+
+    def offers(self) -> list[HostOffer]:
+        """What alive hosts offer now (for ``placement.multihost``)."""
+        return view.offers(self.members())
+
+    def channel(self, addr: str) -> aio.Channel:
+        """A cached mutual-TLS channel to the peer at ``addr`` (HOST:PORT)."""
+        return self.channels.get(addr)

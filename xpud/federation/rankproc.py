@@ -1,0 +1,404 @@
+"""One rank of a multi-host job on this host: the process the daemon starts for ``Peer.Launch``.
+
+``run_rank(spec, inputs, on_end)`` starts ``spec.argv`` as the submitter (``spec.uid``/``spec.gid`` and
+that user's supplementary groups on this host), in ``spec.cwd``, with exactly ``spec.env``, in a process
+group (and session) of its own, and yields ``LaunchEvent``s: ``started``, then the output as it comes
+(``RankOutput`` chunks of at most ``CHUNK_BYTES``, each stream in order), then one ``ended``. ``inputs``
+(the rest of the Launch stream) carries stdin bytes, stdin's end and signals for the group.
+
+- A signal is sent to the whole group; after INT, TERM, HUP or QUIT the group gets SIGKILL if it still
+  runs ``kill_grace_s`` later (as single-host ``xpu run`` does).
+- When the rank's process ends, whatever is left of its group is killed, and its output read to the end.
+- When the caller stops listening (the coordinator died or cancelled the call: the generator is closed or
+  cancelled) or ``inputs`` breaks, the group gets SIGTERM, then SIGKILL after ``stop_grace_s``. A clean
+  end of ``inputs`` only closes the rank's stdin: cancel the call to stop a rank.
+- ``Rank.kill()`` stops it from outside (an abort): SIGTERM, SIGKILL after ``stop_grace_s``; the
+  caller still hears ``ended``.
+- However it ends, ``on_end(RankEnded)`` (the lease's release) is called once, after the process is
+  reaped and before ``ended`` is yielded. The clean-up runs in a task of its own, so the caller's
+  cancellation cannot cut it short; ``stop_all()`` finishes every rank at the daemon's shutdown.
+- Backpressure: output waits in memory up to ``HIGH_WATER`` bytes; past that the pipes are not read (the
+  rank blocks in write) until the caller takes events. Stdin is buffered up to ``STDIN_HIGH_WATER``
+  bytes before ``inputs`` is read again.
+- Refusals (``RankEnded.error``, one line): remote launch disabled here, a uid unknown here, a uid this
+  daemon cannot switch to (it is not root), a missing working directory, a command not found.
+
+No Python code runs between fork and exec (the daemon has gRPC threads): the uid, groups, session and
+directory are set by ``subprocess`` itself. Run as root for another user, the directory is entered after
+the switch (``env --chdir``) so the user gets no directory root alone may enter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import pwd
+import shutil
+import signal
+import socket
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+
+from xpud.api.v1 import xpu_pb2 as pb
+
+log = logging.getLogger("xpud.federation")
+
+CHUNK_BYTES = 64 * 1024  # the most one RankOutput carries
+HIGH_WATER = 1 << 20  # output bytes waiting for the caller before the pipes stop being read
+STDIN_HIGH_WATER = 1 << 20  # stdin bytes waiting for the rank before inputs stop being read
+KILL_GRACE_S = 10.0  # forwarded INT/TERM/HUP/QUIT -> SIGKILL (single-host `xpu run --kill-grace`)
+STOP_GRACE_S = 3.0  # the stream broke: SIGTERM -> SIGKILL
+DRAIN_S = 1.0  # after the rank ended: how long to read pipes an escaped process still holds open
+TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+ENV = "/usr/bin/env"  # coreutils env: --chdir after the uid switch
+
+_RUNNING: dict[asyncio.Task, Rank] = {}  # supervisors, kept alive until their clean-up is done
+
+
+class Refused(Exception):
+    """The rank was not started: ``code`` is what a shell would return (127 not found, 126 otherwise)."""
+
+    def __init__(self, message: str, code: int = 126):
+        super().__init__(message)
+        self.code = code
+
+
+def remote_launch_allowed(config) -> bool:
+    """``[cluster] remote_launch`` (true unless a config says false; read defensively: the key may be
+    absent from an older config object)."""
+    cluster = getattr(config, "cluster", None)
+    return bool(getattr(cluster, "remote_launch", True))
+
+
+def _host() -> str:
+    return socket.gethostname()
+
+
+def _argv_and_creds(spec: pb.LaunchSpec) -> tuple[list[str], dict]:
+    """The argv to exec and Popen's identity arguments for ``spec``; raises Refused."""
+    argv, cwd, env = list(spec.argv), spec.cwd, dict(spec.env)
+    if not argv or not argv[0]:
+        raise Refused("no command given", 127)
+    if not os.path.isabs(cwd):
+        raise Refused(f"working directory {cwd!r}: give an absolute path")
+    if not os.path.isdir(cwd):
+        raise Refused(
+            f"working directory {cwd} does not exist on {_host()}: "
+            "create it there, or run from a directory every host has (a shared file system)"
+        )
+    try:
+        pw = pwd.getpwuid(spec.uid)
+    except KeyError:
+        who = f"uid {spec.uid}" + (f" ({spec.user})" if spec.user else "")
+        raise Refused(
+            f"{who} does not exist on {_host()}: add the user there with the same uid "
+            "(or run the job from an account every host has)"
+        ) from None
+    if spec.user and pw.pw_name != spec.user:
+        log.warning("rank of job %s: uid %d is %s here, %s on the submitting host", spec.job, spec.uid,
+                    pw.pw_name, spec.user)  # fmt: skip
+    program = os.path.join(cwd, argv[0]) if "/" in argv[0] else argv[0]
+    if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise Refused(f"{argv[0]}: command not found on {_host()}", 127)
+    euid = os.geteuid()
+    if euid != 0:
+        if spec.uid != euid or spec.gid not in (os.getegid(), *os.getgroups()):
+            raise Refused(
+                f"this daemon runs as uid {euid}, not root: it can start ranks only as itself, "
+                f"not as uid {spec.uid} gid {spec.gid}"
+            )
+        return argv, {"cwd": cwd}
+    creds = {"user": spec.uid, "group": spec.gid, "extra_groups": os.getgrouplist(pw.pw_name, spec.gid)}
+    if spec.uid == 0:
+        return argv, {"cwd": cwd, **creds}
+    return [ENV, f"--chdir={cwd}", "--", *argv], {"cwd": "/", **creds}
+
+
+def _kill_started(starting: asyncio.Future) -> None:
+    """A start whose caller was cancelled: kill the group it made."""
+    if not starting.cancelled() and starting.exception() is None:
+        transport, _ = starting.result()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(transport.get_pid(), signal.SIGKILL)
+        transport.close()
+
+
+class _Pipes(asyncio.SubprocessProtocol):
+    def __init__(self, rank: Rank):
+        self.rank = rank
+
+    def connection_made(self, transport) -> None:
+        # before any pipe_data_received: ``started`` is always the first event
+        self.rank.pgid = transport.get_pid()
+        self.rank._put(pb.LaunchEvent(started=pb.LaunchStarted(pid=self.rank.pgid)))
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.rank._output(fd, data)
+
+    def pipe_connection_lost(self, fd: int, exc) -> None:
+        self.rank._pipe_closed(fd)
+
+    def process_exited(self) -> None:
+        self.rank._exited.set()
+
+    def pause_writing(self) -> None:
+        self.rank._stdin_ok.clear()
+
+    def resume_writing(self) -> None:
+        self.rank._stdin_ok.set()
+
+
+class Rank:
+    """One rank here. Built in a running loop: the process starts at once; ``events()`` yields its
+    LaunchEvents (once), ``kill()`` stops it from outside (an abort) and waits for its end."""
+
+    def __init__(
+        self,
+        spec: pb.LaunchSpec,
+        inputs: AsyncIterator[pb.LaunchInput],
+        on_end: Callable[[pb.RankEnded], object] | None = None,
+        *,
+        remote_launch: bool = True,
+        kill_grace_s: float = KILL_GRACE_S,
+        stop_grace_s: float = STOP_GRACE_S,
+    ):
+        self.spec, self.on_end = spec, on_end
+        self.remote_launch = remote_launch
+        self.kill_grace_s, self.stop_grace_s = kill_grace_s, stop_grace_s
+        self._queue: deque[pb.LaunchEvent] = deque()
+        self.buffered = 0  # output bytes in ``events``
+        self.paused = False
+        self.ready = asyncio.Event()  # an event is waiting
+        self.abandoned = asyncio.Event()  # the caller is gone or inputs broke: its output is dropped
+        self._stop = asyncio.Event()  # stop the rank: SIGTERM, SIGKILL after stop_grace_s
+        self._exited = asyncio.Event()
+        self._stdin_ok = asyncio.Event()
+        self._stdin_ok.set()
+        self._open_pipes = {1, 2}
+        self._pipes_closed = asyncio.Event()
+        self.transport: asyncio.SubprocessTransport | None = None
+        self.pgid = 0
+        self._escalation: asyncio.TimerHandle | None = None
+        self.task = asyncio.ensure_future(self._supervise(inputs))
+        _RUNNING[self.task] = self
+        self.task.add_done_callback(lambda t: _RUNNING.pop(t, None))
+
+    # ----------------------------------------------------------------------------------- events
+    def _put(self, ev: pb.LaunchEvent) -> None:
+        self._queue.append(ev)
+        self.ready.set()
+
+    def _output(self, fd: int, data: bytes) -> None:
+        if self.abandoned.is_set():
+            return  # nobody listens: keep the pipes flowing so that the rank can die
+        for i in range(0, len(data), CHUNK_BYTES):
+            chunk = data[i : i + CHUNK_BYTES]
+            self._put(pb.LaunchEvent(output=pb.RankOutput(rank=self.spec.rank, fd=fd, data=chunk)))
+            self.buffered += len(chunk)
+        if self.buffered > HIGH_WATER and not self.paused:
+            self._pause(True)
+
+    def _pause(self, pause: bool) -> None:
+        self.paused = pause
+        for fd in (1, 2):
+            pipe = self.transport.get_pipe_transport(fd) if self.transport else None
+            if pipe is not None and not pipe.is_closing():
+                with contextlib.suppress(RuntimeError):  # already in that state
+                    pipe.pause_reading() if pause else pipe.resume_reading()
+
+    def _pipe_closed(self, fd: int) -> None:
+        if fd == 0:
+            self._stdin_ok.set()  # nothing more to wait for
+        self._open_pipes.discard(fd)
+        if not self._open_pipes:
+            self._pipes_closed.set()
+
+    async def next_event(self) -> pb.LaunchEvent:
+        while not self._queue:
+            self.ready.clear()
+            await self.ready.wait()
+        ev = self._queue.popleft()
+        if ev.HasField("output"):
+            self.buffered -= len(ev.output.data)
+            if self.paused and self.buffered <= HIGH_WATER // 2:
+                self._pause(False)
+        return ev
+
+    async def events(self) -> AsyncIterator[pb.LaunchEvent]:
+        """The rank's LaunchEvents, ``ended`` last. Closing or cancelling this generator before the end
+        stops the rank (the caller is gone)."""
+        try:
+            while True:
+                ev = await self.next_event()
+                yield ev
+                if ev.HasField("ended"):
+                    return
+        finally:
+            self.abandon()  # nothing if it ended; otherwise the caller is gone: stop the rank
+
+    async def kill(self) -> None:
+        """Stop the rank (SIGTERM, SIGKILL after the grace) and wait until it is reaped and ``on_end``
+        has run."""
+        self._stop.set()
+        await asyncio.shield(self.task)
+
+    def abandon(self) -> None:
+        """The caller is gone: stop the rank; its output is dropped from now on."""
+        self._stop.set()
+        if not self.abandoned.is_set():
+            self.abandoned.set()
+            self._queue.clear()
+            self.buffered = 0
+            if self.paused:
+                self._pause(False)
+
+    # ----------------------------------------------------------------------------------- the process
+    def signal(self, sig: int) -> None:
+        """``sig`` to the rank's group; a termination signal starts the SIGKILL countdown."""
+        if not 1 <= sig < signal.NSIG or not self.pgid:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, sig)
+        if sig in TERMINATING and self._escalation is None:
+            self._escalation = asyncio.get_running_loop().call_later(
+                self.kill_grace_s, self.signal, signal.SIGKILL
+            )
+
+    async def _feed(self, inputs: AsyncIterator[pb.LaunchInput]) -> None:
+        """Stdin and signals from the caller, until inputs end (stdin's end) or break (stop the rank)."""
+        try:
+            async for msg in inputs:
+                kind = msg.WhichOneof("what")
+                if kind == "stdin":
+                    self._write_stdin(msg.stdin)
+                    await self._stdin_ok.wait()
+                elif kind == "stdin_eof":
+                    self._close_stdin()
+                elif kind == "signal":
+                    self.signal(msg.signal)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the stream broke (a gRPC error): the coordinator is gone
+            log.info("job %s rank %d: the launch stream broke (%s)", self.spec.job, self.spec.rank, e)
+            self._stop.set()
+            return
+        self._close_stdin()
+
+    def _stdin(self):
+        pipe = self.transport.get_pipe_transport(0) if self.transport else None
+        return None if pipe is None or pipe.is_closing() else pipe
+
+    def _write_stdin(self, data: bytes) -> None:
+        pipe = self._stdin()
+        if pipe is not None and data:
+            pipe.write(data)
+
+    def _close_stdin(self) -> None:
+        pipe = self._stdin()
+        if pipe is not None:
+            pipe.close()  # after what is buffered is written
+
+    async def _start(self) -> int:
+        if not self.remote_launch:
+            raise Refused(
+                f"remote launch is disabled on {_host()} ([cluster] remote_launch = false in its xpud.toml)"
+            )
+        argv, creds = _argv_and_creds(self.spec)
+        loop = asyncio.get_running_loop()
+        starting = asyncio.ensure_future(
+            loop.subprocess_exec(
+                lambda: _Pipes(self), *argv, env=dict(self.spec.env), start_new_session=True, **creds
+            )
+        )
+        try:
+            # shielded: asyncio's own clean-up of a cancelled start waits for the whole group's pipes
+            transport, _ = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            self.signal(signal.SIGKILL)  # when the process exists already
+            starting.add_done_callback(_kill_started)
+            raise
+        except FileNotFoundError as e:
+            if e.filename == creds.get("cwd"):
+                raise Refused(f"working directory {e.filename}: {e.strerror}") from None
+            raise Refused(f"{self.spec.argv[0]}: command not found on {_host()}", 127) from None
+        except PermissionError as e:
+            raise Refused(f"{self.spec.argv[0]}: permission denied on {_host()} ({e.strerror})") from None
+        except (OSError, ValueError) as e:  # ValueError: a NUL byte in argv or env
+            raise Refused(f"{self.spec.argv[0]}: cannot start on {_host()}: {e}") from None
+        self.transport = transport
+        stdin = transport.get_pipe_transport(0)
+        stdin.set_write_buffer_limits(high=STDIN_HIGH_WATER)
+        self.pgid = transport.get_pid()
+        return self.pgid
+
+    async def _supervise(self, inputs: AsyncIterator[pb.LaunchInput]) -> None:
+        feeder = None
+        try:
+            try:
+                await self._start()
+            except Refused as e:
+                await self._end(pb.RankEnded(rank=self.spec.rank, exit_code=e.code, error=str(e)))
+                return
+            feeder = asyncio.ensure_future(self._feed(inputs))
+            exited = asyncio.ensure_future(self._exited.wait())
+            stop = asyncio.ensure_future(self._stop.wait())
+            await asyncio.wait({exited, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if not self._exited.is_set():
+                self.signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(asyncio.shield(exited), self.stop_grace_s)
+                except TimeoutError:
+                    self.signal(signal.SIGKILL)
+                    await exited
+            self.signal(signal.SIGKILL)  # what is left of the group
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pipes_closed.wait(), DRAIN_S)
+            code = self.transport.get_returncode()
+            if code < 0:
+                ended = pb.RankEnded(rank=self.spec.rank, exit_code=128 - code, signal=-code)
+            else:
+                ended = pb.RankEnded(rank=self.spec.rank, exit_code=code)
+            await self._end(ended)
+        finally:
+            if self._escalation is not None:
+                self._escalation.cancel()
+            if feeder is not None:
+                feeder.cancel()
+            if self.transport is not None:
+                if not self._exited.is_set():  # only when this clean-up itself was cancelled
+                    self.signal(signal.SIGKILL)
+                self.transport.close()
+
+    async def _end(self, ended: pb.RankEnded) -> None:
+        if self.on_end is not None:
+            try:
+                result = self.on_end(ended)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("job %s rank %d: the end hook failed", self.spec.job, self.spec.rank)
+        self._put(pb.LaunchEvent(ended=ended))
+
+
+def run_rank(
+    spec: pb.LaunchSpec,
+    inputs: AsyncIterator[pb.LaunchInput],
+    on_end: Callable[[pb.RankEnded], object] | None = None,
+    **kw,
+) -> AsyncIterator[pb.LaunchEvent]:
+    """Run one rank (see the module's docstring); yields its LaunchEvents, ``ended`` last. ``kw``:
+    ``remote_launch``, ``kill_grace_s``, ``stop_grace_s``. Call in a running loop."""
+    return Rank(spec, inputs, on_end, **kw).events()
+
+
+async def stop_all(timeout_s: float = STOP_GRACE_S + DRAIN_S + 2.0) -> None:
+    """Stop every rank still running here and wait (up to ``timeout_s``) for their clean-up: for the
+    daemon's shutdown."""
+    for rank in _RUNNING.values():
+        rank.abandon()
+    if _RUNNING:
+        await asyncio.wait(set(_RUNNING), timeout=timeout_s)
