@@ -414,13 +414,17 @@ class Engine:
                 f"max_leases_per_uid ({lim.max_leases_per_uid}) allows: release a lease first"
             )
 
-    def _capacity(self, c: CardState, avoid_extra: bool = False) -> CardCapacity:
-        mem, pct = used_shares(list(c.slices.values()), c.info, self._reserved(c.info))
+    def _capacity(self, c: CardState, avoid_extra: bool = False, usable: bool | None = None) -> CardCapacity:
+        """``usable`` overrides the card's own (placement's feasibility), without a copy of the record."""
+        if usable is False:
+            mem, pct = 1.0, 100  # placement skips an unusable card: its shares are not read
+        else:
+            mem, pct = used_shares(list(c.slices.values()), c.info, self._reserved(c.info))
         return CardCapacity(
             index=c.info.index,
             sliced=c.mode is CardMode.SLICED,
             idle=c.idle,
-            usable=c.usable,
+            usable=c.usable if usable is None else usable,
             free_memory_fraction=max(0.0, 1 - mem),
             free_compute_pct=100 - pct,
             health_score=c.health_score,
@@ -478,7 +482,7 @@ class Engine:
                 and convertible
                 and self._backends[c.info.index].fits(c.info, list(c.slices.values()), spec, req.owner_uid)
             )
-            caps.append(replace(self._capacity(c), usable=feasible))
+            caps.append(self._capacity(c, usable=bool(feasible)))
         # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks. The whole-card
         # pool (for the harm a conversion does) includes pinned and reserved idle whole cards.
         pool = self._whole_candidates(True)
@@ -803,14 +807,28 @@ class Engine:
         want = CardMode.WHOLE if req.mode is Mode.XPU else CardMode.SLICED
         return any(self.cards[i].mode is not want for i in cards)
 
+    async def grant_at_once(self, req: Request) -> tuple[Lease, str] | None:
+        """``acquire``'s first step alone: the grant if the request fits now (after the brief wait for
+        busy cards), None if it would queue. The caller then calls ``acquire(req, ..., tried=True)``,
+        which tries once more and queues in the same step (the state may have changed in between). A
+        grant at once needs no helper task or position queue around it."""
+        self._check_limits(req, queueing=False)
+        return await self.try_grant(
+            req, BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
+        )
+
     async def acquire(
-        self, req: Request, on_position: Callable[[QueuedRequest, int], None] | None = None
+        self,
+        req: Request,
+        on_position: Callable[[QueuedRequest, int], None] | None = None,
+        tried: bool = False,
     ) -> tuple[Lease, str]:
         """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry or
-        when the caller is at a [limits] cap."""
+        when the caller is at a [limits] cap. ``tried``: the caller's ``grant_at_once`` found no room
+        already (its busy-card wait is not repeated)."""
         self._check_limits(req, queueing=False)
         # A request that may queue waits for busy cards only briefly: beyond that it shows in the queue.
-        busy_wait = BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
+        busy_wait = 0.0 if tried else BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
         pumps = self._pumps
         granted = await self.try_grant(req, busy_wait)
         if granted:
