@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests import test_federation_daemons as fed
 from tests.conftest import BIN, poll
 from xpud.bridges import extender as ext
 from xpud.placement.multihost import HostOffer
 
 DATA = Path(__file__).parent / "data" / "extender"
+site, three = fed.site, fed.three  # fixtures: a CA, three federated daemons on 127.0.0.2-4
 HELD = {"node-a": (0, 1, 4), "node-b": (4, 5, 6, 7), "node-c": (0, 1, 2, 3, 4)}
 
 
@@ -120,3 +122,43 @@ def test_slice_pods_go_where_cards_are_sliced_already():
             "nodenames": ["whole", "packed"]}  # fmt: skip
     scores = {h["host"]: h["score"] for h in ext.prioritize(args, offers)}
     assert scores["packed"] == 10 and scores["whole"] < 10
+
+
+def test_offers_from_the_federated_view_of_one_daemon(three, short_tmp):
+    """`--cluster DIR`: one federated daemon's view speaks for every host of the cluster (h2 has four
+    cards, h1 and h3 two each), so only h2 can take a 4-card pod."""
+    assert poll(lambda: fed.converged(three), 30), [h.cluster() for h in three]
+    h1 = three[0]
+    with open(short_tmp / "extender.log", "wb") as log:
+        proc = subprocess.Popen(
+            [
+                str(BIN / "xpud"),
+                "extender",
+                "--listen",
+                "127.0.0.1:0",
+                "--cluster",
+                str(h1.daemon.runtime_dir),
+            ],
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        port = poll(lambda: _port(short_tmp / "extender.log"), 15)
+        assert port, (short_tmp / "extender.log").read_text()
+        args = {**load("prioritize-args-nodenames.json"), "nodenames": ["h1", "h2", "h3", "h9"]}
+        result = post(f"http://127.0.0.1:{port}/filter", args)
+        assert result["nodenames"] == ["h2"], result
+        assert set(result["failedNodes"]) == {"h1", "h3", "h9"}
+        assert result["failedNodes"]["h1"] == "4 whole card(s) asked, 2 free"
+        scores = {h["host"]: h["score"] for h in post(f"http://127.0.0.1:{port}/prioritize", args)}
+        assert scores["h2"] == 10 and scores["h1"] == scores["h3"] == 0
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_extender_wants_one_source_of_offers(short_tmp):
+    r = subprocess.run(
+        [str(BIN / "xpud"), "extender", "--listen", "127.0.0.1:0"], capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "give --cluster RUNTIME_DIR" in r.stderr

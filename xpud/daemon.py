@@ -481,32 +481,44 @@ def check_hardware_command(
 @app.command("extender")
 def extender_command(
     listen: Annotated[str, typer.Option(help="HOST:PORT to serve kube-scheduler's extender API on.")],
-    node: Annotated[
-        list[str],
+    cluster: Annotated[
+        str,
         typer.Option(
-            help="NAME=RUNTIME_DIR: a Kubernetes node and the xpud sockets that speak for it (repeat).",
+            help="RUNTIME_DIR of a daemon with [cluster]: offers come from its federated view, one per "
+            "host, by the host's name in the cluster (= the Kubernetes node name).",
         ),
-    ],
+    ] = "",
+    node: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=RUNTIME_DIR: a Kubernetes node and the xpud sockets that speak for it (repeat; "
+            "for hosts without [cluster]).",
+        ),
+    ] = None,
     domain: Annotated[str, typer.Option(help="The resources' domain (<domain>/gpu, ...).")] = "xpu.dev",
 ) -> None:
     """Serve kube-scheduler's extender verbs (filter, prioritize) from xpud's offers."""
-    from xpud.bridges.extender import Extender, SocketOffers
+    from xpud.bridges.extender import ClusterOffers, Extender, SocketOffers
 
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
         _fail(f"--listen {listen!r}: use HOST:PORT, e.g. 0.0.0.0:8888 (port 0: any free one)", 2)
+    if bool(cluster) == bool(node):
+        _fail("give --cluster RUNTIME_DIR (a federated daemon) or --node NAME=RUNTIME_DIR, one of them", 2)
     nodes = {}
-    for item in node:
+    for item in node or []:
         name, _, runtime = item.partition("=")
         if not name or not runtime:
             _fail(f"--node {item!r}: use NAME=RUNTIME_DIR, e.g. gpu-1=/run/xpud", 2)
         nodes[name] = runtime
     _setup_logging("info")
+    source = ClusterOffers(cluster) if cluster else SocketOffers(nodes)
     try:
-        ext = Extender(SocketOffers(nodes), host.strip("[]"), int(port), domain)
+        ext = Extender(source, host.strip("[]"), int(port), domain)
     except OSError as e:
         _fail(f"--listen {listen}: {e.strerror}")
-    log.info("extender serving on %s:%d for %d node(s)", *ext.address, len(nodes))
+    what = f"the cluster seen by {cluster}" if cluster else f"{len(nodes)} node(s)"
+    log.info("extender serving on %s:%d for %s", *ext.address, what)
     with contextlib.suppress(KeyboardInterrupt):
         ext.serve_forever()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.ledger import EventRecord
@@ -165,4 +166,5 @@ def cluster_host_pb(e, is_self: bool = False) -> pb.ClusterHost:
         host.zone, host.block, host.domain = s.zone, s.block, s.domain
         host.cards, host.free_whole, host.health, host.queue = s.cards, s.free_whole, s.health, s.queue
         host.free_slices.update(s.free_slices)
+        host.group_gbps.extend(0.0 if math.isinf(x) else x for x in s.group_gbps)
     return host

@@ -169,8 +169,8 @@ def _merit(offer: HostOffer | None, asks: Mapping[str, int]) -> float | None:
 
 # ------------------------------------------------------------------------------------------- offers
 class SocketOffers:
-    """Offers read from local daemons' sockets, ``{node name: runtime dir}`` (until the federation view
-    provides ``daemon.federation.offers()``)."""
+    """Offers read from local daemons' sockets, ``{node name: runtime dir}`` (for hosts without
+    ``[cluster]``; ``ClusterOffers`` reads the federated view instead)."""
 
     def __init__(self, nodes: Mapping[str, str | Path]):
         self.nodes = dict(nodes)
@@ -184,6 +184,42 @@ class SocketOffers:
                 log.warning("no offer from %s (%s): %s", name, runtime, e)
                 out[name] = HostOffer(name=name, free_whole=0, alive=False)
         return out
+
+
+class ClusterOffers:
+    """Offers from the federated cluster view, as one daemon with ``[cluster]`` sees it (``GetCluster``
+    on its socket): every host of the cluster, by its name in the cluster (which must be the Kubernetes
+    node's name). Hosts that are not alive, or whose summary failed its checks, offer nothing."""
+
+    def __init__(self, runtime: str | Path):
+        self.runtime = runtime
+
+    def __call__(self) -> dict[str, HostOffer]:
+        from xpud.api.client import Client
+
+        with Client(self.runtime, timeout=5) as c:
+            reply = c.cluster()
+        if not reply.enabled:
+            raise BadArgs(f"the daemon of {self.runtime} has no [cluster]: use --node NAME=RUNTIME_DIR")
+        return {h.name: offer_from_cluster_host(h) for h in reply.hosts}
+
+
+def offer_from_cluster_host(h) -> HostOffer:
+    """A ``ClusterHost`` (``GetCluster``) as placement's ``HostOffer``."""
+    if h.state != "alive" or not h.summary_valid:
+        return HostOffer(name=h.name, free_whole=0, alive=False)
+    gbps = [float("inf") if k == 0 else x for k, x in enumerate(h.group_gbps)]
+    return HostOffer(
+        name=h.name,
+        free_whole=h.free_whole,
+        group_gbps=tuple(gbps),
+        health=h.health,
+        domain=h.domain,
+        block=h.block,
+        zone=h.zone,
+        free_slices=dict(h.free_slices),
+        queue=h.queue,
+    )
 
 
 def offer_from_daemon(name: str, runtime: str | Path) -> HostOffer:

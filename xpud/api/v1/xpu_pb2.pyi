@@ -697,7 +697,7 @@ class ClusterRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterHost(_message.Message):
-    __slots__ = ("name", "addr", "state", "incarnation", "age_s", "self", "zone", "block", "domain", "cards", "free_whole", "free_slices", "health", "queue", "summary_valid")
+    __slots__ = ("name", "addr", "state", "incarnation", "age_s", "self", "zone", "block", "domain", "cards", "free_whole", "free_slices", "health", "queue", "summary_valid", "group_gbps")
     class FreeSlicesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -720,6 +720,7 @@ class ClusterHost(_message.Message):
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_VALID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_GBPS_FIELD_NUMBER: _ClassVar[int]
     name: str
     addr: str
     state: str
@@ -735,7 +736,8 @@ class ClusterHost(_message.Message):
     health: int
     queue: int
     summary_valid: bool
-    def __init__(self_, name: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[str] = ..., incarnation: _Optional[int] = ..., age_s: _Optional[float] = ..., self: _Optional[bool] = ..., zone: _Optional[str] = ..., block: _Optional[str] = ..., domain: _Optional[str] = ..., cards: _Optional[int] = ..., free_whole: _Optional[int] = ..., free_slices: _Optional[_Mapping[str, int]] = ..., health: _Optional[int] = ..., queue: _Optional[int] = ..., summary_valid: _Optional[bool] = ...) -> None: ...
+    group_gbps: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self_, name: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[str] = ..., incarnation: _Optional[int] = ..., age_s: _Optional[float] = ..., self: _Optional[bool] = ..., zone: _Optional[str] = ..., block: _Optional[str] = ..., domain: _Optional[str] = ..., cards: _Optional[int] = ..., free_whole: _Optional[int] = ..., free_slices: _Optional[_Mapping[str, int]] = ..., health: _Optional[int] = ..., queue: _Optional[int] = ..., summary_valid: _Optional[bool] = ..., group_gbps: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ClusterReply(_message.Message):
     __slots__ = ("enabled", "name", "hosts")
