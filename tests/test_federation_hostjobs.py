@@ -193,3 +193,20 @@ def test_remote_launch_off_refuses_other_hosts_but_not_this_ones_own_jobs(inproc
         d.call(hj.reserve, res(), "h2")
     assert not d.engine.leases
     assert len(d.call(hj.reserve, res(), None).cards) == 2  # coordinated here: not remote
+
+
+def test_this_hosts_limits_apply_to_the_submitter_a_reservation_counts_as_a_lease(inproc):
+    """[limits] max_leases_per_uid holds for a reservation as for a lease (before: granted as exempt)."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    d = inproc(MACHINE, "[limits]\nmax_leases_per_uid = 1\n")
+    hj = d.daemon.hostjobs
+    d.call(hj.reserve, res(job="j1", count=1, uid=nobody.pw_uid))
+    with pytest.raises(NoCapacity, match=r"uid 65534 has 1 lease\(s\).*max_leases_per_uid \(1\)"):
+        d.call(hj.reserve, res(job="j2", count=1, uid=nobody.pw_uid))
+    assert len(d.engine.leases) == 1
+    # this daemon's own uid is an operator here: not limited
+    d.call(hj.reserve, res(job="j3", count=1))
+    d.call(hj.reserve, res(job="j4", count=1))
+    assert len(d.engine.leases) == 3

@@ -379,6 +379,10 @@ class Engine:
             )
         return req
 
+    def check_limits(self, req: Request) -> None:
+        """[limits] for a grant that does not queue (a multi-host job's reservation is a lease)."""
+        self._check_limits(req, queueing=False)
+
     def _check_limits(self, req: Request, queueing: bool) -> None:
         """Per-uid caps of [limits] (operators and exempt groups pass). Raises NoCapacity naming the key."""
         lim = self.cfg.limits

@@ -39,7 +39,7 @@ from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, NoCapacity, XpudError
 from xpud.federation import launch, reserve
 from xpud.federation.hostjobs import RESTART
-from xpud.model import Caller, Mode
+from xpud.model import Caller, Mode, Request
 from xpud.placement import multihost
 
 log = logging.getLogger("xpud.jobrun")
@@ -162,6 +162,13 @@ class JobRun:
             self.user = (await asyncio.to_thread(pwd.getpwuid, self.caller.uid)).pw_name
         except KeyError:
             self.user = ""
+        # this host's [limits] for the submitter before asking any host (each host checks its own too)
+        exempt = self.caller.admin or await asyncio.to_thread(
+            self.hostjobs.exempt, self.caller.uid, self.caller.gid
+        )
+        self.hostjobs.engine.check_limits(
+            Request(mode=self.mode, gpus=1, owner_uid=self.caller.uid, exempt=exempt)
+        )
 
     @property
     def count(self) -> int:
