@@ -348,8 +348,14 @@ class HostJobs:
             raise
         async for ev in rank.events():
             r = self.table.get(spec.job)
-            if ev.HasField("started") and r is not None:  # a restarted daemon stops it (``restore``)
-                self.ledger.submit(self.ledger.set_rank_pid_op(spec.job, r.attempt, ev.started.pid))
+            if ev.HasField("started") and r is not None:
+                # ledger first: the pid is durable before anyone hears the rank started, so a daemon
+                # that crashes from here on finds and stops the group when it restarts (``restore``)
+                try:
+                    await self.ledger.write(self.ledger.set_rank_pid_op(spec.job, r.attempt, ev.started.pid))
+                except Exception:  # the ledger failed (a cancelled call: the stream's end stops it)
+                    await rank.kill()  # untracked, it could outlive a crash: it does not run
+                    raise
             if ev.HasField("ended") and spec.job in self.restarting:
                 ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
             yield ev
