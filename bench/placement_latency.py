@@ -6,7 +6,9 @@ Replays the default openb trace (seed 42) with a policy and times every ``choose
 - *cold*: the cache dropped before every decision, so every feasible host is scored (the worst case, e.g.
   right after the task mix is refreshed).
 
-Usage: ``python bench/placement_latency.py [--policy xpud] [--json bench/placement_latency.json]``.
+Usage: ``python bench/placement_latency.py [--policy xpud] [--trace CSV] [--json FILE]``
+(``--trace``: another openb-format trace, e.g. a model-named variant written by
+``bench/variants.py --write-traces DIR``).
 Times are CPU-bound wall clock on this machine (2 cores, one used); nothing else should be running.
 """
 
@@ -25,9 +27,11 @@ from xpud.sim.protocol import arrivals
 from xpud.sim.trace import DEFAULT_CLUSTER, DEFAULT_TRACE, default_path, load_cluster, load_trace
 
 
-def measure(policy_name: str, cold: bool, seed: int = 42, limit: int | None = None) -> dict:
+def measure(
+    policy_name: str, cold: bool, seed: int = 42, limit: int | None = None, trace: str | None = None
+) -> dict:
     hosts = load_cluster(default_path(DEFAULT_CLUSTER))
-    tasks = [t.demand for t in load_trace(default_path(DEFAULT_TRACE))]
+    tasks = [t.demand for t in load_trace(trace or default_path(DEFAULT_TRACE))]
     state = ClusterState(hosts)
     rng = np.random.default_rng(seed)
     state.shuffle_ties(rng)
@@ -49,6 +53,7 @@ def measure(policy_name: str, cold: bool, seed: int = 42, limit: int | None = No
     ms = np.array(times) * 1e3
     return {
         "policy": policy_name,
+        "trace": str(trace or DEFAULT_TRACE),
         "mode": "cold" if cold else "warm",
         "hosts": state.size,
         "decisions": len(ms),
@@ -67,8 +72,12 @@ def main() -> None:
     ap.add_argument(
         "--cold-limit", type=int, default=3000, help="decisions measured cold (slow: full scoring)"
     )
+    ap.add_argument("--trace", default=None, help="openb-format trace (default: the default openb trace)")
     args = ap.parse_args()
-    rows = [measure(args.policy, cold=False), measure(args.policy, cold=True, limit=args.cold_limit)]
+    rows = [
+        measure(args.policy, cold=False, trace=args.trace),
+        measure(args.policy, cold=True, limit=args.cold_limit, trace=args.trace),
+    ]
     for r in rows:
         print(
             f"{r['policy']:8} {r['mode']:5} {r['hosts']} hosts, {r['decisions']} decisions: "

@@ -48,6 +48,7 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--kill-on-bad-exit": ("kill_on_bad_exit", True),
     "--no-kill-on-bad-exit": ("kill_on_bad_exit", False),
     "--json": ("as_json", True),
+    "--class": ("job_class", "str"),
 }
 RUN_DEFAULTS = {
     "mode": "xpu",
@@ -57,6 +58,7 @@ RUN_DEFAULTS = {
     "restartable": False,
     "kill_grace": 10.0,
     "json_env": False,
+    "job_class": "",
     "name": "",
     "when_green": False,
     "deadline": None,
@@ -231,6 +233,7 @@ def run_with(client, opts: dict, command: list[str]):
         kill_grace_s=opts["kill_grace"],
         json_env=opts["json_env"],
         quiet=opts["quiet"],
+        job_class=opts["job_class"],
         name=opts["name"],
     )
 

@@ -164,6 +164,7 @@ class JobStream(threading.Thread):
             item = self.outbox.get()
             if item is None:
                 return
+            self.wake.poke()  # room in the outbox: the main loop may read stdin again
             yield item
 
     def _put(self, kind: str, payload) -> None:

@@ -28,6 +28,9 @@ NONE_VALUES = {
     ("Lease", "holder_pid"): 0,
     ("CardHealth", "clear_since"): 0.0,
     ("Event", "card"): -1,
+    ("UsageRow", "used_pct"): -1.0,
+    ("UsageRow", "peak_pct"): -1.0,
+    ("UsageRow", "mem_used_bytes"): -1,
 }
 # message -> {uid field: key added after it with the user's name}
 USERS = {"Lease": "owner_uid", "QueueEntry": "owner_uid", "InfoReply": "caller_uid"}

@@ -228,6 +228,12 @@ def leases(
     watch: Annotated[
         bool, typer.Option("--watch", "-w", help="Redraw at every change until Ctrl-C (as kubectl -w).")
     ] = False,
+    usage: Annotated[
+        bool,
+        typer.Option(
+            "--usage", help="Requested vs used per lease (right-sizing): cap, use, throttled, advice."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Active leases and queued requests, one row each (with --all also ended ones, with how their
@@ -243,6 +249,11 @@ def leases(
     filters = dict(mode=mode, state=state, uid=uid, sort=sort)
     from xpu_cli.main import client
 
+    if usage:
+        from xpu_cli.usage import show_usage
+
+        with client() as c:
+            return show_usage(c.lease_usage(), as_json)
     with client() as c:
 
         def draw(_update=None) -> None:

@@ -97,9 +97,19 @@ def run(
             metavar="MODE",
             autocompletion=lambda: list(RUN_MODES),
             help="xpu (whole cards), vxpu-half or vxpu-quarter (slices), or another slice size from the "
-            "daemon's config (`xpu info` lists them); any case.",
+            "daemon's config (`xpu info` lists them); auto: the daemon picks it from the job class's "
+            "measured history and, with --restartable, moves the job up or down as it measures it; any case.",
         ),
     ] = "xpu",
+    job_class: Annotated[
+        str,
+        typer.Option(
+            "--class",
+            metavar="NAME",
+            help="Job class for right-sizing (--mode auto learns per class); default: the command's first "
+            "words.",
+        ),
+    ] = "",
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Whole cards to lease (mode xpu).", min=1)] = 1,
     wait: Annotated[
         float | None,
@@ -196,6 +206,7 @@ def run(
         restartable=restartable,
         kill_grace=kill_grace,
         json_env=json_env,
+        job_class=job_class,
         name=name,
         quiet=quiet,
         nodes=nodes,
@@ -212,6 +223,24 @@ def run(
     with client() as c:
         outcome = run_with(c, opts, list(command or []))
     raise typer.Exit(die_like(outcome))
+
+
+@app.command()
+@handled
+def resize(
+    lease: Annotated[str, typer.Argument(help="The lease id (or a unique prefix).")],
+    mode: Annotated[
+        str, typer.Option("--mode", "-m", metavar="MODE", help="The new size: xpu or a slice size.")
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a running lease's size (its owner or an operator). A --restartable job is stopped and
+    restarted on the new size, as a move; no backend changes a running job's limits in place."""
+    with client() as c:
+        reply = c.resize(lease, mode.lower())
+    if as_json:
+        return output.print_json(reply)
+    print(f"lease {reply.lease.id}: {reply.how}")
 
 
 # ---------------------------------------------------------------------------------------------- listings
@@ -436,10 +465,10 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 def _register_commands() -> None:
     """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster, config,
-    leases, events, health) register themselves."""
-    from xpu_cli import certs, cluster, configure, defrag, events, health, leases, simulate, top
+    leases, events, health, slurm) register themselves."""
+    from xpu_cli import certs, cluster, configure, defrag, events, health, leases, simulate, slurm, top
 
-    for module in (certs, cluster, configure, defrag, events, health, leases, simulate, top):
+    for module in (certs, cluster, configure, defrag, events, health, leases, simulate, slurm, top):
         module.register(app)
 
 

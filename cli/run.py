@@ -354,7 +354,7 @@ def _supervise(
                 msg = ev if isinstance(ev, str) else ev.message
                 _say(f"lease {lease.id} ended by the daemon ({msg}); stopping the command")
                 return child.stop(wake)
-            elif kind == "mark":
+            elif kind in ("resize", "mark"):  # a resize's restart comes as its move: said here
                 _say(f"lease {lease.id}: {ev.message}")
     except StartFailed as e:
         _say(str(e))
@@ -422,6 +422,7 @@ def run(
     restartable: bool = False,
     kill_grace_s: float = 10.0,
     json_env: bool = False,
+    job_class: str = "",
     name: str = "",
     quiet: bool = False,
 ) -> Outcome:
@@ -442,6 +443,7 @@ def run(
         wait_s=wait_s,
         restartable=restartable,
         command=shlex.join(argv) if argv else "(xpu run --json-env)",
+        job_class=job_class,
         name=name,
     )
     wake = Wakeup()

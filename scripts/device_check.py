@@ -32,10 +32,10 @@ def check_ls(out: str) -> str:
 
 def check_health(out: str) -> str:
     cards = load(out, "health.json")
-    bad = [f"card {c['index']}: {'; '.join(c['reasons'])}" for c in cards if c["state"] == "unhealthy"]
+    bad = [f"card {c['index']}: {'; '.join(c['reasons'])}" for c in cards if c["health_state"] == "unhealthy"]
     assert not bad, "unhealthy: " + " | ".join(bad)
     absent = sorted({s["name"] for c in cards for s in c["signals"] if s["status"] == "absent"})
-    states = "/".join(sorted({c["state"] for c in cards}))
+    states = "/".join(sorted({c["health_state"] for c in cards}))
     return f"{len(cards)} card(s) {states}; signals absent: {', '.join(absent) or 'none'}"
 
 

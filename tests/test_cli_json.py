@@ -112,6 +112,7 @@ def test_every_command_prints_its_documented_shape(daemon_factory):
                 ("ls",): "[Card]",
                 ("leases",): "LeaseList",
                 ("leases", "--all"): "LeaseList",
+                ("leases", "--usage"): "LeaseUsage",
                 ("health",): "[CardHealth]",
                 ("health", "6"): "[CardHealth]",
                 ("info",): "Info",
@@ -142,6 +143,9 @@ def test_every_command_prints_its_documented_shape(daemon_factory):
     health = {h["index"]: h for h in seen["health",]}
     assert health[6]["health_state"] == cards[6]["health_state"] == "unhealthy"
     assert health[6]["health_score"] == cards[6]["health_score"]
+    usage = {u["lease_id"]: u for u in seen["leases", "--usage"]["rows"]}
+    assert {u["mode"] for u in usage.values()} == {"vxpu-half", "xpu"}
+    assert {u["cap_pct"] for u in usage.values()} == {30, 100}
     leases = seen["leases",]
     assert all(le["holder_pid"] > 0 for le in leases["leases"])  # the test process asked for them
     assert leases["queue"][0]["gpus"] == 8 and leases["queue"][0]["user"]

@@ -251,16 +251,37 @@ def test_concurrent_requests_cannot_pass_a_per_uid_cap_together(tmp_path):
     engine = limited(tmp_path, max_leases_per_uid=1)
 
     async def scenario():
-        both = [engine.acquire(req("xpu", 1)), engine.acquire(req("xpu", 1))]
+        both = [engine.grant_at_once(req("xpu", 1)), engine.acquire(req("xpu", 1))]
         got = await asyncio.gather(*both, return_exceptions=True)
         assert sorted(type(g).__name__ for g in got) == ["NoCapacity", "tuple"]
 
     asyncio.run(scenario())
 
 
-def test_a_grant_whose_requester_goes_away_is_reclaimed_not_lost(engine):
+def test_a_request_that_does_not_fit_at_once_queues_then_is_granted(engine):
+    """Acquire's two steps: ``grant_at_once`` answers None (no room), ``acquire(tried=True)`` queues
+    (without repeating the busy-card wait) and is granted on the next release."""
+
     async def scenario():
-        asking = asyncio.create_task(engine.acquire(req("xpu", 1)))
+        held = (await engine.try_grant(req("xpu", 8)))[0]
+        assert await engine.grant_at_once(req("xpu", 1, wait_s=30)) is None
+        waiting = asyncio.create_task(engine.acquire(req("xpu", 1, wait_s=30), tried=True))
+        await asyncio.sleep(0.05)
+        assert len(engine.queue_view()) == 1
+        await engine.release(held.id, Caller(held.owner_uid))
+        lease, _ = await asyncio.wait_for(waiting, 2.0)
+        assert len(lease.cards) == 1
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("path", ["acquire", "grant_at_once"])
+def test_a_grant_whose_requester_goes_away_is_reclaimed_not_lost(engine, path):
+    """``grant_at_once`` is Acquire's path without a helper task: the servicer's own coroutine is the one
+    cancelled when the caller goes away."""
+
+    async def scenario():
+        asking = asyncio.create_task(getattr(engine, path)(req("xpu", 1)))
         await asyncio.sleep(0)  # placed and committing
         asking.cancel()
         with pytest.raises(asyncio.CancelledError):

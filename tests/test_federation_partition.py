@@ -144,7 +144,7 @@ def test_a_partition_mid_job_stops_the_cut_off_rank_and_frees_its_cards_there(ne
     placed = next(it).placed
     rank_of = {r.host: r.rank for r in placed.ranks}
     assert sorted(rank_of) == ["h2", "h3"]
-    wait_until(lambda: all((tmp_path / f"{r}.pid").exists() for r in (0, 1)), timeout=30)
+    wait_until(lambda: all(_pid_written(tmp_path / f"{r}.pid") for r in (0, 1)), timeout=30)
     pid3 = int((tmp_path / f"{rank_of['h3']}.pid").read_text())
     t0 = time.monotonic()
     net.cut(2)
@@ -167,3 +167,8 @@ def test_a_partition_mid_job_stops_the_cut_off_rank_and_frees_its_cards_there(ne
         assert lease.id == got.lease.id
     wait_until(lambda: all_alive((h1, h2, h3)), timeout=60, step=0.5)
     assert cut_off_s < 30
+
+
+def _pid_written(path) -> bool:
+    """The rank wrote its pid (the file exists as soon as the shell opens it, before the number is in)."""
+    return path.exists() and path.read_text().endswith("\n")

@@ -136,12 +136,10 @@ def test_wheel_installs_and_runs(wheel, tmp_path):
     assert {row["policy"] for row in rows} == {"xpud"} and max(row["alloc_pct"] for row in rows) > 50
 
 
-def test_generated_grpc_code_matches_the_proto(tmp_path):
-    shutil.copytree(
-        ROOT / "xpud" / "api" / "v1",
-        tmp_path / "xpud" / "api" / "v1",
-        ignore=shutil.ignore_patterns("*_pb2*", "__pycache__"),
-    )
+@pytest.mark.parametrize("proto", ["xpud/api/v1/xpu.proto", "xpud/bridges/v1beta1/api.proto"])
+def test_generated_grpc_code_matches_the_proto(tmp_path, proto):
+    folder = Path(proto).parent
+    shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("*_pb2*", "__pycache__"))
     subprocess.run(
         [
             sys.executable,
@@ -152,15 +150,16 @@ def test_generated_grpc_code_matches_the_proto(tmp_path):
             "--python_out=.",
             "--grpc_python_out=.",
             "--pyi_out=.",
-            "xpud/api/v1/xpu.proto",
+            proto,
         ],
         cwd=tmp_path,
         check=True,
     )
-    for name in ("xpu_pb2.py", "xpu_pb2_grpc.py", "xpu_pb2.pyi"):
-        fresh = (tmp_path / "xpud" / "api" / "v1" / name).read_text()
-        committed = (ROOT / "xpud" / "api" / "v1" / name).read_text()
-        assert fresh == committed, f"{name} is stale: regenerate it (see the header of xpu.proto)"
+    stem = Path(proto).stem
+    for name in (f"{stem}_pb2.py", f"{stem}_pb2_grpc.py", f"{stem}_pb2.pyi"):
+        fresh = (tmp_path / folder / name).read_text()
+        committed = (ROOT / folder / name).read_text()
+        assert fresh == committed, f"{name} is stale: regenerate it (see the header of {proto})"
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")

@@ -119,6 +119,45 @@ def test_xpud_fill_lookahead_pairs_complementary_shares():
     assert p.choose(s, Demand(1_000, 1, 1, 300), RNG) == Placement(0, (0,))
 
 
+def test_xpud_keeps_a_scarce_model_for_the_tasks_that_name_it():
+    # One P100 host and one T4 host, each with 2 idle cards. The tasks that name P100 each have their own
+    # CPU size, so none is among FGD's popular classes: the fragmentation measure sees the two hosts alike
+    # and the tie goes to the P100 host (ranked first). The scarcity term sends the task that may run
+    # anywhere to the T4 host, leaving the P100 cards to the tasks that can only run there.
+    s = ClusterState([Host("p", 64_000, 256_000, 2, "P100"), Host("t", 64_000, 256_000, 2, "T4")])
+    anywhere = Demand(4_000, 1, 1, 1000)
+    named = [Demand(1_000 + k, 1, 1, 1000, ("P100",)) for k in range(2)]
+    for scarcity, host in ((20.0, 1), (0.0, 0)):
+        p = FragAware(scarcity=scarcity)
+        for d in [anywhere] * 40 + named:
+            p.observe(d)
+        assert p.choose(s, anywhere, RNG).host == host
+    assert FragAware().scarcity_points(s, named[0]) is None  # one allowed model: nothing to weigh
+    p = FragAware()
+    p.observe(anywhere)
+    assert p.scarcity_points(s, anywhere) is None  # no model-named task seen: FGD's measure alone
+
+
+def test_xpud_keeps_the_only_idle_group_for_a_multi_card_class():
+    # Host 0 (128 cores) is the only one that can take an 8-card task needing 120 cores; host 1 has 96.
+    # The 8-card tasks each have their own CPU size, so none is among FGD's popular classes and the
+    # fragmentation measure sees the two hosts alike (the tie goes to host 0, ranked first). The group term
+    # sends a one-card task to host 1, so the 8-card task that arrives next still finds its group.
+    s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
+    one, eight = Demand(4_000, 1, 1, 1000), [Demand(120_000 + k, 1, 8, 1000) for k in range(2)]
+    for groups, host in ((50.0, 1), (0.0, 0)):
+        p = FragAware(groups=groups)
+        for d in [one] * 40 + eight:
+            p.observe(d)
+        chosen = p.choose(s, one, RNG)
+        assert chosen.host == host
+        if groups:
+            t = s.copy()
+            t.place(one, chosen)
+            assert p.choose(t, eight[0], RNG) is not None
+            assert p.group_points(s, eight[0], np.full(2, -1)) is None  # the 8-card task may use it
+
+
 @pytest.mark.parametrize("name", POLICY_NAMES)
 def test_every_policy_refuses_what_fits_nowhere_and_never_overbooks(name):
     rng = np.random.default_rng(3)

@@ -440,6 +440,82 @@ class MetricsSection:
     )
 
 
+@dataclass(frozen=True)
+class SlurmSection:
+    """The Slurm bridge's daemon half: leases taken by ``xpu slurm prolog`` live as long as their job."""
+
+    check_interval_s: float = _key(
+        30.0,
+        "Seconds between two checks (squeue) that the Slurm jobs holding leases here still run; a lease "
+        "whose job has ended is reclaimed (the epilog never came).",
+        min=1.0,
+        max=86400.0,
+    )
+    squeue: str = _key("squeue", "The squeue command (a name on PATH or an absolute path).")
+    conf: str = _key("", "slurm.conf for squeue (SLURM_CONF); empty = Slurm's default.")
+
+
+@dataclass(frozen=True)
+class KubeletSection:
+    """The Kubernetes device plugin (``xpud --kubelet``): one plugin per resource name."""
+
+    enabled: bool = _key(False, "Serve kubelet's device-plugin API (also: xpud --kubelet).")
+    socket_dir: str = _key(
+        "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory (kubelet.sock, the checkpoint)."
+    )
+    resources: tuple[str, ...] = _key(
+        ("xpu.dev/gpu", "xpu.dev/vxpu-half", "xpu.dev/vxpu-quarter"),
+        "Resource names to serve: <domain>/gpu for whole cards, <domain>/<slice size> for slices.",
+    )
+    pod_gone_grace_s: float = _key(
+        60.0,
+        "Seconds a pod's lease may be missing from kubelet's checkpoint before it is reclaimed.",
+        min=1.0,
+        max=86400.0,
+    )
+
+
+@dataclass(frozen=True)
+class AutoSection:
+    """Right-sizing: per-lease measurement, ``xpu run --mode auto`` (``xpud.usage``, ``xpud.rightsize``)."""
+
+    first: str = _key(
+        "vxpu-half",
+        "Mode an --mode auto job of a class with no history starts in (xpu, or a [slices] name).",
+    )
+    sample_s: float = _key(
+        5.0, "Seconds between two readings of the leases' per-process utilisation.", min=1.0, max=3600.0
+    )
+    history: int = _key(
+        120, "Readings kept per lease and per job class (the short history).", min=4, max=10000
+    )
+    at_cap: float = _key(
+        0.9,
+        "A lease is throttled when its compute use is at least this share of its cap.",
+        min=0.5,
+        max=1.0,
+    )
+    up_after_s: float = _key(
+        120.0, "Seconds a lease must stay throttled at its cap before it moves up.", min=1.0, max=86400.0
+    )
+    down_below: float = _key(
+        0.25,
+        "A lease is far below its size when its peak use fits under this share of the next size down.",
+        min=0.01,
+        max=1.0,
+    )
+    down_after_s: float = _key(
+        600.0, "Seconds a lease must stay far below its size before it moves down.", min=1.0, max=86400.0
+    )
+    hold_s: float = _key(
+        900.0,
+        "Hysteresis: after a move a lease is not moved again, nor back, for this many seconds.",
+        min=0.0,
+        max=86400.0,
+    )
+    max_moves: int = _key(4, "Move budget: automatic moves per lease in its lifetime.", min=0, max=100)
+
+
 SECTIONS: dict[str, type] = {
     "daemon": DaemonSection,
     "devices": DevicesSection,
@@ -453,6 +529,9 @@ SECTIONS: dict[str, type] = {
     "bursts": BurstsSection,
     "carbon": CarbonSection,
     "forecast": ForecastSection,
+    "slurm": SlurmSection,
+    "kubelet": KubeletSection,
+    "auto": AutoSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -479,6 +558,9 @@ class Config:
     bursts: BurstsSection = field(default_factory=BurstsSection)
     carbon: CarbonSection = field(default_factory=CarbonSection)
     forecast: ForecastSection = field(default_factory=ForecastSection)
+    slurm: SlurmSection = field(default_factory=SlurmSection)
+    kubelet: KubeletSection = field(default_factory=KubeletSection)
+    auto: AutoSection = field(default_factory=AutoSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     windows: tuple[WindowSpec, ...] = ()  # [[windows]]: capacity windows (xpud.windows)
     path: str = ""  # the file it came from ("" = defaults only)
@@ -716,8 +798,34 @@ def parse(text: str, path: str = "<string>") -> Config:
             "fragmentation_slice",
             f"{cfg.health.fragmentation_slice!r} is not a slice size; use one of {', '.join(cfg.slices)}",
         )
+    if cfg.auto.first != "xpu" and cfg.auto.first not in cfg.slices:
+        raise src.error(
+            "auto", "first", f"{cfg.auto.first!r} is not a mode; use xpu or one of {', '.join(cfg.slices)}"
+        )
     _check_cluster(src, cfg.cluster)
+    for name in cfg.kubelet.resources:
+        domain, _, kind = name.partition("/")
+        if not (_RESOURCE_DOMAIN.fullmatch(domain) and (kind == "gpu" or kind in cfg.slices)):
+            raise src.error(
+                "kubelet",
+                "resources",
+                f"{name!r}: use <domain>/gpu or <domain>/<slice size> ({', '.join(cfg.slices)}), "
+                "e.g. xpu.dev/gpu",
+            )
+        if len(kind) > _SLOT_NAME_CHARS:  # kubelet takes device ids of 63 characters at most
+            raise src.error(
+                "kubelet",
+                "resources",
+                f"{name!r}: device ids are <card uuid>_{kind}_<n>, over kubelet's 63 characters; "
+                f"serve slice sizes named in {_SLOT_NAME_CHARS} characters or fewer",
+            )
+    if len({n.partition("/")[2] for n in cfg.kubelet.resources}) != len(cfg.kubelet.resources):
+        raise src.error("kubelet", "resources", "each kind (gpu or a slice size) may be served once")
     return cfg
+
+
+_SLOT_NAME_CHARS = 63 - len("GPU-00000000-0000-0000-0000-000000000000") - len("__99")
+_RESOURCE_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+")
 
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # as `xpu certs issue NAME` accepts

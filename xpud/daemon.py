@@ -24,11 +24,14 @@ from grpc import aio
 
 from xpud import __version__, config
 from xpud.auth import CredentialIssuer
+from xpud.bridges.anchors import AnchorReaper
+from xpud.bridges.kubelet import CHECKPOINT, KubeletBridge, PodCheck
+from xpud.bridges.slurm import JobCheck
 from xpud.defrag import Defragmenter
 from xpud.engine import Engine
 from xpud.errors import XpudError
 from xpud.federation.hostjobs import HostJobs
-from xpud.jobs import Jobs
+from xpud.jobs import OPTS, Jobs
 from xpud.ledger import Ledger, LedgerDamaged
 from xpud.monitor import HealthMonitor
 from xpud.service import AdminService, Context, NodeService, add_to_server
@@ -36,6 +39,7 @@ from xpud.service import AdminService, Context, NodeService, add_to_server
 log = logging.getLogger("xpud")
 
 USER_SOCKET, ADMIN_SOCKET, CRED_SOCKET = "xpud.sock", "admin.sock", "cred.sock"
+POD_CHECK_INTERVAL_S = 5.0  # how often kubelet's checkpoint is read for pods that are gone
 LEDGER_DAMAGED_EXIT = 3  # systemd/xpud.service: RestartPreventExitStatus=3
 
 # gRPC core cancels incoming calls that wait for the Python server to pick them up once more than
@@ -126,6 +130,7 @@ class Daemon:
         self.hostjobs: HostJobs | None = None
         self.federation = None  # xpud.federation.node.Federation when [cluster] listen is set
         self.metrics = None  # xpud.metrics.MetricsServer when [metrics] listen is set
+        self.kubelet: KubeletBridge | None = None  # the device plugin, when [kubelet] enabled
         self.started = time.time()
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
@@ -229,6 +234,16 @@ class Daemon:
             except OSError as e:
                 raise StartupError(str(e)) from None
         self.engine.serving()  # restored leases' holders can reconnect from now: their grace starts
+        self.anchors = AnchorReaper(self.engine)
+        slurm = self.cfg.slurm
+        self.anchors.add("slurm", JobCheck(slurm.squeue, slurm.conf), slurm.check_interval_s)
+        if self.cfg.kubelet.enabled:
+            kube = self.cfg.kubelet
+            self.kubelet = KubeletBridge(self.engine, kube.socket_dir, kube.resources)
+            await self.kubelet.start()
+            checkpoint = Path(kube.socket_dir) / CHECKPOINT
+            interval = min(POD_CHECK_INTERVAL_S, kube.pod_gone_grace_s)
+            self.anchors.add("pod", PodCheck(checkpoint, kube.pod_gone_grace_s), interval)
         self.jobs = Jobs(
             self.engine,
             self.hw,
@@ -236,8 +251,10 @@ class Daemon:
             self.monitor,
             defrag=self.defrag,
             hostjobs=self.hostjobs,
+            anchors=self.anchors,
         )
         self.jobs.start()
+        self._start_rightsizing()
         self.monitor.start()
         log.info(
             "xpud %s serving %d card(s) (%s) on %s",
@@ -248,6 +265,15 @@ class Daemon:
         )
         (self.runtime_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         sd_notify("READY=1\nSTATUS=serving")
+
+    def _start_rightsizing(self) -> None:
+        """Measure leases every [auto] sample_s and act on --mode auto (xpud.autosize)."""
+        from xpud.autosize import Rightsizer
+
+        self.engine.rightsizer = rs = Rightsizer(self.engine, self.hw)
+        self.jobs.scheduler.add_job(
+            rs.poll_logged, "interval", seconds=self.cfg.auto.sample_s, id="rightsize", **OPTS
+        )
 
     def reload(self) -> str:
         """SIGHUP (``systemctl reload xpud``): re-read the config file; apply what can change live
@@ -279,6 +305,8 @@ class Daemon:
             await asyncio.to_thread(self.metrics.stop)  # a scrape in progress still gets its answer
         if self.jobs:
             self.jobs.stop()
+        if self.kubelet:
+            await self.kubelet.stop()
         for s in self.servers:
             await s.stop(grace=0.5)
         from xpud.federation import rankproc
@@ -372,6 +400,9 @@ def main_command(
         ),
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
+    kubelet: Annotated[
+        bool, typer.Option("--kubelet", help="Serve kubelet's device-plugin API ([kubelet] enabled).")
+    ] = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run the daemon (or a subcommand)."""
@@ -396,6 +427,8 @@ def main_command(
             cfg = config.checked(cfg, "daemon", "state_dir", str(Path(state_dir).absolute()), "--state-dir")
         if log_level:
             cfg = config.checked(cfg, "daemon", "log_level", log_level, "--log-level")
+        if kubelet:
+            cfg = cfg.replace("kubelet", enabled=True)
         return cfg
 
     try:
@@ -443,6 +476,39 @@ def check_hardware_command(
         lib, as_json=as_json, slices=cfg.slices, profile_map=cfg.cards.mig_profiles_file or None
     )
     raise typer.Exit(code)
+
+
+@app.command("extender")
+def extender_command(
+    listen: Annotated[str, typer.Option(help="HOST:PORT to serve kube-scheduler's extender API on.")],
+    node: Annotated[
+        list[str],
+        typer.Option(
+            help="NAME=RUNTIME_DIR: a Kubernetes node and the xpud sockets that speak for it (repeat).",
+        ),
+    ],
+    domain: Annotated[str, typer.Option(help="The resources' domain (<domain>/gpu, ...).")] = "xpu.dev",
+) -> None:
+    """Serve kube-scheduler's extender verbs (filter, prioritize) from xpud's offers."""
+    from xpud.bridges.extender import Extender, SocketOffers
+
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        _fail(f"--listen {listen!r}: use HOST:PORT, e.g. 0.0.0.0:8888 (port 0: any free one)", 2)
+    nodes = {}
+    for item in node:
+        name, _, runtime = item.partition("=")
+        if not name or not runtime:
+            _fail(f"--node {item!r}: use NAME=RUNTIME_DIR, e.g. gpu-1=/run/xpud", 2)
+        nodes[name] = runtime
+    _setup_logging("info")
+    try:
+        ext = Extender(SocketOffers(nodes), host.strip("[]"), int(port), domain)
+    except OSError as e:
+        _fail(f"--listen {listen}: {e.strerror}")
+    log.info("extender serving on %s:%d for %d node(s)", *ext.address, len(nodes))
+    with contextlib.suppress(KeyboardInterrupt):
+        ext.serve_forever()
 
 
 @app.command("install-service")

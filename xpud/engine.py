@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from xpud.config import Config
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound
 from xpud.hw.topology import Topology
-from xpud.isolation.base import Accounting, Held, Isolation, used_shares
+from xpud.isolation.base import Accounting, Held, Isolation, usable_memory, used_shares
 from xpud.ledger import CardRecord, EventRecord, Ledger, LedgerUnavailable, Op
 from xpud.model import (
     Caller,
@@ -134,6 +134,7 @@ class Engine:
         self._lease_streams: dict[str, set[asyncio.Queue]] = {}
         self._watchers: set[asyncio.Queue] = set()
         self.moves = Moves(self)
+        self.rightsizer = None  # xpud.autosize.Rightsizer, set by the daemon
         self._busy: set[int] = set()  # cards with backend work in flight
         self._freed: list[asyncio.Future] = []  # woken when a busy card is free again
         self._ending: set[str] = set()  # leases whose end is being committed
@@ -179,8 +180,9 @@ class Engine:
                     s = replace(s, card_index=by_uuid[lease.card_uuids[0]].info.index)
                     self.cards[s.card_index].slices[lease.id] = s
                     self.cards[s.card_index].mode = CardMode.SLICED
-            self.unheld_since[lease.id] = now  # holders get restore_grace_s from ``serving`` to reconnect
-            self.restored_unheld.add(lease.id)
+            if not lease.anchor:  # an anchored lease lives as long as its job or pod, not a Hold stream
+                self.unheld_since[lease.id] = now  # holders get restore_grace_s from ``serving``
+                self.restored_unheld.add(lease.id)
             restored.append(lease)
         if restored:
             self.event("restore", f"restored {len(restored)} active lease(s) from the ledger")
@@ -355,6 +357,8 @@ class Engine:
     def validate(self, req: Request) -> Request:
         """Check a request against this host and the config; raise BadRequest with the fix."""
         n = len(self.cards)
+        if req.cards:
+            self._validate_pinned(req)
         if req.mode is Mode.XPU:
             if not 1 <= req.gpus <= n:
                 raise BadRequest(f"--gpus {req.gpus}: this host has {n} card(s); ask for 1..{n}")
@@ -378,6 +382,15 @@ class Engine:
                 "([limits] max_user_priority; operators may go higher)"
             )
         return req
+
+    def _validate_pinned(self, req: Request) -> None:
+        unknown = [i for i in req.cards if i not in self.cards]
+        if unknown:
+            raise BadRequest(f"card {unknown[0]}: no such card here (cards 0..{len(self.cards) - 1})")
+        if len(set(req.cards)) != len(req.cards):
+            raise BadRequest(f"cards {list(req.cards)}: a card is named twice")
+        if req.mode is Mode.XPU and req.gpus != len(req.cards):
+            raise BadRequest(f"--gpus {req.gpus} with cards {list(req.cards)}: name as many cards as --gpus")
 
     def check_limits(self, req: Request) -> None:
         """[limits] for a grant that does not queue (a multi-host job's reservation is a lease)."""
@@ -405,13 +418,17 @@ class Engine:
                 f"max_leases_per_uid ({lim.max_leases_per_uid}) allows: release a lease first"
             )
 
-    def _capacity(self, c: CardState, avoid_extra: bool = False) -> CardCapacity:
-        mem, pct = used_shares(list(c.slices.values()), c.info, self._reserved(c.info))
+    def _capacity(self, c: CardState, avoid_extra: bool = False, usable: bool | None = None) -> CardCapacity:
+        """``usable`` overrides the card's own (placement's feasibility), without a copy of the record."""
+        if usable is False:
+            mem, pct = 1.0, 100  # placement skips an unusable card: its shares are not read
+        else:
+            mem, pct = used_shares(list(c.slices.values()), c.info, self._reserved(c.info))
         return CardCapacity(
             index=c.info.index,
             sliced=c.mode is CardMode.SLICED,
             idle=c.idle,
-            usable=c.usable,
+            usable=c.usable if usable is None else usable,
             free_memory_fraction=max(0.0, 1 - mem),
             free_compute_pct=100 - pct,
             health_score=c.health_score,
@@ -453,13 +470,13 @@ class Engine:
         return sum(i in degraded for i in group), round(self.topology.allreduce_seconds(group), 12)
 
     def _place_slice(
-        self, req: Request, reserve_whole: bool, exclude: frozenset[int] = frozenset()
+        self, req: Request, reserve_whole: bool, exclude: frozenset[int] = frozenset(), windows: bool = True
     ) -> int | None:
         spec = self.cfg.slices[req.mode.value]
         caps = []
         # An idle whole card may be converted unless pinned, reserved for a waiting whole-card request, or
-        # kept whole by the capacity window in force.
-        reserve_whole = reserve_whole or self.whole_short(1) > 0
+        # kept whole by the capacity window in force (``windows``; a bridge's pinned card is not held back).
+        reserve_whole = reserve_whole or (windows and self.whole_short(1) > 0)
         for c in self.cards.values():
             convertible = c.mode is CardMode.SLICED or (c.idle and not c.pinned and not reserve_whole)
             feasible = (
@@ -469,7 +486,7 @@ class Engine:
                 and convertible
                 and self._backends[c.info.index].fits(c.info, list(c.slices.values()), spec, req.owner_uid)
             )
-            caps.append(replace(self._capacity(c), usable=feasible))
+            caps.append(self._capacity(c, usable=bool(feasible)))
         # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks. The whole-card
         # pool (for the harm a conversion does) includes pinned and reserved idle whole cards.
         pool = self._whole_candidates(True)
@@ -481,12 +498,84 @@ class Engine:
         """Cards for ``req`` now, or None. ``exclude``: cards it must not use (a move's source)."""
         t0 = time.perf_counter()
         try:
+            if req.cards:  # placed elsewhere (Slurm, kubelet): these cards or nothing, ahead of the queue
+                return self._place_pinned(req, exclude)
             if req.mode is Mode.XPU:
                 return self._place_xpu(req, reserve_whole, exclude)
             card = self._place_slice(req, reserve_whole, exclude)
             return None if card is None else (card,)
         finally:
             self.stats.decision.observe(time.perf_counter() - t0)
+
+    def _place_pinned(self, req: Request, exclude: frozenset[int]) -> tuple[int, ...] | None:
+        if req.mode is Mode.XPU:
+            free = set(self._whole_candidates(False, exclude))
+            return req.cards if free.issuperset(req.cards) else None
+        card = self._place_slice(
+            req, False, exclude | (frozenset(self.cards) - set(req.cards)), windows=False
+        )
+        return None if card is None else (card,)
+
+    def _why_not_pinned(self, req: Request) -> str:
+        reasons = []
+        for i in req.cards:
+            c = self.cards[i]
+            if not c.usable:
+                reasons.append(f"card {i} is {'drained' if c.drained else c.health_state.value}")
+            elif c.whole_lease or (req.mode is Mode.XPU and c.slices):
+                held = c.whole_lease or ", ".join(c.slices)
+                reasons.append(f"card {i} is held by lease {held}")
+            elif i in self._busy:
+                reasons.append(f"card {i} is busy being reconfigured")
+        why = "; ".join(reasons) or "no room for it there"
+        return f"{req.mode} on card(s) {','.join(map(str, req.cards))} asked: {why}"
+
+    # ------------------------------------------------------------------ what fits now (bridges)
+    def free_whole_cards(self) -> list[int]:
+        """Cards a whole-card request could take now (idle, usable, not pinned sliced)."""
+        return self._whole_candidates(False)
+
+    def slice_room(self, index: int, size: str, most: int = 16) -> int:
+        """How many more ``size`` slices card ``index`` takes now, one after another (0 when it is held
+        whole, drained, unhealthy, busy, or pinned whole). For the kubelet plugin's slots. A MIG card
+        answers 0 or 1: its geometry is read from the hardware, so only the next slice can be checked."""
+        c, spec = self.cards[index], self.cfg.slices[size]
+        convertible = c.mode is CardMode.SLICED or (c.idle and not c.pinned)
+        if not (c.usable and convertible and index not in self._busy):
+            return 0
+        backend, held = self._backends[index], list(c.slices.values())
+        if self.isolation_name(index) == "mig":
+            return int(backend.fits(c.info, held, spec))
+        n = 0
+        mem = int(usable_memory(c.info, backend.reserved_bytes) * spec.memory_fraction)  # as prepare makes it
+        while n < most and backend.fits(c.info, held, spec):
+            held.append(Slice(index, size, mem, spec.compute_pct))
+            n += 1
+        return n
+
+    def preferred_group(
+        self, candidates: Collection[int], n: int, must: Collection[int] = ()
+    ) -> tuple[int, ...]:
+        """The group of ``n`` cards among ``candidates`` placement would choose (with ``must`` in it:
+        completed card by card at the least all-reduce cost); () when there are too few."""
+        pool = [i for i in candidates if i in self.cards]
+        if len(pool) < n or not set(must) <= set(pool):
+            return ()
+        degraded = [i for i, c in self.cards.items() if c.health_state is HealthState.DEGRADED]
+        if not must:
+            scores = {i: c.health_score for i, c in self.cards.items()}
+            return best_group(self.topology, pool, n, scores, avoid=degraded) or ()
+        group = list(must)
+        while len(group) < n:
+            group.append(
+                min((i for i in pool if i not in group), key=lambda i: self._group_key((*group, i), degraded))
+            )
+        return tuple(group[:n])
+
+    def preferred_slice_card(self, size: str, candidates: Collection[int]) -> int | None:
+        """The card among ``candidates`` a ``size`` slice would go to now."""
+        exclude = frozenset(self.cards) - set(candidates)
+        return self._place_slice(Request(mode=Mode(size)), False, exclude)
 
     # ------------------------------------------------------------------ grant
     def _new_id(self) -> str:
@@ -660,6 +749,7 @@ class Engine:
             command=req.command[:500],
             name=req.name,
             created=self.clock(),
+            anchor=req.anchor,
         )
         ops = [self.ledger.insert_lease_op(lease, token)]
         ops += [self.ledger.save_card_op(self.cards[i].record()) for i in switched]
@@ -680,7 +770,8 @@ class Engine:
             raise
         self.leases[lease_id] = lease
         self.stats.grant.observe(time.perf_counter() - t0)
-        self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
+        if not req.anchor:
+            self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
         self._committed(events)
         return lease, token
 
@@ -720,14 +811,28 @@ class Engine:
         want = CardMode.WHOLE if req.mode is Mode.XPU else CardMode.SLICED
         return any(self.cards[i].mode is not want for i in cards)
 
+    async def grant_at_once(self, req: Request) -> tuple[Lease, str] | None:
+        """``acquire``'s first step alone: the grant if the request fits now (after the brief wait for
+        busy cards), None if it would queue. The caller then calls ``acquire(req, ..., tried=True)``,
+        which tries once more and queues in the same step (the state may have changed in between). A
+        grant at once needs no helper task or position queue around it."""
+        self._check_limits(req, queueing=False)
+        return await self.try_grant(
+            req, BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
+        )
+
     async def acquire(
-        self, req: Request, on_position: Callable[[QueuedRequest, int], None] | None = None
+        self,
+        req: Request,
+        on_position: Callable[[QueuedRequest, int], None] | None = None,
+        tried: bool = False,
     ) -> tuple[Lease, str]:
         """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry or
-        when the caller is at a [limits] cap."""
+        when the caller is at a [limits] cap. ``tried``: the caller's ``grant_at_once`` found no room
+        already (its busy-card wait is not repeated)."""
         self._check_limits(req, queueing=False)
         # A request that may queue waits for busy cards only briefly: beyond that it shows in the queue.
-        busy_wait = BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
+        busy_wait = 0.0 if tried else BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
         pumps = self._pumps
         granted = await self.try_grant(req, busy_wait)
         if granted:
@@ -763,6 +868,8 @@ class Engine:
                 self._pump_soon()
 
     def _why_not(self, req: Request) -> str:
+        if req.cards:
+            return self._why_not_pinned(req)
         usable = [c for c in self.cards.values() if c.usable]
         if req.mode is Mode.XPU:
             free = len(self._whole_candidates(False))
@@ -1019,7 +1126,7 @@ class Engine:
             self.hold_count[lease_id] = n
             return
         self.hold_count.pop(lease_id, None)
-        if lease_id in self.leases:
+        if lease_id in self.leases and not self.leases[lease_id].anchor:
             self.unheld_since[lease_id] = self.clock()
         self._changed()
 

@@ -45,9 +45,17 @@ def _logged(what: str):
 
 class Jobs:
     def __init__(
-        self, engine: Engine, hw, sample_interval_s: float = 5.0, monitor=None, defrag=None, hostjobs=None
+        self,
+        engine: Engine,
+        hw,
+        sample_interval_s: float = 5.0,
+        monitor=None,
+        defrag=None,
+        hostjobs=None,
+        anchors=None,
     ):
         self.engine = engine
+        self.anchors = anchors  # xpud.bridges.anchors.AnchorReaper: leases of Slurm jobs and pods
         self.hw = hw
         self.sample_interval_s = sample_interval_s
         self.monitor = monitor  # xpud.monitor.HealthMonitor: judges each poll's samples
@@ -162,6 +170,8 @@ class Jobs:
         try:
             for lease in await self.engine.reap():
                 log.info("reclaimed lease %s", lease.id)
+            for lease in await self.anchors.reap() if self.anchors else ():
+                log.info("reclaimed lease %s (%s ended)", lease.id, lease.anchor)
         except Exception:
             log.exception("lease reaper failed")
         if self.hostjobs is not None:

@@ -138,6 +138,10 @@ MIGRATIONS: list[str] = [
     CREATE INDEX events_by_lease ON events(lease_id, id);
     CREATE INDEX events_by_card ON events(card, id);
     """,
+    # 5: a lease kept alive by a Slurm job or a pod instead of a Hold stream ("slurm:<job>", "pod:<uid>")
+    """
+    ALTER TABLE leases ADD COLUMN anchor TEXT NOT NULL DEFAULT '';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -226,6 +230,7 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         started=row["started"],
         exit_code=row["exit_code"],
         exit_signal=row["exit_signal"],
+        anchor=row["anchor"],
     )
 
 
@@ -580,8 +585,8 @@ class Ledger:
         self._ids.add(lease.id)  # taken from now on, whether or not the insert commits
         return op(
             "INSERT INTO leases (id, token_hash, mode, owner_uid, cards, card_uuids, slices, env,"
-            " priority, restartable, holder_pid, command, created, state, restart_count, mark, name)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " priority, restartable, holder_pid, command, created, state, restart_count, mark, name, anchor)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             lease.id,
             token_hash,
             lease.mode.value,
@@ -599,13 +604,16 @@ class Ledger:
             lease.restart_count,
             lease.mark,
             lease.name,
+            lease.anchor,
             effect=effect,
         )
 
     def update_placement_op(self, lease: Lease) -> Op:
-        """A lease's new cards/slices/env (after a move)."""
+        """A lease's new cards/slices/env (after a move), and its size (a right-sizing move changes it)."""
         return op(
-            "UPDATE leases SET cards=?, card_uuids=?, slices=?, env=?, restart_count=?, mark=? WHERE id=?",
+            "UPDATE leases SET mode=?, cards=?, card_uuids=?, slices=?, env=?, restart_count=?, mark=? "
+            "WHERE id=?",
+            str(lease.mode),
             json.dumps(list(lease.cards)),
             json.dumps(list(lease.card_uuids)),
             json.dumps([_slice_to_json(s) for s in lease.slices]),

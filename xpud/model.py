@@ -169,6 +169,8 @@ class Request:
     holder_pid: int | None = None
     command: str = ""
     name: str = ""  # the job's name (`xpu run --name`), shown in listings
+    cards: tuple[int, ...] = ()  # exactly these cards (bridges: the cards Slurm gave a job); () = any
+    anchor: str = ""  # what keeps the lease alive instead of a Hold stream ("slurm:<job>", "pod:<uid>")
     exempt: bool = (
         False  # the caller is an operator or in [limits] exempt_groups: per-user limits do not apply
     )
@@ -212,6 +214,7 @@ class Lease:
     started: float | None = None
     exit_code: int | None = None
     exit_signal: int | None = None
+    anchor: str = ""  # "slurm:<job>" / "pod:<uid>": alive while that lives, not while a Hold stream is open
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))

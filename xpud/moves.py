@@ -80,11 +80,19 @@ class Moves:
         avoid: Collection[int] = (),
         to: Collection[int] | None = None,
         timeout_s: float | None = None,
+        mode: Mode | None = None,
     ) -> Lease:
         """Reserve a new placement for a restartable lease and send it a ``move`` event. Returns the
-        lease as it will be after the move. ``timeout_s`` defaults to ``[health] move_ack_timeout_s``."""
+        lease as it will be after the move. ``timeout_s`` defaults to ``[health] move_ack_timeout_s``.
+        ``mode``: move it to another size (right-sizing, ``xpud.autosize``); a single card then."""
         e = self.engine
         lease = e.leases.get(lease_id) or e.resolve_lease(lease_id)
+        if mode is not None and Mode(mode) != lease.mode:
+            if len(lease.cards) != 1:
+                raise Conflict(
+                    f"lease {lease.id} holds {len(lease.cards)} cards: only one-card leases resize"
+                )
+            lease = replace(lease, mode=Mode(mode))  # the lease as the target size sees it
         if lease.id in self.pending:
             raise Conflict(f"lease {lease.id} is already moving to card {_where(self.pending[lease.id].new)}")
         if not lease.restartable:
@@ -127,6 +135,7 @@ class Moves:
         finally:
             e._unclaim(cards)
         new = self._moved(lease, cards, slices, env)
+        lease = e.leases.get(lease.id, lease)  # the committed lease (its old size) stays the old one
         if self.pending.get(lease.id) is not pm:  # the lease ended while the reservation was made
             await e._unplace(lease.id, cards, slices, switched)
             raise Conflict(f"lease {lease.id} ended while its move was being prepared")
@@ -184,6 +193,10 @@ class Moves:
         # Keep the lease's own variables (XPU_*, CUDA_DEVICE_ORDER); the placement's come new, so nothing
         # of the old isolation (e.g. MPS pipe directories) leaks into the restarted command.
         kept = {k: v for k, v in lease.env.items() if k.startswith("XPU_") or k == "CUDA_DEVICE_ORDER"}
+        if kept.get("XPU_MODE", lease.mode.value) != lease.mode.value:  # a move to another size: its
+            for k in ("XPU_MEMORY_LIMIT_BYTES", "XPU_COMPUTE_PCT", "XPU_MIG_PROFILE"):  # limits come new
+                kept.pop(k, None)
+            kept["XPU_MODE"] = lease.mode.value
         count = lease.restart_count + 1
         return replace(
             lease,

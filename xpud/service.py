@@ -21,9 +21,11 @@ from xpud.api import convert, validate
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.auth import METADATA_KEY, CredentialIssuer, member_of
+from xpud.autosize import resize, usage_rows
 from xpud.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, XpudError
 from xpud.model import Caller, CommandEnd, Mode, QueuedRequest, Request
+from xpud.usage import job_class
 
 log = logging.getLogger("xpud.service")
 
@@ -218,35 +220,57 @@ class NodeService(pbg.NodeServicer):
     async def Acquire(self, request, context):
         caller = self.ctx.caller(context)
         e = self.ctx.engine
+        on_behalf = request.cards or request.anchor or request.HasField("owner_uid")
+        if on_behalf and not caller.admin:
+            raise Forbidden("cards, anchor and owner_uid are for operators (the Slurm and kubelet bridges)")
+        mode_text, cls, why = request.mode, request.job_class, ""
+        if request.mode == "auto":  # right-sizing picks the size (xpud.autosize)
+            if e.rightsizer is not None:
+                mode_text, cls, why = e.rightsizer.choose(request.command, request.job_class)
+            else:
+                mode_text = e.cfg.auto.first
         req = e.validate(
             Request(
-                mode=_mode(request.mode, self.ctx),
-                gpus=request.gpus or 1,
+                mode=_mode(mode_text, self.ctx),
+                gpus=request.gpus or len(request.cards) or 1,
                 priority=request.priority,
                 wait_s=_wait_s(request, e.cfg.leases),
                 restartable=request.restartable,
-                owner_uid=caller.uid,
-                holder_pid=caller.pid or None,
+                owner_uid=request.owner_uid if request.HasField("owner_uid") else caller.uid,
+                holder_pid=None if request.anchor else caller.pid or None,
                 command=request.command,
                 name=request.name,
+                cards=tuple(request.cards),
+                anchor=request.anchor,
                 exempt=caller.admin or member_of(caller.uid, caller.gid, e.cfg.limits.exempt_groups),
             )
         )
-        updates: asyncio.Queue = asyncio.Queue()
+        # Granted at once (the common case): no helper task, no position queue around it. A caller that
+        # goes away meanwhile cancels this coroutine; try_grant's shielded grant then ends what it made.
+        got = await e.grant_at_once(req)
+        if got is None:  # it queues (or is refused): positions stream while it waits
+            updates: asyncio.Queue = asyncio.Queue()
 
-        def on_position(q: QueuedRequest, length: int) -> None:
-            queued = pb.Queued(ticket=q.ticket, position=q.position, queue_length=length, deadline=q.deadline)
-            updates.put_nowait(pb.AcquireUpdate(queued=queued))
+            def on_position(q: QueuedRequest, length: int) -> None:
+                queued = pb.Queued(
+                    ticket=q.ticket, position=q.position, queue_length=length, deadline=q.deadline
+                )
+                updates.put_nowait(pb.AcquireUpdate(queued=queued))
 
-        task = asyncio.ensure_future(e.acquire(req, on_position))
-        task.add_done_callback(updates.put_nowait)  # the finished task itself comes last down the queue
-        try:
-            while (item := await updates.get()) is not task:
-                yield item
-            lease, token = task.result()
-        finally:
-            if not task.done():
-                task.cancel()  # the caller went away: leave the queue
+            task = asyncio.ensure_future(e.acquire(req, on_position, tried=True))
+            task.add_done_callback(updates.put_nowait)  # the finished task itself comes last down the queue
+            try:
+                while (item := await updates.get()) is not task:
+                    yield item
+                got = task.result()
+            finally:
+                if not task.done():
+                    task.cancel()  # the caller went away: leave the queue
+        lease, token = got
+        if e.rightsizer is not None:
+            e.rightsizer.track(lease.id, cls or job_class(lease.command), request.mode == "auto")
+            if why:
+                e.event("auto", f"lease {lease.id} started as {lease.mode}: {why}", lease_id=lease.id)
         granted = pb.AcquireUpdate(granted=pb.Granted(lease=convert.lease_pb(lease, True), token=token))
         if not request.hold:
             yield granted
@@ -352,6 +376,19 @@ class NodeService(pbg.NodeServicer):
         return pb.EventsReply(
             events=_fit((convert.event_pb(ev) for ev in events[::-1]), REPLY_BUDGET)[0][::-1]
         )
+
+    @unary
+    async def Resize(self, request, context):
+        caller = self.ctx.caller(context)
+        e = self.ctx.engine
+        lease, how = await resize(e, request.lease_id, _mode(request.mode, self.ctx), caller, request.token)
+        return pb.ResizeReply(lease=convert.lease_pb(lease, True), how=how)
+
+    @unary
+    async def LeaseUsage(self, request, context):
+        self.ctx.caller(context)
+        rs = self.ctx.engine.rightsizer
+        return pb.LeaseUsageReply(rows=usage_rows(self.ctx.engine, rs) if rs is not None else [])
 
     @unary
     async def GetTopology(self, request, context):

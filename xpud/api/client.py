@@ -152,7 +152,11 @@ class Client:
         restartable: bool = False,
         command: str = "",
         hold: bool = False,
+        job_class: str = "",
         name: str = "",
+        cards: tuple[int, ...] = (),
+        anchor: str = "",
+        owner_uid: int | None = None,
     ):
         """The Acquire stream call: iterate it (``iterate``) for ``queued`` updates, then ``granted``. With
         ``hold`` the same stream goes on as the lease's Hold stream (``event`` updates). ``wait_s``: None
@@ -164,7 +168,11 @@ class Client:
             restartable=restartable,
             command=command,
             hold=hold,
+            job_class=job_class,
             name=name,
+            cards=cards,
+            anchor=anchor,
+            owner_uid=owner_uid,
         )
         if wait_s == math.inf:
             request.wait_longest = True
@@ -223,6 +231,12 @@ class Client:
         """The daemon's latest events (oldest first), about ``card`` and/or ``lease_id`` when given."""
         request = pb.EventsRequest(card=card, lease_id=lease_id, limit=limit)
         return list(self._unary(self.node.ListEvents, request).events)
+
+    def resize(self, lease_id: str, mode: str, token: str = "") -> pb.ResizeReply:
+        return self._unary(self.node.Resize, pb.ResizeRequest(lease_id=lease_id, mode=mode, token=token))
+
+    def lease_usage(self) -> pb.LeaseUsageReply:
+        return self._unary(self.node.LeaseUsage, pb.LeaseUsageRequest())
 
     def topology(self) -> pb.TopologyReply:
         return self._unary(self.node.GetTopology, pb.TopologyRequest())

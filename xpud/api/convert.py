@@ -80,6 +80,7 @@ def lease_pb(lease: Lease, show_env: bool, held: bool = False) -> pb.Lease:
         ended=lease.ended,
         end_reason=lease.end_reason,
         name=lease.name,
+        anchor=lease.anchor,
     )
 
 

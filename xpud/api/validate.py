@@ -52,7 +52,12 @@ class Alphabet:
 
 _ID = Alphabet(re.compile(r"[0-9A-Za-z_.-]*"), "a lease id (ASCII letters, digits, '.', '_' and '-')")
 _CARD = Alphabet(re.compile(r"[0-9A-Za-z-]*"), "a card index or UUID (ASCII digits, letters and '-')")
+_CLASS = Alphabet(
+    re.compile(r"[0-9A-Za-z._:/ -]*"),
+    "a job class (ASCII letters, digits, space, '.', '_', ':', '/' and '-')",
+)
 _NAME = Alphabet(re.compile(r"[0-9A-Za-z._-]*"), "a name (ASCII letters, digits, '.', '_' and '-')")
+_ANCHOR = Alphabet(re.compile(r"((slurm|pod):[0-9A-Za-z_.-]+)?"), "an anchor: slurm:<job id> or pod:<uid>")
 _TOKEN = Alphabet(re.compile(r"[0-9A-Za-z_-]*"), "a lease token (ASCII letters, digits, '_' and '-')")
 
 LIMITS: dict[str, Limit] = {
@@ -63,8 +68,15 @@ LIMITS: dict[str, Limit] = {
     "AcquireRequest.restartable": Limit(),
     "AcquireRequest.command": Limit(chars=COMMAND_CHARS, truncate=True),
     "AcquireRequest.hold": Limit(),
+    "AcquireRequest.job_class": Limit(chars=64, pattern=_CLASS),
+    "ResizeRequest.lease_id": Limit(chars=64, pattern=_ID),
+    "ResizeRequest.token": Limit(chars=64, pattern=_TOKEN),
+    "ResizeRequest.mode": Limit(chars=64, pattern=_NAME),
     "AcquireRequest.name": Limit(chars=64, pattern=_NAME),
     "AcquireRequest.wait_longest": Limit(),
+    "AcquireRequest.cards": Limit(lo=0, hi=4095, items=4096),
+    "AcquireRequest.anchor": Limit(chars=128, pattern=_ANCHOR),
+    "AcquireRequest.owner_uid": Limit(lo=0, hi=2**31 - 2),
     "HoldRequest.lease_id": Limit(chars=64, pattern=_ID),
     "HoldRequest.token": Limit(chars=64, pattern=_TOKEN),
     "ReleaseRequest.lease_id": Limit(chars=64, pattern=_ID),

@@ -101,6 +101,14 @@ class _Proc:
     used_bytes: int | None
     gi: int = NO_ID
     ci: int = NO_ID
+    sm_pct: int = 0  # share of the card's SMs it kept busy over the last sample period (set_process_load)
+    mem_pct: int = 0  # share of the memory controller's time (read/write), likewise
+    since: float = 0.0  # clock when its load was last set: no sample is older than this
+
+
+# The driver samples per-process utilisation on its own period and keeps the samples in a buffer;
+# nvmlDeviceGetProcessUtilization returns those newer than the caller's lastSeenTimeStamp (microseconds).
+PROCESS_SAMPLE_PERIOD_S = 1 / 6
 
 
 @dataclass
@@ -710,6 +718,26 @@ class FakeNvml:
             for p in procs
         ]
 
+    @_api
+    def nvmlDeviceGetProcessUtilization(self, handle, timeStamp: int) -> list:
+        """One sample per process that had non-zero utilisation in the last sample period, stamped with
+        the CPU time (microseconds) the driver took it; only samples newer than ``timeStamp``. None:
+        NVML_ERROR_NOT_FOUND. Not supported on a MIG device or on a card with MIG on (the driver keeps no
+        per-process utilisation under MIG; memory per process is still read through the MIG device)."""
+        card = self._no_util_under_mig(handle)
+        if not isinstance(timeStamp, int) or timeStamp < 0:
+            raise _err(N.NVML_ERROR_INVALID_ARGUMENT)
+        now = self._clock()
+        tick = int(now / PROCESS_SAMPLE_PERIOD_S) * PROCESS_SAMPLE_PERIOD_S  # the driver's last sample
+        out = []
+        for p in card.procs.values():
+            stamp = int(tick * 1e6)
+            if (p.sm_pct or p.mem_pct) and tick > p.since and stamp > timeStamp:
+                out.append(N.c_nvmlProcessUtilizationSample_t(p.pid, stamp, p.sm_pct, p.mem_pct, 0, 0))
+        if not out:
+            raise _err(N.NVML_ERROR_NOT_FOUND)
+        return out
+
     nvmlDeviceGetComputeRunningProcesses_v3 = _alias(
         nvmlDeviceGetComputeRunningProcesses, "nvmlDeviceGetComputeRunningProcesses_v3"
     )
@@ -1115,6 +1143,19 @@ class FakeNvml:
                 gi = gpu_instance_id
                 ci = min(card.gis[gi].cis) if compute_instance_id is None else compute_instance_id
             card.procs[pid] = _Proc(pid, used_bytes, gi, ci)
+
+    def set_process_load(
+        self, index: int, pid: int, sm_pct: int, mem_pct: int = 0, used_bytes: int | None = None
+    ) -> None:
+        """What a process does from now on: its SM and memory-controller utilisation (0-100, of the whole
+        card) as per-process samples report them, and optionally its device memory."""
+        if not (0 <= sm_pct <= 100 and 0 <= mem_pct <= 100):
+            raise ValueError(f"utilisation must be 0-100 %, got sm={sm_pct} mem={mem_pct}")
+        with self._lock:
+            p = self._cards[index].procs[pid]
+            p.sm_pct, p.mem_pct, p.since = int(sm_pct), int(mem_pct), self._clock()
+            if used_bytes is not None:
+                p.used_bytes = used_bytes
 
     def remove_process(self, index: int, pid: int) -> None:
         with self._lock:

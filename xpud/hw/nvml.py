@@ -725,6 +725,41 @@ class Nvml:
         procs = self._call("nvmlDeviceGetComputeRunningProcesses", self._handle(index), card=index)
         return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in procs or ()]
 
+    def process_utilization(self, index: int, since_us: int = 0) -> list[tuple[int, int, int, int]] | None:
+        """Per-process samples newer than ``since_us`` (the driver's CPU timestamp, microseconds):
+        [(pid, timestamp_us, sm %, memory-controller %)], each % of the whole card. [] when the driver has
+        no new sample (NVML_ERROR_NOT_FOUND: the processes were idle, or nothing ran); None when the card
+        cannot say (NotSupported: MIG on, or an old card). Pass the largest timestamp seen to read on."""
+        got = self._call(
+            "nvmlDeviceGetProcessUtilization",
+            self._handle(index),
+            int(since_us),
+            card=index,
+            absent=(pynvml.NVML_ERROR_NOT_FOUND,),
+            unsupported=False,
+        )
+        if got is False:
+            return None
+        return [(int(s.pid), int(s.timeStamp), int(s.smUtil), int(s.memUtil)) for s in got or ()]
+
+    def process_memory(self, index: int) -> dict[int, int | None]:
+        """Device memory per compute process {pid: bytes or None}; on a MIG card read through each MIG
+        device (per instance, as NVML documents for MIG) so that every process is counted once."""
+        mig = self.mig_mode(index)
+        if not mig or mig[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return {pid: used for pid, used in self.processes(index)}
+        h = self._handle(index)
+        out: dict[int, int | None] = {}
+        for k in range(self._call("nvmlDeviceGetMaxMigDeviceCount", h, card=index) or 0):
+            mh = self._call(
+                "nvmlDeviceGetMigDeviceHandleByIndex", h, k, card=index, absent=(pynvml.NVML_ERROR_NOT_FOUND,)
+            )
+            if mh is None:
+                continue
+            for p in self._call("nvmlDeviceGetComputeRunningProcesses", mh, card=index) or ():
+                out[int(p.pid)] = None if p.usedGpuMemory is None else int(p.usedGpuMemory)
+        return out
+
     def compute_mode(self, index: int) -> str | None:
         """ "DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED" (or "EXCLUSIVE_THREAD"); None if unknown."""
         mode = self._call("nvmlDeviceGetComputeMode", self._handle(index), card=index)

@@ -11,7 +11,18 @@ What it adds to FGD (each measured on the openb trace; see ``bench/placement.md`
 3. **Fill look-ahead.** ``V[r]`` is the expected waste of a card with ``r`` milli free if future tasks from
    the mix that fit are put on it at random (a small dynamic programme over the mix). A fractional task is
    scored ``saved - fill_weight * (V[free - share] - V[free])``, which pairs shares that complete a card.
-4. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
+4. **Model scarcity.** Tasks that name a card model can only run on that model. The share ``q_m`` of the
+   arrived GPU request that names model ``m`` is learned online; if the cluster's free share ``F`` were
+   filled from the same mix, ``q_m * F`` of it would be claimed by tasks that can only run on ``m``. A task
+   that could also run elsewhere loses ``scarcity * min(1, q_m * F / free_m)`` score points on a host of
+   model ``m``, so flexible work leaves a model whose free share its own named tasks are about to need.
+   Nothing changes until a model-named task has arrived (the default trace has none).
+5. **Whole groups.** The same reasoning for multi-card tasks: a ``k``-card class ``c`` can only run on a
+   host with ``k`` idle cards and its CPU. Its share ``q_c`` of the arrived GPU request is learned online,
+   its expected claim on the free share is ``q_c * F``, and the hosts that can take it now hold a supply of
+   whole groups. A smaller task that would break such a host's last group for ``c`` loses
+   ``groups * min(1, q_c * F / supply_c)`` points, so idle groups are spent last when they are scarce.
+6. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
    cards, then to ``ClusterState.tie_rank`` (random per seed in the simulator; health or operator order in
    the daemon).
 """
@@ -63,6 +74,8 @@ class FragAware(FGD):
         fill_weight: float = 0.5,
         scale: float = 500.0,
         small_hosts_first: bool = True,
+        scarcity: float = 20.0,
+        groups: float = 20.0,
         refresh_every: int = 512,
     ):
         super().__init__(mix, refresh_every=refresh_every)
@@ -71,6 +84,12 @@ class FragAware(FGD):
         self.fill_weight = fill_weight
         self.scale = scale
         self.small_hosts_first = small_hosts_first
+        self.scarcity = scarcity
+        self.groups = groups
+        self._multi: dict[tuple[int, int, tuple[str, ...]], int] = {}  # (cards, cpu, models) -> GPU milli
+        self._multi_cache: tuple | None = None
+        self._named: dict[str, float] = {}  # model -> arrived GPU milli that names it (split over a set)
+        self._arrived_gpu = 0
         self._gpu = self._cpu = self._mem = 0  # sums over arrived GPU tasks
         self._seen = 0
         self.kappa_cpu = self.kappa_mem = 0.0
@@ -78,6 +97,12 @@ class FragAware(FGD):
 
     def observe(self, d: Demand) -> None:
         if d.gpus:
+            self._arrived_gpu += d.gpu_total_milli
+            if d.gpus > 1:
+                key = (d.gpus, d.cpu_milli, d.models)
+                self._multi[key] = self._multi.get(key, 0) + d.gpu_total_milli
+            for m in d.models:
+                self._named[m] = self._named.get(m, 0.0) + d.gpu_total_milli / len(d.models)
             self._gpu += d.gpu_total_milli
             self._cpu += d.cpu_milli
             self._mem += d.memory_mib
@@ -124,6 +149,69 @@ class FragAware(FGD):
         s = np.where(valid, np.floor(100.0 / (1.0 + np.exp(-saved / self.scale))), -np.inf)
         card = s.argmax(axis=1)
         return s[np.arange(hosts.size), card], (card if d.fractional else None)
+
+    def scarcity_points(self, state: ClusterState, d: Demand) -> np.ndarray | None:
+        """Score points a host of each card model loses for ``d`` (indexed like ``state.models``), or None
+        when no model is scarce or ``d`` can run on one model only."""
+        if not (self.scarcity and self._named and d.gpus) or len(d.models) == 1:
+            return None
+        q = np.array([self._named.get(m, 0.0) for m in state.models]) / self._arrived_gpu
+        if not q.any():
+            return None
+        free_h = state.card_free.sum(axis=1)
+        free_m = np.bincount(state.model, weights=free_h, minlength=len(state.models))
+        claim = q * free_h.sum()
+        ratio = np.where(free_m > 0, np.minimum(1.0, claim / np.maximum(free_m, 1)), 1.0)
+        return self.scarcity * ratio
+
+    def group_points(self, state: ClusterState, d: Demand, card: np.ndarray) -> np.ndarray | None:
+        """Score points each host loses for ``d`` (placed on ``card`` for a fractional task) because it
+        breaks the host's last idle group for a multi-card class whose groups are scarce; None if none."""
+        if not (self.groups and self._multi):
+            return None
+        n_full, cpu = state.n_full, state.cpu_free
+        if d.fractional:
+            took = (card >= 0) & (
+                np.take_along_axis(state.card_free, np.maximum(card, 0)[:, None], 1)[:, 0] == CARD_MILLI
+            )
+            n_after = n_full - took
+        else:
+            n_after = n_full - d.gpus
+        cpu_after = cpu - d.cpu_milli
+        kk, need, mask, milli = self._multi_arrays(state)
+        use = kk > d.gpus
+        if not use.any():
+            return None
+        kk, need, mask, milli = kk[use], need[use], mask[use], milli[use]
+        serves = (n_full >= kk[:, None]) & (cpu >= need[:, None]) & mask  # (classes, hosts)
+        supply = (np.where(serves, n_full // kk[:, None], 0).sum(axis=1)) * kk * CARD_MILLI
+        claim = milli / self._arrived_gpu * float(state.card_free.sum())
+        ratio = np.where(supply > 0, np.minimum(1.0, claim / np.maximum(supply, 1)), 0.0)
+        breaks = serves & ((n_after < kk[:, None]) | (cpu_after < need[:, None]))
+        return self.groups * (ratio @ breaks) if breaks.any() else None
+
+    def _multi_arrays(self, state: ClusterState):
+        """The multi-card classes seen so far as arrays: cards, CPU, allowed-host mask, GPU milli."""
+        key = (len(self._multi), state.models, state.size)
+        if self._multi_cache is None or self._multi_cache[0] != key:
+            masks: dict[tuple[str, ...], np.ndarray] = {}
+            rows = list(self._multi)
+            arrays = (
+                np.array([k for k, _, _ in rows], dtype=np.int64),
+                np.array([c for _, c, _ in rows], dtype=np.int64),
+                np.array([masks.setdefault(m, state.model_mask(m)) for _, _, m in rows]),
+            )
+            self._multi_cache = (key, arrays)
+        kk, need, mask = self._multi_cache[1]
+        return kk, need, mask, np.array(list(self._multi.values()), dtype=float)
+
+    def decision_scores(self, state, d):
+        score, card = self.host_scores(state, d)
+        pts = self.scarcity_points(state, d)
+        if pts is not None:
+            score = score - pts[state.model]
+        grp = self.group_points(state, d, card)
+        return (score if grp is None else score - grp), card
 
     def pick(self, state, ties, rng):
         if ties.size == 1:

@@ -95,12 +95,17 @@ class Policy:
 
     def choose(self, state: ClusterState, d: Demand, rng: np.random.Generator) -> Placement | None:
         """Where ``d`` goes, or ``None`` when no host can take it."""
-        score, card = self.host_scores(state, d)
+        score, card = self.decision_scores(state, d)
         best = score.max()
         if best == -np.inf:
             return None
         h = self.pick(state, np.flatnonzero(score == best), rng)
         return Placement(h, self.cards(state, d, h, int(card[h]), rng))
+
+    def decision_scores(self, state: ClusterState, d: Demand) -> tuple[np.ndarray, np.ndarray]:
+        """The scores ``choose`` ranks by: the cached per-host scores, plus any term that depends on the
+        whole cluster (so cannot be cached per host)."""
+        return self.host_scores(state, d)
 
     def pick(self, state: ClusterState, ties: np.ndarray, rng: np.random.Generator) -> int:
         """The host among equally scored ``ties``."""

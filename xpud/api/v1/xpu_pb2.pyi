@@ -182,7 +182,7 @@ class Card(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., numa_node: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., mode_pinned: _Optional[bool] = ..., drained: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., health_state: _Optional[str] = ..., health_score: _Optional[int] = ..., whole_lease: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., free_memory_fraction: _Optional[float] = ..., free_compute_pct: _Optional[int] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., isolation: _Optional[str] = ..., cpu_affinity: _Optional[_Iterable[int]] = ..., nvlink_active_links: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("id", "mode", "owner_uid", "cards", "card_uuids", "slices", "env", "priority", "restartable", "holder_pid", "command", "created", "state", "restart_count", "mark", "held", "exit_code", "exit_signal", "started", "ended", "end_reason", "name")
+    __slots__ = ("id", "mode", "owner_uid", "cards", "card_uuids", "slices", "env", "priority", "restartable", "holder_pid", "command", "created", "state", "restart_count", "mark", "held", "exit_code", "exit_signal", "started", "ended", "end_reason", "name", "anchor")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +212,7 @@ class Lease(_message.Message):
     ENDED_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    ANCHOR_FIELD_NUMBER: _ClassVar[int]
     id: str
     mode: str
     owner_uid: int
@@ -234,7 +235,8 @@ class Lease(_message.Message):
     ended: float
     end_reason: str
     name: str
-    def __init__(self, id: _Optional[str] = ..., mode: _Optional[str] = ..., owner_uid: _Optional[int] = ..., cards: _Optional[_Iterable[int]] = ..., card_uuids: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., env: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., restartable: _Optional[bool] = ..., holder_pid: _Optional[int] = ..., command: _Optional[str] = ..., created: _Optional[float] = ..., state: _Optional[str] = ..., restart_count: _Optional[int] = ..., mark: _Optional[str] = ..., held: _Optional[bool] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., end_reason: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    anchor: str
+    def __init__(self, id: _Optional[str] = ..., mode: _Optional[str] = ..., owner_uid: _Optional[int] = ..., cards: _Optional[_Iterable[int]] = ..., card_uuids: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., env: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., restartable: _Optional[bool] = ..., holder_pid: _Optional[int] = ..., command: _Optional[str] = ..., created: _Optional[float] = ..., state: _Optional[str] = ..., restart_count: _Optional[int] = ..., mark: _Optional[str] = ..., held: _Optional[bool] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., end_reason: _Optional[str] = ..., name: _Optional[str] = ..., anchor: _Optional[str] = ...) -> None: ...
 
 class QueueEntry(_message.Message):
     __slots__ = ("ticket", "mode", "gpus", "priority", "owner_uid", "command", "position", "enqueued", "deadline", "reason", "name")
@@ -263,7 +265,7 @@ class QueueEntry(_message.Message):
     def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ..., reason: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold", "name", "wait_longest")
+    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold", "name", "wait_longest", "cards", "anchor", "owner_uid", "job_class")
     MODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +275,10 @@ class AcquireRequest(_message.Message):
     HOLD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     WAIT_LONGEST_FIELD_NUMBER: _ClassVar[int]
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    ANCHOR_FIELD_NUMBER: _ClassVar[int]
+    OWNER_UID_FIELD_NUMBER: _ClassVar[int]
+    JOB_CLASS_FIELD_NUMBER: _ClassVar[int]
     mode: str
     gpus: int
     priority: int
@@ -282,7 +288,11 @@ class AcquireRequest(_message.Message):
     hold: bool
     name: str
     wait_longest: bool
-    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., wait_longest: _Optional[bool] = ...) -> None: ...
+    cards: _containers.RepeatedScalarFieldContainer[int]
+    anchor: str
+    owner_uid: int
+    job_class: str
+    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., wait_longest: _Optional[bool] = ..., cards: _Optional[_Iterable[int]] = ..., anchor: _Optional[str] = ..., owner_uid: _Optional[int] = ..., job_class: _Optional[str] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("ticket", "position", "queue_length", "deadline")
@@ -1043,3 +1053,61 @@ class LaunchEvent(_message.Message):
     output: RankOutput
     ended: RankEnded
     def __init__(self, started: _Optional[_Union[LaunchStarted, _Mapping]] = ..., output: _Optional[_Union[RankOutput, _Mapping]] = ..., ended: _Optional[_Union[RankEnded, _Mapping]] = ...) -> None: ...
+
+class LeaseUsageRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UsageRow(_message.Message):
+    __slots__ = ("lease_id", "mode", "job_class", "auto", "cap_pct", "used_pct", "peak_pct", "mem_cap_bytes", "mem_used_bytes", "throttled", "readings", "recommendation", "auto_moves")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    JOB_CLASS_FIELD_NUMBER: _ClassVar[int]
+    AUTO_FIELD_NUMBER: _ClassVar[int]
+    CAP_PCT_FIELD_NUMBER: _ClassVar[int]
+    USED_PCT_FIELD_NUMBER: _ClassVar[int]
+    PEAK_PCT_FIELD_NUMBER: _ClassVar[int]
+    MEM_CAP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_FIELD_NUMBER: _ClassVar[int]
+    READINGS_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDATION_FIELD_NUMBER: _ClassVar[int]
+    AUTO_MOVES_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    mode: str
+    job_class: str
+    auto: bool
+    cap_pct: float
+    used_pct: float
+    peak_pct: float
+    mem_cap_bytes: int
+    mem_used_bytes: int
+    throttled: bool
+    readings: int
+    recommendation: str
+    auto_moves: int
+    def __init__(self, lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., job_class: _Optional[str] = ..., auto: _Optional[bool] = ..., cap_pct: _Optional[float] = ..., used_pct: _Optional[float] = ..., peak_pct: _Optional[float] = ..., mem_cap_bytes: _Optional[int] = ..., mem_used_bytes: _Optional[int] = ..., throttled: _Optional[bool] = ..., readings: _Optional[int] = ..., recommendation: _Optional[str] = ..., auto_moves: _Optional[int] = ...) -> None: ...
+
+class LeaseUsageReply(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ...) -> None: ...
+
+class ResizeRequest(_message.Message):
+    __slots__ = ("lease_id", "token", "mode")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    token: str
+    mode: str
+    def __init__(self, lease_id: _Optional[str] = ..., token: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class ResizeReply(_message.Message):
+    __slots__ = ("lease", "how")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    HOW_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    how: str
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., how: _Optional[str] = ...) -> None: ...

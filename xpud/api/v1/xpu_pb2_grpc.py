@@ -69,6 +69,16 @@ class NodeStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListLeasesRequest.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListLeasesReply.FromString,
                 _registered_method=True)
+        self.LeaseUsage = channel.unary_unary(
+                '/xpud.v1.Node/LeaseUsage',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageReply.FromString,
+                _registered_method=True)
+        self.Resize = channel.unary_unary(
+                '/xpud.v1.Node/Resize',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeReply.FromString,
+                _registered_method=True)
         self.GetTopology = channel.unary_unary(
                 '/xpud.v1.Node/GetTopology',
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.TopologyRequest.SerializeToString,
@@ -146,6 +156,20 @@ class NodeServicer:
 
     def ListLeases(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaseUsage(self, request, context):
+        """Requested vs used per active lease (right-sizing), with the standing recommendation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resize(self, request, context):
+        """Change a running lease's size (owner or operator): a restartable job restarts on the new size.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -230,6 +254,16 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.ListLeases,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListLeasesRequest.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListLeasesReply.SerializeToString,
+            ),
+            'LeaseUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaseUsage,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageReply.SerializeToString,
+            ),
+            'Resize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resize,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeReply.SerializeToString,
             ),
             'GetTopology': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTopology,
@@ -451,6 +485,60 @@ class Node:
             '/xpud.v1.Node/ListLeases',
             xpud_dot_api_dot_v1_dot_xpu__pb2.ListLeasesRequest.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.ListLeasesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaseUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/LeaseUsage',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseUsageReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/Resize',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeReply.FromString,
             options,
             channel_credentials,
             insecure,

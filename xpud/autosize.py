@@ -1,0 +1,245 @@
+"""Right-sizing in the daemon: measure every lease each ``[auto] sample_s``, keep the history
+(``xpud.usage``), decide (``xpud.rightsize``) and act: an ``--mode auto`` restartable lease is moved to
+its new size (``Moves.start`` with ``mode``); any other lease gets the decision as a recommendation.
+Every decision is an ``auto`` event (and a ``mark`` for the lease's holder) carrying its evidence.
+
+Hardware reads and /proc walks run in a worker thread (``Engine._hw``), never on the loop.
+
+Which leases are ``--mode auto`` and their classes are kept in memory: after a daemon restart the
+leases restored from the ledger keep their size and are measured, but no longer moved automatically.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from xpud.errors import Conflict, NoCapacity
+from xpud.model import Mode
+from xpud.rightsize import AutoState, Decision, caps, decide, first_mode
+from xpud.runfiles import publish_json
+from xpud.usage import Reading, UsageBook, job_class, lease_pids, measure
+
+LOAD_DIR = "load"
+
+
+def publish_loads(runtime_dir, loads: dict[str, dict]) -> None:
+    """Write ``runtime_dir/load/<lease id>.json`` per lease (atomically) and remove ended leases' files.
+    Blocking: off the loop."""
+    d = Path(runtime_dir) / LOAD_DIR
+    d.mkdir(mode=0o755, exist_ok=True)
+    for lease_id, load in loads.items():
+        publish_json(load, d, f"{lease_id}.json")
+    for f in d.glob("*.json"):
+        if f.stem not in loads:
+            f.unlink(missing_ok=True)
+
+
+if TYPE_CHECKING:
+    from xpud.engine import Engine
+
+log = logging.getLogger("xpud.autosize")
+
+
+@dataclass
+class Tracked:
+    cls: str
+    auto: bool  # --mode auto: may be moved
+    state: AutoState
+    last: Decision | None = None  # the newest decision (a recommendation or a move)
+
+
+class Rightsizer:
+    def __init__(self, engine: Engine, nvml):
+        self.engine = engine
+        self.nvml = nvml
+        self.cfg = engine.cfg.auto
+        self.book = UsageBook(self.cfg.history)
+        self.tracked: dict[str, Tracked] = {}
+        self._since: dict[int, int] = {}  # per card: newest sample timestamp read (µs)
+
+    # ------------------------------------------------------------------ starting size
+    def choose(self, command: str, given_class: str = "") -> tuple[str, str, str]:
+        """(mode, class, why) for a new ``--mode auto`` request."""
+        cls = job_class(command, given_class)
+        mem = max((c.info.memory_total_bytes for c in self.engine.cards.values()), default=0)
+        mode, why = first_mode(self.book, cls, self.cfg, self.engine.cfg.slices, mem)
+        return mode, cls, why
+
+    def track(self, lease_id: str, cls: str, auto: bool) -> None:
+        self.tracked[lease_id] = Tracked(cls, auto, AutoState())
+
+    # ------------------------------------------------------------------ one round
+    def _read(self, plan: list[tuple[str, int, int | None]]) -> dict:
+        """Worker thread: per card the samples and memory, per lease its pids."""
+        cards = {card for _, card, _ in plan}
+        util = {i: self.nvml.process_utilization(i, self._since.get(i, 0)) for i in cards}
+        memory = {i: self.nvml.process_memory(i) for i in cards}
+        pids = {lid: lease_pids(pid) for lid, _, pid in plan}
+        return {"util": util, "memory": memory, "pids": pids}
+
+    async def poll(self) -> list[Decision]:
+        e = self.engine
+        leases = [x for x in e.leases.values() if len(x.cards) == 1 and x.id not in e.moves.pending]
+        if not leases:
+            return []
+        got = await e._hw(self._read, [(x.id, x.cards[0], x.holder_pid) for x in leases])
+        now = e.clock()
+        out = []
+        for i, samples in got["util"].items():
+            if samples:
+                self._since[i] = max(self._since.get(i, 0), *(s[1] for s in samples))
+        for lease in leases:
+            if lease.id not in e.leases or lease.id in e.moves.pending:
+                continue  # ended or started moving while the read ran
+            card = lease.cards[0]
+            cap, mem_frac = caps(str(lease.mode), e.cfg.slices)
+            total = e.cards[card].info.memory_total_bytes
+            r = measure(
+                now, got["pids"][lease.id], got["util"][card], got["memory"][card], cap, int(mem_frac * total)
+            )
+            t = self.tracked.setdefault(lease.id, Tracked(job_class(lease.command), False, AutoState()))
+            self.book.add(lease.id, t.cls, r)
+            d = decide(
+                lease.id,
+                str(lease.mode),
+                lease.restartable,
+                self.book.history(lease.id),
+                t.state,
+                now,
+                self.cfg,
+                e.cfg.slices,
+                total,
+            )
+            if d is not None:
+                out.append(await self._act(lease.id, t, d, r))
+        return out
+
+    async def _act(self, lease_id: str, t: Tracked, d: Decision, r: Reading) -> Decision:
+        e = self.engine
+        if d.move and not t.auto:  # measured only: xpud never moves a lease that did not ask for auto
+            d = Decision(d.lease_id, d.direction, d.current, d.to, False, f"{d.evidence}; not --mode auto")
+        if d.move:
+            try:
+                await e.moves.start(lease_id, f"right-sizing: {d.evidence}", mode=Mode(d.to))
+            except (NoCapacity, Conflict) as err:
+                d = Decision(
+                    d.lease_id, d.direction, d.current, d.to, False, f"{d.evidence}; not moved: {err}"
+                )
+            else:
+                t.state.moves += 1
+                t.state.last_move_t, t.state.last_direction = e.clock(), d.direction
+                self.book.moved(lease_id)
+        changed = t.last is None or (t.last.to, t.last.move) != (d.to, d.move)
+        t.last = d
+        if changed or d.move:  # a standing recommendation is said once, not every sample
+            e.event("auto", d.line(), card=-1, lease_id=lease_id)
+            if not d.move and lease_id in e.leases:
+                e.mark(lease_id, f"right-sizing recommends {d.to}: {d.evidence}")
+        return d
+
+    async def poll_logged(self) -> None:
+        """The scheduler's job: a failed round is logged, never raised; ended leases are forgotten."""
+        for lid in [x for x in self.tracked if x not in self.engine.leases]:
+            self.ended(lid)
+        try:
+            await self.poll()
+            await self.engine._hw(publish_loads, self.engine.cfg.runtime_dir, self.loads())
+        except Exception:
+            log.exception("right-sizing round failed")
+
+    def loads(self) -> dict[str, dict]:
+        """Each active lease's live load, for its server to adapt to (``load/<lease id>.json``)."""
+        e = self.engine
+        waiting: dict[str, int] = {}
+        for q in e.queue_view():
+            waiting[str(q.request.mode)] = waiting.get(str(q.request.mode), 0) + 1
+        out = {}
+        for lease in e.leases.values():
+            hist = self.book.history(lease.id)
+            last = hist[-1] if hist else None
+            out[lease.id] = {
+                "lease_id": lease.id,
+                "mode": str(lease.mode),
+                "t": time.time(),
+                "cap_pct": last.cap_pct if last else None,
+                "used_pct": last.sm_pct if last else None,
+                "mem_used_bytes": last.mem_bytes if last else None,
+                "throttled": bool(last and last.throttled(self.cfg.at_cap)),
+                "waiting_for_size": waiting.get(str(lease.mode), 0),
+                "moving": lease.id in e.moves.pending,
+            }
+        return out
+
+    def ended(self, lease_id: str) -> None:
+        self.tracked.pop(lease_id, None)
+        self.book.end(lease_id)
+
+
+# What NVIDIA's MPS documents for its control commands (nvidia-cuda-mps-control, "MPS v2 interface"):
+# set_default_active_thread_percentage only affects the next MPS server; set_active_thread_percentage
+# <server PID> and set_device_pinned_mem_limit <server PID> apply to clients that connect to that server
+# afterwards, and clients already running keep the limits they started with (NVIDIA's forum: "you cannot
+# edit the percentage assigned to a process today"). A MIG instance cannot be resized at all. So no limit
+# of a running job changes in place: a resize restarts the job on the new size, as a move does.
+IN_PLACE = "none: MPS thread % and pinned-memory limits apply to new clients only; MIG cannot resize"
+
+
+async def resize(engine: Engine, lease_id: str, mode: str, caller, token: str = ""):
+    """``xpu resize``: the owner or an operator changes a running lease's size. Returns (lease as it will
+    be, how). A job that is not restartable is refused: its limits cannot change while it runs."""
+    lease = engine.leases.get(lease_id) or engine.resolve_lease(lease_id)
+    engine.check_authority(lease, caller, token)
+    new = Mode(mode)
+    if new == lease.mode:
+        raise Conflict(f"lease {lease.id} is already {new}")
+    if not lease.restartable:
+        raise Conflict(
+            f"lease {lease.id} is not restartable: its size cannot change while it runs (no backend "
+            "changes a running job's limits); release it and run it again with --mode "
+            f"{new}, or run it with --restartable"
+        )
+    moved = await engine.moves.start(lease.id, f"resize from {lease.mode} to {new}", mode=new)
+    how = f"restarting on {new} (card {','.join(map(str, moved.cards))}); in place: {IN_PLACE}"
+    engine._notify(moved, "resize", f"resizing from {lease.mode} to {new}: {how}")
+    engine.event("resize", f"lease {lease.id}: {how}", lease_id=lease.id)
+    rs = engine.rightsizer
+    if rs is not None:
+        rs.book.moved(lease.id)
+    return moved, how
+
+
+def usage_rows(engine: Engine, rs: Rightsizer) -> list:
+    """``LeaseUsage`` rows: requested vs used for each active lease, newest recommendation."""
+    from xpud.api.v1 import xpu_pb2 as pb
+    from xpud.usage import summarize
+
+    rows = []
+    for lease in engine.leases.values():
+        t = rs.tracked.get(lease.id)
+        hist = rs.book.history(lease.id)
+        last = hist[-1] if hist else None
+        s = summarize(hist, rs.cfg.at_cap)
+        cap, mem_frac = caps(str(lease.mode), engine.cfg.slices) if len(lease.cards) == 1 else (100.0, 1.0)
+        total = sum(engine.cards[i].info.memory_total_bytes for i in lease.cards)
+        rows.append(
+            pb.UsageRow(
+                lease_id=lease.id,
+                mode=str(lease.mode),
+                job_class=t.cls if t else job_class(lease.command),
+                auto=bool(t and t.auto),
+                cap_pct=cap,
+                used_pct=-1.0 if last is None or last.sm_pct is None else last.sm_pct,
+                peak_pct=-1.0 if s.sm_peak is None else s.sm_peak,
+                mem_cap_bytes=int(mem_frac * total),
+                mem_used_bytes=-1 if last is None or last.mem_bytes is None else last.mem_bytes,
+                throttled=bool(last and last.throttled(rs.cfg.at_cap)),
+                readings=len(hist),
+                recommendation=t.last.line() if t and t.last else "",
+                auto_moves=t.state.moves if t else 0,
+            )
+        )
+    return rows

@@ -1,0 +1,139 @@
+"""Per-lease measurement: what a lease's processes use of what it asked for.
+
+Pure bookkeeping over readings the hardware adapter gives (``Nvml.process_utilization``: SM % of the
+whole card per process, samples newer than the last one read; ``Nvml.process_memory``: device memory per
+process, per MIG instance on MIG cards). ``measure`` turns one round of those into one ``Reading`` per
+lease; ``UsageBook`` keeps a short history per lease and per job class, which ``xpud.rightsize`` decides
+from and ``xpu leases --usage`` shows.
+
+With MIG on the driver keeps no per-process utilisation (NotSupported): such a lease's compute use is
+unknown (``sm_pct`` None), it is measured by memory only and never counted as throttled.
+
+A lease's processes are its holder's descendants (``xpu run`` execs nothing itself: the command is its
+child); ``lease_pids`` reads them from /proc through psutil, so call it off the event loop.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import psutil
+
+CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/ -]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One measurement of a lease. Percentages are of the whole card."""
+
+    t: float  # engine clock, seconds
+    sm_pct: float | None  # compute its processes used (sum); None: the card cannot say (MIG on)
+    mem_bytes: int | None  # device memory its processes hold (sum); None: unknown
+    cap_pct: float  # compute it may use: the slice's active-thread percentage, 100 for whole cards
+    mem_cap_bytes: int  # device memory it may use
+
+    def throttled(self, at_cap: float) -> bool:
+        """Its compute use sits at its cap (at least ``at_cap`` of it), so it is waiting on the limit."""
+        return self.sm_pct is not None and self.cap_pct < 100 and self.sm_pct >= at_cap * self.cap_pct
+
+
+def job_class(command: str, given: str = "", words: int = 2) -> str:
+    """A job's class: ``given`` (``xpu run --class NAME``) or the command's first words without paths
+    (``python serve.py --port 80`` -> ``python serve.py``)."""
+    if given:
+        return given
+    head = command[:256]  # the first words are at the start: never split a long command whole
+    try:
+        parts = shlex.split(head)
+    except ValueError:
+        parts = head.split()
+    picked = [p.rsplit("/", 1)[-1] for p in parts if not p.startswith("-")][:words]
+    return " ".join(picked)[:64] or "unknown"
+
+
+def lease_pids(holder_pid: int | None) -> set[int]:
+    """The holder and its descendants (blocking: reads /proc). Empty when the holder is gone."""
+    if not holder_pid:
+        return set()
+    try:
+        p = psutil.Process(holder_pid)
+        return {holder_pid, *(c.pid for c in p.children(recursive=True))}
+    except psutil.Error:
+        return set()
+
+
+def measure(
+    t: float,
+    pids: Iterable[int],
+    util: list[tuple[int, int, int, int]] | None,
+    memory: Mapping[int, int | None],
+    cap_pct: float,
+    mem_cap_bytes: int,
+) -> Reading:
+    """One lease's reading from one round of samples on its card. ``util``: the card's per-process
+    samples [(pid, timestamp_us, sm %, mem %)] (several per pid: the newest counts), [] when the driver
+    had no new sample (all idle), None when unsupported. ``memory``: {pid: bytes} on the card."""
+    mine = set(pids)
+    sm: float | None = None
+    if util is not None:
+        newest: dict[int, tuple[int, int]] = {}
+        for pid, stamp, sm_pct, _mem in util:
+            if pid in mine and (pid not in newest or stamp > newest[pid][0]):
+                newest[pid] = (stamp, sm_pct)
+        sm = float(min(100, sum(v for _, v in newest.values())))
+    held = [memory[p] for p in mine if p in memory]
+    mem = None if any(v is None for v in held) else sum(v or 0 for v in held)
+    return Reading(t, sm, mem, float(cap_pct), int(mem_cap_bytes))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a lease (or a class) used over its history."""
+
+    readings: int
+    sm_mean: float | None
+    sm_peak: float | None  # 90th percentile of its readings: a burst is not its size
+    mem_peak: int | None
+    throttled_share: float  # of the readings with a compute figure
+
+
+def summarize(readings: Iterable[Reading], at_cap: float) -> Summary:
+    rs = list(readings)
+    sms = sorted(r.sm_pct for r in rs if r.sm_pct is not None)
+    mems = [r.mem_bytes for r in rs if r.mem_bytes is not None]
+    if not sms:
+        return Summary(len(rs), None, None, max(mems) if mems else None, 0.0)
+    p90 = sms[min(len(sms) - 1, int(0.9 * len(sms)))]
+    hot = sum(1 for r in rs if r.throttled(at_cap))
+    return Summary(len(rs), sum(sms) / len(sms), p90, max(mems) if mems else None, hot / len(sms))
+
+
+class UsageBook:
+    """Short histories: per lease (its readings) and per job class (readings of all its leases, so a
+    class's next job starts where the last ones ended up). Lives on the daemon's loop."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self.leases: dict[str, deque[Reading]] = {}
+        self.classes: dict[str, deque[Reading]] = {}
+        self.class_of: dict[str, str] = {}
+
+    def add(self, lease_id: str, cls: str, r: Reading) -> None:
+        self.leases.setdefault(lease_id, deque(maxlen=self.keep)).append(r)
+        self.classes.setdefault(cls, deque(maxlen=self.keep)).append(r)
+        self.class_of[lease_id] = cls
+
+    def moved(self, lease_id: str) -> None:
+        """The lease changed size: its readings against the old cap no longer say how it fits."""
+        self.leases.pop(lease_id, None)
+
+    def end(self, lease_id: str) -> None:
+        self.leases.pop(lease_id, None)
+        self.class_of.pop(lease_id, None)
+
+    def history(self, lease_id: str) -> list[Reading]:
+        return list(self.leases.get(lease_id, ()))
