@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import wait_until
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
+from xpud.ledger import Op
 from xpud.model import Mode, Request
 
 MACHINE = "pcie-4x-h100"
@@ -193,3 +194,54 @@ def test_remote_launch_off_refuses_other_hosts_but_not_this_ones_own_jobs(inproc
         d.call(hj.reserve, res(), "h2")
     assert not d.engine.leases
     assert len(d.call(hj.reserve, res(), None).cards) == 2  # coordinated here: not remote
+
+
+def test_this_hosts_limits_apply_to_the_submitter_a_reservation_counts_as_a_lease(inproc):
+    """[limits] max_leases_per_uid holds for a reservation as for a lease (before: granted as exempt)."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    d = inproc(MACHINE, "[limits]\nmax_leases_per_uid = 1\n")
+    hj = d.daemon.hostjobs
+    d.call(hj.reserve, res(job="j1", count=1, uid=nobody.pw_uid))
+    with pytest.raises(NoCapacity, match=r"uid 65534 has 1 lease\(s\).*max_leases_per_uid \(1\)"):
+        d.call(hj.reserve, res(job="j2", count=1, uid=nobody.pw_uid))
+    assert len(d.engine.leases) == 1
+    # this daemon's own uid is an operator here: not limited
+    d.call(hj.reserve, res(job="j3", count=1))
+    d.call(hj.reserve, res(job="j4", count=1))
+    assert len(d.engine.leases) == 3
+
+
+def test_the_rank_pid_is_durable_before_the_rank_is_reported_started(inproc):
+    """Ledger first: the ``started`` event comes only once the pid row is committed (the writer thread is
+    busy when it is queued; before, the pid was queued and ``started`` went out at once)."""
+    d = inproc(MACHINE)
+    hj, ledger = d.daemon.hostjobs, d.daemon.ledger
+    d.call(hj.reserve, res(count=1))
+    d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))
+    submit = ledger.submit
+
+    def slow_submit(*ops):
+        if any("rank_pid" in str(o) for o in ops):  # the writer thread is busy for 0.5 s first
+            submit(Op((), effect=lambda: time.sleep(0.5)))
+        return submit(*ops)
+
+    ledger.submit = slow_submit
+    spec = pb.LaunchSpec(job="j1", rank=0, argv=["sleep", "30"], cwd="/", env={"PATH": os.environ["PATH"]},
+                         uid=UID, gid=os.getgid())  # fmt: skip
+
+    async def first_event():
+        async def inputs():
+            yield pb.LaunchInput(start=spec)
+            await asyncio.sleep(60)
+
+        stream = hj.launch(inputs(), None, None)
+        ev = await anext(stream)
+        pid_now = ledger.db.execute("SELECT rank_pid FROM reservations WHERE job='j1'").fetchone()[0]
+        await stream.aclose()
+        return ev, pid_now
+
+    ev, pid_now = d.call(first_event)
+    assert ev.HasField("started") and pid_now == ev.started.pid
+    wait_until(lambda: not d.engine.leases, timeout=10)

@@ -206,3 +206,20 @@ def test_a_daemon_killed_under_a_running_rank_stops_it_and_frees_the_cards_when_
     wait_until(lambda: gone(pid), timeout=20)  # at start-up, well before any TTL or grace
     with d.client() as c:
         wait_until(lambda: not c.leases().leases, timeout=10)
+
+
+def test_the_coordinator_holds_the_submitter_to_this_hosts_limits(inproc):
+    """[limits] max_leases_per_uid: a uid at its cap here is refused before any host is asked."""
+    import pwd
+
+    from xpud.federation.jobrun import JobRun
+    from xpud.model import Caller, Mode, Request
+
+    nobody = pwd.getpwnam("nobody")
+    d = inproc(MACHINE, "[limits]\nmax_leases_per_uid = 1\n")
+    d.call(d.engine.acquire, Request(Mode.XPU, gpus=1, owner_uid=nobody.pw_uid))
+    run = JobRun(d.daemon, spec(["true"]), Caller(uid=nobody.pw_uid, gid=nobody.pw_gid))
+    with pytest.raises(NoCapacity, match=r"max_leases_per_uid \(1\)"):
+        d.call(run.check)
+    # an operator is not held to it
+    d.call(JobRun(d.daemon, spec(["true"]), Caller(uid=nobody.pw_uid, gid=nobody.pw_gid, admin=True)).check)

@@ -209,3 +209,40 @@ def test_a_signal_stops_both_ranks_and_replicas_spread_over_distinct_hosts(clust
     assert sorted(r.host for r in placed.ranks) == ["h1", "h2", "h3"]
     assert [e.output.data for e in events if e.HasField("output")] == [b"vxpu-half\n"] * 3
     assert events[-1].ended.exit_code == 0
+
+
+def test_ctrl_c_is_no_bad_exit_each_rank_handles_its_own_sigint(cluster):
+    """Rank 0 dies at once on the user's SIGINT (130); rank 1 traps it and cleans up for 1.5 s. Before the
+    fix rank 0's 130 counted as a bad exit and the coordinator SIGTERMed rank 1 in its clean-up."""
+    script = (
+        "trap 'echo term $RANK' TERM; "
+        "trap 'if [ $RANK = 1 ]; then sleep 1.5 || echo cut $RANK; fi; echo clean $RANK; exit 130' INT; "
+        "echo up; while :; do sleep 0.1; done"
+    )
+    hold, started = threading.Event(), threading.Event()
+    c = cluster[0].daemon.client()
+
+    def inputs():
+        yield pb.JobInput(start=job(["sh", "-c", script]))
+        while not hold.wait(0.05):
+            if started.is_set():
+                yield pb.JobInput(signal=signal.SIGINT)
+                break
+        hold.wait(60)
+
+    call = c.node.RunJob(inputs(), metadata=c._metadata(), timeout=60)
+    events, ups = [], 0
+    for ev in call:
+        events.append(ev)
+        if ev.HasField("output") and b"up" in ev.output.data:
+            ups += 1
+            if ups == 2:
+                started.set()
+    hold.set()
+    out = b"".join(e.output.data for e in events if e.HasField("output")).decode()
+    assert "clean 1" in out and "cut" not in out and "term" not in out, out
+    ended = [e.rank_ended for e in events if e.HasField("rank_ended")]
+    assert sorted(e.exit_code for e in ended) == [130, 130], ended
+    assert events[-1].ended.exit_code == 130
+    for h in cluster:
+        wait_until(lambda h=h: not leases(h), timeout=10)

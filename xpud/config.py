@@ -128,7 +128,8 @@ class LeasesSection:
 
 @dataclass(frozen=True)
 class LimitsSection:
-    """Per-user limits on requests (``Engine.validate`` and ``Engine.acquire``). Operators (root and
+    """Per-user limits on requests (``Engine.validate`` and ``Engine.acquire``; a multi-host job's
+    reservation on each host counts as a lease there, and its coordinator checks its own). Operators (root and
     ``[daemon] admin_group``) and members of ``exempt_groups`` are exempt."""
 
     max_user_priority: int = _key(

@@ -392,6 +392,10 @@ class Engine:
         if req.mode is Mode.XPU and req.gpus != len(req.cards):
             raise BadRequest(f"--gpus {req.gpus} with cards {list(req.cards)}: name as many cards as --gpus")
 
+    def check_limits(self, req: Request) -> None:
+        """[limits] for a grant that does not queue (a multi-host job's reservation is a lease)."""
+        self._check_limits(req, queueing=False)
+
     def _check_limits(self, req: Request, queueing: bool) -> None:
         """Per-uid caps of [limits] (operators and exempt groups pass). Raises NoCapacity naming the key."""
         lim = self.cfg.limits

@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from xpud.api.v1 import xpu_pb2 as pb
+from xpud.auth import member_of
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.federation.reserve import Refused, Reservation, Reservations, ResState, check_request
 from xpud.ledger import LedgerUnavailable, ReservationRecord
@@ -129,6 +130,14 @@ class HostJobs:
         await self.expire()
 
     # ------------------------------------------------------------------------------ Peer handlers
+    def exempt(self, uid: int, gid: int) -> bool:
+        """Whether this host's [limits] pass the submitter by, as for a local caller: operators (root,
+        this daemon's uid, [daemon] admin_group) and [limits] exempt_groups. Reads the group database."""
+        cfg = self.engine.cfg
+        if uid in (0, os.getuid()):
+            return True
+        return member_of(uid, gid, (cfg.daemon.admin_group, *cfg.limits.exempt_groups))
+
     async def reserve(self, req: pb.ReserveRequest, peer: str | None = None) -> pb.ReserveReply:
         cluster = getattr(self.daemon.cfg, "cluster", None)
         if peer and peer != self.name and cluster is not None and not cluster.remote_launch:
@@ -146,6 +155,7 @@ class HostJobs:
                 f"uid {req.uid}{f' ({req.user})' if req.user else ''} does not exist on host {self.name}: "
                 "create the user there (same uid) or run the job on other hosts"
             ) from None
+        exempt = await asyncio.to_thread(self.exempt, req.uid, req.gid)
         async with self._lock(req.job):
             now = self.clock()
             self.table.expire(now)
@@ -174,9 +184,10 @@ class HostJobs:
                     owner_uid=req.uid,
                     restartable=req.restartable,
                     command=f"job {req.job}: {req.command}"[:500],
-                    exempt=True,  # the submitter's limits were the coordinator's to check
+                    exempt=exempt,  # this host's [limits] apply to the submitter (a reservation is a lease)
                 )
             )
+            self.engine.check_limits(request)  # NoCapacity naming the [limits] key, as for a lease
             granted = await self.engine.try_grant(request, RESERVE_BUSY_WAIT_S)
             if granted is None:
                 raise NoCapacity(f"host {self.name}: {self.engine._why_not(request)}")
@@ -337,8 +348,14 @@ class HostJobs:
             raise
         async for ev in rank.events():
             r = self.table.get(spec.job)
-            if ev.HasField("started") and r is not None:  # a restarted daemon stops it (``restore``)
-                self.ledger.submit(self.ledger.set_rank_pid_op(spec.job, r.attempt, ev.started.pid))
+            if ev.HasField("started") and r is not None:
+                # ledger first: the pid is durable before anyone hears the rank started, so a daemon
+                # that crashes from here on finds and stops the group when it restarts (``restore``)
+                try:
+                    await self.ledger.write(self.ledger.set_rank_pid_op(spec.job, r.attempt, ev.started.pid))
+                except Exception:  # the ledger failed (a cancelled call: the stream's end stops it)
+                    await rank.kill()  # untracked, it could outlive a crash: it does not run
+                    raise
             if ev.HasField("ended") and spec.job in self.restarting:
                 ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
             yield ev

@@ -39,7 +39,7 @@ from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, NoCapacity, XpudError
 from xpud.federation import launch, reserve
 from xpud.federation.hostjobs import RESTART
-from xpud.model import Caller, Mode
+from xpud.model import Caller, Mode, Request
 from xpud.placement import multihost
 
 log = logging.getLogger("xpud.jobrun")
@@ -128,6 +128,7 @@ class JobRun:
         self.hosts: dict[str, tuple[int, ...]] = {}
         self.ranks: list[_Rank] = []
         self.restarts = 0
+        self.user_signals: set[int] = set()  # signals the user sent to every rank (Ctrl-C, ...)
         self._out: asyncio.Queue = asyncio.Queue()  # (rank, event) of the ranks running now
 
     # ------------------------------------------------------------------------------ checks
@@ -161,6 +162,13 @@ class JobRun:
             self.user = (await asyncio.to_thread(pwd.getpwuid, self.caller.uid)).pw_name
         except KeyError:
             self.user = ""
+        # this host's [limits] for the submitter before asking any host (each host checks its own too)
+        exempt = self.caller.admin or await asyncio.to_thread(
+            self.hostjobs.exempt, self.caller.uid, self.caller.gid
+        )
+        self.hostjobs.engine.check_limits(
+            Request(mode=self.mode, gpus=1, owner_uid=self.caller.uid, exempt=exempt)
+        )
 
     @property
     def count(self) -> int:
@@ -300,7 +308,8 @@ class JobRun:
                         restart = f"rank {rank.rank} on {rank.host}: {ev.error.removeprefix(RESTART)}"
                         continue
                     ended.append((rank.rank, ev.exit_code if not ev.error else (ev.exit_code or 255)))
-                    if ended[-1][1] and self.spec.kill_on_bad_exit and stopping is None:
+                    bad = ended[-1][1] and not self._by_user_signal(ev)
+                    if bad and self.spec.kill_on_bad_exit and stopping is None:
                         stopping = asyncio.ensure_future(self._stop_others())
                 if not restart:
                     break
@@ -327,6 +336,11 @@ class JobRun:
             cleanup = asyncio.ensure_future(self._cleanup())
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.shield(cleanup)
+
+    def _by_user_signal(self, ev: pb.RankEnded) -> bool:
+        """A rank that ended by (or on) a signal the user sent to every rank is no "bad exit": the
+        others got it too and are handling it themselves, as under srun."""
+        return not ev.error and any(ev.signal == s or ev.exit_code == 128 + s for s in self.user_signals)
 
     def _start_ranks(self, out: asyncio.Queue) -> None:
         names = [(r.host, r.addr or "127.0.0.1") for r in self.ranks]
@@ -397,6 +411,7 @@ class JobRun:
             elif what == "stdin_eof":
                 self.ranks[0].inputs.put_nowait(pb.LaunchInput(stdin_eof=True))
             elif what == "signal":
+                self.user_signals.add(m.signal)
                 for r in self.ranks:
                     if not r.ended:
                         r.inputs.put_nowait(pb.LaunchInput(signal=m.signal))
