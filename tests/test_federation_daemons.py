@@ -326,6 +326,7 @@ def netns():
         yield net
 
 
+@pytest.mark.xdist_group("netns")  # the test network (10.213.0.0/24) is one per machine
 def test_a_partitioned_host_is_dead_on_both_sides_and_rejoins_when_the_link_heals(site, netns):
     hosts: list[Host] = []
     try:

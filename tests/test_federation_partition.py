@@ -77,6 +77,7 @@ def coordinator(site: Path, host: Host) -> pbg.PeerStub:  # noqa: F811
     return pbg.PeerStub(grpc.secure_channel(host.addr, creds))
 
 
+@pytest.mark.xdist_group("netns")  # the test network (10.213.0.0/24) is one per machine
 def test_a_partition_never_grants_a_card_twice_and_heals(netted, site):  # noqa: F811
     net, (h1, h2, h3) = netted
     ttl = 4.0
@@ -117,6 +118,7 @@ def test_a_partition_never_grants_a_card_twice_and_heals(netted, site):  # noqa:
     wait_until(lambda: all_alive((h1, h2, h3)), timeout=40, step=0.3)
 
 
+@pytest.mark.xdist_group("netns")
 def test_a_partition_mid_job_stops_the_cut_off_rank_and_frees_its_cards_there(netted, tmp_path):
     net, (h1, h2, h3) = netted
     with h1.daemon.client(admin=True) as admin:  # the job goes to h2 and h3; h1 coordinates

@@ -284,7 +284,8 @@ class XpuTop(App[None]):
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         # Focus the view's main widget once its pane is shown, so its keys work at once.
         self.call_after_refresh(self._focus_view, event.pane.id)
-        self.refresh_bindings()
+        if self.screen_stack:  # not while quitting: a late tab switch must not raise on the way out
+            self.refresh_bindings()
 
     # ------------------------------------------------------------------ status line
     def _show_status(self) -> None:
