@@ -40,6 +40,7 @@ from xpud.api.v1 import xpu_pb2 as pb
 from xpud.auth import member_of
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.federation.reserve import Refused, Reservation, Reservations, ResState, check_request
+from xpud.federation.room import Room
 from xpud.ledger import LedgerUnavailable, ReservationRecord
 from xpud.model import Lease, LeaseState, Mode, Request
 
@@ -93,6 +94,8 @@ class HostJobs:
         self._tasks: set[asyncio.Task] = set()
         self.restarting: dict[str, str] = {}  # job -> why its rank here was stopped for a restart
         self.coordinating: list = []  # jobrun.JobRun waiting for room, in order (their queue positions)
+        self.room = Room()  # news of room for them when federation is off (jobrun.JobRun.room)
+        self.turn = asyncio.Lock()  # queued jobs plan again one at a time, in queue order
 
     @property
     def engine(self):

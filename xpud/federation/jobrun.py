@@ -8,8 +8,10 @@ and commits it on every chosen host, starts one rank per host and relays the ran
 3. **Reserve** with ``reserve.coordinate``: ``Reserve`` on every host, ``Commit`` when all hold,
    ``Abort`` and re-plan without a host that refused. Peers are reached over the federation's mutual-TLS
    channels, this host through its ``HostJobs`` directly. With ``wait_s`` the job queues: placement is
-   tried again as capacity frees (``JobQueued`` with the reason and the position among this daemon's
-   queued jobs).
+   tried again when the view shows more free capacity (``Federation.room``: a host's summary offers
+   more, this host released something; with federation off, any change of this host's engine), at the
+   latest every ``RETRY_FALLBACK_S`` (``JobQueued`` with the reason and the position among this daemon's
+   queued jobs, sent again when either changes). Queued jobs plan again one at a time, in queue order.
 4. **Launch**: ``Peer.Launch`` on every host with ``launch.rank_envs`` (``MASTER_ADDR`` = rank 0's host,
    ``MASTER_PORT`` = the port rank 0's host found free at commit). Output and ends come back as
    ``JobEvent``s; stdin goes to rank 0, signals to every rank. With ``kill_on_bad_exit`` the first
@@ -39,6 +41,7 @@ from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, NoCapacity, XpudError
 from xpud.federation import launch, reserve
 from xpud.federation.hostjobs import RESTART
+from xpud.federation.room import Room
 from xpud.model import Caller, Mode, Request
 from xpud.placement import multihost
 
@@ -47,7 +50,8 @@ log = logging.getLogger("xpud.jobrun")
 RESERVE_TTL_S = 10.0  # a reservation the coordinator does not commit in time ends on its host
 STEP_TIMEOUT_S = 5.0  # one Reserve/Commit/Abort call
 MAX_ATTEMPTS = 3  # sets of hosts tried per placement round
-RETRY_S = 1.0  # a queued job looks at the cluster again this often
+RETRY_FALLBACK_S = 5.0  # a queued job plans again at least this often, news of room or not
+RETRY_MIN_GAP_S = 0.05  # and at most this often, however much news arrives
 STOP_GRACE_S = 5.0  # after SIGTERM to the other ranks, their Launch calls are cancelled
 MAX_RESTARTS = 10  # restarts of a --restartable job after a card under one of its ranks failed
 
@@ -237,14 +241,38 @@ class JobRun:
         )
         return outcome
 
+    @property
+    def room(self) -> Room:
+        """News of more free capacity: the federation's, or (federation off) this host's own."""
+        return self.federation.room if self.federation is not None else self.hostjobs.room
+
+    async def _engine_news(self) -> None:
+        """Federation off: every change of this host's engine may have freed room (while queued)."""
+        engine = self.hostjobs.engine
+        q = engine.watch()
+        try:
+            while True:
+                await q.get()
+                self.hostjobs.room.notify()
+        finally:
+            engine.unwatch(q)
+
     async def place(self) -> AsyncIterator[pb.JobEvent]:
         """Place, reserve and commit; queue with ``wait_s``. Yields JobQueued updates, then JobPlaced."""
         deadline = time.monotonic() + self.spec.wait_s
         last = None
+        follow = None
+        room = self.room
         try:
             while True:
+                seen = room.seq  # before planning: news that arrives meanwhile is not missed
+                tried = time.monotonic()
                 try:
-                    outcome = await self._place_once()
+                    if last is None:
+                        outcome = await self._place_once()
+                    else:  # queued: the jobs ahead plan first (they woke first), none overtakes another
+                        async with self.hostjobs.turn:
+                            outcome = await self._place_once()
                     break
                 except (multihost.NoPlacement, reserve.Refused) as e:  # coordinate aborted what it held
                     self.attempts += MAX_ATTEMPTS
@@ -253,14 +281,21 @@ class JobRun:
                         raise NoCapacity(f"job cannot be placed: {e}{hint}") from None
                     if self not in self.hostjobs.coordinating:
                         self.hostjobs.coordinating.append(self)
+                        if self.federation is None:
+                            follow = asyncio.ensure_future(self._engine_news())
                     update = (str(e)[:500], self.hostjobs.coordinating.index(self) + 1)
                     if update != last:
                         last = update
                         yield pb.JobEvent(queued=pb.JobQueued(reason=update[0], position=update[1]))
-                    await asyncio.sleep(min(RETRY_S, max(deadline - time.monotonic(), 0)))
+                    left = deadline - time.monotonic()
+                    await room.wait(seen, min(RETRY_FALLBACK_S, max(left, 0.0)))
+                    await asyncio.sleep(min(max(tried + RETRY_MIN_GAP_S - time.monotonic(), 0.0), left))
         finally:
-            with contextlib.suppress(ValueError):
+            if follow is not None:
+                follow.cancel()
+            if self in self.hostjobs.coordinating:
                 self.hostjobs.coordinating.remove(self)
+                room.notify()  # the jobs behind this one move up: they show their new position
         self.attempts = outcome.attempts
         self.hosts = dict(outcome.hosts)
         ranks = []
