@@ -134,6 +134,8 @@ class JobRun:
         self.restarts = 0
         self.user_signals: set[int] = set()  # signals the user sent to every rank (Ctrl-C, ...)
         self._out: asyncio.Queue = asyncio.Queue()  # (rank, event) of the ranks running now
+        self._early: list[tuple[bool, pb.LaunchInput]] = []  # (to every rank, input) while none runs
+        self._stdin_closed = False  # the client's stdin ended: a restarted rank 0 gets EOF at once
 
     # ------------------------------------------------------------------------------ checks
     async def check(self) -> None:
@@ -400,6 +402,33 @@ class JobRun:
             )
             r.inputs.put_nowait(pb.LaunchInput(start=spec))
             r.task = asyncio.ensure_future(self._run_rank(r, out))
+        self._deliver_early()
+
+    def _deliver_early(self) -> None:
+        """New ranks (a restart) get what the client sent while none ran, and EOF on rank 0's stdin if the
+        client's stdin had ended (what the old rank 0 read is not sent again)."""
+        early, self._early = self._early, []
+        for every, item in early:
+            for r in self.ranks if every else self.ranks[:1]:
+                r.inputs.put_nowait(item)
+        if self._stdin_closed and self.ranks:
+            self.ranks[0].inputs.put_nowait(pb.LaunchInput(stdin_eof=True))
+
+    def _send(self, item: pb.LaunchInput, every: bool) -> None:
+        """``item`` to rank 0 (stdin) or to every rank still running (a signal); kept for the new ranks
+        while a restart has none."""
+        if item.WhichOneof("what") == "stdin_eof":
+            if self._stdin_closed:
+                return
+            self._stdin_closed = True
+            if not self.ranks:
+                return  # _deliver_early sends it
+        if not self.ranks:
+            self._early.append((every, item))
+            return
+        for r in self.ranks if every else self.ranks[:1]:
+            if not (every and r.ended):
+                r.inputs.put_nowait(item)
 
     async def _inputs(self, r: _Rank) -> AsyncIterator[pb.LaunchInput]:
         while True:
@@ -442,15 +471,13 @@ class JobRun:
         async for m in inputs:
             what = m.WhichOneof("what")
             if what == "stdin":
-                self.ranks[0].inputs.put_nowait(pb.LaunchInput(stdin=m.stdin))
+                self._send(pb.LaunchInput(stdin=m.stdin), every=False)
             elif what == "stdin_eof":
-                self.ranks[0].inputs.put_nowait(pb.LaunchInput(stdin_eof=True))
+                self._send(pb.LaunchInput(stdin_eof=True), every=False)
             elif what == "signal":
                 self.user_signals.add(m.signal)
-                for r in self.ranks:
-                    if not r.ended:
-                        r.inputs.put_nowait(pb.LaunchInput(signal=m.signal))
-        self.ranks[0].inputs.put_nowait(pb.LaunchInput(stdin_eof=True))  # the client closed its side
+                self._send(pb.LaunchInput(signal=m.signal), every=True)
+        self._send(pb.LaunchInput(stdin_eof=True), every=False)  # the client closed its side
 
     async def _stop_others(self) -> None:
         for r in self.ranks:
