@@ -81,6 +81,16 @@ def _kill_session(pid: int) -> None:
         pass
 
 
+async def _stop_units(job: str) -> None:
+    """Ranks run as systemd units here: stop ``job``'s (killing systemd-run's session does not)."""
+    from xpud.federation import rankproc, sysunit
+
+    units = rankproc.default_units()
+    if units is not None:
+        rc, _ = await units.runner(sysunit.stop_job_argv(job))
+        log.warning("stopped the units of job %s started before this daemon restarted (exit %d)", job, rc)
+
+
 class HostJobs:
     """Reserve/Commit/Abort for this host. ``peer`` is the calling host's name (from its certificate),
     or None/"" when this host coordinates the job itself."""
@@ -129,6 +139,7 @@ class HostJobs:
             self._track(r.job, r.lease_id, r.ttl_s, launch_by=now + r.ttl_s)
             if r.state == "committed" and r.rank_pid:  # launched before the restart: its stream is gone
                 _kill_session(r.rank_pid)
+                await _stop_units(r.job)
                 await self.drop(r.job, r.attempt, "its rank's daemon restarted; the rank was stopped")
         await self.expire()
 
