@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xpud.errors import Conflict, NoCapacity
-from xpud.model import Mode
+from xpud.model import Mode, Request
+from xpud.placement.colocate import overlap
 from xpud.rightsize import AutoState, Decision, caps, decide, first_mode
 from xpud.runfiles import publish_json
 from xpud.usage import Reading, UsageBook, job_class, lease_pids, measure
@@ -71,6 +73,27 @@ class Rightsizer:
 
     def track(self, lease_id: str, cls: str, auto: bool) -> None:
         self.tracked[lease_id] = Tracked(cls, auto, AutoState())
+        self.book.class_of[lease_id] = cls  # its class's profile stands for it until it is measured
+
+    # ------------------------------------------------------------------ co-location (issue 16 item 4)
+    def colocation(self, req: Request) -> Callable[[int], float] | None:
+        """A tie-breaker for the slice placement of ``req``: per card, the contention its class's profile
+        expects beside the card's leases (``placement.colocate.overlap``), on MPS cards only (a MIG
+        instance has its own memory bandwidth and cache). Reads only the kept usage history: no hardware
+        call on the grant path, and nothing at all unless cards tie. A class with no profile (no history)
+        gives 0 everywhere: placement as without it."""
+        e, book = self.engine, self.book
+        mine: list = []  # the class's profile, looked up at the first tie only
+
+        def cost(card: int) -> float:
+            if not mine:
+                mine.append(book.class_profile(req.job_class or job_class(req.command)))
+            c = e.cards.get(card)
+            if mine[0] is None or c is None or e.isolation_name(card) != "mps":
+                return 0.0
+            return overlap(mine[0], [p for lid in c.slices if (p := book.lease_profile(lid)) is not None])
+
+        return cost
 
     # ------------------------------------------------------------------ one round
     def _read(self, plan: list[tuple[str, int, int | None]]) -> dict:

@@ -243,6 +243,7 @@ class NodeService(pbg.NodeServicer):
                 cards=tuple(request.cards),
                 anchor=request.anchor,
                 exempt=caller.admin or member_of(caller.uid, caller.gid, e.cfg.limits.exempt_groups),
+                job_class=cls,
             )
         )
         # Granted at once (the common case): no helper task, no position queue around it. A caller that

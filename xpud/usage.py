@@ -35,6 +35,7 @@ class Reading:
     mem_bytes: int | None  # device memory its processes hold (sum); None: unknown
     cap_pct: float  # compute it may use: the slice's active-thread percentage, 100 for whole cards
     mem_cap_bytes: int  # device memory it may use
+    membw_pct: float | None = None  # memory-controller busy time of its processes (sum); None: unknown
 
     def throttled(self, at_cap: float) -> bool:
         """Its compute use sits at its cap (at least ``at_cap`` of it), so it is waiting on the limit."""
@@ -78,16 +79,17 @@ def measure(
     samples [(pid, timestamp_us, sm %, mem %)] (several per pid: the newest counts), [] when the driver
     had no new sample (all idle), None when unsupported. ``memory``: {pid: bytes} on the card."""
     mine = set(pids)
-    sm: float | None = None
+    sm = bw = None
     if util is not None:
-        newest: dict[int, tuple[int, int]] = {}
-        for pid, stamp, sm_pct, _mem in util:
+        newest: dict[int, tuple[int, int, int]] = {}
+        for pid, stamp, sm_pct, mem_pct in util:
             if pid in mine and (pid not in newest or stamp > newest[pid][0]):
-                newest[pid] = (stamp, sm_pct)
-        sm = float(min(100, sum(v for _, v in newest.values())))
+                newest[pid] = (stamp, sm_pct, mem_pct)
+        sm = float(min(100, sum(v for _, v, _ in newest.values())))
+        bw = float(min(100, sum(v for _, _, v in newest.values())))
     held = [memory[p] for p in mine if p in memory]
     mem = None if any(v is None for v in held) else sum(v or 0 for v in held)
-    return Reading(t, sm, mem, float(cap_pct), int(mem_cap_bytes))
+    return Reading(t, sm, mem, float(cap_pct), int(mem_cap_bytes), bw)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,16 @@ def summarize(readings: Iterable[Reading], at_cap: float) -> Summary:
     p90 = sms[min(len(sms) - 1, int(0.9 * len(sms)))]
     hot = sum(1 for r in rs if r.throttled(at_cap))
     return Summary(len(rs), sum(sms) / len(sms), p90, max(mems) if mems else None, hot / len(sms))
+
+
+def profile(readings: Iterable[Reading]) -> tuple[float, float] | None:
+    """What a lease (or class) keeps busy on its card on average: (SM %, memory-controller %), each of
+    the whole card; None without readings that have both. A compute-bound job shows a high first figure
+    and a low second; a memory-bound one a high second (its kernels wait on device memory)."""
+    pairs = [(r.sm_pct, r.membw_pct) for r in readings if r.sm_pct is not None and r.membw_pct is not None]
+    if not pairs:
+        return None
+    return sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs)
 
 
 class UsageBook:
@@ -137,3 +149,15 @@ class UsageBook:
 
     def history(self, lease_id: str) -> list[Reading]:
         return list(self.leases.get(lease_id, ()))
+
+    def class_profile(self, cls: str) -> tuple[float, float] | None:
+        return profile(self.classes.get(cls, ()))
+
+    def lease_profile(self, lease_id: str) -> tuple[float, float] | None:
+        """The lease's own profile, or its class's while it has no readings of its own (just granted,
+        just moved)."""
+        own = profile(self.leases.get(lease_id, ()))
+        if own is not None:
+            return own
+        cls = self.class_of.get(lease_id)
+        return None if cls is None else self.class_profile(cls)
