@@ -96,3 +96,25 @@ def test_a_locked_ledger_fails_writes_without_blocking_the_caller_thread(tmp_pat
     assert led.active_leases() == []
     led.insert_lease(_lease(), "tok")
     assert [x.id for x in led.active_leases()] == ["aaaa0001"]
+
+
+def test_usage_readings_keep_each_class_newest_and_auto_leases_follow_their_lease(tmp_path):
+    from xpud.ledger import AutoLeaseRecord
+    from xpud.usage import Reading
+
+    led = Ledger(tmp_path / "l.sqlite")
+    for t in range(10):
+        a, b = Reading(float(t), 5.0, 1, 15.0, 2, 40.0), Reading(float(t), None, 1, 15.0, 2)
+        led.add_readings([("a", a), ("b", b)], 4)
+    led.flush()
+    got = led.class_readings()
+    assert [r.t for r in got["a"]] == [6.0, 7.0, 8.0, 9.0] and got["a"][0].membw_pct == 40.0
+    assert got["b"][-1].sm_pct is None and len(got["b"]) == 4
+    led.insert_lease(_lease("l1"), "tok")
+    led.write_sync(led.save_auto_lease_op(AutoLeaseRecord("l1", "a", True, 2, 5.0, "up")))
+    led.write_sync(led.save_auto_lease_op(AutoLeaseRecord("gone", "a", True)))
+    assert led.auto_leases() == {"l1": AutoLeaseRecord("l1", "a", True, 2, 5.0, "up")}  # active leases only
+    led.prune(older_than_days=1, now=7.5 + 86400)
+    assert [r.t for r in led.class_readings()["a"]] == [8.0, 9.0]
+    n = led.db.execute("SELECT count(*) FROM auto_leases").fetchone()[0]
+    assert n == 1  # the record of a lease that is no longer active went

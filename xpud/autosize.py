@@ -5,20 +5,25 @@ Every decision is an ``auto`` event (and a ``mark`` for the lease's holder) carr
 
 Hardware reads and /proc walks run in a worker thread (``Engine._hw``), never on the loop.
 
-Which leases are ``--mode auto`` and their classes are kept in memory: after a daemon restart the
-leases restored from the ledger keep their size and are measured, but no longer moved automatically.
+What must outlive a restart is in the ledger (schema 6): each class's newest ``[auto] history``
+readings (written once per round, queued like events) and each tracked lease's class, ``--mode auto``
+flag and move state (written at its grant and at each move). ``restore`` reads them back at start, so
+``--mode auto`` starts a class from its history and a restored auto lease keeps its budget and hysteresis.
+A lease's own readings are not kept: they start afresh (the up/down windows need new evidence anyway).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xpud.errors import Conflict, NoCapacity
+from xpud.ledger import AutoLeaseRecord
 from xpud.model import Mode, Request
 from xpud.placement.colocate import overlap
 from xpud.rightsize import AutoState, Decision, caps, decide, first_mode
@@ -72,8 +77,28 @@ class Rightsizer:
         return mode, cls, why
 
     def track(self, lease_id: str, cls: str, auto: bool) -> None:
-        self.tracked[lease_id] = Tracked(cls, auto, AutoState())
+        self.tracked[lease_id] = t = Tracked(cls, auto, AutoState())
         self.book.class_of[lease_id] = cls  # its class's profile stands for it until it is measured
+        self._save(lease_id, t)
+
+    def _save(self, lease_id: str, t: Tracked) -> None:
+        s = t.state
+        rec = AutoLeaseRecord(lease_id, t.cls, t.auto, s.moves, s.last_move_t, s.last_direction)
+        self.engine.ledger.save_logged(self.engine.ledger.save_auto_lease_op(rec))
+
+    def restore(self) -> None:
+        """After a start: each class's recorded readings (``--mode auto`` starts from them) and, for the
+        leases restored from the ledger, their class, ``--mode auto`` flag and moves so far (so the
+        budget and the hysteresis hold across a restart). Each lease's own readings start afresh. Reads
+        the ledger once (start-up, before serving)."""
+        led = self.engine.ledger
+        for cls, readings in led.class_readings().items():
+            self.book.classes[cls] = deque(readings, maxlen=self.book.keep)
+        for lid, rec in led.auto_leases().items():
+            if lid in self.engine.leases:
+                state = AutoState(rec.moves, rec.last_move, rec.last_direction)
+                self.tracked[lid] = Tracked(rec.job_class, rec.auto, state)
+                self.book.class_of[lid] = rec.job_class
 
     # ------------------------------------------------------------------ co-location (issue 16 item 4)
     def colocation(self, req: Request) -> Callable[[int], float] | None:
@@ -111,7 +136,7 @@ class Rightsizer:
             return []
         got = await e._hw(self._read, [(x.id, x.cards[0], x.holder_pid) for x in leases])
         now = e.clock()
-        out = []
+        out, taken = [], []
         for i, samples in got["util"].items():
             if samples:
                 self._since[i] = max(self._since.get(i, 0), *(s[1] for s in samples))
@@ -126,6 +151,7 @@ class Rightsizer:
             )
             t = self.tracked.setdefault(lease.id, Tracked(job_class(lease.command), False, AutoState()))
             self.book.add(lease.id, t.cls, r)
+            taken.append((t.cls, r))
             d = decide(
                 lease.id,
                 str(lease.mode),
@@ -139,6 +165,7 @@ class Rightsizer:
             )
             if d is not None:
                 out.append(await self._act(lease.id, t, d, r))
+        e.ledger.add_readings(taken, self.cfg.history)  # the class histories outlive a restart
         return out
 
     async def _act(self, lease_id: str, t: Tracked, d: Decision, r: Reading) -> Decision:
@@ -156,6 +183,7 @@ class Rightsizer:
                 t.state.moves += 1
                 t.state.last_move_t, t.state.last_direction = e.clock(), d.direction
                 self.book.moved(lease_id)
+                self._save(lease_id, t)
         changed = t.last is None or (t.last.to, t.last.move) != (d.to, d.move)
         t.last = d
         if changed or d.move:  # a standing recommendation is said once, not every sample
@@ -198,7 +226,8 @@ class Rightsizer:
         return out
 
     def ended(self, lease_id: str) -> None:
-        self.tracked.pop(lease_id, None)
+        if self.tracked.pop(lease_id, None) is not None:
+            self.engine.ledger.save_logged(self.engine.ledger.end_auto_lease_op(lease_id))
         self.book.end(lease_id)
 
 
