@@ -297,3 +297,51 @@ def test_class_history_survives_a_daemon_restart(short_tmp):
         assert any("started as xpu" in m and "class 'svc'" in m for m in events)
     finally:
         d.stop()
+
+
+def test_watch_lease_streams_the_load_until_the_lease_ends(inproc, monkeypatch):
+    """Node.WatchLease through the socket: the load now, then each round's (the job at its quarter cap
+    shows throttled), and the stream ends once the lease has; the documented example follows it."""
+    import importlib.util
+    import threading
+    from pathlib import Path
+
+    from tests.conftest import wait_until
+    from xpud.api.client import Client
+    from xpud.errors import BadRequest, NotFound
+
+    d = inproc("pcie-8x-l40s", "[auto]\nsample_s = 1.0\n")
+    with Client(d.runtime_dir) as c:
+        g = c.acquire_lease("vxpu-quarter", command="python srv.py")
+        d.fake.add_process(g.lease.cards[0], ME, used_bytes=1 << 30)
+        d.fake.set_process_load(g.lease.cards[0], ME, 15, 3)
+        got = []
+        stream = c.watch_lease(g.lease.id[:6])
+        done = threading.Event()
+
+        def read():
+            for m in c.iterate(stream):
+                got.append(m)
+            done.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        wait_until(lambda: any(m.throttled for m in got), timeout=20)
+        assert got[0].lease_id == g.lease.id and got[0].mode == "vxpu-quarter"
+        last = got[-1]
+        assert last.cap_pct == 15 and last.used_pct == 15 and last.mem_used_bytes == 1 << 30
+
+        monkeypatch.setenv("XPUD_RUNTIME_DIR", str(d.runtime_dir))
+        path = Path(__file__).parent.parent / "examples" / "watch_load.py"
+        spec = importlib.util.spec_from_file_location("watch_load", path)
+        ex = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ex)
+        threading.Thread(target=ex.follow, args=(g.lease.id,), daemon=True).start()
+        wait_until(lambda: ex.latest.get("throttled") is True, timeout=20)
+        assert ex.latest["cap_pct"] == 15 and ex.latest["waiting_for_size"] == 0
+
+        c.release(g.lease.id, g.token)
+        assert done.wait(20), "the stream did not end with the lease"
+        with pytest.raises(NotFound):
+            next(iter(c.iterate(c.watch_lease(g.lease.id))))
+        with pytest.raises(BadRequest, match="lease_id"):
+            next(iter(c.iterate(c.watch_lease("bad id!"))))

@@ -14,10 +14,11 @@ A lease's own readings are not kept: they start afresh (the up/down windows need
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,6 +68,7 @@ class Rightsizer:
         self.book = UsageBook(self.cfg.history)
         self.tracked: dict[str, Tracked] = {}
         self._since: dict[int, int] = {}  # per card: newest sample timestamp read (µs)
+        self._watchers: dict[str, set[asyncio.Queue]] = {}  # lease id -> its WatchLease streams
 
     # ------------------------------------------------------------------ starting size
     def choose(self, command: str, given_class: str = "") -> tuple[str, str, str]:
@@ -196,34 +198,65 @@ class Rightsizer:
         """The scheduler's job: a failed round is logged, never raised; ended leases are forgotten."""
         for lid in [x for x in self.tracked if x not in self.engine.leases]:
             self.ended(lid)
+        for lid in [x for x in self._watchers if x not in self.engine.leases]:
+            self._tell(lid, None)  # its WatchLease streams end
         try:
             await self.poll()
-            await self.engine._hw(publish_loads, self.engine.cfg.runtime_dir, self.loads())
+            loads = self.loads()
+            for lid in self._watchers:
+                if lid in loads:
+                    self._tell(lid, loads[lid])
+            await self.engine._hw(publish_loads, self.engine.cfg.runtime_dir, loads)
         except Exception:
             log.exception("right-sizing round failed")
 
-    def loads(self) -> dict[str, dict]:
-        """Each active lease's live load, for its server to adapt to (``load/<lease id>.json``)."""
-        e = self.engine
+    def _waiting(self) -> dict[str, int]:
         waiting: dict[str, int] = {}
-        for q in e.queue_view():
+        for q in self.engine.queue_view():
             waiting[str(q.request.mode)] = waiting.get(str(q.request.mode), 0) + 1
-        out = {}
-        for lease in e.leases.values():
-            hist = self.book.history(lease.id)
-            last = hist[-1] if hist else None
-            out[lease.id] = {
-                "lease_id": lease.id,
-                "mode": str(lease.mode),
-                "t": time.time(),
-                "cap_pct": last.cap_pct if last else None,
-                "used_pct": last.sm_pct if last else None,
-                "mem_used_bytes": last.mem_bytes if last else None,
-                "throttled": bool(last and last.throttled(self.cfg.at_cap)),
-                "waiting_for_size": waiting.get(str(lease.mode), 0),
-                "moving": lease.id in e.moves.pending,
-            }
-        return out
+        return waiting
+
+    def load(self, lease, waiting: dict[str, int]) -> dict:
+        """A lease's live load, for its server to adapt to (file and ``WatchLease``)."""
+        hist = self.book.leases.get(lease.id)
+        last = hist[-1] if hist else None
+        return {
+            "lease_id": lease.id,
+            "mode": str(lease.mode),
+            "t": time.time(),
+            "cap_pct": last.cap_pct if last else None,
+            "used_pct": last.sm_pct if last else None,
+            "mem_used_bytes": last.mem_bytes if last else None,
+            "throttled": bool(last and last.throttled(self.cfg.at_cap)),
+            "waiting_for_size": waiting.get(str(lease.mode), 0),
+            "moving": lease.id in self.engine.moves.pending,
+        }
+
+    def loads(self) -> dict[str, dict]:
+        """Each active lease's live load (``load/<lease id>.json``)."""
+        waiting = self._waiting()
+        return {lease.id: self.load(lease, waiting) for lease in self.engine.leases.values()}
+
+    async def watch(self, lease_id: str) -> AsyncIterator[dict]:
+        """``WatchLease``: the lease's load now, then after every round until the lease has ended (told
+        at the next round). A slow reader gets the newest load only (one is kept)."""
+        q: asyncio.Queue = asyncio.Queue(maxsize=1)
+        self._watchers.setdefault(lease_id, set()).add(q)
+        try:
+            yield self.load(self.engine.leases[lease_id], self._waiting())
+            while (got := await q.get()) is not None:
+                yield got
+        finally:
+            qs = self._watchers.get(lease_id, set())
+            qs.discard(q)
+            if not qs:
+                self._watchers.pop(lease_id, None)
+
+    def _tell(self, lease_id: str, load: dict | None) -> None:
+        for q in self._watchers.get(lease_id, ()):
+            if q.full():
+                q.get_nowait()  # the reader has not taken the last one: the newest replaces it
+            q.put_nowait(load)
 
     def ended(self, lease_id: str) -> None:
         if self.tracked.pop(lease_id, None) is not None:
