@@ -118,3 +118,17 @@ def test_usage_readings_keep_each_class_newest_and_auto_leases_follow_their_leas
     assert [r.t for r in led.class_readings()["a"]] == [8.0, 9.0]
     n = led.db.execute("SELECT count(*) FROM auto_leases").fetchone()[0]
     assert n == 1  # the record of a lease that is no longer active went
+
+
+def test_classes_not_seen_for_long_are_forgotten(tmp_path):
+    from xpud.ledger import AutoLeaseRecord
+    from xpud.usage import Reading
+
+    led = Ledger(tmp_path / "l.sqlite")
+    led.add_readings([("old", Reading(10.0, 5.0, 1, 15.0, 2)), ("new", Reading(10.0, 5.0, 1, 15.0, 2))], 4)
+    led.add_readings([("new", Reading(100.0, 5.0, 1, 15.0, 2))], 4)
+    led.write_sync(led.save_auto_lease_op(AutoLeaseRecord("ended", "new", True)))
+    led.forget_stale_usage(before=50.0)
+    led.flush()
+    assert list(led.class_readings()) == ["new"] and len(led.class_readings()["new"]) == 2
+    assert led.db.execute("SELECT count(*) FROM auto_leases").fetchone()[0] == 0

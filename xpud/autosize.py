@@ -32,6 +32,7 @@ from xpud.runfiles import publish_json
 from xpud.usage import Reading, UsageBook, job_class, lease_pids, measure
 
 LOAD_DIR = "load"
+CLASS_KEPT_S = 30 * 86400.0  # a class not seen for this long is forgotten at the next start
 
 
 def publish_loads(runtime_dir, loads: dict[str, dict]) -> None:
@@ -94,7 +95,10 @@ class Rightsizer:
         budget and the hysteresis hold across a restart). Each lease's own readings start afresh. Reads
         the ledger once (start-up, before serving)."""
         led = self.engine.ledger
+        led.forget_stale_usage(self.engine.clock() - CLASS_KEPT_S)
         for cls, readings in led.class_readings().items():
+            if readings[-1].t < self.engine.clock() - CLASS_KEPT_S:
+                continue
             self.book.classes[cls] = deque(readings, maxlen=self.book.keep)
         for lid, rec in led.auto_leases().items():
             if lid in self.engine.leases:

@@ -789,6 +789,18 @@ class Ledger:
         ]
         self.save_logged(*ops)
 
+    def forget_stale_usage(self, before: float) -> None:
+        """Drop the readings of classes not seen since ``before`` (wall time) and the records of leases
+        no longer active (a crash between a lease's end and its record's removal). Queued."""
+        self.save_logged(
+            op(
+                "DELETE FROM usage_readings WHERE job_class IN (SELECT job_class FROM usage_readings"
+                " GROUP BY job_class HAVING MAX(ts) < ?)",
+                before,
+            ),
+            op("DELETE FROM auto_leases WHERE lease_id NOT IN (SELECT id FROM leases WHERE state='active')"),
+        )
+
     def class_readings(self) -> dict[str, list[Reading]]:
         """Each job class's recorded readings, oldest first."""
         out: dict[str, list[Reading]] = {}
