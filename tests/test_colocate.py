@@ -119,3 +119,13 @@ def test_only_mps_cards_are_ranked_by_profile(mps_world):
     e, _ = two_cards_one_compute_one_memory(engine("none"), fake, clock, holder)
     train, _ = e.try_grant(req("vxpu-quarter", job_class="train"))
     assert train.cards == (0,)  # not MPS: no co-location, the lowest index
+
+
+def test_a_moved_lease_goes_beside_its_complement_too(mps_world):
+    engine, fake, clock, holder = mps_world
+    e, rs = two_cards_one_compute_one_memory(engine(), fake, clock, holder)
+    lease, _ = e.try_grant(req("vxpu-quarter", cards=(2,), restartable=True, command="python train.py"))
+    e.hold_opened(lease.id)
+    rs.track(lease.id, "train", True)
+    moved = e._loop.run_until_complete(e.moves.start(lease.id, "test"))
+    assert moved.cards == (1,)  # beside "etl"; without co-location card 0 (the lowest index)

@@ -84,6 +84,11 @@ class Rightsizer:
         self.book.class_of[lease_id] = cls  # its class's profile stands for it until it is measured
         self._save(lease_id, t)
 
+    def class_of(self, lease_id: str) -> str:
+        """The job class a lease is measured under ("" when it is not tracked)."""
+        t = self.tracked.get(lease_id)
+        return t.cls if t is not None else ""
+
     def _save(self, lease_id: str, t: Tracked) -> None:
         s = t.state
         rec = AutoLeaseRecord(lease_id, t.cls, t.auto, s.moves, s.last_move_t, s.last_direction)
