@@ -345,3 +345,21 @@ def test_watch_lease_streams_the_load_until_the_lease_ends(inproc, monkeypatch):
             next(iter(c.iterate(c.watch_lease(g.lease.id))))
         with pytest.raises(BadRequest, match="lease_id"):
             next(iter(c.iterate(c.watch_lease("bad id!"))))
+
+
+def test_only_what_a_restart_cannot_derive_is_written(world):
+    engine, _fake, rs, _clock = world
+    plain, _ = engine.try_grant(req("vxpu-quarter", command="python x.py"))
+    named, _ = engine.try_grant(req("vxpu-quarter", command="python x.py"))
+    auto, _ = engine.try_grant(req("vxpu-quarter", command="python x.py"))
+    rs.track(plain.id, "python x.py", False)  # the class its command gives: nothing to keep
+    rs.track(named.id, "svc", False)  # --class svc
+    rs.track(auto.id, "python x.py", True)  # --mode auto
+    engine.ledger.flush()
+    assert set(engine.ledger.auto_leases()) == {named.id, auto.id}
+    for lease in (plain, named, auto):
+        engine.release(lease.id, Caller(uid=1000))
+        rs.ended(lease.id)
+    engine.ledger.flush()
+    assert engine.ledger.auto_leases() == {}
+    assert engine.ledger.db.execute("SELECT count(*) FROM auto_leases").fetchone()[0] == 0

@@ -59,6 +59,7 @@ class Tracked:
     auto: bool  # --mode auto: may be moved
     state: AutoState
     last: Decision | None = None  # the newest decision (a recommendation or a move)
+    saved: bool = False  # it has a record in the ledger (auto_leases)
 
 
 class Rightsizer:
@@ -82,7 +83,9 @@ class Rightsizer:
     def track(self, lease_id: str, cls: str, auto: bool) -> None:
         self.tracked[lease_id] = t = Tracked(cls, auto, AutoState())
         self.book.class_of[lease_id] = cls  # its class's profile stands for it until it is measured
-        self._save(lease_id, t)
+        lease = self.engine.leases.get(lease_id)
+        if auto or (lease is not None and cls != job_class(lease.command)):
+            self._save(lease_id, t)  # else a restart derives the same from the command: no write
 
     def class_of(self, lease_id: str) -> str:
         """The job class a lease is measured under ("" when it is not tracked)."""
@@ -90,6 +93,7 @@ class Rightsizer:
         return t.cls if t is not None else ""
 
     def _save(self, lease_id: str, t: Tracked) -> None:
+        t.saved = True
         s = t.state
         rec = AutoLeaseRecord(lease_id, t.cls, t.auto, s.moves, s.last_move_t, s.last_direction)
         self.engine.ledger.save_logged(self.engine.ledger.save_auto_lease_op(rec))
@@ -108,7 +112,7 @@ class Rightsizer:
         for lid, rec in led.auto_leases().items():
             if lid in self.engine.leases:
                 state = AutoState(rec.moves, rec.last_move, rec.last_direction)
-                self.tracked[lid] = Tracked(rec.job_class, rec.auto, state)
+                self.tracked[lid] = Tracked(rec.job_class, rec.auto, state, saved=True)
                 self.book.class_of[lid] = rec.job_class
 
     # ------------------------------------------------------------------ co-location (issue 16 item 4)
@@ -268,7 +272,8 @@ class Rightsizer:
             q.put_nowait(load)
 
     def ended(self, lease_id: str) -> None:
-        if self.tracked.pop(lease_id, None) is not None:
+        t = self.tracked.pop(lease_id, None)
+        if t is not None and t.saved:
             self.engine.ledger.save_logged(self.engine.ledger.end_auto_lease_op(lease_id))
         self.book.end(lease_id)
 
