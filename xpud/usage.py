@@ -133,6 +133,7 @@ class UsageBook:
         self.leases: dict[str, deque[Reading]] = {}
         self.classes: dict[str, deque[Reading]] = {}
         self.class_of: dict[str, str] = {}
+        self._profiles: dict[str, tuple] = {}  # "l:<lease>"/"c:<class>" -> (newest reading, length, profile)
 
     def add(self, lease_id: str, cls: str, r: Reading) -> None:
         self.leases.setdefault(lease_id, deque(maxlen=self.keep)).append(r)
@@ -142,21 +143,32 @@ class UsageBook:
     def moved(self, lease_id: str) -> None:
         """The lease changed size: its readings against the old cap no longer say how it fits."""
         self.leases.pop(lease_id, None)
+        self._profiles.pop("l:" + lease_id, None)
 
     def end(self, lease_id: str) -> None:
-        self.leases.pop(lease_id, None)
+        self.moved(lease_id)
         self.class_of.pop(lease_id, None)
 
     def history(self, lease_id: str) -> list[Reading]:
         return list(self.leases.get(lease_id, ()))
 
+    def _profile(self, key: str, hist: deque[Reading] | None) -> tuple[float, float] | None:
+        """``profile`` of a history, computed again only when a reading was added since (placement asks
+        on every tie; readings come once per round)."""
+        if not hist:
+            return None
+        got = self._profiles.get(key)
+        if got is None or got[0] is not hist[-1] or got[1] != len(hist):
+            got = self._profiles[key] = (hist[-1], len(hist), profile(hist))
+        return got[2]
+
     def class_profile(self, cls: str) -> tuple[float, float] | None:
-        return profile(self.classes.get(cls, ()))
+        return self._profile("c:" + cls, self.classes.get(cls))
 
     def lease_profile(self, lease_id: str) -> tuple[float, float] | None:
         """The lease's own profile, or its class's while it has no readings of its own (just granted,
         just moved)."""
-        own = profile(self.leases.get(lease_id, ()))
+        own = self._profile("l:" + lease_id, self.leases.get(lease_id))
         if own is not None:
             return own
         cls = self.class_of.get(lease_id)
