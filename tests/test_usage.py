@@ -116,3 +116,15 @@ def test_profiles_follow_new_readings_and_end_with_the_lease():
     assert book.lease_profile("l1") is None
     book.add("l2", "d", Reading(4.0, None, 0, 15.0, 1))  # MIG: no compute figure, no profile
     assert book.lease_profile("l2") is None
+
+
+def test_book_keeps_at_most_max_classes_forgetting_the_least_recently_measured():
+    book = UsageBook(keep=3, max_classes=2)
+    r = Reading(1.0, 50.0, 1 << 30, 100.0, 4 << 30, 20.0)
+    book.add("l1", "a", r)
+    book.add("l2", "b", r)
+    book.add("l1", "a", r)  # "a" measured again: "b" is now the oldest
+    assert book.class_profile("b") is not None
+    book.add("l3", "c", r)
+    assert list(book.classes) == ["a", "c"]
+    assert book.class_profile("b") is None and "c:b" not in book._profiles

@@ -105,10 +105,11 @@ class Rightsizer:
         the ledger once (start-up, before serving)."""
         led = self.engine.ledger
         led.forget_stale_usage(self.engine.clock() - CLASS_KEPT_S)
-        for cls, readings in led.class_readings().items():
+        by_newest = sorted(led.class_readings().items(), key=lambda kv: kv[1][-1].t)
+        for cls, readings in by_newest:  # the most recently measured last: kept if over the cap
             if readings[-1].t < self.engine.clock() - CLASS_KEPT_S:
                 continue
-            self.book.classes[cls] = deque(readings, maxlen=self.book.keep)
+            self.book.keep_class(cls, deque(readings, maxlen=self.book.keep))
         for lid, rec in led.auto_leases().items():
             if lid in self.engine.leases:
                 state = AutoState(rec.moves, rec.last_move, rec.last_direction)

@@ -124,12 +124,18 @@ def profile(readings: Iterable[Reading]) -> tuple[float, float] | None:
     return sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs)
 
 
+MAX_CLASSES = 10_000  # classes kept in memory; the least recently measured goes first
+
+
 class UsageBook:
     """Short histories: per lease (its readings) and per job class (readings of all its leases, so a
-    class's next job starts where the last ones ended up). Lives on the daemon's loop."""
+    class's next job starts where the last ones ended up). Lives on the daemon's loop. At most
+    ``max_classes`` classes are kept (any user names a class with ``--class``): the one measured least
+    recently is forgotten first."""
 
-    def __init__(self, keep: int):
+    def __init__(self, keep: int, max_classes: int = MAX_CLASSES):
         self.keep = keep
+        self.max_classes = max_classes
         self.leases: dict[str, deque[Reading]] = {}
         self.classes: dict[str, deque[Reading]] = {}
         self.class_of: dict[str, str] = {}
@@ -137,8 +143,19 @@ class UsageBook:
 
     def add(self, lease_id: str, cls: str, r: Reading) -> None:
         self.leases.setdefault(lease_id, deque(maxlen=self.keep)).append(r)
-        self.classes.setdefault(cls, deque(maxlen=self.keep)).append(r)
+        self.keep_class(cls, deque(maxlen=self.keep)).append(r)
         self.class_of[lease_id] = cls
+
+    def keep_class(self, cls: str, hist: deque[Reading]) -> deque[Reading]:
+        """``cls``'s history (``hist`` when it has none yet), now the most recently measured class;
+        the least recently measured one is dropped beyond ``max_classes``."""
+        hist = self.classes.pop(cls, hist)
+        self.classes[cls] = hist
+        while len(self.classes) > self.max_classes:
+            old = next(iter(self.classes))
+            del self.classes[old]
+            self._profiles.pop("c:" + old, None)
+        return hist
 
     def moved(self, lease_id: str) -> None:
         """The lease changed size: its readings against the old cap no longer say how it fits."""
