@@ -132,3 +132,34 @@ def test_classes_not_seen_for_long_are_forgotten(tmp_path):
     led.flush()
     assert list(led.class_readings()) == ["new"] and len(led.class_readings()["new"]) == 2
     assert led.db.execute("SELECT count(*) FROM auto_leases").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("config_text", "kept"),
+    [
+        ("[leases]\nhistory_days = 1\n", False),
+        ("[leases]\nhistory_days = 0\n", True),  # 0: kept forever
+        ("[leases]\nhistory_days = 1\n[forecast]\nenabled = true\nhistory_days = 28\n", True),
+    ],
+)
+def test_the_daemon_prunes_ended_leases_past_history_days(inproc, config_text, kept):
+    """[leases] history_days is enforced by the daemon's prune job (through the ledger's writer), raised to
+    the forecast's history when the forecast is on; an active lease is never pruned."""
+    from xpud.api.client import Client
+
+    d = inproc("pcie-8x-l40s", config_text)
+    with Client(d.runtime_dir) as c:
+        old = c.acquire_lease("vxpu-quarter", command="old")
+        live = c.acquire_lease("vxpu-quarter", command="live")
+        c.release(old.lease.id, old.token)
+    d.call(lambda: d.engine.ledger.write())  # flush
+    path = d.engine.ledger.path
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE leases SET ended = ended - 3 * 86400 WHERE id = ?", (old.lease.id,))
+        db.execute("UPDATE events SET ts = ts - 3 * 86400 WHERE lease_id = ?", (old.lease.id,))
+    d.call(d.daemon.jobs.prune)
+    with sqlite3.connect(path) as db:
+        ids = {r[0] for r in db.execute("SELECT id FROM leases")}
+        events = db.execute("SELECT COUNT(*) FROM events WHERE lease_id = ?", (old.lease.id,)).fetchone()[0]
+    assert live.lease.id in ids
+    assert (old.lease.id in ids) is kept and (events > 0) is kept

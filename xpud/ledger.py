@@ -744,11 +744,20 @@ class Ledger:
         return self._ids
 
     def prune(self, older_than_days: int, now: float | None = None) -> int:
+        """Drop what ended more than ``older_than_days`` ago (``prune_ops``); returns how many leases.
+        Blocking: for threads other than the loop (the daemon's job awaits ``write(*prune_ops(...))``)."""
         cutoff = (now or time.time()) - older_than_days * 86400
         before = self.db.execute(
             "SELECT COUNT(*) FROM leases WHERE state!='active' AND ended < ?", (cutoff,)
         ).fetchone()[0]
-        self.write_sync(
+        self.write_sync(*self.prune_ops(older_than_days, now))
+        return before
+
+    def prune_ops(self, older_than_days: int, now: float | None = None) -> list[Op]:
+        """Ended leases, events, finished reservations and usage readings older than the cutoff; each
+        card's latest health change stays (it is the state restored at the next start)."""
+        cutoff = (now or time.time()) - older_than_days * 86400
+        return [
             op("DELETE FROM leases WHERE state!='active' AND ended < ?", cutoff),
             op("DELETE FROM events WHERE ts < ?", cutoff),
             op("DELETE FROM reservations WHERE state NOT IN ('held','committed') AND ended < ?", cutoff),
@@ -760,8 +769,7 @@ class Ledger:
                 " (SELECT MAX(id) FROM health_changes GROUP BY card_uuid)",
                 cutoff,
             ),
-        )
-        return before
+        ]
 
     # right-sizing (xpud.autosize) -----------------------------------------------------------------
     def add_readings(self, rows: Sequence[tuple[str, Reading]], keep: int) -> None:
