@@ -89,8 +89,9 @@ with open(f"{log}/env-mode", "w") as f:
     f.write(oct(os.stat(opts["EnvironmentFile"]).st_mode & 0o777)[2:] + "\n")
 sh = ["env", "-i", "sh", "-c", 'set -a; . "$0"; exec "$@"', f"{log}/env-file", *cmd]
 p = subprocess.Popen(sh, cwd=opts["working-directory"], start_new_session=True)
-with open(f"{log}/{unit}.pid", "w") as f:
+with open(f"{log}/{unit}.pid.new", "w") as f:
     f.write(str(p.pid))
+os.rename(f"{log}/{unit}.pid.new", f"{log}/{unit}.pid")
 st = p.wait()
 with open(f"{log}/{unit}.end", "w") as f:
     f.write(f"2 {-st}" if st < 0 else f"1 {st}")
@@ -111,6 +112,10 @@ class Systemctl:
         pid_file, end_file = self.log / f"{unit}.pid", self.log / f"{unit}.end"
         if verb == "kill":
             sig = int(argv[2].removeprefix("--signal="))
+            for _ in range(200):  # the unit exists from its start: wait for the stand-in to say its pid
+                if pid_file.exists():
+                    break
+                await asyncio.sleep(0.01)
             try:
                 os.killpg(int(pid_file.read_text()), sig)
             except (FileNotFoundError, ValueError, ProcessLookupError):
