@@ -163,7 +163,7 @@ class Federation:
                 self.sender.send(self.swim.tick(now))
                 self._rejoin(now)
                 self._take_changes()
-                if self._refresh_due(now) and (self._refresh is None or self._refresh.done()):
+                if (self._refresh is None or self._refresh.done()) and self._refresh_due(now):
                     self._next_summary = now + SUMMARY_EVERY_S
                     self._last_refresh = now
                     self._refresh = asyncio.create_task(self._publish())
@@ -185,7 +185,8 @@ class Federation:
 
     def _refresh_due(self, now: float) -> bool:
         """The periodic refresh, or soon after the engine changed (a lease granted or ended, a card's
-        health, a drain), one ``PUBLISH_GAP_S`` after the last at the earliest."""
+        health, a drain), one ``PUBLISH_GAP_S`` after the last at the earliest. Takes the engine's news:
+        ask only when no refresh runs (one running may have read the engine before that news)."""
         q = self._engine_news
         if q is not None and not q.empty() and now >= self._last_refresh + PUBLISH_GAP_S:
             while not q.empty():
