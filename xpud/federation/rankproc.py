@@ -421,7 +421,8 @@ class Rank:
         argv, creds = _argv_and_creds(self.spec)
         env = dict(self.spec.env)
         if self.units is not None:  # systemd switches the user and enters the directory
-            argv, creds, env = self._unit_argv(list(self.spec.argv)), {"cwd": "/"}, dict(sysunit.CLEAN_ENV)
+            argv = await asyncio.to_thread(self._unit_argv, list(self.spec.argv))  # writes the env file
+            creds, env = {"cwd": "/"}, dict(sysunit.CLEAN_ENV)
         loop = asyncio.get_running_loop()
         starting = asyncio.ensure_future(
             loop.subprocess_exec(lambda: _Pipes(self), *argv, env=env, start_new_session=True, **creds)

@@ -16,8 +16,9 @@ the last word by ``systemctl stop`` (KillMode=control-group: every process of th
   runtime directory, removed once the unit's process is started (``ExecMainPID`` set: systemd reads the
   file before it forks): ``--setenv=NAME=VALUE`` would show every value in ``ps``, and systemd-run itself
   must not run with the submitter's environment (it runs as root: ``LD_PRELOAD``, ``SYSTEMD_*``).
-- Names systemd does not take in an environment file (not ``[A-Za-z_][A-Za-z0-9_]*``, e.g. bash's
-  exported functions ``BASH_FUNC_x%%``) are left out and logged.
+- Names that are not ``[A-Za-z_][A-Za-z0-9_]*`` (e.g. bash's exported functions ``BASH_FUNC_x%%``) are
+  left out and logged: systemd's parser takes shell-style names only (its ``env_name_is_valid``, as far
+  as we know: not checked against a real systemd).
 
 Argv builders and the file format are pure; the commands run through a ``Runner`` (``run`` by default) that
 tests replace, as tests/test_install.py records systemctl. Not run on a real systemd here (none runs on
