@@ -163,10 +163,7 @@ class Federation:
                 self.sender.send(self.swim.tick(now))
                 self._rejoin(now)
                 self._take_changes()
-                if (self._refresh is None or self._refresh.done()) and self._refresh_due(now):
-                    self._next_summary = now + SUMMARY_EVERY_S
-                    self._last_refresh = now
-                    self._refresh = asyncio.create_task(self._publish())
+                self._maybe_refresh(now)
             except asyncio.CancelledError:
                 raise
             except Exception:  # the membership must go on: log and tick again
@@ -182,6 +179,12 @@ class Federation:
             self.sender.send(self.swim.join(self.cfg.seeds))
             self._next_join = now + self._join_backoff
             self._join_backoff = min(self._join_backoff * 2, self.swim.cfg.push_pull_interval_s)
+
+    def _maybe_refresh(self, now: float) -> None:
+        if (self._refresh is None or self._refresh.done()) and self._refresh_due(now):
+            self._next_summary = now + SUMMARY_EVERY_S
+            self._last_refresh = now
+            self._refresh = asyncio.create_task(self._publish())
 
     def _refresh_due(self, now: float) -> bool:
         """The periodic refresh, or soon after the engine changed (a lease granted or ended, a card's
