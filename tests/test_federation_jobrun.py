@@ -250,6 +250,10 @@ def test_a_restarted_rank_0_gets_eof_when_the_clients_stdin_had_ended(inproc):
 
 
 def test_input_sent_while_a_restart_has_no_ranks_reaches_the_new_ones(inproc):
+    """Between two placements: signals are kept for the new ranks, stdin waits for the new rank 0 (before:
+    an IndexError ended the feeder, and nothing the client sent reached the job again)."""
+    import asyncio
+
     from xpud.federation.jobrun import JobRun, _Rank
     from xpud.model import Caller
 
@@ -257,19 +261,19 @@ def test_input_sent_while_a_restart_has_no_ranks_reaches_the_new_ones(inproc):
     run = JobRun(d.daemon, spec(["true"]), Caller(uid=os.getuid(), gid=os.getgid()))
 
     async def inputs():
-        yield pb.JobInput(stdin=b"x")
         yield pb.JobInput(signal=signal.SIGINT)
+        yield pb.JobInput(stdin=b"x")
 
     async def gap_then_start():
-        await run._forward(inputs())  # between two placements: no ranks (before: an IndexError)
+        feeder = asyncio.ensure_future(run._forward(inputs()))  # no ranks: a restart in progress
+        await asyncio.sleep(0.05)
+        assert not feeder.done()  # stdin waits for the new rank 0
         run.ranks = [_Rank(0, "a", ""), _Rank(1, "b", "")]
         run._deliver_early()
+        await asyncio.wait_for(feeder, 5)
         return [[r.inputs.get_nowait() for _ in range(r.inputs.qsize())] for r in run.ranks]
 
     rank0, rank1 = d.call(gap_then_start)
-    assert rank0 == [
-        pb.LaunchInput(stdin=b"x"),
-        pb.LaunchInput(signal=signal.SIGINT),
-        pb.LaunchInput(stdin_eof=True),
-    ]
-    assert rank1 == [pb.LaunchInput(signal=signal.SIGINT)]
+    sigint = pb.LaunchInput(signal=signal.SIGINT)
+    assert rank0 == [sigint, pb.LaunchInput(stdin=b"x"), pb.LaunchInput(stdin_eof=True)]
+    assert rank1 == [sigint]

@@ -54,6 +54,7 @@ RETRY_FALLBACK_S = 5.0  # a queued job plans again at least this often, news of 
 RETRY_MIN_GAP_S = 0.05  # and at most this often, however much news arrives
 STOP_GRACE_S = 5.0  # after SIGTERM to the other ranks, their Launch calls are cancelled
 MAX_RESTARTS = 10  # restarts of a --restartable job after a card under one of its ranks failed
+MAX_EARLY_SIGNALS = 16  # signals kept for the new ranks while a restart has none running
 
 
 @dataclass
@@ -134,7 +135,8 @@ class JobRun:
         self.restarts = 0
         self.user_signals: set[int] = set()  # signals the user sent to every rank (Ctrl-C, ...)
         self._out: asyncio.Queue = asyncio.Queue()  # (rank, event) of the ranks running now
-        self._early: list[tuple[bool, pb.LaunchInput]] = []  # (to every rank, input) while none runs
+        self._early: list[pb.LaunchInput] = []  # signals sent while a restart has no ranks running
+        self._ranks_up = asyncio.Event()  # ranks run (stdin waits for them during a restart)
         self._stdin_closed = False  # the client's stdin ended: a restarted rank 0 gets EOF at once
 
     # ------------------------------------------------------------------------------ checks
@@ -352,6 +354,7 @@ class JobRun:
                     break
                 # a card under one rank failed: the whole job starts again on a healthy set of hosts
                 self.restarts += 1
+                self._ranks_up.clear()  # stdin waits for the new rank 0, signals are kept for the new ranks
                 log.info("job %s: restart %d: %s", self.job, self.restarts, restart)
                 if stopping is not None:
                     stopping.cancel()
@@ -405,29 +408,36 @@ class JobRun:
         self._deliver_early()
 
     def _deliver_early(self) -> None:
-        """New ranks (a restart) get what the client sent while none ran, and EOF on rank 0's stdin if the
-        client's stdin had ended (what the old rank 0 read is not sent again)."""
+        """New ranks (a restart) get the signals sent while none ran, and EOF on rank 0's stdin if the
+        client's stdin had ended (what the old rank 0 read is not sent again); stdin flows again."""
         early, self._early = self._early, []
-        for every, item in early:
-            for r in self.ranks if every else self.ranks[:1]:
+        for item in early:
+            for r in self.ranks:
                 r.inputs.put_nowait(item)
         if self._stdin_closed and self.ranks:
             self.ranks[0].inputs.put_nowait(pb.LaunchInput(stdin_eof=True))
+        self._ranks_up.set()
 
-    def _send(self, item: pb.LaunchInput, every: bool) -> None:
-        """``item`` to rank 0 (stdin) or to every rank still running (a signal); kept for the new ranks
-        while a restart has none."""
+    async def _stdin(self, item: pb.LaunchInput) -> None:
+        """Stdin (or its end) to rank 0; during a restart, data waits for the new rank 0 (the client's
+        stream is not read meanwhile: gRPC holds the client back), the end is remembered."""
         if item.WhichOneof("what") == "stdin_eof":
             if self._stdin_closed:
                 return
             self._stdin_closed = True
-            if not self.ranks:
+            if not self._ranks_up.is_set():
                 return  # _deliver_early sends it
-        if not self.ranks:
-            self._early.append((every, item))
+        await self._ranks_up.wait()
+        self.ranks[0].inputs.put_nowait(item)
+
+    def _signal(self, item: pb.LaunchInput) -> None:
+        """A signal to every rank still running; during a restart, kept for the new ranks (the last
+        ``MAX_EARLY_SIGNALS``)."""
+        if not self._ranks_up.is_set():
+            self._early = [*self._early, item][-MAX_EARLY_SIGNALS:]
             return
-        for r in self.ranks if every else self.ranks[:1]:
-            if not (every and r.ended):
+        for r in self.ranks:
+            if not r.ended:
                 r.inputs.put_nowait(item)
 
     async def _inputs(self, r: _Rank) -> AsyncIterator[pb.LaunchInput]:
@@ -471,13 +481,13 @@ class JobRun:
         async for m in inputs:
             what = m.WhichOneof("what")
             if what == "stdin":
-                self._send(pb.LaunchInput(stdin=m.stdin), every=False)
+                await self._stdin(pb.LaunchInput(stdin=m.stdin))
             elif what == "stdin_eof":
-                self._send(pb.LaunchInput(stdin_eof=True), every=False)
+                await self._stdin(pb.LaunchInput(stdin_eof=True))
             elif what == "signal":
                 self.user_signals.add(m.signal)
-                self._send(pb.LaunchInput(signal=m.signal), every=True)
-        self._send(pb.LaunchInput(stdin_eof=True), every=False)  # the client closed its side
+                self._signal(pb.LaunchInput(signal=m.signal))
+        await self._stdin(pb.LaunchInput(stdin_eof=True))  # the client closed its side
 
     async def _stop_others(self) -> None:
         for r in self.ranks:
