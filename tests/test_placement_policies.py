@@ -155,7 +155,28 @@ def test_xpud_keeps_the_only_idle_group_for_a_multi_card_class():
             t = s.copy()
             t.place(one, chosen)
             assert p.choose(t, eight[0], RNG) is not None
-            assert p.group_points(s, eight[0], np.full(2, -1)) is None  # the 8-card task may use it
+            only_big = np.array([True, False])
+            assert p.group_points(s, eight[0], np.full(2, -1), only_big) is None  # it may use it
+
+
+def test_xpud_keeps_the_only_group_for_a_cpu_heavy_class_from_a_lighter_task_of_as_many_cards():
+    # Host 0 (128 cores) is again the only one for the 8-card tasks needing 120 cores; an 8-card task
+    # needing 64 cores fits both. Before, only tasks with fewer cards were steered away from a class's last
+    # groups, so the 64-core task took host 0 (the tie) and the 120-core task that came next found nothing.
+    s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
+    light, heavy = Demand(64_000, 1, 8, 1000), [Demand(120_000 + k, 1, 8, 1000) for k in range(2)]
+    for groups, host in ((20.0, 1), (0.0, 0)):
+        p = FragAware(groups=groups)
+        for d in [Demand(4_000, 1, 1, 1000)] * 100 + [light] + heavy:  # FGD's popular classes: 1-card
+            p.observe(d)
+        chosen = p.choose(s, light, RNG)
+        assert chosen.host == host
+        t = s.copy()
+        t.place(light, chosen)
+        assert (p.choose(t, heavy[0], RNG) is not None) == bool(groups)
+    # The heavy task itself, with no host outside its class's, is never steered (not even by its sibling
+    # class 1 milli-core larger).
+    assert p.group_points(s, heavy[0], np.full(2, -1), np.array([True, False])) is None
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
