@@ -25,8 +25,10 @@ What it adds to FGD (each measured on the openb trace; see ``bench/placement.md`
    Smaller means fewer cards, or as many cards and less CPU when the task could also go to a host that
    cannot serve ``c`` (an 8-card task needing 64 cores keeps off the only hosts with 120 free).
 6. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
-   cards, then to ``ClusterState.tie_rank`` (random per seed in the simulator; health or operator order in
-   the daemon).
+   cards; for a multi-card task then to hosts with fewer cores, then less memory (the most capable hosts
+   stay whole for the tasks only they can take, even before such a task has arrived: the group term only
+   knows the classes seen so far); then to ``ClusterState.tie_rank`` (random per seed in the simulator;
+   health or operator order in the daemon).
 """
 
 from __future__ import annotations
@@ -220,9 +222,12 @@ class FragAware(FGD):
         grp = self.group_points(state, d, card, score > -np.inf)
         return (score if grp is None else score - grp), card
 
-    def pick(self, state, ties, rng):
+    def pick(self, state, ties, rng, d=None):
         if ties.size == 1:
             return int(ties[0])
-        if self.small_hosts_first:
-            return int(ties[np.lexsort((state.tie_rank[ties], state.n_cards[ties]))[0]])
-        return super().pick(state, ties, rng)
+        if not self.small_hosts_first:
+            return super().pick(state, ties, rng, d)
+        keys = [state.tie_rank[ties]]
+        if d is not None and d.gpus > 1:  # whole-card groups: the least capable host that fits first
+            keys += [state.mem_cap[ties], state.cpu_cap[ties]]
+        return int(ties[np.lexsort((*keys, state.n_cards[ties]))[0]])
