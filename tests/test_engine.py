@@ -12,6 +12,7 @@ from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.hw.topology import NODE, SINGLE, SYSTEM, Topology
 from xpud.ledger import Ledger
 from xpud.model import Caller, CardInfo, CardMode, HealthState, LeaseState, Mode, Request
+from xpud.waitlist import Waiter
 
 GIB = 1 << 30
 
@@ -251,7 +252,7 @@ def test_concurrent_requests_cannot_pass_a_per_uid_cap_together(tmp_path):
     engine = limited(tmp_path, max_leases_per_uid=1)
 
     async def scenario():
-        both = [engine.grant_at_once(req("xpu", 1)), engine.acquire(req("xpu", 1))]
+        both = [engine.grant_or_queue(req("xpu", 1)), engine.acquire(req("xpu", 1))]
         got = await asyncio.gather(*both, return_exceptions=True)
         assert sorted(type(g).__name__ for g in got) == ["NoCapacity", "tuple"]
 
@@ -259,25 +260,44 @@ def test_concurrent_requests_cannot_pass_a_per_uid_cap_together(tmp_path):
 
 
 def test_a_request_that_does_not_fit_at_once_queues_then_is_granted(engine):
-    """Acquire's two steps: ``grant_at_once`` answers None (no room), ``acquire(tried=True)`` queues
-    (without repeating the busy-card wait) and is granted on the next release."""
+    """Acquire's two steps: ``grant_or_queue`` queues the request (no room) in the same step as its
+    last try, ``queued`` waits for the grant, which comes with the next release."""
 
     async def scenario():
         held = (await engine.try_grant(req("xpu", 8)))[0]
-        assert await engine.grant_at_once(req("xpu", 1, wait_s=30)) is None
-        waiting = asyncio.create_task(engine.acquire(req("xpu", 1, wait_s=30), tried=True))
+        w = await engine.grant_or_queue(req("xpu", 1, wait_s=30))
+        assert isinstance(w, Waiter) and len(engine.queue_view()) == 1
+        waiting = asyncio.create_task(engine.queued(w))
         await asyncio.sleep(0.05)
-        assert len(engine.queue_view()) == 1
         await engine.release(held.id, Caller(held.owner_uid))
         lease, _ = await asyncio.wait_for(waiting, 2.0)
-        assert len(lease.cards) == 1
+        assert len(lease.cards) == 1 and len(engine.queue_view()) == 0
 
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("path", ["acquire", "grant_at_once"])
+def test_a_queued_request_left_by_its_caller_leaves_the_queue_and_its_timer(engine):
+    """A waiter whose caller goes away (the servicer's ``finally``) is out of the queue at once, and its
+    deadline timer is cancelled (no task, no wait_for: ``leave`` is synchronous)."""
+
+    async def scenario():
+        held = (await engine.try_grant(req("xpu", 8)))[0]
+        w = await engine.grant_or_queue(req("xpu", 1, wait_s=30))
+        waiting = asyncio.create_task(engine.queued(w))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert engine.queue_view() == [] and w.timer.cancelled() and w.future.cancelled()
+        await engine.release(held.id, Caller(held.owner_uid))
+        assert engine.leases == {}  # nothing was granted to the request that left
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("path", ["acquire", "grant_or_queue"])
 def test_a_grant_whose_requester_goes_away_is_reclaimed_not_lost(engine, path):
-    """``grant_at_once`` is Acquire's path without a helper task: the servicer's own coroutine is the one
+    """``grant_or_queue`` is Acquire's path without a helper task: the servicer's own coroutine is the one
     cancelled when the caller goes away."""
 
     async def scenario():

@@ -811,28 +811,16 @@ class Engine:
         want = CardMode.WHOLE if req.mode is Mode.XPU else CardMode.SLICED
         return any(self.cards[i].mode is not want for i in cards)
 
-    async def grant_at_once(self, req: Request) -> tuple[Lease, str] | None:
-        """``acquire``'s first step alone: the grant if the request fits now (after the brief wait for
-        busy cards), None if it would queue. The caller then calls ``acquire(req, ..., tried=True)``,
-        which tries once more and queues in the same step (the state may have changed in between). A
-        grant at once needs no helper task or position queue around it."""
-        self._check_limits(req, queueing=False)
-        return await self.try_grant(
-            req, BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
-        )
-
-    async def acquire(
-        self,
-        req: Request,
-        on_position: Callable[[QueuedRequest, int], None] | None = None,
-        tried: bool = False,
-    ) -> tuple[Lease, str]:
-        """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry or
-        when the caller is at a [limits] cap. ``tried``: the caller's ``grant_at_once`` found no room
-        already (its busy-card wait is not repeated)."""
+    async def grant_or_queue(
+        self, req: Request, on_position: Callable[[QueuedRequest, int], None] | None = None
+    ) -> tuple[Lease, str] | Waiter:
+        """``acquire``'s first step: the grant if the request fits now (after the brief wait for busy
+        cards), else its place in the queue (``on_position`` hears its positions), taken in the same
+        step as the last try: no task, no await between. Raises NoCapacity when it may not queue. The
+        caller then awaits ``queued(w)``, or calls ``leave(w)`` itself when it goes away."""
         self._check_limits(req, queueing=False)
         # A request that may queue waits for busy cards only briefly: beyond that it shows in the queue.
-        busy_wait = 0.0 if tried else BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
+        busy_wait = BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
         pumps = self._pumps
         granted = await self.try_grant(req, busy_wait)
         if granted:
@@ -846,26 +834,51 @@ class Engine:
         reason = self._pending_reason(req, reserved=self.waitlist.whole_waiting_at(req.priority))
         w = self.waitlist.add(req, self.clock(), on_position)
         w.reason = reason  # a queue pass keeps it current; this request may see none for a while
+        # Its deadline is a timer, not a wait_for around its future: a waiter that leaves (thousands
+        # cancelled at once) costs one synchronous `leave`, no task, shield or timeout wrapper.
+        w.timer = asyncio.get_running_loop().call_later(max(w.deadline - self.clock(), 0), self._expire, w)
         self._changed()
         if self._pumps != pumps:
             self._pump_soon()
+        return w
+
+    def _expire(self, w: Waiter) -> None:
+        """A queued request's wait ran out: it fails with the reason, unless its grant is under way (it
+        then gets the grant) or it has its answer already."""
+        if w.future.done() or w in self._granting:
+            return
+        w.future.set_exception(NoCapacity(f"waited {w.request.wait_s:g} s: {self._why_not(w.request)}"))
+
+    async def queued(self, w: Waiter) -> tuple[Lease, str]:
+        """Wait for a queued request's grant (NoCapacity when its wait runs out); it leaves the queue
+        however this ends (its caller cancelled too)."""
         try:
-            return await asyncio.wait_for(asyncio.shield(w.future), timeout=max(w.deadline - self.clock(), 0))
-        except TimeoutError:
-            if w in self._granting:
-                return await asyncio.shield(w.future)  # its grant is under way: let it finish
-            if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
-                return w.future.result()  # granted in the same instant the wait ran out
-            raise NoCapacity(f"waited {req.wait_s:g} s: {self._why_not(req)}") from None
+            return await w.future
         finally:
-            # a whole-card request that leaves unserved held idle whole cards back from those behind it
-            left = req.mode is Mode.XPU and (not w.future.done() or w.future.cancelled())
-            if not w.future.done():
-                w.future.cancel()
+            self.leave(w)
+
+    def leave(self, w: Waiter) -> None:
+        """Take a request out of the queue (granted, expired, or its caller gone: a grant under way for it
+        is then ended by ``_grant_waiter``)."""
+        if w.timer is not None:
+            w.timer.cancel()
+        # a whole-card request that leaves unserved held idle whole cards back from those behind it
+        unserved = w.request.mode is Mode.XPU and (not w.future.done() or w.future.cancelled())
+        if not w.future.done():
+            w.future.cancel()
+        if w.queued:
             self.waitlist.remove(w)
-            self._changed()
-            if left:
-                self._pump_soon()
+        self._changed()
+        if unserved:
+            self._pump_soon()
+
+    async def acquire(
+        self, req: Request, on_position: Callable[[QueuedRequest, int], None] | None = None
+    ) -> tuple[Lease, str]:
+        """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry or
+        when the caller is at a [limits] cap."""
+        got = await self.grant_or_queue(req, on_position)
+        return got if isinstance(got, tuple) else await self.queued(got)
 
     def _why_not(self, req: Request) -> str:
         if req.cards:
