@@ -8,7 +8,7 @@ import pytest
 
 from tests.syncengine import sync_engine
 from xpud.config import Config
-from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
+from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound
 from xpud.hw.topology import NODE, SINGLE, SYSTEM, Topology
 from xpud.ledger import Ledger
 from xpud.model import Caller, CardInfo, CardMode, HealthState, LeaseState, Mode, Request
@@ -383,3 +383,32 @@ def test_queueing_and_leaving_a_long_queue_costs_linear_work(engine):
     queued, left = asyncio.run(scenario())
     assert engine.queue_view() == []
     assert queued < 5 * n and left < 5 * n, (queued, left)
+
+
+@pytest.mark.parametrize("tail", ["at_once", "in_a_task"])
+def test_a_release_whose_caller_goes_away_still_ends_the_lease(engine, tail):
+    """A release runs to its end when its caller goes away mid-commit (a cancelled gRPC call): the
+    lease ends in the ledger and in memory and its room is free, whether what follows the commit runs
+    at once on the loop (bookkeeping teardowns) or in a task (a teardown that runs a tool)."""
+
+    async def scenario():
+        if tail == "in_a_task":
+            engine._inline = lambda *_: False  # every teardown as if it ran a tool
+        lease, token = await engine.acquire(req("vxpu-quarter"))
+        releasing = asyncio.create_task(engine.release(lease.id, Caller(1000), token))
+        await asyncio.sleep(0)  # committed by the writer thread meanwhile
+        releasing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await releasing
+        for _ in range(200):
+            if not engine.leases and not engine._tasks and not engine.ledger.active_leases():
+                break
+            await asyncio.sleep(0.01)
+        [ended] = engine.ledger.recent_leases(1)
+        assert ended.id == lease.id and ended.state is LeaseState.RELEASED
+        assert engine.leases == {} and not engine._ending
+        assert all(not c.slices and c.whole_lease is None for c in engine.cards.values())
+        with pytest.raises(NotFound, match="no active lease"):
+            await engine.release(lease.id, Caller(1000), token)
+
+    asyncio.run(scenario())

@@ -20,6 +20,7 @@ isolation backend.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -274,6 +275,10 @@ class Engine:
         card's claim is not held across an await (other grants do not wait for it)."""
         needs_tool = getattr(self._backends[index], "needs_tool", None)
         return needs_tool is not None and not needs_tool(op, lease_id)
+
+    def _inline(self, index: int, op: str, lease_id: str) -> bool:
+        """Whether card ``index``'s ``op`` for ``lease_id`` runs on the loop (as ``_hw`` decides)."""
+        return isinstance(self._backends[index], Accounting) or self._bookkeeping(index, op, lease_id)
 
     def _spawn(self, coro: Awaitable, what: str) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -659,8 +664,23 @@ class Engine:
                 inline = self._bookkeeping(s.card_index, "teardown", lease_id)
                 await self._hw(self._backends[s.card_index].teardown, card.info, s, inline=inline)
             except Exception as e:
-                log.error("teardown of %s on card %d failed: %s", lease_id, s.card_index, e)
-                self.event("error", f"teardown of lease {lease_id} failed: {e}", card=s.card_index)
+                self._teardown_failed(lease_id, s, e)
+        self._drop(lease_id, cards)
+
+    def _free_now(self, lease_id: str, cards: Iterable[int], slices: tuple[Slice, ...]) -> None:
+        """``_free`` when every teardown is bookkeeping (``_inline``) and no card is busy: no await."""
+        for s in slices:
+            try:
+                self._backends[s.card_index].teardown(self.cards[s.card_index].info, s)
+            except Exception as e:
+                self._teardown_failed(lease_id, s, e)
+        self._drop(lease_id, cards)
+
+    def _teardown_failed(self, lease_id: str, s: Slice, e: Exception) -> None:
+        log.error("teardown of %s on card %d failed: %s", lease_id, s.card_index, e)
+        self.event("error", f"teardown of lease {lease_id} failed: {e}", card=s.card_index)
+
+    def _drop(self, lease_id: str, cards: Iterable[int]) -> None:
         for i in cards:
             c = self.cards[i]
             if c.whole_lease == lease_id:
@@ -1039,7 +1059,6 @@ class Engine:
             "token), that user or an operator may act on it"
         )
 
-    @_uninterrupted
     async def release(
         self, lease_id: str, caller: Caller, token: str = "", end: CommandEnd | None = None
     ) -> Lease:
@@ -1051,13 +1070,11 @@ class Engine:
             end = replace(end, started=min(max(end.started, lease.created), self.clock()))
         return await self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}", end=end)
 
-    @_uninterrupted
     async def evict(self, lease_id: str, reason: str = "") -> Lease:
         lease = self.resolve_lease(lease_id)
         why = f"evicted by an operator: {reason or 'no reason given'}"
         return await self._end(lease, LeaseState.EVICTED, reason or "evicted by an operator", revoke=why)
 
-    @_uninterrupted
     async def reclaim(
         self,
         lease_id: str,
@@ -1072,7 +1089,7 @@ class Engine:
             return None
         return await self._end(lease, state, reason, also=also)
 
-    async def _end(
+    def _end(
         self,
         lease: Lease,
         state: LeaseState,
@@ -1080,27 +1097,74 @@ class Engine:
         revoke: str = "",
         end: CommandEnd | None = None,
         also: tuple[Op, ...] = (),
-    ) -> Lease:
-        """End a lease: commit it, then tell its holder, then free its cards (tear slices down)."""
+    ) -> asyncio.Future:
+        """End a lease: commit it, then tell its holder, then free its cards (tear slices down); the
+        future answers the ended lease. It runs to its end whatever its caller does (a cancelled gRPC
+        call), without a task or shield around it: the commit's completion carries on, on the loop, and
+        only a tail that must await (a teardown that runs a tool, a busy card, a move's reservation)
+        continues in a task."""
         if lease.id in self._ending:
             raise NotFound(f"lease {lease.id} is being released already")
-        self._ending.add(lease.id)
+        loop = asyncio.get_running_loop()
         now, end = self.clock(), end or CommandEnd()
+        card = lease.cards[0] if len(lease.cards) == 1 else -1
+        how = ""
+        if end.exit_signal is not None:
+            how = f" (its command ended by signal {end.exit_signal})"
+        elif end.exit_code is not None:
+            how = f" (its command exited {end.exit_code})"
+        message = f"lease {lease.id} {state.value}: {reason}{how}"
+        event = self._event_op(_EVENT_KIND[state], message, card, lease.id)
+        self._ending.add(lease.id)
         try:
-            card = lease.cards[0] if len(lease.cards) == 1 else -1
-            how = ""
-            if end.exit_signal is not None:
-                how = f" (its command ended by signal {end.exit_signal})"
-            elif end.exit_code is not None:
-                how = f" (its command exited {end.exit_code})"
-            message = f"lease {lease.id} {state.value}: {reason}{how}"
-            event = self._event_op(_EVENT_KIND[state], message, card, lease.id)
-            await self.ledger.write(
+            commit = self.ledger.submit(
                 self.ledger.end_lease_op(lease.id, state, reason, now, end), event[1], *also
             )
-        finally:
+        except BaseException:
             self._ending.discard(lease.id)
-        # Committed: the lease is over. What it held is freed below, after its teardown.
+            raise
+        out = loop.create_future()
+
+        def answer(result: Lease | None, error: BaseException | None = None) -> None:
+            if out.done():  # its caller went away: nobody reads it
+                if error is not None:
+                    log.error("ending lease %s: %s", lease.id, error)
+            elif error is not None:
+                out.set_exception(error)
+            else:
+                out.set_result(result)
+
+        def committed(cf: concurrent.futures.Future) -> None:  # on the loop
+            self._ending.discard(lease.id)
+            if cf.exception() is not None:
+                return answer(None, cf.exception())
+            # Committed: the lease is over. What it held is freed below, after its teardown.
+            try:
+                ended = self._ended(lease, state, reason, now, end, revoke, event)
+                if not self._frees_at_once(lease):
+                    tail = self._spawn(self._end_tail(lease), f"freeing what lease {lease.id} held")
+                    tail.add_done_callback(lambda t: answer(ended, None if t.cancelled() else t.exception()))
+                    return
+                self._free_now(lease.id, lease.cards, lease.slices)
+                self.pump()
+            except Exception as e:
+                return answer(None, e)
+            answer(ended)
+
+        commit.add_done_callback(lambda cf: loop.is_closed() or loop.call_soon_threadsafe(committed, cf))
+        return out
+
+    def _ended(
+        self,
+        lease: Lease,
+        state: LeaseState,
+        reason: str,
+        now: float,
+        end: CommandEnd,
+        revoke: str,
+        event: tuple[EventRecord, Op],
+    ) -> Lease:
+        """A committed end in memory: the lease is gone, its holder told; the ended lease."""
         self.leases.pop(lease.id, None)
         self.unheld_since.pop(lease.id, None)
         ended = replace(
@@ -1117,10 +1181,21 @@ class Engine:
             self._notify(lease, "revoke", revoke)
         self._notify(ended, "released", reason)
         self._committed([event])
+        return ended
+
+    def _frees_at_once(self, lease: Lease) -> bool:
+        """Whether what ``lease`` held can be freed without an await: no move in flight for it, none of
+        its cards busy, every teardown bookkeeping (no tool to run)."""
+        return (
+            self.moves.forget_at_once(lease.id)
+            and not self._busy.intersection(lease.cards)
+            and all(self._inline(s.card_index, "teardown", lease.id) for s in lease.slices)
+        )
+
+    async def _end_tail(self, lease: Lease) -> None:
         await self.moves.forget(lease.id)  # a move in flight: free what it reserved
         await self._free_claimed(lease.id, lease.cards, lease.slices)
         self.pump()
-        return ended
 
     # ------------------------------------------------------------------ holds
     def hold_opened(self, lease_id: str) -> asyncio.Queue:
