@@ -609,11 +609,8 @@ class Engine:
                     c.mode = want
                     c.switched_at = self.clock()
                     switched.append(i)
-            if mode is Mode.XPU:
-                env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cards[i].info.uuid for i in cards)}
-                for i in cards:
-                    self.cards[i].whole_lease = lease_id
-                return (), env, switched
+            if mode is Mode.XPU or self._inline(cards[0], "prepare", lease_id):
+                return (*self._place_now(lease_id, mode, cards, owner_uid), switched)
             c = self.cards[cards[0]]
             spec = self.cfg.slices[mode.value]
             held = list(c.slices.values())
@@ -627,6 +624,24 @@ class Engine:
         except BaseException:
             await self._switch_back(switched, "after a failed placement")
             raise
+
+    def _place_now(
+        self, lease_id: str, mode: Mode, cards: tuple[int, ...], owner_uid: int
+    ) -> tuple[tuple[Slice, ...], dict[str, str]]:
+        """``_place`` on cards already in the mode ``mode`` needs, when the slice's prepare runs no tool
+        (``_inline``): no await. Returns (slices, environment)."""
+        if mode is Mode.XPU:
+            env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cards[i].info.uuid for i in cards)}
+            for i in cards:
+                self.cards[i].whole_lease = lease_id
+            return (), env
+        c = self.cards[cards[0]]
+        spec = self.cfg.slices[mode.value]
+        s, env = self._backends[c.info.index].prepare(
+            c.info, list(c.slices.values()), spec, lease_id, owner_uid
+        )
+        c.slices[lease_id] = s
+        return (s,), env
 
     async def _switch_back(self, switched: list[int], why: str) -> None:
         """Undo the mode switches of ``_place`` (cards claimed by the caller); idle cards only."""
@@ -711,18 +726,64 @@ class Engine:
         self._claim(cards)
         self._granting_uids[req.owner_uid] = self._granting_uids.get(req.owner_uid, 0) + 1
 
-    async def _grant(
-        self, req: Request, cards: tuple[int, ...], queued_s: float | None = None
-    ) -> tuple[Lease, str]:
+    def _grant(self, req: Request, cards: tuple[int, ...], queued_s: float | None = None) -> asyncio.Future:
         """Grant ``req`` on ``cards`` (claimed by the caller, unclaimed here): prepare, commit, then it is
-        the caller's. A failed commit undoes the preparation."""
-        uid = req.owner_uid
+        the caller's. A failed commit undoes the preparation. It runs to its end whatever its caller
+        does: a plain future when nothing awaits before the commit (cards in the right mode, a prepare
+        that runs no tool: the commit's completion carries on, on the loop; cancelling the future says
+        the requester went away, and the lease is then ended), else a task (the caller shields it)."""
+        lease_id, token = self._new_id(), secrets.token_urlsafe(24)
+        want = CardMode.WHOLE if req.mode is Mode.XPU else CardMode.SLICED
+        if all(self.cards[i].mode is want for i in cards) and (
+            req.mode is Mode.XPU or self._inline(cards[0], "prepare", lease_id)
+        ):
+            return self._grant_inline(req, cards, queued_s, lease_id, token)
+        return asyncio.ensure_future(self._grant_task(req, cards, queued_s, lease_id, token))
+
+    def _granted(self, uid: int) -> None:
+        """A grant for ``uid`` ended (committed or not): it no longer counts as in flight."""
+        n = self._granting_uids.pop(uid, 0) - 1
+        if n > 0:
+            self._granting_uids[uid] = n
+
+    async def _grant_task(
+        self, req: Request, cards: tuple[int, ...], queued_s: float | None, lease_id: str, token: str
+    ) -> tuple[Lease, str]:
         try:
-            return await self._grant_now(req, cards, queued_s)
+            return await self._grant_now(req, cards, queued_s, lease_id, token)
         finally:
-            n = self._granting_uids.pop(uid, 0) - 1
-            if n > 0:
-                self._granting_uids[uid] = n
+            self._granted(req.owner_uid)
+
+    def _grant_inline(
+        self, req: Request, cards: tuple[int, ...], queued_s: float | None, lease_id: str, token: str
+    ) -> asyncio.Future:
+        loop, t0 = asyncio.get_running_loop(), time.perf_counter()
+        try:
+            slices, env = self._place_now(lease_id, req.mode, cards, req.owner_uid)
+            lease, ops, events = self._grant_record(req, cards, lease_id, token, slices, env, [], queued_s)
+            commit = self.ledger.submit(*ops, *(o for _, o in events))  # committed before anyone is told
+        except BaseException:
+            self._granted(req.owner_uid)
+            raise
+        finally:
+            self._unclaim(cards)
+        out = loop.create_future()
+
+        def committed(cf: concurrent.futures.Future) -> None:  # on the loop
+            self._granted(req.owner_uid)
+            if (error := cf.exception()) is not None:
+                undo = self._spawn(self._unplace(lease_id, cards, slices, []), f"undoing lease {lease_id}")
+                undo.add_done_callback(lambda _: out.done() or out.set_exception(error))
+                return
+            self._grant_done(lease, events, t0)
+            if out.done():  # its requester went away (cancelled): end what was made
+                why = "its requester went away before the grant"
+                self._spawn(self.reclaim(lease.id, why), f"reclaiming lease {lease.id}")
+                return
+            out.set_result((lease, token))
+
+        commit.add_done_callback(lambda cf: loop.is_closed() or loop.call_soon_threadsafe(committed, cf))
+        return out
 
     def _converted(
         self, i: int, lease_id: str, req: Request, queued_s: float | None
@@ -740,14 +801,34 @@ class Engine:
         return self._event_op("mode", f"card {i} switched to {mode} for lease {lease_id}: {why}", i)
 
     async def _grant_now(
-        self, req: Request, cards: tuple[int, ...], queued_s: float | None = None
+        self, req: Request, cards: tuple[int, ...], queued_s: float | None, lease_id: str, token: str
     ) -> tuple[Lease, str]:
-        lease_id, token = self._new_id(), secrets.token_urlsafe(24)
         t0 = time.perf_counter()
         try:
             slices, env, switched = await self._place(lease_id, req.mode, cards, req.owner_uid)
         finally:
             self._unclaim(cards)
+        lease, ops, events = self._grant_record(req, cards, lease_id, token, slices, env, switched, queued_s)
+        try:
+            await self.ledger.write(*ops, *(o for _, o in events))  # committed before anyone is told
+        except BaseException:
+            await self._unplace(lease_id, cards, slices, switched)
+            raise
+        self._grant_done(lease, events, t0)
+        return lease, token
+
+    def _grant_record(
+        self,
+        req: Request,
+        cards: tuple[int, ...],
+        lease_id: str,
+        token: str,
+        slices: tuple[Slice, ...],
+        env: dict[str, str],
+        switched: list[int],
+        queued_s: float | None,
+    ) -> tuple[Lease, list[Op], list[tuple[EventRecord, Op]]]:
+        """The lease placed on ``cards``, its ledger writes and its events (committed together)."""
         infos = [self.cards[i].info for i in cards]
         base_env = {
             "XPU_LEASE_ID": lease_id,
@@ -783,17 +864,15 @@ class Engine:
                 lease_id,
             ),
         ]
-        try:
-            await self.ledger.write(*ops, *(o for _, o in events))  # committed before anyone is told
-        except BaseException:
-            await self._unplace(lease_id, cards, slices, switched)
-            raise
-        self.leases[lease_id] = lease
+        return lease, ops, events
+
+    def _grant_done(self, lease: Lease, events: list[tuple[EventRecord, Op]], t0: float) -> None:
+        """A committed grant in memory."""
+        self.leases[lease.id] = lease
         self.stats.grant.observe(time.perf_counter() - t0)
-        if not req.anchor:
-            self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
+        if not lease.anchor:
+            self.unheld_since[lease.id] = self.clock()  # the holder must open Hold within the grace period
         self._committed(events)
-        return lease, token
 
     async def try_grant(self, req: Request, wait_busy_s: float = BUSY_WAIT_S) -> tuple[Lease, str] | None:
         """Grant now if the request fits without jumping the queue; None otherwise. While some cards are
@@ -808,7 +887,9 @@ class Engine:
             left = deadline - time.monotonic()
             if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
                 self._claim_for(req, cards)
-                grant = asyncio.ensure_future(self._grant(req, cards))
+                grant = self._grant(req, cards)
+                if not isinstance(grant, asyncio.Task):
+                    return await grant  # cancelled: the grant ends the lease it makes (see _grant)
                 try:
                     return await asyncio.shield(grant)
                 except asyncio.CancelledError:  # the requester went away: the grant runs to its end
