@@ -117,6 +117,34 @@ def bare_server(path: str) -> None:
     asyncio.run(serve())
 
 
+def bare_sync_server(path: str) -> None:
+    """The same two methods on grpc-python's synchronous server (a thread pool): the experiment of
+    ``--bare-sync``, to compare the two servers' ceilings for this pair of calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    def acquire(request, context):
+        yield b"granted"
+
+    def release(request, context):
+        return b""
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=16))
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Bare",
+        {
+            "Acquire": grpc.unary_stream_rpc_method_handler(acquire),
+            "Release": grpc.unary_unary_rpc_method_handler(release),
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix:{path}")
+    server.start()
+    print("ready", flush=True)
+    server.wait_for_termination()
+
+
 # ---------------------------------------------------------------------------------------------- cycle workers
 def _cycle_fn(spec: dict):
     """A function doing one Acquire+Release cycle, returning the acquire latency (s)."""
@@ -269,6 +297,7 @@ def grants(
     clients: list[int],
     seconds: float,
     rounds: int = 1,
+    bare_sync: tuple[Path, int] | None = None,
 ) -> list[dict]:
     """At each client count: the bare ceiling, then slices, then whole cards (at most 8: the cards),
     back to back so that the ratios compare runs under the same background load. With ``rounds`` > 1
@@ -276,6 +305,11 @@ def grants(
     of the per-round ratios), with every round's rows kept under ``rounds``."""
     kinds = [
         ("bare", {"target": "bare", "socket": str(bare_sock)}, bare_pid, 10**6),
+        *(
+            [("bare_sync", {"target": "bare", "socket": str(bare_sync[0])}, bare_sync[1], 10**6)]
+            if bare_sync
+            else []
+        ),
         ("slice", {"target": "xpud", "mode": "vxpu-quarter", "gpus": 1}, daemon_pid, 32),
         ("whole", {"target": "xpud", "mode": "xpu", "gpus": 1}, daemon_pid, 8),
     ]
@@ -296,7 +330,7 @@ def grants(
                 }
                 if name == "bare":
                     bare_rate = row["cycles_per_s"]
-                elif bare_rate:
+                elif bare_rate:  # bare_sync too: its rate against the aio server's
                     row["ratio_to_bare"] = round(row["cycles_per_s"] / bare_rate, 3)
                 say(
                     f"  {row['cycles_per_s']}/s, acquire p99 {row['acquire_p99_ms']} ms, CPU ms/cycle: "
@@ -621,6 +655,10 @@ def main() -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--waiters-worker", help=argparse.SUPPRESS)
     ap.add_argument("--bare-server", help=argparse.SUPPRESS)
+    ap.add_argument("--bare-sync-server", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--bare-sync", action="store_true", help="also measure the bare methods on grpc's sync server"
+    )
     args = ap.parse_args()
     if args.worker:
         return cycle_worker(json.loads(args.worker))
@@ -628,6 +666,8 @@ def main() -> None:
         return waiters_worker(json.loads(args.waiters_worker))
     if args.bare_server:
         return bare_server(args.bare_server)
+    if args.bare_sync_server:
+        return bare_sync_server(args.bare_sync_server)
     if args.quick:
         args.seconds, args.clients, args.runs, args.rounds = 0.5, "1,4", 3, 1
         args.waiters, args.idle_seconds = 100, 0.5
@@ -674,9 +714,27 @@ def main() -> None:
             if bare.stdout.readline().strip() != "ready":
                 raise SystemExit("the bare gRPC server did not start")
         if "grants" not in skip:
-            part(
-                "grants", grants, runtime, bare_sock, bare.pid, daemon.pid, clients, args.seconds, args.rounds
-            )
+            sync = None
+            if args.bare_sync:
+                sync_sock = base / "bare" / "sync.sock"
+                sync = subprocess.Popen(
+                    [sys.executable, str(HERE), "--bare-sync-server", str(sync_sock)],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                if sync.stdout.readline().strip() != "ready":
+                    raise SystemExit("the bare sync gRPC server did not start")
+            try:
+                part(
+                    "grants",
+                    grants,
+                    *(runtime, bare_sock, bare.pid, daemon.pid, clients, args.seconds, args.rounds),
+                    bare_sync=(sync_sock, sync.pid) if sync else None,
+                )
+            finally:
+                if sync is not None:
+                    sync.terminate()
+                    sync.wait()
         if "xpu_run" not in skip:
             say(f"xpu run -- true against python -c 'import grpc', {args.runs} runs each")
             part("xpu_run", xpu_run_overhead, runtime, args.runs)
