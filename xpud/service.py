@@ -264,6 +264,7 @@ class NodeService(pbg.NodeServicer):
                     yield item
                 got = w.future.result()  # NoCapacity when its wait ran out
             finally:
+                w.future.remove_done_callback(updates.put_nowait)  # a leaver's cancel schedules nothing
                 e.leave(w)
         lease, token = got
         if e.rightsizer is not None:
