@@ -174,6 +174,7 @@ class Request:
     exempt: bool = (
         False  # the caller is an operator or in [limits] exempt_groups: per-user limits do not apply
     )
+    job_class: str = ""  # `xpu run --class`, or the class --mode auto chose by; "" = from the command
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # a plain "xpu" becomes Mode.XPU
