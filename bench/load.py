@@ -639,6 +639,14 @@ def idle(daemon_pid: int, seconds: float) -> dict:
     }
 
 
+def start_bare(flag: str, sock: Path) -> subprocess.Popen:
+    """A bare server (``--bare-server`` or ``--bare-sync-server``) on ``sock``, once it is ready."""
+    p = subprocess.Popen([sys.executable, str(HERE), flag, str(sock)], stdout=subprocess.PIPE, text=True)
+    if p.stdout.readline().strip() != "ready":
+        raise SystemExit(f"the bare gRPC server ({flag}) did not start")
+    return p
+
+
 # ---------------------------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -706,24 +714,12 @@ def main() -> None:
         if "grants" not in skip or "waiters" not in skip:
             (base / "bare").mkdir()
             bare_sock = base / "bare" / "bare.sock"
-            bare = subprocess.Popen(
-                [sys.executable, str(HERE), "--bare-server", str(bare_sock)],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            if bare.stdout.readline().strip() != "ready":
-                raise SystemExit("the bare gRPC server did not start")
+            bare = start_bare("--bare-server", bare_sock)
         if "grants" not in skip:
             sync = None
             if args.bare_sync:
                 sync_sock = base / "bare" / "sync.sock"
-                sync = subprocess.Popen(
-                    [sys.executable, str(HERE), "--bare-sync-server", str(sync_sock)],
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
-                if sync.stdout.readline().strip() != "ready":
-                    raise SystemExit("the bare sync gRPC server did not start")
+                sync = start_bare("--bare-sync-server", sync_sock)
             try:
                 part(
                     "grants",
