@@ -35,6 +35,7 @@ class Waiter:
     last_position: int = field(default=0)
     queued: bool = True  # False once removed
     reason: str = "Resources"  # why it waits (the engine's queue pass sets it)
+    timer: asyncio.TimerHandle | None = None  # its deadline (the engine's)
 
 
 def _order(w: Waiter) -> tuple[int, int]:
