@@ -508,6 +508,14 @@ class Prober(threading.Thread):
         self.client.close()
 
 
+def start_waiters(spec: dict) -> subprocess.Popen:
+    """The ``--waiters-worker`` process for ``spec``; it prints one JSON line per phase."""
+    return subprocess.Popen(
+        [sys.executable, str(HERE), "--waiters-worker", json.dumps(spec)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
 def waiters(runtime: Path, n: int, daemon_pid: int, timeout_s: float, signal_daemon=None) -> dict:
     """The waiters part (see the module's docstring); a failure midway keeps what was measured.
     ``signal_daemon(sig)``: called with SIGUSR1 as the cancellation starts, SIGUSR2 once the queue is
@@ -525,11 +533,7 @@ def waiters(runtime: Path, n: int, daemon_pid: int, timeout_s: float, signal_dae
     hold = next(u.granted for u in held if u.HasField("granted"))
     prober = Prober(runtime)
     prober.start()
-    w = subprocess.Popen(
-        [sys.executable, str(HERE), "--waiters-worker",
-         json.dumps({"runtime": str(runtime), "n": n, "wait_s": 3600, "timeout_s": timeout_s})],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    w = start_waiters({"runtime": str(runtime), "n": n, "wait_s": 3600, "timeout_s": timeout_s})
     try:
         t0 = time.monotonic()
         q = json.loads(w.stdout.readline())
@@ -589,11 +593,7 @@ def waiters_bare(bare_sock: Path, bare_pid: int, n: int, timeout_s: float) -> di
     server = psutil.Process(bare_pid)
     prober = Prober(bare_sock=bare_sock)
     prober.start()
-    spec = {"runtime": "", "bare": str(bare_sock), "n": n, "wait_s": 3600, "timeout_s": timeout_s}
-    w = subprocess.Popen(
-        [sys.executable, str(HERE), "--waiters-worker", json.dumps(spec)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    w = start_waiters({"runtime": "", "bare": str(bare_sock), "n": n, "wait_s": 3600, "timeout_s": timeout_s})
     try:
         t0 = time.monotonic()
         q = json.loads(w.stdout.readline())
