@@ -98,6 +98,84 @@ def test_a_locked_ledger_fails_writes_without_blocking_the_caller_thread(tmp_pat
     assert [x.id for x in led.active_leases()] == ["aaaa0001"]
 
 
+def test_a_cancelled_write_is_dropped_and_the_writer_thread_goes_on(tmp_path):
+    """A caller cancelled while its write waits in the queue (a gRPC call whose client went away): the
+    write is not made (the caller changed nothing) and later writes commit. Before, the writer thread
+    died on the cancelled future (InvalidStateError) and every later write waited forever."""
+    import asyncio
+
+    led = Ledger(tmp_path / "l.sqlite")
+    busy, gate = _busy_writer(led)
+
+    async def main() -> None:
+        await asyncio.to_thread(busy.wait)
+        cancelled = asyncio.ensure_future(led.write(led.insert_lease_op(_lease("gone0001"), "tok")))
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.wait_for(led.write(led.insert_lease_op(_lease("next0001"), "tok")), 5)
+
+    asyncio.run(main())
+    assert led._writer.is_alive()
+    assert [x.id for x in led.active_leases()] == ["next0001"]
+
+
+def test_submit_then_answers_a_batch_on_the_loop_in_one_wake_up(tmp_path):
+    """The grant and release paths' writes: each answer runs on the loop (error None when committed, the
+    LedgerUnavailable otherwise), the writes queued while the writer was busy committed in one batch
+    and answered with one ``call_soon_threadsafe``."""
+    import asyncio
+    import threading
+
+    from xpud.ledger import _answer
+
+    led = Ledger(tmp_path / "l.sqlite")
+    led.insert_lease(_lease("dup00001"), "tok")
+    answers, wakeups = [], []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a, **kw: wakeups.append(a) or real(*a, **kw)
+        done = loop.create_future()
+
+        def then(name):
+            def answer(err):
+                assert threading.current_thread() is threading.main_thread()
+                answers.append((name, type(err).__name__ if err else None))
+                if len(answers) == 3:
+                    done.set_result(None)
+
+            return answer
+
+        busy, gate = _busy_writer(led)  # the three below wait and go in one batch
+        await asyncio.to_thread(busy.wait)
+        led.submit_then(then("a"), led.insert_lease_op(_lease("new00001"), "tok"))
+        led.submit_then(then("dup"), led.insert_lease_op(_lease("dup00001"), "tok"))
+        led.submit_then(then("b"), led.end_lease_op("new00001", LeaseState.RELEASED, "done"))
+        gate.set()
+        await asyncio.wait_for(done, 5)
+
+    asyncio.run(main())
+    assert answers == [("a", None), ("dup", "LedgerUnavailable"), ("b", None)]
+    assert [a[0] for a in wakeups if a[0] is _answer] == [_answer]  # one wake-up for the three
+    assert [x.id for x in led.active_leases()] == ["dup00001"]
+    assert {x.id: x.state for x in led.recent_leases()}["new00001"] is LeaseState.RELEASED
+
+
+def _busy_writer(led):
+    """Keep the writer thread busy (in a committed write's effect) until ``gate`` is set; ``busy`` is set
+    once it is."""
+    import threading
+
+    from xpud.ledger import Op
+
+    busy, gate = threading.Event(), threading.Event()
+    led.submit(Op((), effect=lambda: busy.set() or gate.wait(10)))
+    return busy, gate
+
+
 def test_usage_readings_keep_each_class_newest_and_auto_leases_follow_their_lease(tmp_path):
     from xpud.ledger import AutoLeaseRecord
     from xpud.usage import Reading

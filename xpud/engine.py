@@ -20,11 +20,11 @@ isolation backend.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import base64
 import contextlib
 import functools
 import logging
-import secrets
+import os
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
@@ -585,12 +585,15 @@ class Engine:
         return self._place_slice(Request(mode=Mode(size)), False, exclude)
 
     # ------------------------------------------------------------------ grant
-    def _new_id(self) -> str:
+    def _new_id(self) -> tuple[str, str]:
+        """A new lease's id (8 hex digits, in use nowhere) and its token (24 random bytes, URL-safe
+        base64, as ``secrets.token_urlsafe(24)``), from one read of the system's random source."""
         taken = self.ledger.lease_ids()  # every id in the ledger and every one being inserted
         while True:
-            lid = secrets.token_hex(4)
+            raw = os.urandom(28)
+            lid = raw[:4].hex()
             if lid not in taken and lid not in self.leases:
-                return lid
+                return lid, base64.urlsafe_b64encode(raw[4:]).rstrip(b"=").decode()
 
     async def _place(
         self, lease_id: str, mode: Mode, cards: tuple[int, ...], owner_uid: int
@@ -734,7 +737,7 @@ class Engine:
         does: a plain future when nothing awaits before the commit (cards in the right mode, a prepare
         that runs no tool: the commit's completion carries on, on the loop; cancelling the future says
         the requester went away, and the lease is then ended), else a task (the caller shields it)."""
-        lease_id, token = self._new_id(), secrets.token_urlsafe(24)
+        lease_id, token = self._new_id()
         want = CardMode.WHOLE if req.mode is Mode.XPU else CardMode.SLICED
         if all(self.cards[i].mode is want for i in cards) and (
             req.mode is Mode.XPU or self._inline(cards[0], "prepare", lease_id)
@@ -759,21 +762,11 @@ class Engine:
     def _grant_inline(
         self, req: Request, cards: tuple[int, ...], queued_s: float | None, lease_id: str, token: str
     ) -> asyncio.Future:
-        loop, t0 = asyncio.get_running_loop(), time.perf_counter()
-        try:
-            slices, env = self._place_now(lease_id, req.mode, cards, req.owner_uid)
-            lease, ops, events = self._grant_record(req, cards, lease_id, token, slices, env, [], queued_s)
-            commit = self.ledger.submit(*ops, *(o for _, o in events))  # committed before anyone is told
-        except BaseException:
-            self._granted(req.owner_uid)
-            raise
-        finally:
-            self._unclaim(cards)
-        out = loop.create_future()
+        out, t0 = asyncio.get_running_loop().create_future(), time.perf_counter()
 
-        def committed(cf: concurrent.futures.Future) -> None:  # on the loop
+        def committed(error: BaseException | None) -> None:  # on the loop
             self._granted(req.owner_uid)
-            if (error := cf.exception()) is not None:
+            if error is not None:
                 undo = self._spawn(self._unplace(lease_id, cards, slices, []), f"undoing lease {lease_id}")
                 undo.add_done_callback(lambda _: out.done() or out.set_exception(error))
                 return
@@ -784,7 +777,16 @@ class Engine:
                 return
             out.set_result((lease, token))
 
-        commit.add_done_callback(lambda cf: loop.is_closed() or loop.call_soon_threadsafe(committed, cf))
+        try:
+            slices, env = self._place_now(lease_id, req.mode, cards, req.owner_uid)
+            lease, ops, events = self._grant_record(req, cards, lease_id, token, slices, env, [], queued_s)
+            # committed before anyone is told
+            self.ledger.submit_then(committed, *ops, *(o for _, o in events))
+        except BaseException:
+            self._granted(req.owner_uid)
+            raise
+        finally:
+            self._unclaim(cards)
         return out
 
     def _converted(
@@ -1188,7 +1190,6 @@ class Engine:
         continues in a task."""
         if lease.id in self._ending:
             raise NotFound(f"lease {lease.id} is being released already")
-        loop = asyncio.get_running_loop()
         now, end = self.clock(), end or CommandEnd()
         card = lease.cards[0] if len(lease.cards) == 1 else -1
         how = ""
@@ -1198,15 +1199,7 @@ class Engine:
             how = f" (its command exited {end.exit_code})"
         message = f"lease {lease.id} {state.value}: {reason}{how}"
         event = self._event_op(_EVENT_KIND[state], message, card, lease.id)
-        self._ending.add(lease.id)
-        try:
-            commit = self.ledger.submit(
-                self.ledger.end_lease_op(lease.id, state, reason, now, end), event[1], *also
-            )
-        except BaseException:
-            self._ending.discard(lease.id)
-            raise
-        out = loop.create_future()
+        out = asyncio.get_running_loop().create_future()
 
         def answer(result: Lease | None, error: BaseException | None = None) -> None:
             if out.done():  # its caller went away: nobody reads it
@@ -1217,10 +1210,10 @@ class Engine:
             else:
                 out.set_result(result)
 
-        def committed(cf: concurrent.futures.Future) -> None:  # on the loop
+        def committed(error: BaseException | None) -> None:  # on the loop
             self._ending.discard(lease.id)
-            if cf.exception() is not None:
-                return answer(None, cf.exception())
+            if error is not None:
+                return answer(None, error)
             # Committed: the lease is over. What it held is freed below, after its teardown.
             try:
                 ended = self._ended(lease, state, reason, now, end, revoke, event)
@@ -1234,7 +1227,14 @@ class Engine:
                 return answer(None, e)
             answer(ended)
 
-        commit.add_done_callback(lambda cf: loop.is_closed() or loop.call_soon_threadsafe(committed, cf))
+        self._ending.add(lease.id)
+        try:
+            self.ledger.submit_then(
+                committed, self.ledger.end_lease_op(lease.id, state, reason, now, end), event[1], *also
+            )
+        except BaseException:
+            self._ending.discard(lease.id)
+            raise
         return out
 
     def _ended(

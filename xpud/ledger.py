@@ -30,6 +30,7 @@ with ``PRAGMA user_version``; migrations run in order at open, and a ledger from
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import errno
@@ -44,7 +45,7 @@ import sqlite3
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -297,6 +298,17 @@ def op(sql: str, *args, effect=None) -> Op:
 class _Write:
     ops: tuple[Op, ...]
     future: concurrent.futures.Future | None
+    then: Callable[[BaseException | None], None] | None = None  # ``submit_then``: answered on ``loop``
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+def _answer(calls: list[tuple[Callable[[BaseException | None], None], BaseException | None]]) -> None:
+    """On the loop: a batch's ``submit_then`` answers, in the order they were submitted."""
+    for then, err in calls:
+        try:
+            then(err)
+        except Exception:
+            log.exception("a ledger write's completion failed")
 
 
 _ENVIRONMENT = {5, 6, 8, 10, 11, 13, 14, 26}  # BUSY LOCKED READONLY IOERR CORRUPT FULL CANTOPEN NOTADB
@@ -473,10 +485,16 @@ class Ledger:
         self._queue.put(_Write(ops, fut))
         return fut
 
-    async def write(self, *ops: Op) -> None:
-        """Commit ``ops`` atomically without blocking the loop. Raises LedgerUnavailable (nothing written)."""
-        import asyncio
+    def submit_then(self, then: Callable[[BaseException | None], None], *ops: Op) -> None:
+        """``submit`` from the event loop, without a future: ``then(error)`` runs on the loop once ``ops``
+        are committed (``error`` None) or not (LedgerUnavailable: nothing written). The answers to all
+        such writes of one writer batch come back in one wake-up of the loop (the grant and release
+        paths: one ``call_soon_threadsafe`` per batch, not one per write)."""
+        self._queue.put(_Write(ops, None, then, asyncio.get_running_loop()))
 
+    async def write(self, *ops: Op) -> None:
+        """Commit ``ops`` atomically without blocking the loop. Raises LedgerUnavailable (nothing written).
+        A caller cancelled before the writer thread takes its write leaves it unwritten."""
         await asyncio.wrap_future(self.submit(*ops))
 
     def write_sync(self, *ops: Op) -> None:
@@ -509,6 +527,11 @@ class Ledger:
                     stop = True
                     break
                 batch.append(nxt)
+            # A write whose caller was cancelled before this point is dropped: its caller changed
+            # nothing. Taken, it can no longer be cancelled (its result is then always set).
+            batch = [w for w in batch if w.future is None or w.future.set_running_or_notify_cancel()]
+            if not batch:
+                continue
             if db is None:
                 self._finish(batch, [err] * len(batch))
             else:
@@ -550,6 +573,7 @@ class Ledger:
         self._finish(batch, results)
 
     def _finish(self, batch: list[_Write], results: Sequence[BaseException | None]) -> None:
+        answers: dict[asyncio.AbstractEventLoop, list] = {}
         for w, err in zip(batch, results, strict=True):
             if err is None:
                 for o in w.ops:
@@ -560,6 +584,11 @@ class Ledger:
                     w.future.set_result(None)
                 else:
                     w.future.set_exception(err)
+            elif w.then is not None:
+                answers.setdefault(w.loop, []).append((w.then, err))
+        for loop, calls in answers.items():
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits for the answers
+                loop.call_soon_threadsafe(_answer, calls)
 
     # reservations -------------------------------------------------------------------------------
     def save_reservation_op(self, r: ReservationRecord) -> Op:
