@@ -15,6 +15,7 @@ child); ``lease_pids`` reads them from /proc through psutil, so call it off the 
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections import deque
@@ -47,7 +48,13 @@ def job_class(command: str, given: str = "", words: int = 2) -> str:
     (``python serve.py --port 80`` -> ``python serve.py``)."""
     if given:
         return given
-    head = command[:256]  # the first words are at the start: never split a long command whole
+    return _class_of(command[:256], words)  # the first words are at the start: never split a long command
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_of(head: str, words: int) -> str:
+    """``job_class`` of a command's head: cached (bounded: heads of at most 256 characters), as every
+    grant asks it and the same commands come again and again; ``shlex.split`` is slow."""
     try:
         parts = shlex.split(head)
     except ValueError:
