@@ -213,59 +213,87 @@ def check(request: Any) -> None:
     plan = _PLANS.get(request.DESCRIPTOR.full_name)
     if plan is None:
         plan = _PLANS[request.DESCRIPTOR.full_name] = _plan(request.DESCRIPTOR)
-    for name, where, fd, lim in plan:
+    for name, where, kind, lim, presence, scalar in plan:
         if lim is None:  # a field added to the proto without a limit: refuse rather than trust it
             raise BadRequest(f"{where}: this daemon has no limit for the field (a bug: report it)")
         value = getattr(request, name)
-        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+        if kind is _MAP:
             if len(value) > lim.items:
                 raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
             for k, v in value.items():
                 if len(k) > lim.chars or len(v) > lim.chars:
                     raise BadRequest(f"{where} {clip(k)!r}: longer than {lim.chars} characters")
-        elif fd.message_type is not None:
-            if fd.is_repeated:
-                if len(value) > lim.items:
-                    raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
-                for v in value:
-                    check(v)
-            elif request.HasField(name):
-                check(value)
-        elif fd.is_repeated:
+        elif kind is _MESSAGES:
             if len(value) > lim.items:
                 raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
             for v in value:
-                _scalar(where, fd, lim, v)
-        elif fd.has_presence and not request.HasField(name):
+                check(v)
+        elif kind is _MESSAGE:
+            if request.HasField(name):
+                check(value)
+        elif kind is _SCALARS:
+            if len(value) > lim.items:
+                raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
+            for v in value:
+                scalar(where, lim, v)
+        elif presence and not request.HasField(name):
             continue  # an optional field left out: nothing to check
         elif lim.truncate and len(value) > lim.chars:
             setattr(request, name, value[: lim.chars - 1] + "…")
         else:
-            _scalar(where, fd, lim, value)
+            scalar(where, lim, value)
 
 
-_PLANS: dict[str, list] = {}  # message name -> (field name, "Message.field", descriptor, limit) per field
+_PLANS: dict[str, list] = {}  # message name -> (field name, "Message.field", kind, limit, presence, check)
+_MAP, _MESSAGES, _MESSAGE, _SCALARS, _SCALAR = "map", "messages", "message", "scalars", "scalar"
 
 
 def _plan(desc) -> list:
-    where = [(fd, f"{desc.name}.{fd.name}") for fd in desc.fields]
-    return [(fd.name, w, fd, LIMITS.get(w)) for fd, w in where]
+    """How ``check`` reads each field of ``desc``, decided once per message type."""
+    plan = []
+    for fd in desc.fields:
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            kind = _MAP
+        elif fd.message_type is not None:
+            kind = _MESSAGES if fd.is_repeated else _MESSAGE
+        else:
+            kind = _SCALARS if fd.is_repeated else _SCALAR
+        where, scalar = f"{desc.name}.{fd.name}", _SCALAR_CHECKS.get(fd.type, _integer)
+        plan.append((fd.name, where, kind, LIMITS.get(where), fd.has_presence, scalar))
+    return plan
 
 
-def _scalar(where: str, fd: FieldDescriptor, lim: Limit, value: Any) -> None:
-    t = fd.type
-    if t in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES):
-        if len(value) > lim.chars:
-            raise BadRequest(f"{where}: {len(value)} characters; at most {lim.chars}")
-        if lim.pattern and t == FieldDescriptor.TYPE_STRING and not lim.pattern.regex.fullmatch(value):
-            raise BadRequest(f"{where} {clip(value)!r}: not {lim.pattern.text}")
-    elif t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
-        if not math.isfinite(value):
-            raise BadRequest(f"{where}: {value} is not a finite number")
-        if not lim.lo <= value <= lim.hi:
-            raise BadRequest(f"{where}: {value:g} is outside {_range(lim)}")
-    elif t != FieldDescriptor.TYPE_BOOL and isinstance(value, int) and not lim.lo <= value <= lim.hi:
+def _text(where: str, lim: Limit, value: Any) -> None:
+    if len(value) > lim.chars:
+        raise BadRequest(f"{where}: {len(value)} characters; at most {lim.chars}")
+    if lim.pattern and isinstance(value, str) and not lim.pattern.regex.fullmatch(value):
+        raise BadRequest(f"{where} {clip(value)!r}: not {lim.pattern.text}")
+
+
+def _real(where: str, lim: Limit, value: Any) -> None:
+    if not math.isfinite(value):
+        raise BadRequest(f"{where}: {value} is not a finite number")
+    if not lim.lo <= value <= lim.hi:
+        raise BadRequest(f"{where}: {value:g} is outside {_range(lim)}")
+
+
+def _integer(where: str, lim: Limit, value: Any) -> None:
+    if isinstance(value, int) and not lim.lo <= value <= lim.hi:
         raise BadRequest(f"{where}: {value} is outside {_range(lim)}")
+
+
+def _boolean(where: str, lim: Limit, value: Any) -> None:
+    """Nothing to check."""
+
+
+_T = FieldDescriptor
+_SCALAR_CHECKS = {  # by field type; any other (integers, enums): _integer
+    _T.TYPE_STRING: _text,
+    _T.TYPE_BYTES: _text,
+    _T.TYPE_DOUBLE: _real,
+    _T.TYPE_FLOAT: _real,
+    _T.TYPE_BOOL: _boolean,
+}
 
 
 def _range(lim: Limit) -> str:
