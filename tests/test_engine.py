@@ -412,3 +412,29 @@ def test_a_release_whose_caller_goes_away_still_ends_the_lease(engine, tail):
             await engine.release(lease.id, Caller(1000), token)
 
     asyncio.run(scenario())
+
+
+def test_a_cards_capacity_is_kept_until_what_it_depends_on_changes(engine):
+    """Placement asks every card's capacity at every slice grant: it is computed again only when the
+    card's slices, mode, health, drain or pin changed, and is then what a fresh computation gives."""
+    e = engine._engine
+    c = e.cards[0]
+    first = e._capacity(c)
+    assert e._capacity(c) is first  # nothing changed: the same object
+    lease, _ = engine.try_grant(req("vxpu-quarter"))
+    card = e.cards[lease.cards[0]]
+    held, pct = e._capacity(card), e.cfg.slices["vxpu-quarter"].compute_pct
+    assert held.sliced and not held.idle and held.free_compute_pct == 100 - pct
+    engine.try_grant(req("vxpu-quarter"))
+    assert e._capacity(card).free_compute_pct == 100 - 2 * pct  # a second slice on it
+    engine.release(lease.id, Caller(1000))
+    assert e._capacity(card) == held
+    card.drained = True
+    assert not e._capacity(card).usable
+    card.drained = False
+    card.health_state = HealthState.DEGRADED
+    assert e._capacity(card).avoid and e._capacity(card, usable=False).usable is False
+    card.health_state = HealthState.HEALTHY
+    kept = e._capacity(card)
+    e._capacities.clear()
+    assert e._capacity(card) == kept == held

@@ -146,6 +146,7 @@ class Engine:
         self._pump_timer: asyncio.TimerHandle | None = None  # a pump asked for later (bursts)
         self._next_tidy = 0.0
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
+        self._capacities: dict[int, tuple[tuple, CardCapacity]] = {}  # card -> (what it depends on, it)
         self.stats = Stats()  # counters and latencies for /metrics (xpud.metrics)
         self.window: WindowSpec | None = None  # the capacity window in force (xpud.windows), if any
 
@@ -424,22 +425,33 @@ class Engine:
             )
 
     def _capacity(self, c: CardState, avoid_extra: bool = False, usable: bool | None = None) -> CardCapacity:
-        """``usable`` overrides the card's own (placement's feasibility), without a copy of the record."""
+        """``usable`` overrides the card's own (placement's feasibility), without a copy of the record.
+        Kept per card while nothing it is computed from changes (every slice grant asks it of every
+        card; its slices are compared by identity first, so an unchanged card costs one tuple)."""
+        usable = c.usable if usable is None else usable
+        slices = tuple(c.slices.values())
+        key = (c.info, c.mode, c.whole_lease, slices, usable, c.health_score, c.health_state, c.pinned,
+               avoid_extra, self._reserved(c.info))  # fmt: skip
+        kept = self._capacities.get(c.info.index)
+        if kept is not None and kept[0] == key:
+            return kept[1]
         if usable is False:
             mem, pct = 1.0, 100  # placement skips an unusable card: its shares are not read
         else:
-            mem, pct = used_shares(list(c.slices.values()), c.info, self._reserved(c.info))
-        return CardCapacity(
+            mem, pct = used_shares(slices, c.info, self._reserved(c.info))
+        cap = CardCapacity(
             index=c.info.index,
             sliced=c.mode is CardMode.SLICED,
             idle=c.idle,
-            usable=c.usable if usable is None else usable,
+            usable=usable,
             free_memory_fraction=max(0.0, 1 - mem),
             free_compute_pct=100 - pct,
             health_score=c.health_score,
             mode_pinned=c.pinned,
             avoid=c.health_state is HealthState.DEGRADED or avoid_extra,
         )
+        self._capacities[c.info.index] = (key, cap)
+        return cap
 
     def _reserved(self, card: CardInfo) -> int:
         return self._backends[card.index].reserved_bytes  # [cards] reserved_memory_mib, or its estimate
