@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from xpud.config import Config
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound
 from xpud.hw.topology import Topology
-from xpud.isolation.base import Accounting, Held, Isolation, usable_memory, used_shares
+from xpud.isolation.base import STANDBY, Accounting, Held, Isolation, usable_memory, used_shares
 from xpud.ledger import CardRecord, EventRecord, Ledger, LedgerUnavailable, Op
 from xpud.model import (
     Caller,
@@ -50,6 +50,7 @@ from xpud.model import (
 )
 from xpud.moves import Moves
 from xpud.placement.host import CardCapacity, best_group, choose_slice_card
+from xpud.standby import Standby
 from xpud.stats import Stats
 from xpud.waitlist import Waiter, Waitlist, kind_of
 from xpud.windows import WindowSpec, whole_needed
@@ -147,6 +148,7 @@ class Engine:
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
         self.stats = Stats()  # counters and latencies for /metrics (xpud.metrics)
         self.window: WindowSpec | None = None  # the capacity window in force (xpud.windows), if any
+        self.standby = Standby(self)  # slices pre-created ahead of a forecast peak (xpud.standby)
 
     # ------------------------------------------------------------------ restore and views
     async def restore(self) -> list[Lease]:
@@ -186,6 +188,9 @@ class Engine:
             restored.append(lease)
         if restored:
             self.event("restore", f"restored {len(restored)} active lease(s) from the ledger")
+        gone = self.standby.load(self.ledger.standby(), {u: c.info.index for u, c in by_uuid.items()})
+        if gone:
+            await self._try_write(*gone)
         await self._reconcile()
         return [lease for lease in restored if lease.id in self.leases]
 
@@ -202,6 +207,7 @@ class Engine:
         lost: dict[str, str] = {}
         for i, c in sorted(self.cards.items()):
             held = [Held(lid, self.leases[lid].owner_uid, s) for lid, s in sorted(c.slices.items())]
+            held += self.standby.helds(i) if self.standby.supported(i) else []
             await self._wait_claim([i])
             try:
                 found = await self._hw(self._backends[i].reconcile, c.info, c.mode, held)
@@ -215,10 +221,15 @@ class Engine:
                 self.event("reconcile", note, card=i)
             for lid in found.lost:
                 lost[lid] = f"its slice on card {i} is gone from the hardware (found at start-up)"
+            gone = self.standby.spent([i])  # pre-created instances not found (or not adopted)
+            if gone and await self._try_write(*self.standby.drop_ops(gone)):
+                self.standby.forget(gone)
             if c.whole_lease is None and found.mode is not c.mode and not set(c.slices) - set(found.lost):
                 c.mode = found.mode  # the hardware's mode (recorded when the ledger can take it)
                 await self._try_write(self.ledger.save_card_op(c.record()))
         for lid, why in lost.items():
+            if lid.startswith(STANDBY):
+                continue
             try:
                 await self.reclaim(lid, why)
             except LedgerUnavailable as e:  # the reaper tries again after the grace period
@@ -477,7 +488,12 @@ class Engine:
         # An idle whole card may be converted unless pinned, reserved for a waiting whole-card request, or
         # kept whole by the capacity window in force (``windows``; a bridge's pinned card is not held back).
         reserve_whole = reserve_whole or (windows and self.whole_short(1) > 0)
+        # Cards holding a pre-created slice of this size serve it first, without creating anything.
+        ready = self.standby.ready(spec.name) - exclude - self._busy if self.standby.slices else None
         for c in self.cards.values():
+            if ready and c.info.index not in ready:
+                caps.append(self._capacity(c, usable=False))
+                continue
             convertible = c.mode is CardMode.SLICED or (c.idle and not c.pinned and not reserve_whole)
             feasible = (
                 c.usable
@@ -726,6 +742,7 @@ class Engine:
         t0 = time.perf_counter()
         try:
             slices, env, switched = await self._place(lease_id, req.mode, cards, req.owner_uid)
+            spent = self.standby.spent(cards) if self.standby.slices else []  # taken or undone by it
         finally:
             self._unclaim(cards)
         infos = [self.cards[i].info for i in cards]
@@ -751,7 +768,7 @@ class Engine:
             created=self.clock(),
             anchor=req.anchor,
         )
-        ops = [self.ledger.insert_lease_op(lease, token)]
+        ops = [self.ledger.insert_lease_op(lease, token), *self.standby.drop_ops(spent)]
         ops += [self.ledger.save_card_op(self.cards[i].record()) for i in switched]
         where = ",".join(map(str, cards))
         events = [
@@ -769,6 +786,7 @@ class Engine:
             await self._unplace(lease_id, cards, slices, switched)
             raise
         self.leases[lease_id] = lease
+        self.standby.forget(spent)
         self.stats.grant.observe(time.perf_counter() - t0)
         if not req.anchor:
             self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
@@ -1246,11 +1264,16 @@ class Engine:
             await self._hw(backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info)
             c.mode = want
             c.switched_at = self.clock()
+        spent = self.standby.spent([i])  # pre-created slices a switch to whole destroyed
         try:
-            await self.ledger.write(self.ledger.save_card_op(replace(c.record(), mode_pinned=pinned)))
+            await self.ledger.write(
+                self.ledger.save_card_op(replace(c.record(), mode_pinned=pinned)),
+                *self.standby.drop_ops(spent),
+            )
         except BaseException:
             await self._switch_back([i] if switched else [], "after a failed commit")
             raise
+        self.standby.forget(spent)
         c.pinned = pinned
         if why:
             self.event("mode", f"card {i} switched to {want}: {why}", card=i)

@@ -142,6 +142,17 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE leases ADD COLUMN anchor TEXT NOT NULL DEFAULT '';
     """,
+    # 6: slices pre-created ahead of a forecast peak (xpud.standby): held by no lease yet, handed to the
+    # first request of their size; recorded so that a restart adopts them instead of destroying them
+    """
+    CREATE TABLE standby (
+        handle TEXT PRIMARY KEY,      -- MIG device UUID
+        card_uuid TEXT NOT NULL,
+        size TEXT NOT NULL,
+        slice TEXT NOT NULL,          -- JSON of the Slice fields
+        created REAL NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -724,6 +735,25 @@ class Ledger:
             ),
         )
         return before
+
+    # pre-created slices (xpud.standby) ----------------------------------------------------------
+    def save_standby_op(self, card_uuid: str, s: Slice, created: float) -> Op:
+        return op(
+            "INSERT INTO standby (handle, card_uuid, size, slice, created) VALUES (?,?,?,?,?)",
+            s.handle,
+            card_uuid,
+            s.size,
+            json.dumps(_slice_to_json(s)),
+            created,
+        )
+
+    def drop_standby_op(self, handle: str) -> Op:
+        return op("DELETE FROM standby WHERE handle=?", handle)
+
+    def standby(self) -> list[tuple[str, Slice, float]]:
+        """(card uuid, slice, created) of every recorded pre-created slice, oldest first."""
+        rows = self.db.execute("SELECT card_uuid, slice, created FROM standby ORDER BY created").fetchall()
+        return [(r[0], Slice(**json.loads(r[1])), float(r[2])) for r in rows]
 
     # cards --------------------------------------------------------------------------------------
     def save_card_op(self, rec: CardRecord) -> Op:
