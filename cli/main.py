@@ -585,6 +585,14 @@ def forecast(
             else ""
         )
     )
+    ready = data.get("slices") or {}
+    made = [f"{n} {size}" for size, n in (ready.get("standby") or {}).items() if n]
+    planned = [f"{n} {size}" for size, n in (ready.get("planned_mps") or {}).items() if n]
+    if made or planned:
+        print(
+            f"slices ready: pre-created (MIG) {', '.join(made) or 'none'}; "
+            f"planned (MPS) {', '.join(planned) or 'none'}"
+        )
     for size, s in data["sizes"].items():
         m = s["mape_last_week"]
         print(f"\n{size}: MAPE over the last week {'-' if m is None else f'{m:.1%}'}")

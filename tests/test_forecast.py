@@ -324,8 +324,7 @@ def test_warm_command_runs_once_per_pre_created_slice_as_the_warm_user(tmp_path,
         n = created(fake)
         lease, _ = await engine._engine.try_grant(req("vxpu-half"))
         assert created(fake) == n + 2 and lease.slices[0].handle not in engine.standby.slices
-        while prov._warming:
-            await next(iter(prov._warming))
+        await prov.warmed()
         return lease
 
     engine._loop.run_until_complete(provision())
@@ -343,6 +342,43 @@ def test_warm_command_runs_once_per_pre_created_slice_as_the_warm_user(tmp_path,
     n = created(fake)
     engine.try_grant(req("vxpu-half"))
     assert created(fake) == n
+
+
+def test_on_mps_cards_the_forecast_slices_are_planned_and_warmed_with_their_limits(tmp_path, request):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from xpud.hw.fakenvml import FakeNvml
+
+    start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()
+    out = Path(tempfile.mkdtemp(prefix="xpud-warm-", dir="/tmp"))
+    out.chmod(0o777)
+    request.addfinalizer(lambda: shutil.rmtree(out, ignore_errors=True))
+    cmd = (
+        'echo "$CUDA_VISIBLE_DEVICES $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'
+        f' ${{CUDA_MPS_PIPE_DIRECTORY:-nopipe}}" > {out}/$(echo $XPU_WARM_SLICE | tr : _)'
+    )
+    engine, clock, _ = _mig_engine(
+        tmp_path, start, f"warm_command = '{cmd}'\n", fake=FakeNvml("pcie-8x-l40s")
+    )
+    prov = Provisioner(engine._engine, clock=clock)
+
+    async def go():
+        report = await prov.run()
+        await prov.warmed()
+        return report
+
+    report = engine._loop.run_until_complete(go())
+    assert report["slices"]["standby"]["vxpu-half"] == 0 and report["slices"]["planned_mps"]["vxpu-half"] == 8
+    lines = sorted(f.read_text().split() for f in out.iterdir())
+    assert len(lines) == 8, lines
+    sliced = {engine._engine.cards[i].info.uuid for i in _sliced(engine)}
+    assert {w[0] for w in lines} == sliced and len(sliced) == 4
+    assert all(w[1] == "30" and w[2].startswith("0=") and w[3] == "nopipe" for w in lines), lines
+    # a second run plans the same slices: nothing warmed again
+    engine._loop.run_until_complete(go())
+    assert sum("warm_command exited 0" in e.message for e in engine.ledger.events(100)) == 8
 
 
 def test_warm_command_is_killed_at_its_timeout_and_an_unknown_user_is_an_event(tmp_path):

@@ -239,6 +239,11 @@ class Provisioner:
         for key in [k for k in self.planned if k[1] == size and k[0] not in on]:
             del self.planned[key]
 
+    async def warmed(self) -> None:
+        """Wait until every warm_command started so far has ended (tests, shutdown)."""
+        while self._warming:
+            await asyncio.gather(*list(self._warming), return_exceptions=True)
+
     def _warm(self, s, env: dict[str, str], handle: str | None) -> None:
         """Run ``warm_command`` for slice ``s`` (in the background); ``handle``: its pre-created MIG
         instance, not handed out meanwhile."""
