@@ -193,11 +193,9 @@ def run(
 ) -> None:
     """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release.
     With --nodes (or --replicas --spread): the same across hosts, one rank per host."""
-    from xpu_cli import green
     from xpu_cli.child import die_like
     from xpu_cli.entry import RUN_DEFAULTS, run_with
 
-    green.before_run(state.runtime_dir, when_green, deadline, lambda m: typer.echo(f"xpu: {m}", err=True))
     opts = dict(
         mode=mode,
         gpus=gpus,

@@ -386,6 +386,8 @@ class Engine:
             raise BadRequest(f"priority {req.priority} is outside -{cap}..{cap}")
         if not 0 <= req.wait_s <= self.cfg.leases.max_wait_s:
             raise BadRequest(f"--wait {req.wait_s:g}: must be 0..{self.cfg.leases.max_wait_s:g} seconds")
+        if req.not_before and not 0 < req.not_before - self.clock() <= 31 * 86400.0:
+            raise BadRequest(f"not_before {req.not_before!r}: must be within 31 days from now")
         top = self.cfg.limits.max_user_priority
         if not req.exempt and req.priority > top:
             raise Forbidden(
@@ -835,6 +837,8 @@ class Engine:
         which tries once more and queues in the same step (the state may have changed in between). A
         grant at once needs no helper task or position queue around it."""
         self._check_limits(req, queueing=False)
+        if req.not_before > self.clock():
+            return None  # deferred: it queues until its start
         return await self.try_grant(
             req, BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
         )
@@ -852,20 +856,27 @@ class Engine:
         # A request that may queue waits for busy cards only briefly: beyond that it shows in the queue.
         busy_wait = 0.0 if tried else BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
         pumps = self._pumps
-        granted = await self.try_grant(req, busy_wait)
+        deferred = req.not_before > self.clock()  # queued until its start (a green hour), room or not
+        granted = None if deferred else await self.try_grant(req, busy_wait)
         if granted:
             return granted
-        if req.wait_s <= 0:
+        if req.wait_s <= 0 and not deferred:
             raise NoCapacity(self._why_not(req) + "; add --wait 10m (any duration, or inf) to queue for it")
         self._check_limits(req, queueing=True)
         # try_grant found no room in this very state (no await since): the queue needs a pass only if
         # one ran while it waited for busy cards, before this request was in it. (One pass per queued
         # request made queueing quadratic: 6,000 requests took minutes and gRPC cancelled the last.)
-        reason = self._pending_reason(req, reserved=self.waitlist.whole_waiting_at(req.priority))
+        reason = (
+            "BeginTime"
+            if deferred
+            else self._pending_reason(req, reserved=self.waitlist.whole_waiting_at(req.priority))
+        )
         w = self.waitlist.add(req, self.clock(), on_position)
         w.reason = reason  # a queue pass keeps it current; this request may see none for a while
         self._changed()
-        if self._pumps != pumps:
+        if deferred:
+            self._pump_later(req.not_before - self.clock())
+        elif self._pumps != pumps:
             self._pump_soon()
         try:
             return await asyncio.wait_for(asyncio.shield(w.future), timeout=max(w.deadline - self.clock(), 0))
@@ -938,11 +949,19 @@ class Engine:
         unseen = self.waitlist.kinds()  # kind -> waiters not yet looked at
         granted: list[tuple[Waiter, tuple[int, ...]]] = []
         retry: float | None = None
+        now = self.clock()
         for w in self.waitlist:
             kind = kind_of(w.request)
             unseen[kind] -= 1
             if w.future.done():
                 continue
+            if w.deferred:  # waiting for its (green) start: looked at again then
+                if w.request.not_before > now:
+                    w.reason = "BeginTime"
+                    left = w.request.not_before - now
+                    retry = left if retry is None else min(retry, left)
+                    continue
+                self.waitlist.activate(w)
             if (kind, reserve) in failed:
                 w.reason = failed[(kind, reserve)]
                 continue
