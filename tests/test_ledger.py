@@ -96,3 +96,70 @@ def test_a_locked_ledger_fails_writes_without_blocking_the_caller_thread(tmp_pat
     assert led.active_leases() == []
     led.insert_lease(_lease(), "tok")
     assert [x.id for x in led.active_leases()] == ["aaaa0001"]
+
+
+def test_usage_readings_keep_each_class_newest_and_auto_leases_follow_their_lease(tmp_path):
+    from xpud.ledger import AutoLeaseRecord
+    from xpud.usage import Reading
+
+    led = Ledger(tmp_path / "l.sqlite")
+    for t in range(10):
+        a, b = Reading(float(t), 5.0, 1, 15.0, 2, 40.0), Reading(float(t), None, 1, 15.0, 2)
+        led.add_readings([("a", a), ("b", b)], 4)
+    led.flush()
+    got = led.class_readings()
+    assert [r.t for r in got["a"]] == [6.0, 7.0, 8.0, 9.0] and got["a"][0].membw_pct == 40.0
+    assert got["b"][-1].sm_pct is None and len(got["b"]) == 4
+    led.insert_lease(_lease("l1"), "tok")
+    led.write_sync(led.save_auto_lease_op(AutoLeaseRecord("l1", "a", True, 2, 5.0, "up")))
+    led.write_sync(led.save_auto_lease_op(AutoLeaseRecord("gone", "a", True)))
+    assert led.auto_leases() == {"l1": AutoLeaseRecord("l1", "a", True, 2, 5.0, "up")}  # active leases only
+    led.prune(older_than_days=1, now=7.5 + 86400)
+    assert [r.t for r in led.class_readings()["a"]] == [8.0, 9.0]
+    n = led.db.execute("SELECT count(*) FROM auto_leases").fetchone()[0]
+    assert n == 1  # the record of a lease that is no longer active went
+
+
+def test_classes_not_seen_for_long_are_forgotten(tmp_path):
+    from xpud.ledger import AutoLeaseRecord
+    from xpud.usage import Reading
+
+    led = Ledger(tmp_path / "l.sqlite")
+    led.add_readings([("old", Reading(10.0, 5.0, 1, 15.0, 2)), ("new", Reading(10.0, 5.0, 1, 15.0, 2))], 4)
+    led.add_readings([("new", Reading(100.0, 5.0, 1, 15.0, 2))], 4)
+    led.write_sync(led.save_auto_lease_op(AutoLeaseRecord("ended", "new", True)))
+    led.forget_stale_usage(before=50.0)
+    led.flush()
+    assert list(led.class_readings()) == ["new"] and len(led.class_readings()["new"]) == 2
+    assert led.db.execute("SELECT count(*) FROM auto_leases").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("config_text", "kept"),
+    [
+        ("[leases]\nhistory_days = 1\n", False),
+        ("[leases]\nhistory_days = 0\n", True),  # 0: kept forever
+        ("[leases]\nhistory_days = 1\n[forecast]\nenabled = true\nhistory_days = 28\n", True),
+    ],
+)
+def test_the_daemon_prunes_ended_leases_past_history_days(inproc, config_text, kept):
+    """[leases] history_days is enforced by the daemon's prune job (through the ledger's writer), raised to
+    the forecast's history when the forecast is on; an active lease is never pruned."""
+    from xpud.api.client import Client
+
+    d = inproc("pcie-8x-l40s", config_text)
+    with Client(d.runtime_dir) as c:
+        old = c.acquire_lease("vxpu-quarter", command="old")
+        live = c.acquire_lease("vxpu-quarter", command="live")
+        c.release(old.lease.id, old.token)
+    d.call(lambda: d.engine.ledger.write())  # flush
+    path = d.engine.ledger.path
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE leases SET ended = ended - 3 * 86400 WHERE id = ?", (old.lease.id,))
+        db.execute("UPDATE events SET ts = ts - 3 * 86400 WHERE lease_id = ?", (old.lease.id,))
+    d.call(d.daemon.jobs.prune)
+    with sqlite3.connect(path) as db:
+        ids = {r[0] for r in db.execute("SELECT id FROM leases")}
+        events = db.execute("SELECT COUNT(*) FROM events WHERE lease_id = ?", (old.lease.id,)).fetchone()[0]
+    assert live.lease.id in ids
+    assert (old.lease.id in ids) is kept and (events > 0) is kept

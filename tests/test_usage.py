@@ -99,3 +99,32 @@ def test_book_keeps_a_short_history_per_lease_and_class():
     )  # 14 and 15 are within 90 % of 15
     book.end("L1")
     assert book.history("L1") == [] and len(book.classes["serve"]) == 4
+
+
+def test_profiles_follow_new_readings_and_end_with_the_lease():
+    from xpud.usage import Reading, UsageBook
+
+    book = UsageBook(keep=2)
+    book.add("l1", "c", Reading(1.0, 10.0, 0, 15.0, 1, 2.0))
+    assert book.lease_profile("l1") == (10.0, 2.0) == book.class_profile("c")
+    book.add("l1", "c", Reading(2.0, 20.0, 0, 15.0, 1, 4.0))
+    book.add("l1", "c", Reading(3.0, 30.0, 0, 15.0, 1, 6.0))  # the first one drops out (keep 2)
+    assert book.lease_profile("l1") == (25.0, 5.0)
+    book.moved("l1")  # no readings of its own: its class's stands for it
+    assert book.lease_profile("l1") == (25.0, 5.0) and "l:l1" not in book._profiles
+    book.end("l1")
+    assert book.lease_profile("l1") is None
+    book.add("l2", "d", Reading(4.0, None, 0, 15.0, 1))  # MIG: no compute figure, no profile
+    assert book.lease_profile("l2") is None
+
+
+def test_book_keeps_at_most_max_classes_forgetting_the_least_recently_measured():
+    book = UsageBook(keep=3, max_classes=2)
+    r = Reading(1.0, 50.0, 1 << 30, 100.0, 4 << 30, 20.0)
+    book.add("l1", "a", r)
+    book.add("l2", "b", r)
+    book.add("l1", "a", r)  # "a" measured again: "b" is now the oldest
+    assert book.class_profile("b") is not None
+    book.add("l3", "c", r)
+    assert list(book.classes) == ["a", "c"]
+    assert book.class_profile("b") is None and "c:b" not in book._profiles

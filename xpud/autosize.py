@@ -5,25 +5,34 @@ Every decision is an ``auto`` event (and a ``mark`` for the lease's holder) carr
 
 Hardware reads and /proc walks run in a worker thread (``Engine._hw``), never on the loop.
 
-Which leases are ``--mode auto`` and their classes are kept in memory: after a daemon restart the
-leases restored from the ledger keep their size and are measured, but no longer moved automatically.
+What must outlive a restart is in the ledger (schema 6): each class's newest ``[auto] history``
+readings (written once per round, queued like events) and each tracked lease's class, ``--mode auto``
+flag and move state (written at its grant and at each move). ``restore`` reads them back at start, so
+``--mode auto`` starts a class from its history and a restored auto lease keeps its budget and hysteresis.
+A lease's own readings are not kept: they start afresh (the up/down windows need new evidence anyway).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xpud.errors import Conflict, NoCapacity
-from xpud.model import Mode
+from xpud.ledger import AutoLeaseRecord
+from xpud.model import Mode, Request
+from xpud.placement.colocate import overlap
 from xpud.rightsize import AutoState, Decision, caps, decide, first_mode
 from xpud.runfiles import publish_json
 from xpud.usage import Reading, UsageBook, job_class, lease_pids, measure
 
 LOAD_DIR = "load"
+CLASS_KEPT_S = 30 * 86400.0  # a class not seen for this long is forgotten at the next start
 
 
 def publish_loads(runtime_dir, loads: dict[str, dict]) -> None:
@@ -50,6 +59,7 @@ class Tracked:
     auto: bool  # --mode auto: may be moved
     state: AutoState
     last: Decision | None = None  # the newest decision (a recommendation or a move)
+    saved: bool = False  # it has a record in the ledger (auto_leases)
 
 
 class Rightsizer:
@@ -60,6 +70,7 @@ class Rightsizer:
         self.book = UsageBook(self.cfg.history)
         self.tracked: dict[str, Tracked] = {}
         self._since: dict[int, int] = {}  # per card: newest sample timestamp read (µs)
+        self._watchers: dict[str, set[asyncio.Queue]] = {}  # lease id -> its WatchLease streams
 
     # ------------------------------------------------------------------ starting size
     def choose(self, command: str, given_class: str = "") -> tuple[str, str, str]:
@@ -70,7 +81,60 @@ class Rightsizer:
         return mode, cls, why
 
     def track(self, lease_id: str, cls: str, auto: bool) -> None:
-        self.tracked[lease_id] = Tracked(cls, auto, AutoState())
+        self.tracked[lease_id] = t = Tracked(cls, auto, AutoState())
+        self.book.class_of[lease_id] = cls  # its class's profile stands for it until it is measured
+        lease = self.engine.leases.get(lease_id)
+        if auto or (lease is not None and cls != job_class(lease.command)):
+            self._save(lease_id, t)  # else a restart derives the same from the command: no write
+
+    def class_of(self, lease_id: str) -> str:
+        """The job class a lease is measured under ("" when it is not tracked)."""
+        t = self.tracked.get(lease_id)
+        return t.cls if t is not None else ""
+
+    def _save(self, lease_id: str, t: Tracked) -> None:
+        t.saved = True
+        s = t.state
+        rec = AutoLeaseRecord(lease_id, t.cls, t.auto, s.moves, s.last_move_t, s.last_direction)
+        self.engine.ledger.save_logged(self.engine.ledger.save_auto_lease_op(rec))
+
+    def restore(self) -> None:
+        """After a start: each class's recorded readings (``--mode auto`` starts from them) and, for the
+        leases restored from the ledger, their class, ``--mode auto`` flag and moves so far (so the
+        budget and the hysteresis hold across a restart). Each lease's own readings start afresh. Reads
+        the ledger once (start-up, before serving)."""
+        led = self.engine.ledger
+        led.forget_stale_usage(self.engine.clock() - CLASS_KEPT_S)
+        by_newest = sorted(led.class_readings().items(), key=lambda kv: kv[1][-1].t)
+        for cls, readings in by_newest:  # the most recently measured last: kept if over the cap
+            if readings[-1].t < self.engine.clock() - CLASS_KEPT_S:
+                continue
+            self.book.keep_class(cls, deque(readings, maxlen=self.book.keep))
+        for lid, rec in led.auto_leases().items():
+            if lid in self.engine.leases:
+                state = AutoState(rec.moves, rec.last_move, rec.last_direction)
+                self.tracked[lid] = Tracked(rec.job_class, rec.auto, state, saved=True)
+                self.book.class_of[lid] = rec.job_class
+
+    # ------------------------------------------------------------------ co-location (issue 16 item 4)
+    def colocation(self, req: Request) -> Callable[[int], float] | None:
+        """A tie-breaker for the slice placement of ``req``: per card, the contention its class's profile
+        expects beside the card's leases (``placement.colocate.overlap``), on MPS cards only (a MIG
+        instance has its own memory bandwidth and cache). Reads only the kept usage history: no hardware
+        call on the grant path, and nothing at all unless cards tie. A class with no profile (no history)
+        gives 0 everywhere: placement as without it."""
+        e, book = self.engine, self.book
+        mine: list = []  # the class's profile, looked up at the first tie only
+
+        def cost(card: int) -> float:
+            if not mine:
+                mine.append(book.class_profile(req.job_class or job_class(req.command)))
+            c = e.cards.get(card)
+            if mine[0] is None or c is None or e.isolation_name(card) != "mps":
+                return 0.0
+            return overlap(mine[0], [p for lid in c.slices if (p := book.lease_profile(lid)) is not None])
+
+        return cost
 
     # ------------------------------------------------------------------ one round
     def _read(self, plan: list[tuple[str, int, int | None]]) -> dict:
@@ -88,7 +152,7 @@ class Rightsizer:
             return []
         got = await e._hw(self._read, [(x.id, x.cards[0], x.holder_pid) for x in leases])
         now = e.clock()
-        out = []
+        out, taken = [], []
         for i, samples in got["util"].items():
             if samples:
                 self._since[i] = max(self._since.get(i, 0), *(s[1] for s in samples))
@@ -103,6 +167,7 @@ class Rightsizer:
             )
             t = self.tracked.setdefault(lease.id, Tracked(job_class(lease.command), False, AutoState()))
             self.book.add(lease.id, t.cls, r)
+            taken.append((t.cls, r))
             d = decide(
                 lease.id,
                 str(lease.mode),
@@ -116,6 +181,7 @@ class Rightsizer:
             )
             if d is not None:
                 out.append(await self._act(lease.id, t, d, r))
+        e.ledger.add_readings(taken, self.cfg.history)  # the class histories outlive a restart
         return out
 
     async def _act(self, lease_id: str, t: Tracked, d: Decision, r: Reading) -> Decision:
@@ -133,6 +199,7 @@ class Rightsizer:
                 t.state.moves += 1
                 t.state.last_move_t, t.state.last_direction = e.clock(), d.direction
                 self.book.moved(lease_id)
+                self._save(lease_id, t)
         changed = t.last is None or (t.last.to, t.last.move) != (d.to, d.move)
         t.last = d
         if changed or d.move:  # a standing recommendation is said once, not every sample
@@ -145,37 +212,70 @@ class Rightsizer:
         """The scheduler's job: a failed round is logged, never raised; ended leases are forgotten."""
         for lid in [x for x in self.tracked if x not in self.engine.leases]:
             self.ended(lid)
+        for lid in [x for x in self._watchers if x not in self.engine.leases]:
+            self._tell(lid, None)  # its WatchLease streams end
         try:
             await self.poll()
-            await self.engine._hw(publish_loads, self.engine.cfg.runtime_dir, self.loads())
+            loads = self.loads()
+            for lid in self._watchers:
+                if lid in loads:
+                    self._tell(lid, loads[lid])
+            await self.engine._hw(publish_loads, self.engine.cfg.runtime_dir, loads)
         except Exception:
             log.exception("right-sizing round failed")
 
-    def loads(self) -> dict[str, dict]:
-        """Each active lease's live load, for its server to adapt to (``load/<lease id>.json``)."""
-        e = self.engine
+    def _waiting(self) -> dict[str, int]:
         waiting: dict[str, int] = {}
-        for q in e.queue_view():
+        for q in self.engine.queue_view():
             waiting[str(q.request.mode)] = waiting.get(str(q.request.mode), 0) + 1
-        out = {}
-        for lease in e.leases.values():
-            hist = self.book.history(lease.id)
-            last = hist[-1] if hist else None
-            out[lease.id] = {
-                "lease_id": lease.id,
-                "mode": str(lease.mode),
-                "t": time.time(),
-                "cap_pct": last.cap_pct if last else None,
-                "used_pct": last.sm_pct if last else None,
-                "mem_used_bytes": last.mem_bytes if last else None,
-                "throttled": bool(last and last.throttled(self.cfg.at_cap)),
-                "waiting_for_size": waiting.get(str(lease.mode), 0),
-                "moving": lease.id in e.moves.pending,
-            }
-        return out
+        return waiting
+
+    def load(self, lease, waiting: dict[str, int]) -> dict:
+        """A lease's live load, for its server to adapt to (file and ``WatchLease``)."""
+        hist = self.book.leases.get(lease.id)
+        last = hist[-1] if hist else None
+        return {
+            "lease_id": lease.id,
+            "mode": str(lease.mode),
+            "t": time.time(),
+            "cap_pct": last.cap_pct if last else None,
+            "used_pct": last.sm_pct if last else None,
+            "mem_used_bytes": last.mem_bytes if last else None,
+            "throttled": bool(last and last.throttled(self.cfg.at_cap)),
+            "waiting_for_size": waiting.get(str(lease.mode), 0),
+            "moving": lease.id in self.engine.moves.pending,
+        }
+
+    def loads(self) -> dict[str, dict]:
+        """Each active lease's live load (``load/<lease id>.json``)."""
+        waiting = self._waiting()
+        return {lease.id: self.load(lease, waiting) for lease in self.engine.leases.values()}
+
+    async def watch(self, lease_id: str) -> AsyncIterator[dict]:
+        """``WatchLease``: the lease's load now, then after every round until the lease has ended (told
+        at the next round). A slow reader gets the newest load only (one is kept)."""
+        q: asyncio.Queue = asyncio.Queue(maxsize=1)
+        self._watchers.setdefault(lease_id, set()).add(q)
+        try:
+            yield self.load(self.engine.leases[lease_id], self._waiting())
+            while (got := await q.get()) is not None:
+                yield got
+        finally:
+            qs = self._watchers.get(lease_id, set())
+            qs.discard(q)
+            if not qs:
+                self._watchers.pop(lease_id, None)
+
+    def _tell(self, lease_id: str, load: dict | None) -> None:
+        for q in self._watchers.get(lease_id, ()):
+            if q.full():
+                q.get_nowait()  # the reader has not taken the last one: the newest replaces it
+            q.put_nowait(load)
 
     def ended(self, lease_id: str) -> None:
-        self.tracked.pop(lease_id, None)
+        t = self.tracked.pop(lease_id, None)
+        if t is not None and t.saved:
+            self.engine.ledger.save_logged(self.engine.ledger.end_auto_lease_op(lease_id))
         self.book.end(lease_id)
 
 

@@ -120,7 +120,14 @@ class LeasesSection:
     credential_ttl_s: float = _key(
         300.0, "Lifetime of a peer credential issued on cred.sock (seconds).", min=1.0, max=86400.0
     )
-    history_days: int = _key(30, "Ended leases are kept in the ledger this many days.", min=0, max=36500)
+    history_days: int = _key(
+        30,
+        "Days ended leases, their events, finished reservations and usage readings are kept in the "
+        "ledger (pruned hourly); 0 = kept forever. Raised to [forecast] history_days when the forecast "
+        "is on.",
+        min=0,
+        max=36500,
+    )
     max_priority: int = _key(
         100, "Highest priority a request may ask for; negative down to -max.", min=0, max=1_000_000
     )

@@ -274,7 +274,9 @@ class Daemon:
         """Measure leases every [auto] sample_s and act on --mode auto (xpud.autosize)."""
         from xpud.autosize import Rightsizer
 
-        self.engine.rightsizer = rs = Rightsizer(self.engine, self.hw)
+        rs = Rightsizer(self.engine, self.hw)
+        rs.restore()  # class histories and auto leases from the ledger (start-up, before it is used)
+        self.engine.rightsizer = rs
         self.jobs.scheduler.add_job(
             rs.poll_logged, "interval", seconds=self.cfg.auto.sample_s, id="rightsize", **OPTS
         )

@@ -508,7 +508,9 @@ class Engine:
         # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks. The whole-card
         # pool (for the harm a conversion does) includes pinned and reserved idle whole cards.
         pool = self._whole_candidates(True)
-        return choose_slice_card(caps, 0.0, 0, self.topology, free_whole=pool)
+        rs = self.rightsizer  # ties between sliced cards: co-location on MPS cards (xpud.autosize)
+        tie = None if rs is None else rs.colocation(req)
+        return choose_slice_card(caps, 0.0, 0, self.topology, free_whole=pool, tie_break=tie)
 
     def _fit(
         self, req: Request, reserve_whole: bool = False, exclude: frozenset[int] = frozenset()

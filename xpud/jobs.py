@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -24,7 +24,18 @@ logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
 REAP_INTERVAL_S = 0.25  # a reclaimed lease is back within the grace period plus this
 MAKE_ROOM_INTERVAL_S = 1.0  # how often waiting whole-card requests are looked at
 OPTS = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+PRUNE_INTERVAL_S = 3600.0  # how often ended leases past [leases] history_days are dropped
+PRUNE_FIRST_S = 60.0  # the first time: a minute after the start, not in its busiest moment
 WINDOW_CHECK_S = 30.0  # how often the capacity window's share is checked between its starts
+
+
+def history_kept_days(cfg) -> int:
+    """Days of ended history the ledger keeps: ``[leases] history_days`` (0: all), raised to the
+    forecast's ``history_days`` when the forecast is on (it learns from those leases)."""
+    days = cfg.leases.history_days
+    if days and cfg.forecast.enabled:
+        days = max(days, cfg.forecast.history_days)
+    return days
 
 
 def _logged(what: str):
@@ -81,6 +92,14 @@ class Jobs:
             **OPTS,
         )
         self.provisioner = Provisioner(self.engine)
+        self.scheduler.add_job(
+            self.prune,
+            "interval",
+            seconds=PRUNE_INTERVAL_S,
+            id="prune",
+            next_run_time=datetime.now() + timedelta(seconds=PRUNE_FIRST_S),
+            **OPTS,
+        )
         self.reschedule()
         self.scheduler.start()
 
@@ -89,7 +108,7 @@ class Jobs:
         defrag, make-room, the capacity windows, the forecast and the carbon signal."""
         cfg = self.engine.cfg
         for job in list(self.scheduler.get_jobs()):
-            if job.id not in ("reap", "sample"):
+            if job.id not in ("reap", "sample", "prune"):
                 job.remove()
         if self.defrag is not None and self.defrag.cfg.enabled:
             seconds = self.defrag.cfg.interval_s
@@ -132,6 +151,16 @@ class Jobs:
             self.apply_windows, "interval", seconds=WINDOW_CHECK_S, id="window-check", **OPTS
         )
         self.scheduler.add_job(self.apply_windows, id="window-now", **OPTS)  # at once
+
+    @_logged("pruning the ledger")
+    async def prune(self) -> None:
+        """Drop ended leases, their events, finished reservations and usage readings older than
+        ``[leases] history_days`` (0: never), keeping at least the forecast's ``history_days`` when it is
+        on. Committed by the ledger's writer thread, off the loop."""
+        cfg = self.engine.cfg
+        days = history_kept_days(cfg)
+        if days:
+            await self.engine.ledger.write(*self.engine.ledger.prune_ops(days))
 
     @_logged("forecast and pre-provisioning")
     async def run_forecast(self) -> None:

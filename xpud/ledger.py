@@ -50,6 +50,7 @@ from pathlib import Path
 
 from xpud.errors import ConfigError, Unavailable, XpudError
 from xpud.model import CommandEnd, Lease, LeaseState, Mode, Slice
+from xpud.usage import Reading
 
 log = logging.getLogger("xpud.ledger")
 
@@ -142,7 +143,30 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE leases ADD COLUMN anchor TEXT NOT NULL DEFAULT '';
     """,
-    # 6: slices pre-created ahead of a forecast peak (xpud.standby): held by no lease yet, handed to the
+    # 6: right-sizing (xpud.autosize): each job class's latest readings, so that --mode auto starts a class
+    # from its history after a restart; each measured lease's class, whether it is --mode auto, its moves
+    """
+    CREATE TABLE usage_readings (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_class TEXT NOT NULL,
+        ts REAL NOT NULL,             -- when it was read (engine clock: wall time)
+        sm_pct REAL,                  -- NULL: unknown (MIG)
+        membw_pct REAL,
+        mem_bytes INTEGER,
+        cap_pct REAL NOT NULL,
+        mem_cap_bytes INTEGER NOT NULL
+    );
+    CREATE INDEX usage_readings_by_class ON usage_readings(job_class, id);
+    CREATE TABLE auto_leases (
+        lease_id TEXT PRIMARY KEY,
+        job_class TEXT NOT NULL,
+        auto INTEGER NOT NULL,        -- 1: --mode auto, may be moved
+        moves INTEGER NOT NULL DEFAULT 0,
+        last_move REAL,               -- wall time of its last automatic move
+        last_direction TEXT NOT NULL DEFAULT ''
+    );
+    """,
+    # 7: slices pre-created ahead of a forecast peak (xpud.standby): held by no lease yet, handed to the
     # first request of their size; recorded so that a restart adopts them instead of destroying them
     """
     CREATE TABLE standby (
@@ -195,6 +219,18 @@ class ReservationRecord:
     expires: float
     state: str
     rank_pid: int = 0
+
+
+@dataclass(frozen=True)
+class AutoLeaseRecord:
+    """What right-sizing keeps about a lease across restarts (``xpud.autosize``)."""
+
+    lease_id: str
+    job_class: str
+    auto: bool  # --mode auto: may be moved
+    moves: int = 0  # automatic moves so far (its budget)
+    last_move: float | None = None  # wall time of the last one
+    last_direction: str = ""
 
 
 @dataclass(frozen=True)
@@ -719,22 +755,110 @@ class Ledger:
         return self._ids
 
     def prune(self, older_than_days: int, now: float | None = None) -> int:
+        """Drop what ended more than ``older_than_days`` ago (``prune_ops``); returns how many leases.
+        Blocking: for threads other than the loop (the daemon's job awaits ``write(*prune_ops(...))``)."""
         cutoff = (now or time.time()) - older_than_days * 86400
         before = self.db.execute(
             "SELECT COUNT(*) FROM leases WHERE state!='active' AND ended < ?", (cutoff,)
         ).fetchone()[0]
-        self.write_sync(
+        self.write_sync(*self.prune_ops(older_than_days, now))
+        return before
+
+    def prune_ops(self, older_than_days: int, now: float | None = None) -> list[Op]:
+        """Ended leases, events, finished reservations and usage readings older than the cutoff; each
+        card's latest health change stays (it is the state restored at the next start)."""
+        cutoff = (now or time.time()) - older_than_days * 86400
+        return [
             op("DELETE FROM leases WHERE state!='active' AND ended < ?", cutoff),
             op("DELETE FROM events WHERE ts < ?", cutoff),
             op("DELETE FROM reservations WHERE state NOT IN ('held','committed') AND ended < ?", cutoff),
+            op("DELETE FROM usage_readings WHERE ts < ?", cutoff),
+            op("DELETE FROM auto_leases WHERE lease_id NOT IN (SELECT id FROM leases WHERE state='active')"),
             # keep each card's latest change: it is the state restored at the next start
             op(
                 "DELETE FROM health_changes WHERE ts < ? AND id NOT IN"
                 " (SELECT MAX(id) FROM health_changes GROUP BY card_uuid)",
                 cutoff,
             ),
+        ]
+
+    # right-sizing (xpud.autosize) -----------------------------------------------------------------
+    def add_readings(self, rows: Sequence[tuple[str, Reading]], keep: int) -> None:
+        """Record one round of readings [(job class, reading)] and keep each class's newest ``keep``
+        (queued like an event: a failure is logged, not raised; the histories are advice, not leases)."""
+        if not rows:
+            return
+        ops = [
+            op(
+                "INSERT INTO usage_readings (job_class, ts, sm_pct, membw_pct, mem_bytes, cap_pct,"
+                " mem_cap_bytes) VALUES (?,?,?,?,?,?,?)",
+                *(cls, r.t, r.sm_pct, r.membw_pct, r.mem_bytes, r.cap_pct, r.mem_cap_bytes),
+            )
+            for cls, r in rows
+        ]
+        ops += [
+            op(
+                "DELETE FROM usage_readings WHERE job_class=? AND id <= (SELECT id FROM usage_readings"
+                " WHERE job_class=? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                cls,
+                cls,
+                keep,
+            )
+            for cls in {cls for cls, _ in rows}
+        ]
+        self.save_logged(*ops)
+
+    def forget_stale_usage(self, before: float) -> None:
+        """Drop the readings of classes not seen since ``before`` (wall time) and the records of leases
+        no longer active (a crash between a lease's end and its record's removal). Queued."""
+        self.save_logged(
+            op(
+                "DELETE FROM usage_readings WHERE job_class IN (SELECT job_class FROM usage_readings"
+                " GROUP BY job_class HAVING MAX(ts) < ?)",
+                before,
+            ),
+            op("DELETE FROM auto_leases WHERE lease_id NOT IN (SELECT id FROM leases WHERE state='active')"),
         )
-        return before
+
+    def class_readings(self) -> dict[str, list[Reading]]:
+        """Each job class's recorded readings, oldest first."""
+        out: dict[str, list[Reading]] = {}
+        for r in self.db.execute("SELECT * FROM usage_readings ORDER BY id"):
+            out.setdefault(r["job_class"], []).append(
+                Reading(
+                    r["ts"], r["sm_pct"], r["mem_bytes"], r["cap_pct"], r["mem_cap_bytes"], r["membw_pct"]
+                )
+            )
+        return out
+
+    def save_auto_lease_op(self, rec: AutoLeaseRecord) -> Op:
+        return op(
+            "INSERT INTO auto_leases (lease_id, job_class, auto, moves, last_move, last_direction)"
+            " VALUES (?,?,?,?,?,?) ON CONFLICT(lease_id) DO UPDATE SET job_class=excluded.job_class,"
+            " auto=excluded.auto, moves=excluded.moves, last_move=excluded.last_move,"
+            " last_direction=excluded.last_direction",
+            *(rec.lease_id, rec.job_class, int(rec.auto), rec.moves, rec.last_move, rec.last_direction),
+        )
+
+    def end_auto_lease_op(self, lease_id: str) -> Op:
+        return op("DELETE FROM auto_leases WHERE lease_id=?", lease_id)
+
+    def save_logged(self, *ops: Op) -> None:
+        """Queue ``ops`` without waiting; a failure is logged, not raised (right-sizing's own records)."""
+        self.submit(*ops).add_done_callback(_logged(lambda: None))
+
+    def auto_leases(self) -> dict[str, AutoLeaseRecord]:
+        """The right-sizing records of the active leases."""
+        rows = self.db.execute(
+            "SELECT a.* FROM auto_leases a JOIN leases l ON l.id = a.lease_id WHERE l.state='active'"
+        )
+        return {
+            r["lease_id"]: AutoLeaseRecord(
+                *(r["lease_id"], r["job_class"], bool(r["auto"]), r["moves"]),
+                *(r["last_move"], r["last_direction"]),
+            )
+            for r in rows
+        }
 
     # pre-created slices (xpud.standby) ----------------------------------------------------------
     def save_standby_op(self, card_uuid: str, s: Slice, created: float) -> Op:
@@ -884,7 +1008,9 @@ def _logged(done):
         global _last_lost_log
         if fut.exception() is not None and time.monotonic() - _last_lost_log > 60:
             _last_lost_log = time.monotonic()  # at most one line a minute while the ledger is unavailable
-            log.warning("log entries (events, health changes) are not recorded: %s", fut.exception())
+            log.warning(
+                "log entries (events, health changes, usage readings) are not recorded: %s", fut.exception()
+            )
 
     return callback
 

@@ -174,6 +174,7 @@ class Request:
     exempt: bool = (
         False  # the caller is an operator or in [limits] exempt_groups: per-user limits do not apply
     )
+    job_class: str = ""  # `xpu run --class`, or the class --mode auto chose by; "" = from the command
     not_before: float = 0.0  # not granted before (seconds since the epoch): a green start; 0 = at once
     not_before_reason: str = ""  # why that start (the carbon signal's greenest hour ...)
 

@@ -114,6 +114,8 @@ class Moves:
                 priority=lease.priority,
                 restartable=True,
                 owner_uid=lease.owner_uid,
+                command=lease.command,  # its class, for co-location on MPS cards
+                job_class=e.rightsizer.class_of(lease.id) if e.rightsizer is not None else "",
             )
             found = e._fit(req, exclude=exclude)
             if found is None:

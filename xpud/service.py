@@ -25,7 +25,7 @@ from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.auth import METADATA_KEY, CredentialIssuer, member_of
 from xpud.autosize import resize, usage_rows
 from xpud.engine import Engine
-from xpud.errors import BadRequest, Conflict, Forbidden, XpudError
+from xpud.errors import BadRequest, Conflict, Forbidden, Unavailable, XpudError
 from xpud.model import Caller, CommandEnd, Mode, QueuedRequest, Request
 from xpud.usage import job_class
 
@@ -269,6 +269,7 @@ class NodeService(pbg.NodeServicer):
                 cards=tuple(request.cards),
                 anchor=request.anchor,
                 exempt=caller.admin or member_of(caller.uid, caller.gid, e.cfg.limits.exempt_groups),
+                job_class=cls,
                 not_before=not_before,
                 not_before_reason=green_why,
             )
@@ -416,6 +417,16 @@ class NodeService(pbg.NodeServicer):
         e = self.ctx.engine
         lease, how = await resize(e, request.lease_id, _mode(request.mode, self.ctx), caller, request.token)
         return pb.ResizeReply(lease=convert.lease_pb(lease, True), how=how)
+
+    @streaming
+    async def WatchLease(self, request, context):
+        self.ctx.caller(context)
+        e = self.ctx.engine
+        lease = e.resolve_lease(request.lease_id)  # active leases only
+        if e.rightsizer is None:
+            raise Unavailable("right-sizing has not started yet: retry in a moment")
+        async for load in e.rightsizer.watch(lease.id):
+            yield convert.lease_load_pb(load)
 
     @unary
     async def LeaseUsage(self, request, context):

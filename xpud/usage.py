@@ -35,6 +35,7 @@ class Reading:
     mem_bytes: int | None  # device memory its processes hold (sum); None: unknown
     cap_pct: float  # compute it may use: the slice's active-thread percentage, 100 for whole cards
     mem_cap_bytes: int  # device memory it may use
+    membw_pct: float | None = None  # memory-controller busy time of its processes (sum); None: unknown
 
     def throttled(self, at_cap: float) -> bool:
         """Its compute use sits at its cap (at least ``at_cap`` of it), so it is waiting on the limit."""
@@ -78,16 +79,17 @@ def measure(
     samples [(pid, timestamp_us, sm %, mem %)] (several per pid: the newest counts), [] when the driver
     had no new sample (all idle), None when unsupported. ``memory``: {pid: bytes} on the card."""
     mine = set(pids)
-    sm: float | None = None
+    sm = bw = None
     if util is not None:
-        newest: dict[int, tuple[int, int]] = {}
-        for pid, stamp, sm_pct, _mem in util:
+        newest: dict[int, tuple[int, int, int]] = {}
+        for pid, stamp, sm_pct, mem_pct in util:
             if pid in mine and (pid not in newest or stamp > newest[pid][0]):
-                newest[pid] = (stamp, sm_pct)
-        sm = float(min(100, sum(v for _, v in newest.values())))
+                newest[pid] = (stamp, sm_pct, mem_pct)
+        sm = float(min(100, sum(v for _, v, _ in newest.values())))
+        bw = float(min(100, sum(v for _, _, v in newest.values())))
     held = [memory[p] for p in mine if p in memory]
     mem = None if any(v is None for v in held) else sum(v or 0 for v in held)
-    return Reading(t, sm, mem, float(cap_pct), int(mem_cap_bytes))
+    return Reading(t, sm, mem, float(cap_pct), int(mem_cap_bytes), bw)
 
 
 @dataclass(frozen=True)
@@ -112,28 +114,79 @@ def summarize(readings: Iterable[Reading], at_cap: float) -> Summary:
     return Summary(len(rs), sum(sms) / len(sms), p90, max(mems) if mems else None, hot / len(sms))
 
 
+def profile(readings: Iterable[Reading]) -> tuple[float, float] | None:
+    """What a lease (or class) keeps busy on its card on average: (SM %, memory-controller %), each of
+    the whole card; None without readings that have both. A compute-bound job shows a high first figure
+    and a low second; a memory-bound one a high second (its kernels wait on device memory)."""
+    pairs = [(r.sm_pct, r.membw_pct) for r in readings if r.sm_pct is not None and r.membw_pct is not None]
+    if not pairs:
+        return None
+    return sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs)
+
+
+MAX_CLASSES = 10_000  # classes kept in memory; the least recently measured goes first
+
+
 class UsageBook:
     """Short histories: per lease (its readings) and per job class (readings of all its leases, so a
-    class's next job starts where the last ones ended up). Lives on the daemon's loop."""
+    class's next job starts where the last ones ended up). Lives on the daemon's loop. At most
+    ``max_classes`` classes are kept (any user names a class with ``--class``): the one measured least
+    recently is forgotten first."""
 
-    def __init__(self, keep: int):
+    def __init__(self, keep: int, max_classes: int = MAX_CLASSES):
         self.keep = keep
+        self.max_classes = max_classes
         self.leases: dict[str, deque[Reading]] = {}
         self.classes: dict[str, deque[Reading]] = {}
         self.class_of: dict[str, str] = {}
+        self._profiles: dict[str, tuple] = {}  # "l:<lease>"/"c:<class>" -> (newest reading, length, profile)
 
     def add(self, lease_id: str, cls: str, r: Reading) -> None:
         self.leases.setdefault(lease_id, deque(maxlen=self.keep)).append(r)
-        self.classes.setdefault(cls, deque(maxlen=self.keep)).append(r)
+        self.keep_class(cls, deque(maxlen=self.keep)).append(r)
         self.class_of[lease_id] = cls
+
+    def keep_class(self, cls: str, hist: deque[Reading]) -> deque[Reading]:
+        """``cls``'s history (``hist`` when it has none yet), now the most recently measured class;
+        the least recently measured one is dropped beyond ``max_classes``."""
+        hist = self.classes.pop(cls, hist)
+        self.classes[cls] = hist
+        while len(self.classes) > self.max_classes:
+            old = next(iter(self.classes))
+            del self.classes[old]
+            self._profiles.pop("c:" + old, None)
+        return hist
 
     def moved(self, lease_id: str) -> None:
         """The lease changed size: its readings against the old cap no longer say how it fits."""
         self.leases.pop(lease_id, None)
+        self._profiles.pop("l:" + lease_id, None)
 
     def end(self, lease_id: str) -> None:
-        self.leases.pop(lease_id, None)
+        self.moved(lease_id)
         self.class_of.pop(lease_id, None)
 
     def history(self, lease_id: str) -> list[Reading]:
         return list(self.leases.get(lease_id, ()))
+
+    def _profile(self, key: str, hist: deque[Reading] | None) -> tuple[float, float] | None:
+        """``profile`` of a history, computed again only when a reading was added since (placement asks
+        on every tie; readings come once per round)."""
+        if not hist:
+            return None
+        got = self._profiles.get(key)
+        if got is None or got[0] is not hist[-1] or got[1] != len(hist):
+            got = self._profiles[key] = (hist[-1], len(hist), profile(hist))
+        return got[2]
+
+    def class_profile(self, cls: str) -> tuple[float, float] | None:
+        return self._profile("c:" + cls, self.classes.get(cls))
+
+    def lease_profile(self, lease_id: str) -> tuple[float, float] | None:
+        """The lease's own profile, or its class's while it has no readings of its own (just granted,
+        just moved)."""
+        own = self._profile("l:" + lease_id, self.leases.get(lease_id))
+        if own is not None:
+            return own
+        cls = self.class_of.get(lease_id)
+        return None if cls is None else self.class_profile(cls)

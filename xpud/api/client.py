@@ -248,6 +248,10 @@ class Client:
     def health(self, card: str = "", history: int = 0) -> pb.HealthReply:
         return self._unary(self.node.GetHealth, pb.HealthRequest(card=card, history=history))
 
+    def watch_lease(self, lease_id: str):
+        """A lease's live load: one ``LeaseLoad`` now, then one per right-sizing round until it ends."""
+        return self._stream(self.node.WatchLease, pb.WatchLeaseRequest(lease_id=lease_id))
+
     def watch(self, min_interval_s: float = 1.0):
         return self._stream(self.node.Watch, pb.WatchRequest(min_interval_s=min_interval_s))
 

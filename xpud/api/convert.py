@@ -104,6 +104,25 @@ def queue_pb(q: QueuedRequest) -> pb.QueueEntry:
     )
 
 
+def lease_load_pb(load: dict) -> pb.LeaseLoad:
+    """A lease's load (``Rightsizer.load``) as a message: unknown figures as -1."""
+
+    def known(v):
+        return -1 if v is None else v
+
+    return pb.LeaseLoad(
+        lease_id=load["lease_id"],
+        mode=load["mode"],
+        t=load["t"],
+        cap_pct=known(load["cap_pct"]),
+        used_pct=known(load["used_pct"]),
+        mem_used_bytes=known(load["mem_used_bytes"]),
+        throttled=load["throttled"],
+        waiting_for_size=load["waiting_for_size"],
+        moving=load["moving"],
+    )
+
+
 def event_pb(e: EventRecord) -> pb.Event:
     return pb.Event(timestamp=e.ts, kind=e.kind, card=e.card, lease_id=e.lease_id, message=e.message, id=e.id)
 

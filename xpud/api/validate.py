@@ -72,6 +72,7 @@ LIMITS: dict[str, Limit] = {
     "ResizeRequest.lease_id": Limit(chars=64, pattern=_ID),
     "ResizeRequest.token": Limit(chars=64, pattern=_TOKEN),
     "ResizeRequest.mode": Limit(chars=64, pattern=_NAME),
+    "WatchLeaseRequest.lease_id": Limit(chars=64, pattern=_ID),
     "AcquireRequest.name": Limit(chars=64, pattern=_NAME),
     "AcquireRequest.wait_longest": Limit(),
     "AcquireRequest.cards": Limit(lo=0, hi=4095, items=4096),

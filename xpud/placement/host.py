@@ -27,7 +27,7 @@ link quality, groups assembled from whole clusters, then improved by swapping ca
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -459,6 +459,7 @@ def choose_slice_card(
     topo: Topology | None = None,
     *,
     free_whole: Collection[int] | None = None,
+    tie_break: Callable[[int], float] | None = None,
 ) -> int | None:
     """The card a new slice goes to, or ``None`` when no card can take it.
 
@@ -471,6 +472,10 @@ def choose_slice_card(
     ``free_whole``: the cards whole-card groups could use now, when the caller knows better than
     ``cards`` (e.g. it marks pinned whole cards unusable for slices); default: the usable, idle, whole
     cards in ``cards``.
+
+    ``tie_break``: a cost per card index (lower first) among already-sliced cards that tie on every term
+    above, before the lowest index (the daemon's co-location on MPS cards, ``placement.colocate``); it is
+    called only for such ties.
     """
     eps = 1e-9
     for avoid in (False, True):
@@ -484,15 +489,22 @@ def choose_slice_card(
             and c.free_compute_pct >= compute_pct
         ]
         if sliced:
-            return min(
-                sliced,
-                key=lambda c: (
-                    round(c.free_memory_fraction - memory_fraction, 9),
-                    c.free_compute_pct - compute_pct,
-                    -c.health_score,
+            keyed = [
+                (
+                    (
+                        round(c.free_memory_fraction - memory_fraction, 9),
+                        c.free_compute_pct - compute_pct,
+                        -c.health_score,
+                    ),
                     c.index,
-                ),
-            ).index
+                )
+                for c in sliced
+            ]
+            best, index = min(keyed)
+            if tie_break is None:
+                return index
+            ties = [i for k, i in keyed if k == best]
+            return index if len(ties) == 1 else min(ties, key=lambda i: (tie_break(i), i))
         if memory_fraction > 1 + eps or compute_pct > 100:
             continue
         convertible = [

@@ -1125,3 +1125,31 @@ class ResizeReply(_message.Message):
     lease: Lease
     how: str
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., how: _Optional[str] = ...) -> None: ...
+
+class WatchLeaseRequest(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
+
+class LeaseLoad(_message.Message):
+    __slots__ = ("lease_id", "mode", "t", "cap_pct", "used_pct", "mem_used_bytes", "throttled", "waiting_for_size", "moving")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    T_FIELD_NUMBER: _ClassVar[int]
+    CAP_PCT_FIELD_NUMBER: _ClassVar[int]
+    USED_PCT_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MOVING_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    mode: str
+    t: float
+    cap_pct: float
+    used_pct: float
+    mem_used_bytes: int
+    throttled: bool
+    waiting_for_size: int
+    moving: bool
+    def __init__(self, lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., t: _Optional[float] = ..., cap_pct: _Optional[float] = ..., used_pct: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., throttled: _Optional[bool] = ..., waiting_for_size: _Optional[int] = ..., moving: _Optional[bool] = ...) -> None: ...

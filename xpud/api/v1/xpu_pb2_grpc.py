@@ -79,6 +79,11 @@ class NodeStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeRequest.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeReply.FromString,
                 _registered_method=True)
+        self.WatchLease = channel.unary_stream(
+                '/xpud.v1.Node/WatchLease',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.WatchLeaseRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseLoad.FromString,
+                _registered_method=True)
         self.GetTopology = channel.unary_unary(
                 '/xpud.v1.Node/GetTopology',
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.TopologyRequest.SerializeToString,
@@ -174,6 +179,14 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchLease(self, request, context):
+        """A lease's live load (the same as its file `load/<lease id>.json`): one now, then one per [auto]
+        sample_s round; the stream ends (OK) when the lease has ended. For a serving process to adapt to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetTopology(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -264,6 +277,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.Resize,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeRequest.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeReply.SerializeToString,
+            ),
+            'WatchLease': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLease,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.WatchLeaseRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseLoad.SerializeToString,
             ),
             'GetTopology': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTopology,
@@ -539,6 +557,33 @@ class Node:
             '/xpud.v1.Node/Resize',
             xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeRequest.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.ResizeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/xpud.v1.Node/WatchLease',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.WatchLeaseRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.LeaseLoad.FromString,
             options,
             channel_credentials,
             insecure,
