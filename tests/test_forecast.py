@@ -410,3 +410,28 @@ def test_xpu_forecast_shows_the_published_forecast(daemon_factory):
     assert len(data["sizes"]["vxpu-half"]["next"]) == 24
     text = d.xpu("forecast", "--hours", "3").stdout
     assert "MAPE over the last week" in text and "FORECAST" in text
+
+
+def test_a_warm_command_still_running_is_killed_when_the_provisioner_stops(tmp_path):
+    import asyncio
+    import os
+
+    from xpud import warm
+
+    pidfile = tmp_path / "pid"
+    tmp_path.chmod(0o777)
+
+    async def go():
+        task = asyncio.ensure_future(warm.run(f"echo $$ > {pidfile}; exec sleep 60", "root", {}, 60.0))
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return int(pidfile.read_text())
+
+    pid = asyncio.run(go())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

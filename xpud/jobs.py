@@ -193,6 +193,8 @@ class Jobs:
         """No more runs (those in progress go on: ``drain`` waits for their hardware reads)."""
         if self.scheduler and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        if self.provisioner is not None:
+            self.provisioner.stop()  # warm commands still running are killed, with their sessions
 
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Wait for a hardware read in progress (in its worker thread) to return: NVML is shut down next."""

@@ -239,6 +239,11 @@ class Provisioner:
         for key in [k for k in self.planned if k[1] == size and k[0] not in on]:
             del self.planned[key]
 
+    def stop(self) -> None:
+        """Cancel the warm commands still running (each is killed with its session)."""
+        for task in list(self._warming):
+            task.cancel()
+
     async def warmed(self) -> None:
         """Wait until every warm_command started so far has ended (tests, shutdown)."""
         while self._warming:
