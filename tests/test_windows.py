@@ -300,7 +300,7 @@ def test_xpu_run_when_green_starts_now_or_waits_in_the_daemons_queue_for_the_gre
     assert q["reason"] == "BeginTime" and q["not_before"] == green.timestamp(), q
     assert "the greenest hour before" in q["not_before_reason"] and q["deadline"] == green.timestamp() + 60
     table = d.xpu("leases").stdout
-    assert "BeginTime" in table
+    assert "BeginTime" in table and f"starts {green:%a %H:%M}" in table, table
     p.kill()
     p.wait(10)
     wait_until(lambda: not json.loads(d.xpu("leases", "--json").stdout)["queue"])  # as any queued request
