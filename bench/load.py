@@ -21,7 +21,9 @@ Everything runs against a real simulated daemon (``xpud --simulate pcie-8x-l40s`
 - **Waiters.** Every card held, then ``--waiters`` Acquire streams (one process, asyncio) queue for a
   whole card; once all are queued they are cancelled at once. Meanwhile another client calls ``Info``
   every 20 ms: its latency (max, p99) while they queue and while they leave, the time until the daemon's
-  queue is empty, and the daemon's RSS before and after.
+  queue is empty, and the daemon's RSS before and after. Then the floor (``waiters_bare``): as many
+  streams against the bare server (one message each, then they wait), cancelled at once, with its
+  ``Info`` probed the same way: what grpc.aio alone costs for that burst, in the same run.
 - **Idle.** The daemon's CPU (% of one core) and RSS over ``--idle-seconds`` with no client, after start
   and after all the load.
 
@@ -48,6 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 HERE = Path(__file__).resolve()
 BARE_ACQUIRE = "/bench.Bare/Acquire"
 BARE_RELEASE = "/bench.Bare/Release"
+BARE_WAIT = "/bench.Bare/Wait"  # a server stream that sends one message, then waits until cancelled
+BARE_INFO = "/bench.Bare/Info"
 DAEMON_CONFIG = "[leases]\ngrace_s = 30.0\n"
 XPU_RUN_ARGS = ["run", "-m", "vxpu-quarter", "--", "true"]
 
@@ -70,7 +74,9 @@ def ms(x: float | None) -> float | None:
 
 # ---------------------------------------------------------------------------------------------- bare server
 def bare_server(path: str) -> None:
-    """A grpc-python aio server with one server-stream and one unary method that do nothing."""
+    """A grpc-python aio server with one server-stream and one unary method that do nothing (the grant
+    cycle's ceiling), and a stream that waits forever after one message beside a unary ``Info`` (the
+    waiters' floor: what grpc.aio alone costs when thousands of streams are cancelled at once)."""
     import asyncio
 
     import grpc
@@ -82,13 +88,24 @@ def bare_server(path: str) -> None:
     async def release(request, context):
         return b""
 
+    async def wait(request, context):
+        yield b"queued"
+        await asyncio.get_running_loop().create_future()  # until the caller cancels
+
+    async def info(request, context):
+        return b"info"
+
     async def serve() -> None:
-        server = aio.server()
+        from xpud.daemon import SERVER_OPTIONS  # as xpud's (pending-request limits: see there)
+
+        server = aio.server(options=SERVER_OPTIONS)
         handler = grpc.method_handlers_generic_handler(
             "bench.Bare",
             {
                 "Acquire": grpc.unary_stream_rpc_method_handler(acquire),
                 "Release": grpc.unary_unary_rpc_method_handler(release),
+                "Wait": grpc.unary_stream_rpc_method_handler(wait),
+                "Info": grpc.unary_unary_rpc_method_handler(info),
             },
         )
         server.add_generic_rpc_handlers((handler,))
@@ -98,6 +115,34 @@ def bare_server(path: str) -> None:
         await server.wait_for_termination()
 
     asyncio.run(serve())
+
+
+def bare_sync_server(path: str) -> None:
+    """The same two methods on grpc-python's synchronous server (a thread pool): the experiment of
+    ``--bare-sync``, to compare the two servers' ceilings for this pair of calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    def acquire(request, context):
+        yield b"granted"
+
+    def release(request, context):
+        return b""
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=16))
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Bare",
+        {
+            "Acquire": grpc.unary_stream_rpc_method_handler(acquire),
+            "Release": grpc.unary_unary_rpc_method_handler(release),
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix:{path}")
+    server.start()
+    print("ready", flush=True)
+    server.wait_for_termination()
 
 
 # ---------------------------------------------------------------------------------------------- cycle workers
@@ -252,6 +297,7 @@ def grants(
     clients: list[int],
     seconds: float,
     rounds: int = 1,
+    bare_sync: tuple[Path, int] | None = None,
 ) -> list[dict]:
     """At each client count: the bare ceiling, then slices, then whole cards (at most 8: the cards),
     back to back so that the ratios compare runs under the same background load. With ``rounds`` > 1
@@ -259,6 +305,11 @@ def grants(
     of the per-round ratios), with every round's rows kept under ``rounds``."""
     kinds = [
         ("bare", {"target": "bare", "socket": str(bare_sock)}, bare_pid, 10**6),
+        *(
+            [("bare_sync", {"target": "bare", "socket": str(bare_sync[0])}, bare_sync[1], 10**6)]
+            if bare_sync
+            else []
+        ),
         ("slice", {"target": "xpud", "mode": "vxpu-quarter", "gpus": 1}, daemon_pid, 32),
         ("whole", {"target": "xpud", "mode": "xpu", "gpus": 1}, daemon_pid, 8),
     ]
@@ -279,7 +330,7 @@ def grants(
                 }
                 if name == "bare":
                     bare_rate = row["cycles_per_s"]
-                elif bare_rate:
+                elif bare_rate:  # bare_sync too: its rate against the aio server's
                     row["ratio_to_bare"] = round(row["cycles_per_s"] / bare_rate, 3)
                 say(
                     f"  {row['cycles_per_s']}/s, acquire p99 {row['acquire_p99_ms']} ms, CPU ms/cycle: "
@@ -351,22 +402,26 @@ def waiters_worker(spec: dict) -> None:
     from xpud.auth import METADATA_KEY, handshake
 
     async def main() -> None:
+        bare = spec.get("bare")
         runtime = Path(spec["runtime"])
-        md = ((METADATA_KEY, handshake(str(runtime / "cred.sock"))["credential"]),)
+        md = () if bare else ((METADATA_KEY, handshake(str(runtime / "cred.sock"))["credential"]),)
         n = spec["n"]
         options = [("grpc.use_local_subchannel_pool", 1)]  # a connection each, not one shared by all
         channels = [
-            aio.insecure_channel(f"unix:{runtime / 'xpud.sock'}", options=options)
+            aio.insecure_channel(f"unix:{bare or runtime / 'xpud.sock'}", options=options)
             for _ in range((n + 99) // 100)
         ]
-        stubs = [pbg.NodeStub(c) for c in channels]
+        if bare:
+            stubs = [c.unary_stream(BARE_WAIT) for c in channels]
+        else:
+            stubs = [pbg.NodeStub(c).Acquire for c in channels]
         queued = asyncio.Event()
         count = [0, 0]  # queued, failed
         failures: list[str] = []
 
         async def one(i: int) -> None:
             req = pb.AcquireRequest(mode="xpu", gpus=1, wait_s=spec["wait_s"], command=f"waiter {i}")
-            call = stubs[i % len(stubs)].Acquire(req, metadata=md)
+            call = stubs[i % len(stubs)](b"wait" if bare else req, metadata=md)
             first = True
             try:
                 async for _ in call:
@@ -418,11 +473,19 @@ def waiters_worker(spec: dict) -> None:
 class Prober(threading.Thread):
     """Calls Info every 20 ms and records (when, latency)."""
 
-    def __init__(self, runtime: Path):
+    def __init__(self, runtime: Path | None = None, bare_sock: Path | None = None):
         super().__init__(daemon=True)
-        from xpud.api.client import Client
+        if bare_sock is not None:  # the bare server's Info (no credential, no work)
+            import grpc
 
-        self.client = Client(runtime, timeout=600)
+            channel = grpc.insecure_channel(f"unix:{bare_sock}")
+            call = channel.unary_unary(BARE_INFO)
+            info = {"info": lambda _: call(b"info", timeout=600), "close": channel.close}
+            self.client = type("Bare", (), info)()
+        else:
+            from xpud.api.client import Client
+
+            self.client = Client(runtime, timeout=600)
         self.client.info()
         self.samples: list[tuple[float, float]] = []
         self.stopping = threading.Event()
@@ -445,8 +508,20 @@ class Prober(threading.Thread):
         self.client.close()
 
 
-def waiters(runtime: Path, n: int, daemon_pid: int, timeout_s: float) -> dict:
-    """The waiters part (see the module's docstring); a failure midway keeps what was measured."""
+def start_waiters(spec: dict) -> subprocess.Popen:
+    """The ``--waiters-worker`` process for ``spec``; it prints one JSON line per phase."""
+    return subprocess.Popen(
+        [sys.executable, str(HERE), "--waiters-worker", json.dumps(spec)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def waiters(runtime: Path, n: int, daemon_pid: int, timeout_s: float, signal_daemon=None) -> dict:
+    """The waiters part (see the module's docstring); a failure midway keeps what was measured.
+    ``signal_daemon(sig)``: called with SIGUSR1 as the cancellation starts, SIGUSR2 once the queue is
+    empty (bench/profile_daemon.py profiles that stretch alone)."""
+    import signal
+
     import psutil
 
     from xpud.api.client import Client
@@ -458,11 +533,7 @@ def waiters(runtime: Path, n: int, daemon_pid: int, timeout_s: float) -> dict:
     hold = next(u.granted for u in held if u.HasField("granted"))
     prober = Prober(runtime)
     prober.start()
-    w = subprocess.Popen(
-        [sys.executable, str(HERE), "--waiters-worker",
-         json.dumps({"runtime": str(runtime), "n": n, "wait_s": 3600, "timeout_s": timeout_s})],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    w = start_waiters({"runtime": str(runtime), "n": n, "wait_s": 3600, "timeout_s": timeout_s})
     try:
         t0 = time.monotonic()
         q = json.loads(w.stdout.readline())
@@ -478,7 +549,9 @@ def waiters(runtime: Path, n: int, daemon_pid: int, timeout_s: float) -> dict:
         out["queue_length_seen"] = len(blocker.leases().queue)
         out["rss_queued_mib"] = round(daemon.memory_info().rss / 2**20, 1)
         say(f"  {q['queued']} queued in {q['seconds']:.1f} s ({q['failed']} refused); cancelling them")
-        t2 = time.monotonic()
+        if signal_daemon:
+            signal_daemon(signal.SIGUSR1)
+        t2, cpu2 = time.monotonic(), sum(daemon.cpu_times()[:2])
         w.stdin.write("cancel\n")
         w.stdin.flush()
         c = json.loads(w.stdout.readline())
@@ -489,6 +562,10 @@ def waiters(runtime: Path, n: int, daemon_pid: int, timeout_s: float) -> dict:
                 break
             time.sleep(0.05)
         t3 = time.monotonic()
+        if signal_daemon:
+            signal_daemon(signal.SIGUSR2)
+        # the daemon's CPU for the whole burst (ms per cancelled waiter): steadier than the stall
+        out["cancel"]["daemon_cpu_ms_per_waiter"] = round(1e3 * (sum(daemon.cpu_times()[:2]) - cpu2) / n, 3)
         time.sleep(0.5)  # the probe goes on a little after the queue is empty
         out["cancel"]["info_latency"] = prober.between(t2, t3 + 0.5)
         say(f"  queue empty after {out['cancel']['queue_empty_after_s']} s")
@@ -508,6 +585,45 @@ def waiters(runtime: Path, n: int, daemon_pid: int, timeout_s: float) -> dict:
     return out
 
 
+def waiters_bare(bare_sock: Path, bare_pid: int, n: int, timeout_s: float) -> dict:
+    """The floor for the waiters' cancellation: the same ``n`` streams against the bare server (one
+    message, then they wait), cancelled at once, while another client calls its ``Info`` every 20 ms."""
+    import psutil
+
+    server = psutil.Process(bare_pid)
+    prober = Prober(bare_sock=bare_sock)
+    prober.start()
+    w = start_waiters({"runtime": "", "bare": str(bare_sock), "n": n, "wait_s": 3600, "timeout_s": timeout_s})
+    try:
+        t0 = time.monotonic()
+        q = json.loads(w.stdout.readline())
+        t1 = time.monotonic()
+        out = {"waiters": n, "queued": q["queued"], "refused": q["failed"], "refusals": q["failures"]}
+        out["seconds"] = round(q["seconds"], 2)
+        out["info_latency_queueing"] = prober.between(t0, t1)
+        t2, cpu2 = time.monotonic(), sum(server.cpu_times()[:2])
+        w.stdin.write("cancel\n")
+        w.stdin.flush()
+        c = json.loads(w.stdout.readline())
+        t3 = time.monotonic()
+        time.sleep(0.3)  # the server's last cancellations (it has no queue to watch)
+        cpu = round(1e3 * (sum(server.cpu_times()[:2]) - cpu2) / n, 3)
+        time.sleep(0.2)
+        latency = prober.between(t2, t3 + 0.5)
+        out["cancel"] = {
+            "client_side_s": round(c["cancel_s"], 2),
+            "server_cpu_ms_per_waiter": cpu,
+            "info_latency": latency,
+        }
+        say(f"  bare: Info max {out['cancel']['info_latency']['max_ms']} ms during the cancellation")
+        return out
+    finally:
+        if w.poll() is None:
+            w.kill()
+        w.wait()
+        prober.stop()
+
+
 # ---------------------------------------------------------------------------------------------- idle
 def idle(daemon_pid: int, seconds: float) -> dict:
     import psutil
@@ -521,6 +637,14 @@ def idle(daemon_pid: int, seconds: float) -> dict:
         "cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 2),
         "rss_mib": round(p.memory_info().rss / 2**20, 1),
     }
+
+
+def start_bare(flag: str, sock: Path) -> subprocess.Popen:
+    """A bare server (``--bare-server`` or ``--bare-sync-server``) on ``sock``, once it is ready."""
+    p = subprocess.Popen([sys.executable, str(HERE), flag, str(sock)], stdout=subprocess.PIPE, text=True)
+    if p.stdout.readline().strip() != "ready":
+        raise SystemExit(f"the bare gRPC server ({flag}) did not start")
+    return p
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -539,6 +663,10 @@ def main() -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--waiters-worker", help=argparse.SUPPRESS)
     ap.add_argument("--bare-server", help=argparse.SUPPRESS)
+    ap.add_argument("--bare-sync-server", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--bare-sync", action="store_true", help="also measure the bare methods on grpc's sync server"
+    )
     args = ap.parse_args()
     if args.worker:
         return cycle_worker(json.loads(args.worker))
@@ -546,6 +674,8 @@ def main() -> None:
         return waiters_worker(json.loads(args.waiters_worker))
     if args.bare_server:
         return bare_server(args.bare_server)
+    if args.bare_sync_server:
+        return bare_sync_server(args.bare_sync_server)
     if args.quick:
         args.seconds, args.clients, args.runs, args.rounds = 0.5, "1,4", 3, 1
         args.waiters, args.idle_seconds = 100, 0.5
@@ -581,25 +711,35 @@ def main() -> None:
         if "idle" not in skip:
             say(f"daemon idle after start ({args.idle_seconds:g} s)")
             part("idle_after_start", idle, daemon.pid, args.idle_seconds)
-        if "grants" not in skip:
+        if "grants" not in skip or "waiters" not in skip:
             (base / "bare").mkdir()
             bare_sock = base / "bare" / "bare.sock"
-            bare = subprocess.Popen(
-                [sys.executable, str(HERE), "--bare-server", str(bare_sock)],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            if bare.stdout.readline().strip() != "ready":
-                raise SystemExit("the bare gRPC server did not start")
-            part(
-                "grants", grants, runtime, bare_sock, bare.pid, daemon.pid, clients, args.seconds, args.rounds
-            )
+            bare = start_bare("--bare-server", bare_sock)
+        if "grants" not in skip:
+            sync = None
+            if args.bare_sync:
+                sync_sock = base / "bare" / "sync.sock"
+                sync = start_bare("--bare-sync-server", sync_sock)
+            try:
+                part(
+                    "grants",
+                    grants,
+                    *(runtime, bare_sock, bare.pid, daemon.pid, clients, args.seconds, args.rounds),
+                    bare_sync=(sync_sock, sync.pid) if sync else None,
+                )
+            finally:
+                if sync is not None:
+                    sync.terminate()
+                    sync.wait()
         if "xpu_run" not in skip:
             say(f"xpu run -- true against python -c 'import grpc', {args.runs} runs each")
             part("xpu_run", xpu_run_overhead, runtime, args.runs)
         if "waiters" not in skip:
             say(f"{args.waiters} waiters: queue, then cancel")
             part("waiters", waiters, runtime, args.waiters, daemon.pid, timeout_s=60 if args.quick else 300)
+            say(f"the same {args.waiters} streams against the bare server")
+            wait_s = 60 if args.quick else 300
+            part("waiters_bare", waiters_bare, bare_sock, bare.pid, args.waiters, timeout_s=wait_s)
         if "idle" not in skip:
             say(f"daemon idle after the load ({args.idle_seconds:g} s)")
             part("idle_after_load", idle, daemon.pid, args.idle_seconds)

@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/profile_daemon.py [--mode vxpu-quarter] [--clients 8] [--seconds 8]
         [--state-dir /dev/shm/x (tmpfs: no fsync)] [--out prof.out] [--top 30]
+    .venv/bin/python bench/profile_daemon.py --waiters 5000     # the waiters part of bench/load.py instead
 
 cProfile sees the loop's thread only (the ledger's writer thread and gRPC's C threads are not in it),
 and it slows Python code more than C code: read the shares, not the absolute times.
@@ -31,7 +32,12 @@ def daemon_main(out: str) -> None:
 
     sys.argv = ["xpud", *sys.argv[sys.argv.index("--profiled-daemon") + 2 :]]
     profile = cProfile.Profile()
-    profile.enable()
+    if "--cancel-only" in sys.argv:  # profiled between SIGUSR1 and SIGUSR2 (the cancellation) only
+        sys.argv.remove("--cancel-only")
+        signal.signal(signal.SIGUSR1, lambda *_: profile.enable())
+        signal.signal(signal.SIGUSR2, lambda *_: profile.disable())
+    else:
+        profile.enable()
     try:
         main()
     except SystemExit:
@@ -49,6 +55,8 @@ def main() -> None:
     ap.add_argument("--mode", default="vxpu-quarter")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--waiters", type=int, default=0, help="profile N waiters and their cancellation")
+    ap.add_argument("--cancel-only", action="store_true", help="with --waiters: the cancellation only")
     ap.add_argument("--state-dir", help="the ledger's directory (default: in the temp directory)")
     ap.add_argument("--out", help="keep the profile here (pstats format)")
     ap.add_argument("--top", type=int, default=30)
@@ -67,6 +75,8 @@ def main() -> None:
     cmd = [sys.executable, __file__, "--profiled-daemon", out, "--config", str(base / "xpud.toml")]
     cmd += ["--simulate", args.machine, "--runtime-dir", str(runtime)]
     cmd += ["--state-dir", args.state_dir or str(base / "state"), "--log-level", "warning"]
+    if args.cancel_only:
+        cmd.insert(cmd.index("--config"), "--cancel-only")
     daemon = subprocess.Popen(cmd, env=simdaemon.clean_env(runtime), stderr=open(base / "xpud.log", "w"))  # noqa: SIM115
     deadline = time.monotonic() + 30
     while True:
@@ -80,7 +90,11 @@ def main() -> None:
             time.sleep(0.05)
     spec = {"target": "xpud", "mode": args.mode, "gpus": 1, "runtime": str(runtime), "wait_s": 30.0}
     try:
-        print(json.dumps(load.measure_cycles(spec, args.clients, args.seconds, daemon.pid)))
+        if args.waiters:
+            hook = (lambda sig: daemon.send_signal(sig)) if args.cancel_only else None
+            print(json.dumps(load.waiters(runtime, args.waiters, daemon.pid, 120.0, hook)))
+        else:
+            print(json.dumps(load.measure_cycles(spec, args.clients, args.seconds, daemon.pid)))
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)

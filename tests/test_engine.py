@@ -8,10 +8,11 @@ import pytest
 
 from tests.syncengine import sync_engine
 from xpud.config import Config
-from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
+from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound
 from xpud.hw.topology import NODE, SINGLE, SYSTEM, Topology
 from xpud.ledger import Ledger
 from xpud.model import Caller, CardInfo, CardMode, HealthState, LeaseState, Mode, Request
+from xpud.waitlist import Waiter
 
 GIB = 1 << 30
 
@@ -251,7 +252,7 @@ def test_concurrent_requests_cannot_pass_a_per_uid_cap_together(tmp_path):
     engine = limited(tmp_path, max_leases_per_uid=1)
 
     async def scenario():
-        both = [engine.grant_at_once(req("xpu", 1)), engine.acquire(req("xpu", 1))]
+        both = [engine.grant_or_queue(req("xpu", 1)), engine.acquire(req("xpu", 1))]
         got = await asyncio.gather(*both, return_exceptions=True)
         assert sorted(type(g).__name__ for g in got) == ["NoCapacity", "tuple"]
 
@@ -259,25 +260,44 @@ def test_concurrent_requests_cannot_pass_a_per_uid_cap_together(tmp_path):
 
 
 def test_a_request_that_does_not_fit_at_once_queues_then_is_granted(engine):
-    """Acquire's two steps: ``grant_at_once`` answers None (no room), ``acquire(tried=True)`` queues
-    (without repeating the busy-card wait) and is granted on the next release."""
+    """Acquire's two steps: ``grant_or_queue`` queues the request (no room) in the same step as its
+    last try, ``queued`` waits for the grant, which comes with the next release."""
 
     async def scenario():
         held = (await engine.try_grant(req("xpu", 8)))[0]
-        assert await engine.grant_at_once(req("xpu", 1, wait_s=30)) is None
-        waiting = asyncio.create_task(engine.acquire(req("xpu", 1, wait_s=30), tried=True))
+        w = await engine.grant_or_queue(req("xpu", 1, wait_s=30))
+        assert isinstance(w, Waiter) and len(engine.queue_view()) == 1
+        waiting = asyncio.create_task(engine.queued(w))
         await asyncio.sleep(0.05)
-        assert len(engine.queue_view()) == 1
         await engine.release(held.id, Caller(held.owner_uid))
         lease, _ = await asyncio.wait_for(waiting, 2.0)
-        assert len(lease.cards) == 1
+        assert len(lease.cards) == 1 and len(engine.queue_view()) == 0
 
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("path", ["acquire", "grant_at_once"])
+def test_a_queued_request_left_by_its_caller_leaves_the_queue_and_its_timer(engine):
+    """A waiter whose caller goes away (the servicer's ``finally``) is out of the queue at once, and its
+    deadline timer is cancelled (no task, no wait_for: ``leave`` is synchronous)."""
+
+    async def scenario():
+        held = (await engine.try_grant(req("xpu", 8)))[0]
+        w = await engine.grant_or_queue(req("xpu", 1, wait_s=30))
+        waiting = asyncio.create_task(engine.queued(w))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert engine.queue_view() == [] and w.timer.cancelled() and w.future.cancelled()
+        await engine.release(held.id, Caller(held.owner_uid))
+        assert engine.leases == {}  # nothing was granted to the request that left
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("path", ["acquire", "grant_or_queue"])
 def test_a_grant_whose_requester_goes_away_is_reclaimed_not_lost(engine, path):
-    """``grant_at_once`` is Acquire's path without a helper task: the servicer's own coroutine is the one
+    """``grant_or_queue`` is Acquire's path without a helper task: the servicer's own coroutine is the one
     cancelled when the caller goes away."""
 
     async def scenario():
@@ -363,3 +383,32 @@ def test_queueing_and_leaving_a_long_queue_costs_linear_work(engine):
     queued, left = asyncio.run(scenario())
     assert engine.queue_view() == []
     assert queued < 5 * n and left < 5 * n, (queued, left)
+
+
+@pytest.mark.parametrize("tail", ["at_once", "in_a_task"])
+def test_a_release_whose_caller_goes_away_still_ends_the_lease(engine, tail):
+    """A release runs to its end when its caller goes away mid-commit (a cancelled gRPC call): the
+    lease ends in the ledger and in memory and its room is free, whether what follows the commit runs
+    at once on the loop (bookkeeping teardowns) or in a task (a teardown that runs a tool)."""
+
+    async def scenario():
+        if tail == "in_a_task":
+            engine._inline = lambda *_: False  # every teardown as if it ran a tool
+        lease, token = await engine.acquire(req("vxpu-quarter"))
+        releasing = asyncio.create_task(engine.release(lease.id, Caller(1000), token))
+        await asyncio.sleep(0)  # committed by the writer thread meanwhile
+        releasing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await releasing
+        for _ in range(200):
+            if not engine.leases and not engine._tasks and not engine.ledger.active_leases():
+                break
+            await asyncio.sleep(0.01)
+        [ended] = engine.ledger.recent_leases(1)
+        assert ended.id == lease.id and ended.state is LeaseState.RELEASED
+        assert engine.leases == {} and not engine._ending
+        assert all(not c.slices and c.whole_lease is None for c in engine.cards.values())
+        with pytest.raises(NotFound, match="no active lease"):
+            await engine.release(lease.id, Caller(1000), token)
+
+    asyncio.run(scenario())

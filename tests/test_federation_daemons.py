@@ -84,9 +84,16 @@ def site(short_tmp):
 
 
 def make_host(
-    site: Path, i: int, seeds: list[str], start: bool = True, ip: str = "", prefix: tuple[str, ...] = ()
+    site: Path,
+    i: int,
+    seeds: list[str],
+    start: bool = True,
+    ip: str = "",
+    prefix: tuple[str, ...] = (),
+    extra: str = "",
 ) -> Host:
-    """Host ``h<i>`` at 127.0.0.<i+1> (or ``ip``, port 7443, in the network namespace ``prefix`` runs in)."""
+    """Host ``h<i>`` at 127.0.0.<i+1> (or ``ip``, port 7443, in the network namespace ``prefix`` runs in);
+    ``extra``: more of its config (other sections than ``[leases]`` and ``[cluster]``)."""
     name, ip = f"h{i}", ip or f"127.0.0.{i + 1}"
     d = site / name
     issue(name, site / "ca", d, ips=[ip])
@@ -94,7 +101,7 @@ def make_host(
     base = site / f"d{i}"
     base.mkdir()
     cfg = cluster_config(name, f"{ip}:{port}", seeds, d, domain=f"rack-{1 + (i > 2)}")
-    daemon = DaemonProc(base, MACHINES[i - 1], "[leases]\ngrace_s = 30.0\n" + cfg, prefix=prefix)
+    daemon = DaemonProc(base, MACHINES[i - 1], extra + "[leases]\ngrace_s = 30.0\n" + cfg, prefix=prefix)
     host = Host(name, ip, port, d, daemon)
     if start:
         daemon.start()

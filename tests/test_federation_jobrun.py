@@ -223,3 +223,57 @@ def test_the_coordinator_holds_the_submitter_to_this_hosts_limits(inproc):
         d.call(run.check)
     # an operator is not held to it
     d.call(JobRun(d.daemon, spec(["true"]), Caller(uid=nobody.pw_uid, gid=nobody.pw_gid, admin=True)).check)
+
+
+def test_a_restarted_rank_0_gets_eof_when_the_clients_stdin_had_ended(inproc):
+    """The client closed stdin before the restart: the new rank 0 reads EOF at once (before, it waited
+    for input that would never come)."""
+    d = inproc(MACHINE, HEALTH)
+    hold = threading.Event()
+    script = (
+        'if [ "$XPU_RESTART_COUNT" = 0 ]; then echo up; exec sleep 60; fi; cat; echo "eof $XPU_RESTART_COUNT"'
+    )
+    _, call = run_job(
+        d.runtime_dir, spec(["sh", "-c", script], restartable=True), [pb.JobInput(stdin_eof=True)], hold=hold
+    )
+    it = iter(call)
+    first = next(it).placed
+    assert next(it).output.data == b"up\n"
+    with Client(d.runtime_dir, admin=True) as admin:
+        admin.inject_fault(str(first.ranks[0].cards[0]), "xid", 79)
+    try:
+        events = collect(it)
+    finally:
+        hold.set()
+    assert text(events) == "eof 1\n" and events[-1].ended.exit_code == 0, events
+    wait_until(lambda: not d.engine.leases, timeout=15)
+
+
+def test_input_sent_while_a_restart_has_no_ranks_reaches_the_new_ones(inproc):
+    """Between two placements: signals are kept for the new ranks, stdin waits for the new rank 0 (before:
+    an IndexError ended the feeder, and nothing the client sent reached the job again)."""
+    import asyncio
+
+    from xpud.federation.jobrun import JobRun, _Rank
+    from xpud.model import Caller
+
+    d = inproc(MACHINE)
+    run = JobRun(d.daemon, spec(["true"]), Caller(uid=os.getuid(), gid=os.getgid()))
+
+    async def inputs():
+        yield pb.JobInput(signal=signal.SIGINT)
+        yield pb.JobInput(stdin=b"x")
+
+    async def gap_then_start():
+        feeder = asyncio.ensure_future(run._forward(inputs()))  # no ranks: a restart in progress
+        await asyncio.sleep(0.05)
+        assert not feeder.done()  # stdin waits for the new rank 0
+        run.ranks = [_Rank(0, "a", ""), _Rank(1, "b", "")]
+        run._deliver_early()
+        await asyncio.wait_for(feeder, 5)
+        return [[r.inputs.get_nowait() for _ in range(r.inputs.qsize())] for r in run.ranks]
+
+    rank0, rank1 = d.call(gap_then_start)
+    sigint = pb.LaunchInput(signal=signal.SIGINT)
+    assert rank0 == [sigint, pb.LaunchInput(stdin=b"x"), pb.LaunchInput(stdin_eof=True)]
+    assert rank1 == [sigint]

@@ -246,3 +246,48 @@ def test_ctrl_c_is_no_bad_exit_each_rank_handles_its_own_sigint(cluster):
     assert events[-1].ended.exit_code == 130
     for h in cluster:
         wait_until(lambda h=h: not leases(h), timeout=10)
+
+
+def test_a_queued_two_host_job_starts_promptly_when_a_peers_lease_is_released(cluster):
+    """`--wait` queues at the coordinator, which plans again on news of room (a peer's summary offering
+    more), not on a timer: the job is placed well under a second after the blocking lease on a peer ends
+    (before: re-planned every 1 s on summaries refreshed every 1 s). A job queued behind it moves up."""
+    h1, _, h3 = cluster
+    blockers = {}
+    for h in (h1, h3):  # two cards each: only h2 (four) has room for 2 hosts x 2 cards
+        with h.daemon.client() as c:
+            blockers[h.name] = c.acquire_lease("xpu", gpus=2)
+
+    def free(name):
+        return next(x["free_whole"] for x in h1.cluster()["hosts"] if x["name"] == name)
+
+    wait_until(lambda: free("h1") == 0 and free("h3") == 0, timeout=15)
+    holds = [threading.Event(), threading.Event()]
+    calls = [
+        start_job(h1, job(["sh", "-c", "echo go; exec sleep 60"], gpus=2, wait_s=60), hold) for hold in holds
+    ]
+    its = [iter(c) for c in calls]
+    try:
+        assert [next(it).queued.position for it in its] == [1, 2]
+        time.sleep(0.5)  # nothing pending: what follows is the release's news, not an earlier timer's
+        t0 = time.monotonic()
+        with h3.daemon.client() as c:
+            c.release(blockers["h3"].lease.id, blockers["h3"].token)
+        placed = next(its[0]).placed
+        took = time.monotonic() - t0
+        assert sorted(r.host for r in placed.ranks) == ["h2", "h3"], placed
+        assert took < 0.5, f"placed {took:.3f} s after the release"
+        # h2's two other cards are not enough: the second job is still queued, now first (it planned
+        # after the first job, in queue order, so it never took h3 from it)
+        moved = next(its[1])
+        while moved.queued.position != 1:
+            moved = next(its[1])
+        assert moved.HasField("queued") and time.monotonic() - t0 < 2.0, moved
+    finally:
+        for c, hold in zip(calls, holds, strict=True):
+            c.cancel()
+            hold.set()
+    with h1.daemon.client() as c:
+        c.release(blockers["h1"].lease.id, blockers["h1"].token)
+    for h in cluster:
+        wait_until(lambda h=h: not leases(h) and live_reservations(h) == 0, timeout=15)

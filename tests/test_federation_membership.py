@@ -122,3 +122,13 @@ def test_facts_from_the_wire_are_bounded():
     assert set(a.members) == {"a"}
     with pytest.raises(ValueError, match="at most"):
         a.set_meta("m" * 5000)
+
+
+def test_a_new_meta_is_gossiped_at_once_on_request():
+    a = Swim("a", "A", 0.0, cfg=SwimConfig())
+    for name in "bcd":
+        a.handle(Ack(0, name, name.upper(), (Update(name, name.upper(), 1, State.ALIVE),)), 0.0)
+    a.set_meta("free=2")
+    out = a.gossip_now()
+    assert sorted(addr for addr, _ in out) == ["B", "C", "D"]
+    assert all(any(u.name == "a" and u.meta == "free=2" for u in m.updates) for _, m in out)

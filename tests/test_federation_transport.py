@@ -202,3 +202,47 @@ def test_the_peer_service_forwards_to_hostjobs_with_the_callers_name(tmp_path):
     assert ("launch", "signal", "node-b") in jobs.calls and jobs.calls.count(
         ("launch", "signal", "node-b")
     ) == 1
+
+
+def test_engine_news_during_a_summary_refresh_waits_for_the_next_refresh(tmp_path):
+    """A refresh that runs may have read the engine before the news: the news is kept, and the next tick
+    after it ends refreshes again (before, it was taken and lost until the periodic refresh, 1 s)."""
+    import asyncio
+
+    from xpud import config
+    from xpud.federation import node
+    from xpud.federation.certs import init_ca, issue
+
+    init_ca(tmp_path / "ca")
+    c = issue("h1", tmp_path / "ca", tmp_path / "h1", ips=["127.0.0.1"])
+    cfg = config.ClusterSection(
+        name="h1", listen="127.0.0.1:1", ca=str(c.ca), cert=str(c.cert), key=str(c.key)
+    )
+
+    async def main():
+        fed = node.Federation(cfg, engine=None)
+        published = []
+
+        async def publish():
+            published.append(len(published))
+
+        fed._publish = publish
+        fed._engine_news, fed._next_summary = asyncio.Queue(), 1e9
+        running = asyncio.get_running_loop().create_future()
+        fed._refresh = running  # a refresh in progress
+        fed._engine_news.put_nowait("a lease ended")
+        fed._maybe_refresh(10.0)
+        assert fed._refresh is running and fed._engine_news.qsize() == 1  # kept
+        running.set_result(None)
+        fed._maybe_refresh(10.05)
+        await fed._refresh
+        assert published == [0] and fed._engine_news.empty()
+        fed._engine_news.put_nowait("another")
+        fed._maybe_refresh(10.1)  # within PUBLISH_GAP_S of the last: not yet
+        assert published == [0] and fed._engine_news.qsize() == 1
+        fed._maybe_refresh(10.05 + node.PUBLISH_GAP_S)
+        await fed._refresh
+        assert published == [0, 1]
+        await fed.channels.close()
+
+    asyncio.run(main())

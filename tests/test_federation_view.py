@@ -61,3 +61,38 @@ def test_summaries_reach_every_peer_and_feed_multi_host_placement():
     names = {o.name for o in offers(entries(net.hosts["h0"].members.values(), net.now))}
     assert "h2" not in names and "h0" in names
     assert net.state_of("h0", "h2") is State.DEAD
+
+
+def test_more_room_is_more_whole_cards_or_more_slices_of_some_size():
+    from xpud.federation.view import more_room
+
+    assert more_room(summary(free=2), summary(free=3)) and not more_room(summary(free=3), summary(free=2))
+    two, three = summary(), HostSummary(8, 8, (), {"vxpu-half": 3}, 100, 0)
+    assert more_room(two, three) and not more_room(three, two) and not more_room(two, two)
+    assert more_room(None, summary(free=1)) and not more_room(None, HostSummary(8, 0))
+    assert not more_room(summary(), None)  # gone: no room
+
+
+def test_news_of_room_wakes_waiters_in_order_and_is_never_missed():
+    import asyncio
+
+    from xpud.federation.room import Room
+
+    async def main():
+        room, woke = Room(), []
+        seen = room.seq
+        room.notify()  # news while planning: the wait that follows returns at once
+        assert await room.wait(seen, 10.0)
+        assert not await room.wait(room.seq, 0.01)  # no news: the fallback time-out
+
+        async def waiter(name):
+            await room.wait(room.seq, 10.0)
+            woke.append(name)
+
+        tasks = [asyncio.ensure_future(waiter(n)) for n in "abc"]
+        await asyncio.sleep(0)
+        room.notify()
+        await asyncio.gather(*tasks)
+        assert woke == ["a", "b", "c"] and not room._waiters
+
+    asyncio.run(main())

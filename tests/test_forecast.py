@@ -148,7 +148,7 @@ def test_cards_are_sliced_before_the_peak_and_whole_again_after(tmp_path):
         assert lease.cards[0] in report["provisioned_cards"]
     assert len(_sliced(engine)) == 4 and engine.stats.conversions[("sliced", "demand")] == 0
     for lease in list(engine.leases.values()):
-        engine._loop.run_until_complete(engine._engine._end(lease, LeaseState.RELEASED, "done"))
+        engine._end(lease, LeaseState.RELEASED, "done")
     # 17:50: the forecast for 18:05 falls to 1 slice; the provisioned cards go back whole but one
     clock.t = (MONDAY + timedelta(weeks=4, hours=17, minutes=50)).timestamp()
     report = engine._loop.run_until_complete(prov.run())
@@ -245,7 +245,7 @@ def test_mig_slices_are_pre_created_before_the_peak_served_without_a_creation_an
     extra = engine.try_grant(req("vxpu-half"))[0]
     assert created(fake) == made + 2
     for lease in [*leases, extra]:
-        engine._loop.run_until_complete(engine._engine._end(lease, LeaseState.RELEASED, "done"))
+        engine._end(lease, LeaseState.RELEASED, "done")
     # 17:50: the forecast for 18:05 falls to 1 slice; the pre-created ones are gone with it
     clock.t = (MONDAY + timedelta(weeks=4, hours=17, minutes=50)).timestamp()
     engine._loop.run_until_complete(prov.run())

@@ -24,14 +24,19 @@ _pids = itertools.count(7_000_000)
 
 
 def snapshot(d):
-    """Leases and per-card backend state, read on the daemon's loop."""
+    """Leases, per-card backend state and the fake cards' MIG state, read together on the daemon's loop
+    once no card has backend work in flight and no engine task runs (a teardown may finish after its
+    Release answered when its card was busy: the card is out of placement until then)."""
 
-    def read():
+    async def read():
         e = d.engine
+        while e.busy_cards() or e._tasks:
+            await asyncio.sleep(0.005)
         return (
             [(lease, lease.slices) for lease in e.leases.values()],
             {i: (c.mode.value, sorted(c.slices), c.whole_lease) for i, c in e.cards.items()},
             {i: getattr(e._backends[i], "instances", lambda: {})() for i in e.cards},
+            {i: (d.fake.card_state(i).mig, d.fake.mig_layout(i)) for i in e.cards},
         )
 
     return d.call(read)
@@ -39,25 +44,24 @@ def snapshot(d):
 
 def check_mig(d, keep: float) -> None:
     """Every lease's isolation is real on the fake cards; nothing overlaps; nothing leaks."""
-    leases, cards, books = snapshot(d)
-    fake = d.fake
+    leases, cards, books, fake = snapshot(d)
     held_uuids = {}
     for lease, slices in leases:
         if lease.mode is Mode.XPU:
             for i in lease.cards:
-                assert fake.card_state(i).mig == 0, f"whole lease {lease.id} on card {i} with MIG on"
-                assert fake.mig_layout(i) == []
+                assert fake[i][0] == 0, f"whole lease {lease.id} on card {i} with MIG on"
+                assert fake[i][1] == []
             continue
         (s,) = slices
-        assert fake.card_state(s.card_index).mig == 1
-        inst = [g for g in fake.mig_layout(s.card_index) if s.handle in g["uuids"]]
+        assert fake[s.card_index][0] == 1
+        inst = [g for g in fake[s.card_index][1] if s.handle in g["uuids"]]
         assert len(inst) == 1, f"lease {lease.id}: {s.handle} is not a MIG device of card {s.card_index}"
         assert inst[0]["start"] == s.placement and inst[0]["name"] == lease.env["XPU_MIG_PROFILE"]
         assert lease.env["CUDA_VISIBLE_DEVICES"] == s.handle
         assert s.handle not in held_uuids, "two leases share a MIG device"
         held_uuids[s.handle] = lease.id
     for i in range(len(cards)):
-        layout = fake.mig_layout(i)
+        layout = fake[i][1]
         slots = [x for g in layout for x in range(g["start"], g["start"] + g["size"])]
         assert len(slots) == len(set(slots)), f"card {i}: instances overlap"
         for g in layout:
@@ -69,13 +73,13 @@ def check_mig(d, keep: float) -> None:
                 assert state == (owner, "held")
         mode, slices, _whole = cards[i]
         if mode == "whole":
-            assert fake.card_state(i).mig == 0 and not slices
+            assert fake[i][0] == 0 and not slices
         elif slices:
-            assert fake.card_state(i).mig == 1
+            assert fake[i][0] == 1
 
 
 def check_mps(d, clients: dict[str, tuple[str, int]]) -> None:
-    leases, cards, _ = snapshot(d)
+    leases, cards, _, _ = snapshot(d)
     tools, nvml = d.tools, d.hw
     daemons = tools.snapshot()
     usable = {}

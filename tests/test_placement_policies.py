@@ -155,7 +155,28 @@ def test_xpud_keeps_the_only_idle_group_for_a_multi_card_class():
             t = s.copy()
             t.place(one, chosen)
             assert p.choose(t, eight[0], RNG) is not None
-            assert p.group_points(s, eight[0], np.full(2, -1)) is None  # the 8-card task may use it
+            only_big = np.array([True, False])
+            assert p.group_points(s, eight[0], np.full(2, -1), only_big) is None  # it may use it
+
+
+def test_xpud_keeps_the_only_group_for_a_cpu_heavy_class_from_a_lighter_task_of_as_many_cards():
+    # Host 0 (128 cores) is again the only one for the 8-card tasks needing 120 cores; an 8-card task
+    # needing 64 cores fits both. Before, only tasks with fewer cards were steered away from a class's last
+    # groups, so the 64-core task took host 0 (the tie) and the 120-core task that came next found nothing.
+    s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
+    light, heavy = Demand(64_000, 1, 8, 1000), [Demand(120_000 + k, 1, 8, 1000) for k in range(2)]
+    for groups, host in ((20.0, 1), (0.0, 0)):
+        p = FragAware(groups=groups, small_hosts_first=False)  # the plain tie order: the group term alone
+        for d in [Demand(4_000, 1, 1, 1000)] * 100 + [light] + heavy:  # FGD's popular classes: 1-card
+            p.observe(d)
+        chosen = p.choose(s, light, RNG)
+        assert chosen.host == host
+        t = s.copy()
+        t.place(light, chosen)
+        assert (p.choose(t, heavy[0], RNG) is not None) == bool(groups)
+    # The heavy task itself, with no host outside its class's, is never steered (not even by its sibling
+    # class 1 milli-core larger).
+    assert p.group_points(s, heavy[0], np.full(2, -1), np.array([True, False])) is None
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
@@ -181,3 +202,17 @@ def test_every_policy_refuses_what_fits_nowhere_and_never_overbooks(name):
         placed += 1
     assert (s.cpu_free >= 0).all() and (s.mem_free >= 0).all() and (s.card_free >= 0).all()
     assert placed > 10 and dropped > 0
+
+
+def test_xpud_gives_a_multi_card_task_the_least_capable_of_equal_hosts():
+    # Nothing has asked for more than 64 cores yet, so no term tells the two idle 8-card hosts apart and the
+    # tie used to go to host 0 (ranked first): the 128-core host, the only one a 120-core 8-card task that
+    # arrives later could use. Ties for a multi-card task now go to fewer cores, then less memory.
+    s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
+    p = FragAware()
+    light = Demand(64_000, 1, 8, 1000)
+    p.observe(light)
+    assert p.choose(s, light, RNG).host == 1
+    one = Demand(4_000, 1, 1, 1000)  # a one-card task keeps the old order (measured: capacity ties cost it)
+    assert FragAware().pick(s, np.array([0, 1]), RNG, one) == 0
+    assert FragAware().pick(s, np.array([0, 1]), RNG) == 0

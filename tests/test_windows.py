@@ -356,6 +356,35 @@ def test_a_green_request_waits_in_the_daemons_queue_until_its_start_with_a_froze
         engine.validate(req("vxpu-half", wait_s=1.0, not_before=clock.t + 40 * 86400))
 
 
+def test_a_deferred_request_starts_waiting_at_its_start_behind_a_waiter_of_its_kind(engine):
+    """A deferred request behind a queued one of its kind that does not fit: the queue pass stops at the
+    first (every kind left failed) and never reaches it, so its own timer starts it (reason no longer
+    BeginTime once its start has come). Before: it kept BeginTime until some other change."""
+    import asyncio
+
+    e, clock = engine._engine, engine._engine.clock
+
+    async def go():
+        for _ in e.cards:  # every card held whole: no room for a slice
+            await e.try_grant(req("xpu", 1))
+        first = asyncio.ensure_future(e.acquire(req("vxpu-half", wait_s=60.0)))
+        await asyncio.sleep(0)
+        start = clock.t + 0.05
+        later = asyncio.ensure_future(e.acquire(req("vxpu-half", wait_s=60.0, not_before=start)))
+        await asyncio.sleep(0)
+        q = e.queue_view()
+        assert [x.reason for x in q] == ["Resources", "BeginTime"], q
+        clock.t = start
+        await asyncio.sleep(0.3)
+        q = e.queue_view()
+        assert [x.reason for x in q] == ["Resources", "Resources"], q
+        first.cancel()
+        later.cancel()
+        await asyncio.sleep(0)
+
+    engine._loop.run_until_complete(go())
+
+
 def test_the_daemon_plans_a_green_start_from_its_signal():
     sig = hours(at(3, 0), [300, 200, 50, 400, 90])
     start, why = carbon.plan(sig, at(3, 0, 30), at(3, 5))

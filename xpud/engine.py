@@ -20,6 +20,7 @@ isolation backend.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -285,6 +286,10 @@ class Engine:
         card's claim is not held across an await (other grants do not wait for it)."""
         needs_tool = getattr(self._backends[index], "needs_tool", None)
         return needs_tool is not None and not needs_tool(op, lease_id)
+
+    def _inline(self, index: int, op: str, lease_id: str) -> bool:
+        """Whether card ``index``'s ``op`` for ``lease_id`` runs on the loop (as ``_hw`` decides)."""
+        return isinstance(self._backends[index], Accounting) or self._bookkeeping(index, op, lease_id)
 
     def _spawn(self, coro: Awaitable, what: str) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -624,11 +629,8 @@ class Engine:
                     c.mode = want
                     c.switched_at = self.clock()
                     switched.append(i)
-            if mode is Mode.XPU:
-                env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cards[i].info.uuid for i in cards)}
-                for i in cards:
-                    self.cards[i].whole_lease = lease_id
-                return (), env, switched
+            if mode is Mode.XPU or self._inline(cards[0], "prepare", lease_id):
+                return (*self._place_now(lease_id, mode, cards, owner_uid), switched)
             c = self.cards[cards[0]]
             spec = self.cfg.slices[mode.value]
             held = list(c.slices.values())
@@ -642,6 +644,24 @@ class Engine:
         except BaseException:
             await self._switch_back(switched, "after a failed placement")
             raise
+
+    def _place_now(
+        self, lease_id: str, mode: Mode, cards: tuple[int, ...], owner_uid: int
+    ) -> tuple[tuple[Slice, ...], dict[str, str]]:
+        """``_place`` on cards already in the mode ``mode`` needs, when the slice's prepare runs no tool
+        (``_inline``): no await. Returns (slices, environment)."""
+        if mode is Mode.XPU:
+            env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cards[i].info.uuid for i in cards)}
+            for i in cards:
+                self.cards[i].whole_lease = lease_id
+            return (), env
+        c = self.cards[cards[0]]
+        spec = self.cfg.slices[mode.value]
+        s, env = self._backends[c.info.index].prepare(
+            c.info, list(c.slices.values()), spec, lease_id, owner_uid
+        )
+        c.slices[lease_id] = s
+        return (s,), env
 
     async def _switch_back(self, switched: list[int], why: str) -> None:
         """Undo the mode switches of ``_place`` (cards claimed by the caller); idle cards only."""
@@ -679,8 +699,23 @@ class Engine:
                 inline = self._bookkeeping(s.card_index, "teardown", lease_id)
                 await self._hw(self._backends[s.card_index].teardown, card.info, s, inline=inline)
             except Exception as e:
-                log.error("teardown of %s on card %d failed: %s", lease_id, s.card_index, e)
-                self.event("error", f"teardown of lease {lease_id} failed: {e}", card=s.card_index)
+                self._teardown_failed(lease_id, s, e)
+        self._drop(lease_id, cards)
+
+    def _free_now(self, lease_id: str, cards: Iterable[int], slices: tuple[Slice, ...]) -> None:
+        """``_free`` when every teardown is bookkeeping (``_inline``) and no card is busy: no await."""
+        for s in slices:
+            try:
+                self._backends[s.card_index].teardown(self.cards[s.card_index].info, s)
+            except Exception as e:
+                self._teardown_failed(lease_id, s, e)
+        self._drop(lease_id, cards)
+
+    def _teardown_failed(self, lease_id: str, s: Slice, e: Exception) -> None:
+        log.error("teardown of %s on card %d failed: %s", lease_id, s.card_index, e)
+        self.event("error", f"teardown of lease {lease_id} failed: {e}", card=s.card_index)
+
+    def _drop(self, lease_id: str, cards: Iterable[int]) -> None:
         for i in cards:
             c = self.cards[i]
             if c.whole_lease == lease_id:
@@ -711,18 +746,68 @@ class Engine:
         self._claim(cards)
         self._granting_uids[req.owner_uid] = self._granting_uids.get(req.owner_uid, 0) + 1
 
-    async def _grant(
-        self, req: Request, cards: tuple[int, ...], queued_s: float | None = None
-    ) -> tuple[Lease, str]:
+    def _grant(self, req: Request, cards: tuple[int, ...], queued_s: float | None = None) -> asyncio.Future:
         """Grant ``req`` on ``cards`` (claimed by the caller, unclaimed here): prepare, commit, then it is
-        the caller's. A failed commit undoes the preparation."""
-        uid = req.owner_uid
+        the caller's. A failed commit undoes the preparation. It runs to its end whatever its caller
+        does: a plain future when nothing awaits before the commit (cards in the right mode, a prepare
+        that runs no tool: the commit's completion carries on, on the loop; cancelling the future says
+        the requester went away, and the lease is then ended), else a task (the caller shields it)."""
+        lease_id, token = self._new_id(), secrets.token_urlsafe(24)
+        want = CardMode.WHOLE if req.mode is Mode.XPU else CardMode.SLICED
+        if all(self.cards[i].mode is want for i in cards) and (
+            req.mode is Mode.XPU or self._inline(cards[0], "prepare", lease_id)
+        ):
+            return self._grant_inline(req, cards, queued_s, lease_id, token)
+        return asyncio.ensure_future(self._grant_task(req, cards, queued_s, lease_id, token))
+
+    def _granted(self, uid: int) -> None:
+        """A grant for ``uid`` ended (committed or not): it no longer counts as in flight."""
+        n = self._granting_uids.pop(uid, 0) - 1
+        if n > 0:
+            self._granting_uids[uid] = n
+
+    async def _grant_task(
+        self, req: Request, cards: tuple[int, ...], queued_s: float | None, lease_id: str, token: str
+    ) -> tuple[Lease, str]:
         try:
-            return await self._grant_now(req, cards, queued_s)
+            return await self._grant_now(req, cards, queued_s, lease_id, token)
         finally:
-            n = self._granting_uids.pop(uid, 0) - 1
-            if n > 0:
-                self._granting_uids[uid] = n
+            self._granted(req.owner_uid)
+
+    def _grant_inline(
+        self, req: Request, cards: tuple[int, ...], queued_s: float | None, lease_id: str, token: str
+    ) -> asyncio.Future:
+        loop, t0 = asyncio.get_running_loop(), time.perf_counter()
+        try:
+            slices, env = self._place_now(lease_id, req.mode, cards, req.owner_uid)
+            spent = self.standby.spent(cards) if self.standby.slices else []  # pre-created, taken by it
+            lease, ops, events = self._grant_record(
+                req, cards, lease_id, token, slices, env, [], queued_s, spent
+            )
+            commit = self.ledger.submit(*ops, *(o for _, o in events))  # committed before anyone is told
+        except BaseException:
+            self._granted(req.owner_uid)
+            raise
+        finally:
+            self._unclaim(cards)
+        out = loop.create_future()
+
+        def committed(cf: concurrent.futures.Future) -> None:  # on the loop
+            self._granted(req.owner_uid)
+            if (error := cf.exception()) is not None:
+                undo = self._spawn(self._unplace(lease_id, cards, slices, []), f"undoing lease {lease_id}")
+                undo.add_done_callback(lambda _: out.done() or out.set_exception(error))
+                return
+            self.standby.forget(spent)
+            self._grant_done(lease, events, t0)
+            if out.done():  # its requester went away (cancelled): end what was made
+                why = "its requester went away before the grant"
+                self._spawn(self.reclaim(lease.id, why), f"reclaiming lease {lease.id}")
+                return
+            out.set_result((lease, token))
+
+        commit.add_done_callback(lambda cf: loop.is_closed() or loop.call_soon_threadsafe(committed, cf))
+        return out
 
     def _converted(
         self, i: int, lease_id: str, req: Request, queued_s: float | None
@@ -740,15 +825,40 @@ class Engine:
         return self._event_op("mode", f"card {i} switched to {mode} for lease {lease_id}: {why}", i)
 
     async def _grant_now(
-        self, req: Request, cards: tuple[int, ...], queued_s: float | None = None
+        self, req: Request, cards: tuple[int, ...], queued_s: float | None, lease_id: str, token: str
     ) -> tuple[Lease, str]:
-        lease_id, token = self._new_id(), secrets.token_urlsafe(24)
         t0 = time.perf_counter()
         try:
             slices, env, switched = await self._place(lease_id, req.mode, cards, req.owner_uid)
             spent = self.standby.spent(cards) if self.standby.slices else []  # taken or undone by it
         finally:
             self._unclaim(cards)
+        lease, ops, events = self._grant_record(
+            req, cards, lease_id, token, slices, env, switched, queued_s, spent
+        )
+        try:
+            await self.ledger.write(*ops, *(o for _, o in events))  # committed before anyone is told
+        except BaseException:
+            await self._unplace(lease_id, cards, slices, switched)
+            raise
+        self.standby.forget(spent)
+        self._grant_done(lease, events, t0)
+        return lease, token
+
+    def _grant_record(
+        self,
+        req: Request,
+        cards: tuple[int, ...],
+        lease_id: str,
+        token: str,
+        slices: tuple[Slice, ...],
+        env: dict[str, str],
+        switched: list[int],
+        queued_s: float | None,
+        spent: list[str],
+    ) -> tuple[Lease, list[Op], list[tuple[EventRecord, Op]]]:
+        """The lease placed on ``cards``, its ledger writes (with the removal of the ``spent`` pre-created
+        slices' records: taken by it, or undone for its room) and its events (committed together)."""
         infos = [self.cards[i].info for i in cards]
         base_env = {
             "XPU_LEASE_ID": lease_id,
@@ -784,18 +894,15 @@ class Engine:
                 lease_id,
             ),
         ]
-        try:
-            await self.ledger.write(*ops, *(o for _, o in events))  # committed before anyone is told
-        except BaseException:
-            await self._unplace(lease_id, cards, slices, switched)
-            raise
-        self.leases[lease_id] = lease
-        self.standby.forget(spent)
+        return lease, ops, events
+
+    def _grant_done(self, lease: Lease, events: list[tuple[EventRecord, Op]], t0: float) -> None:
+        """A committed grant in memory."""
+        self.leases[lease.id] = lease
         self.stats.grant.observe(time.perf_counter() - t0)
-        if not req.anchor:
-            self.unheld_since[lease_id] = self.clock()  # the holder must open Hold within the grace period
+        if not lease.anchor:
+            self.unheld_since[lease.id] = self.clock()  # the holder must open Hold within the grace period
         self._committed(events)
-        return lease, token
 
     async def try_grant(self, req: Request, wait_busy_s: float = BUSY_WAIT_S) -> tuple[Lease, str] | None:
         """Grant now if the request fits without jumping the queue; None otherwise. While some cards are
@@ -810,7 +917,9 @@ class Engine:
             left = deadline - time.monotonic()
             if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
                 self._claim_for(req, cards)
-                grant = asyncio.ensure_future(self._grant(req, cards))
+                grant = self._grant(req, cards)
+                if not isinstance(grant, asyncio.Task):
+                    return await grant  # cancelled: the grant ends the lease it makes (see _grant)
                 try:
                     return await asyncio.shield(grant)
                 except asyncio.CancelledError:  # the requester went away: the grant runs to its end
@@ -833,30 +942,16 @@ class Engine:
         want = CardMode.WHOLE if req.mode is Mode.XPU else CardMode.SLICED
         return any(self.cards[i].mode is not want for i in cards)
 
-    async def grant_at_once(self, req: Request) -> tuple[Lease, str] | None:
-        """``acquire``'s first step alone: the grant if the request fits now (after the brief wait for
-        busy cards), None if it would queue. The caller then calls ``acquire(req, ..., tried=True)``,
-        which tries once more and queues in the same step (the state may have changed in between). A
-        grant at once needs no helper task or position queue around it."""
-        self._check_limits(req, queueing=False)
-        if req.not_before > self.clock():
-            return None  # deferred: it queues until its start
-        return await self.try_grant(
-            req, BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
-        )
-
-    async def acquire(
-        self,
-        req: Request,
-        on_position: Callable[[QueuedRequest, int], None] | None = None,
-        tried: bool = False,
-    ) -> tuple[Lease, str]:
-        """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry or
-        when the caller is at a [limits] cap. ``tried``: the caller's ``grant_at_once`` found no room
-        already (its busy-card wait is not repeated)."""
+    async def grant_or_queue(
+        self, req: Request, on_position: Callable[[QueuedRequest, int], None] | None = None
+    ) -> tuple[Lease, str] | Waiter:
+        """``acquire``'s first step: the grant if the request fits now (after the brief wait for busy
+        cards), else its place in the queue (``on_position`` hears its positions), taken in the same
+        step as the last try: no task, no await between. Raises NoCapacity when it may not queue. The
+        caller then awaits ``queued(w)``, or calls ``leave(w)`` itself when it goes away."""
         self._check_limits(req, queueing=False)
         # A request that may queue waits for busy cards only briefly: beyond that it shows in the queue.
-        busy_wait = 0.0 if tried else BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
+        busy_wait = BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
         pumps = self._pumps
         deferred = req.not_before > self.clock()  # queued until its start (a green hour), room or not
         granted = None if deferred else await self.try_grant(req, busy_wait)
@@ -875,28 +970,72 @@ class Engine:
         )
         w = self.waitlist.add(req, self.clock(), on_position)
         w.reason = reason  # a queue pass keeps it current; this request may see none for a while
+        # Its deadline is a timer, not a wait_for around its future: a waiter that leaves (thousands
+        # cancelled at once) costs one synchronous `leave`, no task, shield or timeout wrapper.
+        w.timer = asyncio.get_running_loop().call_later(max(w.deadline - self.clock(), 0), self._expire, w)
         self._changed()
         if deferred:
-            self._pump_later(req.not_before - self.clock())
+            self._start_deferred(w)
         elif self._pumps != pumps:
             self._pump_soon()
+        return w
+
+    def _start_deferred(self, w: Waiter) -> None:
+        """A deferred request's own timer: at its start it waits as any other, and the queue gets a pass
+        (its own timer, not the pump's: a pass that stops early, every kind ahead having failed, never
+        reaches it to ask for one)."""
+        w.start = None
+        if not w.queued or w.future.done():
+            return
+        left = w.request.not_before - self.clock()
+        if left > 0:
+            w.start = asyncio.get_running_loop().call_later(left, self._start_deferred, w)
+            return
+        self.waitlist.activate(w)
+        reserved = self.waitlist.whole_waiting_at(w.request.priority)
+        w.reason = self._pending_reason(w.request, reserved=reserved)  # a pass may stop before it
+        self._changed()
+        self._pump_soon()
+
+    def _expire(self, w: Waiter) -> None:
+        """A queued request's wait ran out: it fails with the reason, unless its grant is under way (it
+        then gets the grant) or it has its answer already."""
+        if w.future.done() or w in self._granting:
+            return
+        w.future.set_exception(NoCapacity(f"waited {w.request.wait_s:g} s: {self._why_not(w.request)}"))
+
+    async def queued(self, w: Waiter) -> tuple[Lease, str]:
+        """Wait for a queued request's grant (NoCapacity when its wait runs out); it leaves the queue
+        however this ends (its caller cancelled too)."""
         try:
-            return await asyncio.wait_for(asyncio.shield(w.future), timeout=max(w.deadline - self.clock(), 0))
-        except TimeoutError:
-            if w in self._granting:
-                return await asyncio.shield(w.future)  # its grant is under way: let it finish
-            if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
-                return w.future.result()  # granted in the same instant the wait ran out
-            raise NoCapacity(f"waited {req.wait_s:g} s: {self._why_not(req)}") from None
+            return await w.future
         finally:
-            # a whole-card request that leaves unserved held idle whole cards back from those behind it
-            left = req.mode is Mode.XPU and (not w.future.done() or w.future.cancelled())
-            if not w.future.done():
-                w.future.cancel()
+            self.leave(w)
+
+    def leave(self, w: Waiter) -> None:
+        """Take a request out of the queue (granted, expired, or its caller gone: a grant under way for it
+        is then ended by ``_grant_waiter``)."""
+        if w.timer is not None:
+            w.timer.cancel()
+        if w.start is not None:
+            w.start.cancel()
+        # a whole-card request that leaves unserved held idle whole cards back from those behind it
+        unserved = w.request.mode is Mode.XPU and (not w.future.done() or w.future.cancelled())
+        if not w.future.done():
+            w.future.cancel()
+        if w.queued:
             self.waitlist.remove(w)
-            self._changed()
-            if left:
-                self._pump_soon()
+        self._changed()
+        if unserved:
+            self._pump_soon()
+
+    async def acquire(
+        self, req: Request, on_position: Callable[[QueuedRequest, int], None] | None = None
+    ) -> tuple[Lease, str]:
+        """Grant the request, waiting in the queue up to ``req.wait_s``. Raises NoCapacity on expiry or
+        when the caller is at a [limits] cap."""
+        got = await self.grant_or_queue(req, on_position)
+        return got if isinstance(got, tuple) else await self.queued(got)
 
     def _why_not(self, req: Request) -> str:
         if req.cards:
@@ -957,11 +1096,9 @@ class Engine:
             unseen[kind] -= 1
             if w.future.done():
                 continue
-            if w.deferred:  # waiting for its (green) start: looked at again then
+            if w.deferred:  # waiting for its (green) start: its own timer brings a pass then
                 if w.request.not_before > now:
                     w.reason = "BeginTime"
-                    left = w.request.not_before - now
-                    retry = left if retry is None else min(retry, left)
                     continue
                 self.waitlist.activate(w)
             if (kind, reserve) in failed:
@@ -1065,7 +1202,6 @@ class Engine:
             "token), that user or an operator may act on it"
         )
 
-    @_uninterrupted
     async def release(
         self, lease_id: str, caller: Caller, token: str = "", end: CommandEnd | None = None
     ) -> Lease:
@@ -1077,13 +1213,11 @@ class Engine:
             end = replace(end, started=min(max(end.started, lease.created), self.clock()))
         return await self._end(lease, LeaseState.RELEASED, f"released by uid {caller.uid}", end=end)
 
-    @_uninterrupted
     async def evict(self, lease_id: str, reason: str = "") -> Lease:
         lease = self.resolve_lease(lease_id)
         why = f"evicted by an operator: {reason or 'no reason given'}"
         return await self._end(lease, LeaseState.EVICTED, reason or "evicted by an operator", revoke=why)
 
-    @_uninterrupted
     async def reclaim(
         self,
         lease_id: str,
@@ -1098,7 +1232,7 @@ class Engine:
             return None
         return await self._end(lease, state, reason, also=also)
 
-    async def _end(
+    def _end(
         self,
         lease: Lease,
         state: LeaseState,
@@ -1106,27 +1240,74 @@ class Engine:
         revoke: str = "",
         end: CommandEnd | None = None,
         also: tuple[Op, ...] = (),
-    ) -> Lease:
-        """End a lease: commit it, then tell its holder, then free its cards (tear slices down)."""
+    ) -> asyncio.Future:
+        """End a lease: commit it, then tell its holder, then free its cards (tear slices down); the
+        future answers the ended lease. It runs to its end whatever its caller does (a cancelled gRPC
+        call), without a task or shield around it: the commit's completion carries on, on the loop, and
+        only a tail that must await (a teardown that runs a tool, a busy card, a move's reservation)
+        continues in a task."""
         if lease.id in self._ending:
             raise NotFound(f"lease {lease.id} is being released already")
-        self._ending.add(lease.id)
+        loop = asyncio.get_running_loop()
         now, end = self.clock(), end or CommandEnd()
+        card = lease.cards[0] if len(lease.cards) == 1 else -1
+        how = ""
+        if end.exit_signal is not None:
+            how = f" (its command ended by signal {end.exit_signal})"
+        elif end.exit_code is not None:
+            how = f" (its command exited {end.exit_code})"
+        message = f"lease {lease.id} {state.value}: {reason}{how}"
+        event = self._event_op(_EVENT_KIND[state], message, card, lease.id)
+        self._ending.add(lease.id)
         try:
-            card = lease.cards[0] if len(lease.cards) == 1 else -1
-            how = ""
-            if end.exit_signal is not None:
-                how = f" (its command ended by signal {end.exit_signal})"
-            elif end.exit_code is not None:
-                how = f" (its command exited {end.exit_code})"
-            message = f"lease {lease.id} {state.value}: {reason}{how}"
-            event = self._event_op(_EVENT_KIND[state], message, card, lease.id)
-            await self.ledger.write(
+            commit = self.ledger.submit(
                 self.ledger.end_lease_op(lease.id, state, reason, now, end), event[1], *also
             )
-        finally:
+        except BaseException:
             self._ending.discard(lease.id)
-        # Committed: the lease is over. What it held is freed below, after its teardown.
+            raise
+        out = loop.create_future()
+
+        def answer(result: Lease | None, error: BaseException | None = None) -> None:
+            if out.done():  # its caller went away: nobody reads it
+                if error is not None:
+                    log.error("ending lease %s: %s", lease.id, error)
+            elif error is not None:
+                out.set_exception(error)
+            else:
+                out.set_result(result)
+
+        def committed(cf: concurrent.futures.Future) -> None:  # on the loop
+            self._ending.discard(lease.id)
+            if cf.exception() is not None:
+                return answer(None, cf.exception())
+            # Committed: the lease is over. What it held is freed below, after its teardown.
+            try:
+                ended = self._ended(lease, state, reason, now, end, revoke, event)
+                if not self._frees_at_once(lease):
+                    tail = self._spawn(self._end_tail(lease), f"freeing what lease {lease.id} held")
+                    tail.add_done_callback(lambda t: answer(ended, None if t.cancelled() else t.exception()))
+                    return
+                self._free_now(lease.id, lease.cards, lease.slices)
+                self.pump()
+            except Exception as e:
+                return answer(None, e)
+            answer(ended)
+
+        commit.add_done_callback(lambda cf: loop.is_closed() or loop.call_soon_threadsafe(committed, cf))
+        return out
+
+    def _ended(
+        self,
+        lease: Lease,
+        state: LeaseState,
+        reason: str,
+        now: float,
+        end: CommandEnd,
+        revoke: str,
+        event: tuple[EventRecord, Op],
+    ) -> Lease:
+        """A committed end in memory: the lease is gone, its holder told; the ended lease."""
         self.leases.pop(lease.id, None)
         self.unheld_since.pop(lease.id, None)
         ended = replace(
@@ -1143,10 +1324,21 @@ class Engine:
             self._notify(lease, "revoke", revoke)
         self._notify(ended, "released", reason)
         self._committed([event])
+        return ended
+
+    def _frees_at_once(self, lease: Lease) -> bool:
+        """Whether what ``lease`` held can be freed without an await: no move in flight for it, none of
+        its cards busy, every teardown bookkeeping (no tool to run)."""
+        return (
+            self.moves.forget_at_once(lease.id)
+            and not self._busy.intersection(lease.cards)
+            and all(self._inline(s.card_index, "teardown", lease.id) for s in lease.slices)
+        )
+
+    async def _end_tail(self, lease: Lease) -> None:
         await self.moves.forget(lease.id)  # a move in flight: free what it reserved
         await self._free_claimed(lease.id, lease.cards, lease.slices)
         self.pump()
-        return ended
 
     # ------------------------------------------------------------------ holds
     def hold_opened(self, lease_id: str) -> asyncio.Queue:

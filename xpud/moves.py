@@ -284,6 +284,14 @@ class Moves:
             out.append(pm)
         return out
 
+    def forget_at_once(self, lease_id: str) -> bool:
+        """``forget`` when no move is in flight for the lease (no reservation to free): done, True; else
+        False (the caller awaits ``forget``)."""
+        if lease_id in self.pending:
+            return False
+        self.timed_out.discard(lease_id)
+        return True
+
     async def forget(self, lease_id: str) -> None:
         """The lease ended: drop what is known about its moves (the caller pumps the queue)."""
         self.timed_out.discard(lease_id)

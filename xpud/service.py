@@ -274,32 +274,34 @@ class NodeService(pbg.NodeServicer):
                 not_before_reason=green_why,
             )
         )
-        # Granted at once (the common case): no helper task, no position queue around it. A caller that
-        # goes away meanwhile cancels this coroutine; try_grant's shielded grant then ends what it made.
-        got = await e.grant_at_once(req)
-        if got is None:  # it queues (or is refused): positions stream while it waits
-            updates: asyncio.Queue = asyncio.Queue()
+        # Granted at once (the common case), or queued in the same step: no helper task either way. A
+        # caller that goes away cancels this coroutine: try_grant's shielded grant then ends what it
+        # made, or the `finally` below takes the request out of the queue (synchronously: thousands of
+        # waiters leaving at once cost no task each).
+        updates: asyncio.Queue = asyncio.Queue()
 
-            def on_position(q: QueuedRequest, length: int) -> None:
-                queued = pb.Queued(
-                    ticket=q.ticket,
-                    position=q.position,
-                    queue_length=length,
-                    deadline=q.deadline,
-                    not_before=q.request.not_before,
-                    not_before_reason=q.request.not_before_reason,
-                )
-                updates.put_nowait(pb.AcquireUpdate(queued=queued))
+        def on_position(q: QueuedRequest, length: int) -> None:
+            queued = pb.Queued(
+                ticket=q.ticket,
+                position=q.position,
+                queue_length=length,
+                deadline=q.deadline,
+                not_before=q.request.not_before,
+                not_before_reason=q.request.not_before_reason,
+            )
+            updates.put_nowait(pb.AcquireUpdate(queued=queued))
 
-            task = asyncio.ensure_future(e.acquire(req, on_position, tried=True))
-            task.add_done_callback(updates.put_nowait)  # the finished task itself comes last down the queue
+        got = await e.grant_or_queue(req, on_position)
+        if not isinstance(got, tuple):  # queued: positions stream while it waits
+            w = got
+            w.future.add_done_callback(updates.put_nowait)  # its answer comes last down the queue
             try:
-                while (item := await updates.get()) is not task:
+                while (item := await updates.get()) is not w.future:
                     yield item
-                got = task.result()
+                got = w.future.result()  # NoCapacity when its wait ran out
             finally:
-                if not task.done():
-                    task.cancel()  # the caller went away: leave the queue
+                w.future.remove_done_callback(updates.put_nowait)  # a leaver's cancel schedules nothing
+                e.leave(w)
         lease, token = got
         if e.rightsizer is not None:
             e.rightsizer.track(lease.id, cls or job_class(lease.command), request.mode == "auto")

@@ -36,6 +36,8 @@ class Waiter:
     queued: bool = True  # False once removed
     reason: str = "Resources"  # why it waits (the engine's queue pass sets it)
     deferred: bool = False  # before its not_before: holds no room back from others (``activate``)
+    timer: asyncio.TimerHandle | None = None  # its deadline (the engine's)
+    start: asyncio.TimerHandle | None = None  # a deferred one's start (the engine's ``_start_deferred``)
 
 
 def _order(w: Waiter) -> tuple[int, int]:

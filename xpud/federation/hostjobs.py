@@ -40,8 +40,9 @@ from xpud.api.v1 import xpu_pb2 as pb
 from xpud.auth import member_of
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.federation.reserve import Refused, Reservation, Reservations, ResState, check_request
+from xpud.federation.room import Room
 from xpud.ledger import LedgerUnavailable, ReservationRecord
-from xpud.model import Lease, LeaseState, Mode, Request
+from xpud.model import HealthState, Lease, LeaseState, Mode, Request
 
 log = logging.getLogger("xpud.hostjobs")
 
@@ -80,6 +81,16 @@ def _kill_session(pid: int) -> None:
         pass
 
 
+async def _stop_units(job: str) -> None:
+    """Ranks run as systemd units here: stop ``job``'s (killing systemd-run's session does not)."""
+    from xpud.federation import rankproc, sysunit
+
+    units = rankproc.default_units()
+    if units is not None:
+        rc, _ = await units.runner(sysunit.stop_job_argv(job))
+        log.warning("stopped the units of job %s started before this daemon restarted (exit %d)", job, rc)
+
+
 class HostJobs:
     """Reserve/Commit/Abort for this host. ``peer`` is the calling host's name (from its certificate),
     or None/"" when this host coordinates the job itself."""
@@ -93,6 +104,8 @@ class HostJobs:
         self._tasks: set[asyncio.Task] = set()
         self.restarting: dict[str, str] = {}  # job -> why its rank here was stopped for a restart
         self.coordinating: list = []  # jobrun.JobRun waiting for room, in order (their queue positions)
+        self.room = Room()  # news of room for them when federation is off (jobrun.JobRun.room)
+        self.turn = asyncio.Lock()  # queued jobs plan again one at a time, in queue order
 
     @property
     def engine(self):
@@ -126,6 +139,7 @@ class HostJobs:
             self._track(r.job, r.lease_id, r.ttl_s, launch_by=now + r.ttl_s)
             if r.state == "committed" and r.rank_pid:  # launched before the restart: its stream is gone
                 _kill_session(r.rank_pid)
+                await _stop_units(r.job)
                 await self.drop(r.job, r.attempt, "its rank's daemon restarted; the rank was stopped")
         await self.expire()
 
@@ -413,16 +427,20 @@ class HostJobs:
 
     async def _watch(self, job: str, lease_id: str, q: asyncio.Queue) -> None:
         """The lease ended by someone else (an operator's evict, a reclaim): the job ends here with it. A
-        move (a card under a restartable job went unhealthy) ends it here too: a gang cannot move one rank,
-        so the rank ends with ``RESTART`` in its error and the coordinator restarts the whole job."""
+        card under it that went unhealthy ends it here too, whether this host found another card for it (a
+        ``move``) or not (a ``mark`` saying so): a gang cannot move one rank, so the rank ends with
+        ``RESTART`` in its error and the coordinator restarts the whole job, on other hosts if need be."""
         try:
             while True:
                 ev = await q.get()
                 if ev.kind == "released":
                     break
-                if ev.kind == "move" and job not in self.restarting:
-                    self.restarting[job] = ev.message
-                    self._spawn(self.drop(job, None, f"{ev.message}; the job restarts"))
+                if ev.kind not in ("move", "mark") or job in self.restarting:
+                    continue
+                why = self._failed_card(lease_id) or (ev.message if ev.kind == "move" else "")
+                if why:
+                    self.restarting[job] = why
+                    self._spawn(self.drop(job, None, f"{why}; the job restarts"))
         finally:
             self.engine.hold_closed(lease_id, q)
         r = self.table.get(job)
@@ -441,6 +459,15 @@ class HostJobs:
         state = "aborted" if r.state is ResState.HELD else "released"
         self.table.put(replace(r, state=ResState.ABORTED))
         await self._try(self.ledger.end_reservation_op(job, r.attempt, state, self.clock()))
+
+    def _failed_card(self, lease_id: str) -> str:
+        """Why the lease cannot go on here: a card under it is unhealthy ("" when none is)."""
+        lease = self.engine.leases.get(lease_id)
+        for i in lease.cards if lease is not None else ():
+            c = self.engine.resolve_card(str(i))
+            if c.health_state is HealthState.UNHEALTHY:
+                return f"card {i} on host {self.name} is unhealthy ({c.health_reason or 'failed its checks'})"
+        return ""
 
     async def _end_held(self, r: Reservation, state: ResState, why: str) -> None:
         """End a held reservation: its row and its lease in one transaction, then the cards are free."""

@@ -8,8 +8,10 @@ and commits it on every chosen host, starts one rank per host and relays the ran
 3. **Reserve** with ``reserve.coordinate``: ``Reserve`` on every host, ``Commit`` when all hold,
    ``Abort`` and re-plan without a host that refused. Peers are reached over the federation's mutual-TLS
    channels, this host through its ``HostJobs`` directly. With ``wait_s`` the job queues: placement is
-   tried again as capacity frees (``JobQueued`` with the reason and the position among this daemon's
-   queued jobs).
+   tried again when the view shows more free capacity (``Federation.room``: a host's summary offers
+   more, this host released something; with federation off, any change of this host's engine), at the
+   latest every ``RETRY_FALLBACK_S`` (``JobQueued`` with the reason and the position among this daemon's
+   queued jobs, sent again when either changes). Queued jobs plan again one at a time, in queue order.
 4. **Launch**: ``Peer.Launch`` on every host with ``launch.rank_envs`` (``MASTER_ADDR`` = rank 0's host,
    ``MASTER_PORT`` = the port rank 0's host found free at commit). Output and ends come back as
    ``JobEvent``s; stdin goes to rank 0, signals to every rank. With ``kill_on_bad_exit`` the first
@@ -39,6 +41,7 @@ from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, NoCapacity, XpudError
 from xpud.federation import launch, reserve
 from xpud.federation.hostjobs import RESTART
+from xpud.federation.room import Room
 from xpud.model import Caller, Mode, Request
 from xpud.placement import multihost
 
@@ -47,9 +50,11 @@ log = logging.getLogger("xpud.jobrun")
 RESERVE_TTL_S = 10.0  # a reservation the coordinator does not commit in time ends on its host
 STEP_TIMEOUT_S = 5.0  # one Reserve/Commit/Abort call
 MAX_ATTEMPTS = 3  # sets of hosts tried per placement round
-RETRY_S = 1.0  # a queued job looks at the cluster again this often
+RETRY_FALLBACK_S = 5.0  # a queued job plans again at least this often, news of room or not
+RETRY_MIN_GAP_S = 0.05  # and at most this often, however much news arrives
 STOP_GRACE_S = 5.0  # after SIGTERM to the other ranks, their Launch calls are cancelled
 MAX_RESTARTS = 10  # restarts of a --restartable job after a card under one of its ranks failed
+MAX_EARLY_SIGNALS = 16  # signals kept for the new ranks while a restart has none running
 
 
 @dataclass
@@ -130,6 +135,9 @@ class JobRun:
         self.restarts = 0
         self.user_signals: set[int] = set()  # signals the user sent to every rank (Ctrl-C, ...)
         self._out: asyncio.Queue = asyncio.Queue()  # (rank, event) of the ranks running now
+        self._early: list[pb.LaunchInput] = []  # signals sent while a restart has no ranks running
+        self._ranks_up = asyncio.Event()  # ranks run (stdin waits for them during a restart)
+        self._stdin_closed = False  # the client's stdin ended: a restarted rank 0 gets EOF at once
 
     # ------------------------------------------------------------------------------ checks
     async def check(self) -> None:
@@ -237,14 +245,38 @@ class JobRun:
         )
         return outcome
 
+    @property
+    def room(self) -> Room:
+        """News of more free capacity: the federation's, or (federation off) this host's own."""
+        return self.federation.room if self.federation is not None else self.hostjobs.room
+
+    async def _engine_news(self) -> None:
+        """Federation off: every change of this host's engine may have freed room (while queued)."""
+        engine = self.hostjobs.engine
+        q = engine.watch()
+        try:
+            while True:
+                await q.get()
+                self.hostjobs.room.notify()
+        finally:
+            engine.unwatch(q)
+
     async def place(self) -> AsyncIterator[pb.JobEvent]:
         """Place, reserve and commit; queue with ``wait_s``. Yields JobQueued updates, then JobPlaced."""
         deadline = time.monotonic() + self.spec.wait_s
         last = None
+        follow = None
+        room = self.room
         try:
             while True:
+                seen = room.seq  # before planning: news that arrives meanwhile is not missed
+                tried = time.monotonic()
                 try:
-                    outcome = await self._place_once()
+                    if last is None:
+                        outcome = await self._place_once()
+                    else:  # queued: the jobs ahead plan first (they woke first), none overtakes another
+                        async with self.hostjobs.turn:
+                            outcome = await self._place_once()
                     break
                 except (multihost.NoPlacement, reserve.Refused) as e:  # coordinate aborted what it held
                     self.attempts += MAX_ATTEMPTS
@@ -253,14 +285,21 @@ class JobRun:
                         raise NoCapacity(f"job cannot be placed: {e}{hint}") from None
                     if self not in self.hostjobs.coordinating:
                         self.hostjobs.coordinating.append(self)
+                        if self.federation is None:
+                            follow = asyncio.ensure_future(self._engine_news())
                     update = (str(e)[:500], self.hostjobs.coordinating.index(self) + 1)
                     if update != last:
                         last = update
                         yield pb.JobEvent(queued=pb.JobQueued(reason=update[0], position=update[1]))
-                    await asyncio.sleep(min(RETRY_S, max(deadline - time.monotonic(), 0)))
+                    left = deadline - time.monotonic()
+                    await room.wait(seen, min(RETRY_FALLBACK_S, max(left, 0.0)))
+                    await asyncio.sleep(min(max(tried + RETRY_MIN_GAP_S - time.monotonic(), 0.0), left))
         finally:
-            with contextlib.suppress(ValueError):
+            if follow is not None:
+                follow.cancel()
+            if self in self.hostjobs.coordinating:
                 self.hostjobs.coordinating.remove(self)
+                room.notify()  # the jobs behind this one move up: they show their new position
         self.attempts = outcome.attempts
         self.hosts = dict(outcome.hosts)
         ranks = []
@@ -315,6 +354,7 @@ class JobRun:
                     break
                 # a card under one rank failed: the whole job starts again on a healthy set of hosts
                 self.restarts += 1
+                self._ranks_up.clear()  # stdin waits for the new rank 0, signals are kept for the new ranks
                 log.info("job %s: restart %d: %s", self.job, self.restarts, restart)
                 if stopping is not None:
                     stopping.cancel()
@@ -365,6 +405,40 @@ class JobRun:
             )
             r.inputs.put_nowait(pb.LaunchInput(start=spec))
             r.task = asyncio.ensure_future(self._run_rank(r, out))
+        self._deliver_early()
+
+    def _deliver_early(self) -> None:
+        """New ranks (a restart) get the signals sent while none ran, and EOF on rank 0's stdin if the
+        client's stdin had ended (what the old rank 0 read is not sent again); stdin flows again."""
+        early, self._early = self._early, []
+        for item in early:
+            for r in self.ranks:
+                r.inputs.put_nowait(item)
+        if self._stdin_closed and self.ranks:
+            self.ranks[0].inputs.put_nowait(pb.LaunchInput(stdin_eof=True))
+        self._ranks_up.set()
+
+    async def _stdin(self, item: pb.LaunchInput) -> None:
+        """Stdin (or its end) to rank 0; during a restart, data waits for the new rank 0 (the client's
+        stream is not read meanwhile: gRPC holds the client back), the end is remembered."""
+        if item.WhichOneof("what") == "stdin_eof":
+            if self._stdin_closed:
+                return
+            self._stdin_closed = True
+            if not self._ranks_up.is_set():
+                return  # _deliver_early sends it
+        await self._ranks_up.wait()
+        self.ranks[0].inputs.put_nowait(item)
+
+    def _signal(self, item: pb.LaunchInput) -> None:
+        """A signal to every rank still running; during a restart, kept for the new ranks (the last
+        ``MAX_EARLY_SIGNALS``)."""
+        if not self._ranks_up.is_set():
+            self._early = [*self._early, item][-MAX_EARLY_SIGNALS:]
+            return
+        for r in self.ranks:
+            if not r.ended:
+                r.inputs.put_nowait(item)
 
     async def _inputs(self, r: _Rank) -> AsyncIterator[pb.LaunchInput]:
         while True:
@@ -407,15 +481,13 @@ class JobRun:
         async for m in inputs:
             what = m.WhichOneof("what")
             if what == "stdin":
-                self.ranks[0].inputs.put_nowait(pb.LaunchInput(stdin=m.stdin))
+                await self._stdin(pb.LaunchInput(stdin=m.stdin))
             elif what == "stdin_eof":
-                self.ranks[0].inputs.put_nowait(pb.LaunchInput(stdin_eof=True))
+                await self._stdin(pb.LaunchInput(stdin_eof=True))
             elif what == "signal":
                 self.user_signals.add(m.signal)
-                for r in self.ranks:
-                    if not r.ended:
-                        r.inputs.put_nowait(pb.LaunchInput(signal=m.signal))
-        self.ranks[0].inputs.put_nowait(pb.LaunchInput(stdin_eof=True))  # the client closed its side
+                self._signal(pb.LaunchInput(signal=m.signal))
+        await self._stdin(pb.LaunchInput(stdin_eof=True))  # the client closed its side
 
     async def _stop_others(self) -> None:
         for r in self.ranks:

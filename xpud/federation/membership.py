@@ -229,6 +229,14 @@ class Swim:
         self.meta = meta
         self._refresh_self()
 
+    def gossip_now(self) -> list[Out]:
+        """A gossip round now rather than at the next period (e.g. right after ``set_meta``: news of freed
+        capacity reaches ``gossip_fanout`` members at once); the next round is a full period away."""
+        if self.left:
+            return []
+        self._next_gossip = self.now + self.cfg.gossip_interval_s
+        return self._gossip_round()
+
     def leave(self) -> list[Out]:
         """A clean shutdown: tell ``gossip_fanout`` members right away (gossip carries it further)."""
         self.left = True

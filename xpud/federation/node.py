@@ -4,7 +4,12 @@ Created by the daemon when ``[cluster] listen`` is set (``daemon.federation``; N
 ``Peer`` gRPC server with mutual TLS (``require_client_auth``: no certificate from the site CA, no
 service), drives ``membership.Swim`` from one task (a tick every ``TICK_S``; messages in through the
 servicer, out through ``transport.Sender``), and keeps this host's ``view.HostSummary`` in its membership
-meta, refreshed from the engine at most once per ``SUMMARY_EVERY_S`` and spread only when it changed.
+meta: refreshed soon after the engine reports a change (at most once per ``PUBLISH_GAP_S``) and at least
+once per ``SUMMARY_EVERY_S``, and spread only when it changed, by a gossip round at once.
+
+``room`` (``room.Room``) is notified when the view shows more free capacity than before (a host's summary
+offers more whole cards or slices, a host comes alive with some, this host's own summary grows): the
+coordinator's queued multi-host jobs plan again then instead of polling.
 
 What other parts use: ``name``, ``addr``, ``members()`` (``view.HostEntry``: name, addr, state,
 incarnation, age, summary), ``offers()`` (``placement.multihost.HostOffer`` for multi-host placement) and
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -28,13 +34,15 @@ from xpud import config
 from xpud.federation import certs, summary, transport, view
 from xpud.federation.membership import State, Swim, SwimConfig
 from xpud.federation.peer_service import PeerService
+from xpud.federation.room import Room
 from xpud.placement.multihost import HostOffer
 from xpud.service import add_to_server
 
 log = logging.getLogger("xpud.federation")
 
 TICK_S = 0.05  # how often Swim.tick runs (its timers are 0.2 s and up)
-SUMMARY_EVERY_S = 1.0  # at most one summary refresh (and one new incarnation for it) per this long
+SUMMARY_EVERY_S = 1.0  # the summary is refreshed at least this often (health, samples: a fallback)
+PUBLISH_GAP_S = 0.1  # at most one refresh (and one new incarnation for it) per this long on engine news
 JOIN_RETRY_S = 1.0  # first wait before asking the seeds again, doubling up to the push-pull period
 SEND_TIMEOUT_S = 1.0  # deadline of one membership message
 
@@ -65,6 +73,11 @@ class Federation:
         self._task: asyncio.Task | None = None
         self._refresh: asyncio.Task | None = None
         self._next_summary = 0.0
+        self._last_refresh = -math.inf
+        self._engine_news: asyncio.Queue | None = None  # engine.watch(): something changed there
+        self._own: view.HostSummary | None = None  # this host's summary as last published
+        self._offered: dict[str, view.HostSummary | None] = {}  # alive peers' summaries, as last heard
+        self.room = Room()
         self._groups = summary.GroupCache()
         self._states: dict[str, State] = {}
         self._join_backoff = JOIN_RETRY_S
@@ -73,7 +86,8 @@ class Federation:
     # ------------------------------------------------------------------------------ life
     async def start(self) -> None:
         """Serve ``Peer`` on ``listen`` and join through the seeds. Raises OSError if it cannot listen."""
-        meta = view.encode(await self._summary())
+        self._own = await self._summary()
+        meta = view.encode(self._own)
         self.swim = Swim(
             self.name,
             self.addr,
@@ -101,6 +115,7 @@ class Federation:
         self.server = server
         self.started = self.clock()
         self._next_summary = self.clock() + SUMMARY_EVERY_S
+        self._engine_news = self.engine.watch()
         self.sender.send(self.swim.join(self.cfg.seeds))
         self._next_join = self.clock() + JOIN_RETRY_S
         self._task = asyncio.create_task(self._run(), name="federation")
@@ -120,6 +135,9 @@ class Federation:
                 await self._task
         if self._refresh:
             self._refresh.cancel()
+        if self._engine_news is not None:
+            self.engine.unwatch(self._engine_news)
+            self._engine_news = None
         if self.swim is not None and not self.swim.left:
             self.sender.send(self.swim.leave())
             await self.sender.flush(0.5)
@@ -135,6 +153,7 @@ class Federation:
             return
         self.channels.revive(msg.src_addr)  # e.g. a restarted peer: answer it now, not after a backoff
         self.sender.send(self.swim.handle(msg, self.clock()))
+        self._take_changes()  # news of freed capacity wakes queued jobs now, not at the next tick
 
     async def _run(self) -> None:
         while True:
@@ -143,10 +162,8 @@ class Federation:
                 now = self.clock()
                 self.sender.send(self.swim.tick(now))
                 self._rejoin(now)
-                self._log_changes()
-                if now >= self._next_summary and (self._refresh is None or self._refresh.done()):
-                    self._next_summary = now + SUMMARY_EVERY_S
-                    self._refresh = asyncio.create_task(self._publish())
+                self._take_changes()
+                self._maybe_refresh(now)
             except asyncio.CancelledError:
                 raise
             except Exception:  # the membership must go on: log and tick again
@@ -163,13 +180,44 @@ class Federation:
             self._next_join = now + self._join_backoff
             self._join_backoff = min(self._join_backoff * 2, self.swim.cfg.push_pull_interval_s)
 
-    def _log_changes(self) -> None:
-        """One line per change of a peer's state (a new incarnation alone is not news)."""
+    def _maybe_refresh(self, now: float) -> None:
+        if (self._refresh is None or self._refresh.done()) and self._refresh_due(now):
+            self._next_summary = now + SUMMARY_EVERY_S
+            self._last_refresh = now
+            self._refresh = asyncio.create_task(self._publish())
+
+    def _refresh_due(self, now: float) -> bool:
+        """The periodic refresh, or soon after the engine changed (a lease granted or ended, a card's
+        health, a drain), one ``PUBLISH_GAP_S`` after the last at the earliest. Takes the engine's news:
+        ask only when no refresh runs (one running may have read the engine before that news)."""
+        q = self._engine_news
+        if q is not None and not q.empty() and now >= self._last_refresh + PUBLISH_GAP_S:
+            while not q.empty():
+                q.get_nowait()
+            return True
+        return now >= self._next_summary
+
+    def _take_changes(self) -> None:
+        """The membership's news: one log line per change of a peer's state (a new incarnation alone is
+        not news), and ``room`` notified when an alive peer now offers more than it did."""
+        more = False
         for ch in self.swim.pop_changes():
             if self._states.get(ch.name) is not ch.state:
                 log.info("peer %s (%s) is %s, incarnation %d", ch.name, ch.addr, ch.state, ch.incarnation)
             if len(self._states) < 100_000:
                 self._states[ch.name] = ch.state
+            if ch.state is not State.ALIVE:
+                self._offered.pop(ch.name, None)  # suspect, dead or gone: placement leaves it out
+                continue
+            try:
+                now = view.decode(ch.meta) if ch.meta else None
+            except view.BadSummary:
+                now = None
+            more = more or view.more_room(self._offered.get(ch.name), now)
+            if ch.name in self._offered or len(self._offered) < 100_000:
+                self._offered[ch.name] = now
+        if more:
+            self.room.notify()
 
     async def _summary(self) -> view.HostSummary:
         e = self.engine
@@ -180,13 +228,21 @@ class Federation:
         )
 
     async def _publish(self) -> None:
+        """Refresh this host's summary; when it changed, gossip it at once (and tell ``room`` if it offers
+        more: the planner reads this host from its own meta too)."""
         try:
-            meta = view.encode(await self._summary())
+            new = await self._summary()
+            meta = view.encode(new)
         except view.BadSummary as e:
             log.warning("this host's summary cannot be published: %s", e)
             return
-        if self.swim is not None and not self.swim.left:
-            self.swim.set_meta(meta)  # a no-op when nothing changed
+        if self.swim is None or self.swim.left or meta == self.swim.meta:
+            return
+        self.swim.set_meta(meta)
+        self.sender.send(self.swim.gossip_now())
+        old, self._own = self._own, new
+        if view.more_room(old, new):
+            self.room.notify()
 
     # ------------------------------------------------------------------------------ for the others
     def members(self) -> list[view.HostEntry]:

@@ -26,6 +26,15 @@ group (and session) of its own, and yields ``LaunchEvent``s: ``started``, then t
 No Python code runs between fork and exec (the daemon has gRPC threads): the uid, groups, session and
 directory are set by ``subprocess`` itself. Run as root for another user, the directory is entered after
 the switch (``env --chdir``) so the user gets no directory root alone may enter.
+
+**Under systemd** (``sysunit.Units.detect()``: xpud is a service and runs as root) the rank is a transient
+unit of its own instead, outside xpud.service's sandbox: the daemon starts ``systemd-run --pipe --wait``
+(as root, with a clean environment; the rank's environment goes in a 0600 ``EnvironmentFile`` removed
+once the unit's process runs) and reads the rank's output and exit code through it. Signals go to the
+unit (``systemctl kill --signal=N``), so the stop sequence is the same (SIGTERM, SIGKILL after the
+grace) for every process of the rank; if systemd-run still does not end, its own session is killed and
+``systemctl stop`` is asked. A rank that died by a signal is found with ``systemctl show`` (systemd-run
+only says "failed"), then ``systemctl reset-failed`` unloads the unit. ``units=`` injects all of it.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from xpud.api.v1 import xpu_pb2 as pb
+from xpud.federation import sysunit
 
 log = logging.getLogger("xpud.federation")
 
@@ -56,6 +66,15 @@ TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SI
 ENV = "/usr/bin/env"  # coreutils env: --chdir after the uid switch
 
 _RUNNING: dict[asyncio.Task, Rank] = {}  # supervisors, kept alive until their clean-up is done
+ENV_FILE_KEEP_S = 30.0  # the longest an env file waits for its unit's process to start
+_detected: list[sysunit.Units | None] = []
+
+
+def default_units() -> sysunit.Units | None:
+    """Ranks as systemd units here (xpud is a systemd service running as root), or None: as children."""
+    if not _detected:
+        _detected.append(sysunit.Units.detect())
+    return _detected[0]
 
 
 class Refused(Exception):
@@ -164,8 +183,14 @@ class Rank:
         remote_launch: bool = True,
         kill_grace_s: float = KILL_GRACE_S,
         stop_grace_s: float = STOP_GRACE_S,
+        units: sysunit.Units | None | str = "detect",
     ):
         self.spec, self.on_end = spec, on_end
+        self.units = default_units() if units == "detect" else units
+        self.unit = ""  # the rank's unit name, once started as one
+        self._env_file: str | None = None
+        self._ctl_lock = asyncio.Lock()  # systemctl calls in the order they were asked
+        self._ctl_tasks: set[asyncio.Task] = set()
         self.remote_launch = remote_launch
         self.kill_grace_s, self.stop_grace_s = kill_grace_s, stop_grace_s
         self._queue: deque[pb.LaunchEvent] = deque()
@@ -257,11 +282,14 @@ class Rank:
 
     # ----------------------------------------------------------------------------------- the process
     def signal(self, sig: int) -> None:
-        """``sig`` to the rank's group; a termination signal starts the SIGKILL countdown."""
+        """``sig`` to the rank's group (its unit); a termination signal starts the SIGKILL countdown."""
         if not 1 <= sig < signal.NSIG or not self.pgid:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pgid, sig)
+        if self.unit:
+            self._ctl(sysunit.signal_argv(self.unit, sig))
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pgid, sig)
         if sig in TERMINATING and self._escalation is None:
             self._escalation = asyncio.get_running_loop().call_later(
                 self.kill_grace_s, self.signal, signal.SIGKILL
@@ -301,17 +329,103 @@ class Rank:
         if pipe is not None:
             pipe.close()  # after what is buffered is written
 
+    # ----------------------------------------------------------------------------------- as a unit
+    def _ctl(self, argv: list[str]) -> None:
+        """Run a systemctl command for the unit in the background, after those asked before it."""
+
+        async def go() -> None:
+            async with self._ctl_lock:
+                rc, _ = await self.units.runner(argv)
+            if rc != 0:
+                log.info("job %s rank %d: %s: exit %d", self.spec.job, self.spec.rank, " ".join(argv[:2]), rc)
+
+        task = asyncio.ensure_future(go())
+        self._ctl_tasks.add(task)
+        task.add_done_callback(self._ctl_tasks.discard)
+
+    def _unit_argv(self, argv: list[str]) -> list[str]:
+        """The systemd-run line for the rank, its env file written; raises Refused."""
+        spec = self.spec
+        try:
+            unit = sysunit.unit_name(spec.job, spec.rank)
+            text, dropped = sysunit.env_file_text(dict(spec.env))
+            self._env_file = str(sysunit.write_env_file(self.units.env_dir, unit, text))
+        except (ValueError, OSError) as e:
+            raise Refused(f"cannot start the rank as a systemd unit on {_host()}: {e}") from None
+        if dropped:
+            log.warning("job %s rank %d: environment names systemd does not take, left out: %s",
+                        spec.job, spec.rank, ", ".join(sorted(dropped))[:500])  # fmt: skip
+        self.unit = unit
+        line = sysunit.run_argv(unit, argv, spec.uid, spec.gid, spec.cwd, self._env_file, self.stop_grace_s)
+        return [self.units.systemd_run, *line[1:]]
+
+    async def _forget_env(self) -> None:
+        """Remove the env file once systemd has read it (the unit's process started), or the rank ended,
+        or after ``ENV_FILE_KEEP_S`` at the latest."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ENV_FILE_KEEP_S
+        for i in range(10_000):
+            if self._exited.is_set() or loop.time() >= deadline:
+                break
+            async with self._ctl_lock:
+                rc, out = await self.units.runner(sysunit.show_argv(self.unit))
+            if rc == 0 and sysunit.parse_show(out).get("ExecMainPID", "0") not in ("", "0"):
+                break
+            polls = self.units.poll_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exited.wait(), polls[min(i, len(polls) - 1)])
+        self._drop_env()
+
+    def _drop_env(self) -> None:
+        if self._env_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._env_file)
+            self._env_file = None
+
+    async def _unit_ended(self, code: int) -> pb.RankEnded:
+        """The rank's end from systemd-run's exit code ``code`` (not 0: ``systemctl show`` says how the
+        unit's process ended; then the failed unit is unloaded)."""
+        how = None
+        if code != 0:
+            async with self._ctl_lock:
+                rc, out = await self.units.runner(sysunit.show_argv(self.unit))
+                how = sysunit.ended(sysunit.parse_show(out)) if rc == 0 else None
+                await self.units.runner(sysunit.reset_argv(self.unit))
+        if how is None:
+            return _ended(self.spec.rank, code)
+        exit_code, sig = how
+        return pb.RankEnded(rank=self.spec.rank, exit_code=exit_code, signal=sig)
+
+    async def _reaped(self, exited: asyncio.Future) -> None:
+        """Wait for the process after SIGKILL. As a unit, the SIGKILL went through systemd: if systemd-run
+        does not end within the grace anyway, its own session is killed (and the unit stopped)."""
+        if not self.unit:
+            await exited
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(exited), self.stop_grace_s)
+        except TimeoutError:
+            log.error("job %s rank %d: unit %s did not stop; killing systemd-run and stopping the unit",
+                      self.spec.job, self.spec.rank, self.unit)  # fmt: skip
+            self._ctl(sysunit.stop_argv(self.unit))
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pgid, signal.SIGKILL)
+            await exited
+
+    # ----------------------------------------------------------------------------------- start
     async def _start(self) -> int:
         if not self.remote_launch:
             raise Refused(
                 f"remote launch is disabled on {_host()} ([cluster] remote_launch = false in its xpud.toml)"
             )
         argv, creds = _argv_and_creds(self.spec)
+        env = dict(self.spec.env)
+        if self.units is not None:  # systemd switches the user and enters the directory
+            argv = await asyncio.to_thread(self._unit_argv, list(self.spec.argv))  # writes the env file
+            creds, env = {"cwd": "/"}, dict(sysunit.CLEAN_ENV)
         loop = asyncio.get_running_loop()
         starting = asyncio.ensure_future(
-            loop.subprocess_exec(
-                lambda: _Pipes(self), *argv, env=dict(self.spec.env), start_new_session=True, **creds
-            )
+            loop.subprocess_exec(lambda: _Pipes(self), *argv, env=env, start_new_session=True, **creds)
         )
         try:
             # shielded: asyncio's own clean-up of a cancelled start waits for the whole group's pipes
@@ -332,6 +446,10 @@ class Rank:
         stdin = transport.get_pipe_transport(0)
         stdin.set_write_buffer_limits(high=STDIN_HIGH_WATER)
         self.pgid = transport.get_pid()
+        if self.unit:
+            task = asyncio.ensure_future(self._forget_env())
+            self._ctl_tasks.add(task)
+            task.add_done_callback(self._ctl_tasks.discard)
         return self.pgid
 
     async def _supervise(self, inputs: AsyncIterator[pb.LaunchInput]) -> None:
@@ -353,16 +471,13 @@ class Rank:
                     await asyncio.wait_for(asyncio.shield(exited), self.stop_grace_s)
                 except TimeoutError:
                     self.signal(signal.SIGKILL)
-                    await exited
-            self.signal(signal.SIGKILL)  # what is left of the group
+                    await self._reaped(exited)
+            if not self.unit:  # a unit's leftovers are systemd's (KillMode=control-group)
+                self.signal(signal.SIGKILL)  # what is left of the group
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._pipes_closed.wait(), DRAIN_S)
             code = self.transport.get_returncode()
-            if code < 0:
-                ended = pb.RankEnded(rank=self.spec.rank, exit_code=128 - code, signal=-code)
-            else:
-                ended = pb.RankEnded(rank=self.spec.rank, exit_code=code)
-            await self._end(ended)
+            await self._end(await self._unit_ended(code) if self.unit else _ended(self.spec.rank, code))
         finally:
             if self._escalation is not None:
                 self._escalation.cancel()
@@ -371,7 +486,15 @@ class Rank:
             if self.transport is not None:
                 if not self._exited.is_set():  # only when this clean-up itself was cancelled
                     self.signal(signal.SIGKILL)
+                    if self.unit:
+                        self._ctl(sysunit.stop_argv(self.unit))
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.killpg(self.pgid, signal.SIGKILL)  # systemd-run's own session
                 self.transport.close()
+            self._drop_env()
+            if self._ctl_tasks:  # the last systemctl calls (a stop, a kill) finish before the rank is over
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait(set(self._ctl_tasks), timeout=sysunit.RUN_TIMEOUT_S)
 
     async def _end(self, ended: pb.RankEnded) -> None:
         if self.on_end is not None:
@@ -382,6 +505,13 @@ class Rank:
             except Exception:
                 log.exception("job %s rank %d: the end hook failed", self.spec.job, self.spec.rank)
         self._put(pb.LaunchEvent(ended=ended))
+
+
+def _ended(rank: int, code: int) -> pb.RankEnded:
+    """A process's end from its return code (negative: killed by that signal)."""
+    if code < 0:
+        return pb.RankEnded(rank=rank, exit_code=128 - code, signal=-code)
+    return pb.RankEnded(rank=rank, exit_code=code)
 
 
 def run_rank(

@@ -6,19 +6,43 @@ DevicePolicy=closed, NoNewPrivileges, RestrictAddressFamilies...), which a child
 output still reaches us through systemd-run's pipes and its exit code comes back as systemd-run's.
 (``--scope`` would not do: a scope only moves a process we forked into a cgroup, sandbox and all.)
 Its processes are the unit's cgroup, not one process group: signals go by ``systemctl kill --signal``,
-the stop by ``systemctl stop`` (KillMode=control-group: every process of the rank).
+the last word by ``systemctl stop`` (KillMode=control-group: every process of the rank).
 
-Pure argv builders; the caller runs them (tests record them, as tests/test_install.py does)."""
+- ``Type=oneshot``: for other types systemd counts a death by SIGHUP, SIGINT, SIGTERM or SIGPIPE as a
+  clean exit and systemd-run would say 0; a oneshot unit that dies by a signal fails, stays loaded, and
+  ``ExecMainCode``/``ExecMainStatus`` (``systemctl show``) say which signal; ``systemctl reset-failed``
+  unloads it then. No ``--collect`` for that reason.
+- The environment goes in an ``EnvironmentFile=`` written 0600 in a 0700 directory of the daemon's
+  runtime directory, removed once the unit's process is started (``ExecMainPID`` set: systemd reads the
+  file before it forks): ``--setenv=NAME=VALUE`` would show every value in ``ps``, and systemd-run itself
+  must not run with the submitter's environment (it runs as root: ``LD_PRELOAD``, ``SYSTEMD_*``).
+- Names that are not ``[A-Za-z_][A-Za-z0-9_]*`` (e.g. bash's exported functions ``BASH_FUNC_x%%``) are
+  left out and logged: systemd's parser takes shell-style names only (its ``env_name_is_valid``, as far
+  as we know: not checked against a real systemd).
+
+Argv builders and the file format are pure; the commands run through a ``Runner`` (``run`` by default) that
+tests replace, as tests/test_install.py records systemctl. Not run on a real systemd here (none runs on
+the development machine): README and bench/federation.md say so.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 SYSTEMD_RUN = "systemd-run"
 SYSTEMCTL = "systemctl"
+RUN_TIMEOUT_S = 10.0  # one systemctl call
+CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}  # systemd-run's own environment
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+Runner = Callable[[Sequence[str]], Awaitable[tuple[int, str]]]  # argv -> (exit code, stdout)
 
 
 def under_systemd(environ: Mapping[str, str] = os.environ, which: Callable = shutil.which) -> bool:
@@ -28,27 +52,36 @@ def under_systemd(environ: Mapping[str, str] = os.environ, which: Callable = shu
 
 def unit_name(job: str, rank: int) -> str:
     """``xpu-job-JOB-rRANK.service``; the job id is hex (``secrets.token_hex``), checked here anyway."""
-    if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", job) or rank < 0:
+    _check_job(job)
+    if rank < 0:
         raise ValueError(f"job {job!r} rank {rank}: not a unit name")
     return f"xpu-job-{job}-r{rank}.service"
 
 
+def _check_job(job: str) -> None:
+    if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", job):
+        raise ValueError(f"job {job!r}: not a unit name")
+
+
 def run_argv(
-    unit: str, argv: Sequence[str], uid: int, gid: int, cwd: str, env: Mapping[str, str]
+    unit: str, argv: Sequence[str], uid: int, gid: int, cwd: str, env_file: str, stop_s: float = 3.0
 ) -> list[str]:
-    """``systemd-run`` starting ``argv`` as ``uid``/``gid`` in ``cwd`` with exactly ``env``."""
+    """``systemd-run`` starting ``argv`` as ``uid``/``gid`` in ``cwd`` with exactly the environment in
+    ``env_file``; ``systemctl stop`` gives it ``stop_s`` after SIGTERM before SIGKILL."""
     return [
         SYSTEMD_RUN,
         f"--unit={unit}",
         f"--uid={uid}",
         f"--gid={gid}",
         f"--working-directory={cwd}",
+        f"--property=EnvironmentFile={env_file}",
+        "--property=Type=oneshot",
+        "--property=TimeoutStartSec=infinity",
+        f"--property=TimeoutStopSec={max(int(stop_s * 1000), 1)}ms",
         "--property=KillMode=control-group",
-        "--collect",
         "--pipe",
         "--quiet",
         "--wait",
-        *(f"--setenv={k}={v}" for k, v in sorted(env.items())),
         "--",
         *argv,
     ]
@@ -62,3 +95,121 @@ def signal_argv(unit: str, sig: int) -> list[str]:
 def stop_argv(unit: str) -> list[str]:
     """Stop the rank's unit (SIGTERM, then SIGKILL after the unit's TimeoutStopSec)."""
     return [SYSTEMCTL, "stop", unit]
+
+
+def stop_job_argv(job: str) -> list[str]:
+    """Stop every rank unit of ``job`` on this host (a glob: after a daemon restart the rank is unknown)."""
+    _check_job(job)
+    return [SYSTEMCTL, "stop", f"xpu-job-{job}-r*.service"]
+
+
+def show_argv(unit: str) -> list[str]:
+    """How the unit's main process started and ended."""
+    return [SYSTEMCTL, "show", "--property=ExecMainPID,ExecMainCode,ExecMainStatus", unit]
+
+
+def reset_argv(unit: str) -> list[str]:
+    """Unload a failed unit (a oneshot that failed stays loaded until this)."""
+    return [SYSTEMCTL, "reset-failed", unit]
+
+
+def parse_show(text: str) -> dict[str, str]:
+    """``systemctl show``'s ``KEY=VALUE`` lines."""
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep:
+            out[k.strip()] = v.strip()
+    return out
+
+
+def ended(show: Mapping[str, str]) -> tuple[int, int] | None:
+    """(exit code, signal) of the unit's main process from ``systemctl show`` (``ExecMainCode``: 1
+    exited, 2 killed, 3 dumped core), or None when it does not say."""
+    try:
+        code, status = int(show.get("ExecMainCode", "")), int(show.get("ExecMainStatus", ""))
+    except ValueError:
+        return None
+    if code == 1:
+        return status, 0
+    if code in (2, 3) and status > 0:
+        return 128 + status, status
+    return None
+
+
+def env_file_text(env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """An ``EnvironmentFile=`` holding ``env`` exactly: each value double-quoted, with ``\\``, ``"``,
+    ``$`` and backquote escaped (systemd's rules for double quotes, as a POSIX shell's; newlines stay
+    inside the quotes). Returns the text and the names left out (not a valid name). Raises ValueError for
+    a value systemd cannot carry (NUL, U+FEFF, a noncharacter)."""
+    lines, dropped = [], []
+    for k, v in sorted(env.items()):
+        if not _NAME.fullmatch(k):
+            dropped.append(k)
+            continue
+        bad = next((c for c in v if c == "\0" or c == "\ufeff" or _noncharacter(c)), None)
+        if bad is not None:
+            raise ValueError(
+                f"environment variable {k}: its value holds U+{ord(bad):04X}, which systemd refuses"
+            )
+        quoted = v.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+        lines.append(f'{k}="{quoted}"\n')
+    return "".join(lines), dropped
+
+
+def _noncharacter(c: str) -> bool:
+    o = ord(c)
+    return 0xFDD0 <= o <= 0xFDEF or (o & 0xFFFE) == 0xFFFE
+
+
+def write_env_file(directory: Path, unit: str, text: str) -> Path:
+    """``text`` in ``directory/UNIT.env``, 0600, the directory 0700 (made if missing); a file already
+    there (a link, another job's) is refused."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    path = directory / f"{unit}.env"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+async def run(argv: Sequence[str], timeout_s: float = RUN_TIMEOUT_S) -> tuple[int, str]:
+    """Run a systemctl command (no stdin, the clean environment); (exit code, stdout). A time-out or a
+    missing program is an exit code too (124, 127), never an exception."""
+    try:
+        p = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=CLEAN_ENV,
+        )
+    except OSError:
+        return 127, ""
+    try:
+        out, _ = await asyncio.wait_for(p.communicate(), timeout_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            p.kill()
+        await p.wait()
+        return 124, ""
+    return p.returncode, out.decode(errors="replace")
+
+
+@dataclass
+class Units:
+    """How ranks run as units here: the env files' directory, the programs, and the runner of
+    systemctl. ``detect`` gives one when xpud is a systemd service running as root, else None."""
+
+    env_dir: Path
+    runner: Runner = run
+    systemd_run: str = SYSTEMD_RUN
+    poll_s: tuple[float, ...] = field(default=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5))  # ExecMainPID polls
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str] = os.environ) -> Units | None:
+        if os.geteuid() != 0 or not under_systemd(environ):
+            return None
+        runtime = environ.get("RUNTIME_DIRECTORY", "/run/xpud").split(":")[0]
+        return cls(Path(runtime) / "rank-env")

@@ -115,6 +115,18 @@ def decode(text: str) -> HostSummary:
     )
 
 
+def more_room(old: HostSummary | None, new: HostSummary | None) -> bool:
+    """Whether ``new`` offers more than ``old``: more free whole cards, or more free slices of some size
+    (a host with no summary before offers nothing)."""
+    if new is None:
+        return False
+    if old is None:
+        return new.free_whole > 0 or any(n > 0 for n in new.free_slices.values())
+    return new.free_whole > old.free_whole or any(
+        n > old.free_slices.get(size, 0) for size, n in new.free_slices.items()
+    )
+
+
 @dataclass(frozen=True)
 class HostEntry:
     """One host as this daemon sees it: its state, summary (None: none or a bad one) and age."""

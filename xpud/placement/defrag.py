@@ -694,7 +694,7 @@ def _choose_on(policy, state: ClusterState, d: Demand, rng, hosts) -> Placement 
     best = allowed.max()
     if best == -np.inf:
         return None
-    h = policy.pick(state, np.flatnonzero(allowed == best), rng)
+    h = policy.pick(state, np.flatnonzero(allowed == best), rng, d)
     return Placement(h, policy.cards(state, d, h, int(card[h]), rng))
 
 

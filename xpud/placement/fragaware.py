@@ -22,9 +22,13 @@ What it adds to FGD (each measured on the openb trace; see ``bench/placement.md`
    its expected claim on the free share is ``q_c * F``, and the hosts that can take it now hold a supply of
    whole groups. A smaller task that would break such a host's last group for ``c`` loses
    ``groups * min(1, q_c * F / supply_c)`` points, so idle groups are spent last when they are scarce.
+   Smaller means fewer cards, or as many cards and less CPU when the task could also go to a host that
+   cannot serve ``c`` (an 8-card task needing 64 cores keeps off the only hosts with 120 free).
 6. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
-   cards, then to ``ClusterState.tie_rank`` (random per seed in the simulator; health or operator order in
-   the daemon).
+   cards; for a multi-card task then to hosts with fewer cores, then less memory (the most capable hosts
+   stay whole for the tasks only they can take, even before such a task has arrived: the group term only
+   knows the classes seen so far); then to ``ClusterState.tie_rank`` (random per seed in the simulator;
+   health or operator order in the daemon).
 """
 
 from __future__ import annotations
@@ -164,9 +168,14 @@ class FragAware(FGD):
         ratio = np.where(free_m > 0, np.minimum(1.0, claim / np.maximum(free_m, 1)), 1.0)
         return self.scarcity * ratio
 
-    def group_points(self, state: ClusterState, d: Demand, card: np.ndarray) -> np.ndarray | None:
+    def group_points(
+        self, state: ClusterState, d: Demand, card: np.ndarray, feasible: np.ndarray
+    ) -> np.ndarray | None:
         """Score points each host loses for ``d`` (placed on ``card`` for a fractional task) because it
-        breaks the host's last idle group for a multi-card class whose groups are scarce; None if none."""
+        breaks the host's last idle group for a multi-card class whose groups are scarce; None if none.
+        A class is weighed only when ``d`` could go to a ``feasible`` host that cannot serve that class
+        (a task steered away needs somewhere else to go: an 8-card task that only the class's hosts can
+        take is not)."""
         if not (self.groups and self._multi):
             return None
         n_full, cpu = state.n_full, state.cpu_free
@@ -179,11 +188,11 @@ class FragAware(FGD):
             n_after = n_full - d.gpus
         cpu_after = cpu - d.cpu_milli
         kk, need, mask, milli = self._multi_arrays(state)
-        use = kk > d.gpus
+        serves = (n_full >= kk[:, None]) & (cpu >= need[:, None]) & mask  # (classes, hosts)
+        use = (kk > d.gpus) | ((kk == d.gpus) & (need > d.cpu_milli) & (feasible & ~serves).any(axis=1))
         if not use.any():
             return None
-        kk, need, mask, milli = kk[use], need[use], mask[use], milli[use]
-        serves = (n_full >= kk[:, None]) & (cpu >= need[:, None]) & mask  # (classes, hosts)
+        kk, need, milli, serves = kk[use], need[use], milli[use], serves[use]
         supply = (np.where(serves, n_full // kk[:, None], 0).sum(axis=1)) * kk * CARD_MILLI
         claim = milli / self._arrived_gpu * float(state.card_free.sum())
         ratio = np.where(supply > 0, np.minimum(1.0, claim / np.maximum(supply, 1)), 0.0)
@@ -210,12 +219,15 @@ class FragAware(FGD):
         pts = self.scarcity_points(state, d)
         if pts is not None:
             score = score - pts[state.model]
-        grp = self.group_points(state, d, card)
+        grp = self.group_points(state, d, card, score > -np.inf)
         return (score if grp is None else score - grp), card
 
-    def pick(self, state, ties, rng):
+    def pick(self, state, ties, rng, d=None):
         if ties.size == 1:
             return int(ties[0])
-        if self.small_hosts_first:
-            return int(ties[np.lexsort((state.tie_rank[ties], state.n_cards[ties]))[0]])
-        return super().pick(state, ties, rng)
+        if not self.small_hosts_first:
+            return super().pick(state, ties, rng, d)
+        keys = [state.tie_rank[ties]]
+        if d is not None and d.gpus > 1:  # whole-card groups: the least capable host that fits first
+            keys += [state.mem_cap[ties], state.cpu_cap[ties]]
+        return int(ties[np.lexsort((*keys, state.n_cards[ties]))[0]])

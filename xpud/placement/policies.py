@@ -99,7 +99,7 @@ class Policy:
         best = score.max()
         if best == -np.inf:
             return None
-        h = self.pick(state, np.flatnonzero(score == best), rng)
+        h = self.pick(state, np.flatnonzero(score == best), rng, d)
         return Placement(h, self.cards(state, d, h, int(card[h]), rng))
 
     def decision_scores(self, state: ClusterState, d: Demand) -> tuple[np.ndarray, np.ndarray]:
@@ -107,8 +107,10 @@ class Policy:
         whole cluster (so cannot be cached per host)."""
         return self.host_scores(state, d)
 
-    def pick(self, state: ClusterState, ties: np.ndarray, rng: np.random.Generator) -> int:
-        """The host among equally scored ``ties``."""
+    def pick(
+        self, state: ClusterState, ties: np.ndarray, rng: np.random.Generator, d: Demand | None = None
+    ) -> int:
+        """The host among equally scored ``ties`` for ``d`` (None: unknown)."""
         return int(ties[np.argmin(state.tie_rank[ties])]) if ties.size > 1 else int(ties[0])
 
     def cards(self, state: ClusterState, d: Demand, host: int, card: int, rng: np.random.Generator):
@@ -124,7 +126,7 @@ class RandomFit(Policy):
     def scores(self, state, d, hosts):
         return np.zeros(hosts.size), None
 
-    def pick(self, state, ties, rng):
+    def pick(self, state, ties, rng, d=None):
         return int(ties[rng.integers(ties.size)])
 
     def cards(self, state, d, host, card, rng):
