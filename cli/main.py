@@ -555,6 +555,7 @@ def forecast(
     """Slice demand: the forecast for the next hours, the past hours' actual demand beside what was
     forecast for them, and the error (APE per hour; MAPE over the last week)."""
     import json
+    from datetime import datetime
 
     from xpud.api.client import runtime_dir
     from xpud.provisioning import FILE_NAME
@@ -574,8 +575,14 @@ def forecast(
     def num(v) -> str:
         return "-" if v is None else f"{v:.2f}"
 
+    def pct(v) -> str:
+        return "-" if v is None else f"{v:.0f}%"
+
+    def hour(t: float) -> str:
+        return datetime.fromtimestamp(t).astimezone().strftime("%a %Y-%m-%d %H:%M")
+
     print(
-        f"forecast of {data['generated']}; pre-provisioning {'on' if data['enabled'] else 'off'}; "
+        f"forecast of {hour(data['generated'])}; pre-provisioning {'on' if data['enabled'] else 'off'}; "
         f"sliced cards wanted {data['lead_s'] / 60:.0f} min ahead: {data['sliced_cards_wanted']}"
         + (
             f" (provisioned: {', '.join(map(str, data['provisioned_cards']))})"
@@ -592,11 +599,11 @@ def forecast(
             f"planned (MPS) {', '.join(planned) or 'none'}"
         )
     for size, s in data["sizes"].items():
-        m = s["mape_last_week"]
-        print(f"\n{size}: MAPE over the last week {'-' if m is None else f'{m:.1%}'}")
+        m = s["mape_last_week_pct"]
+        print(f"\n{size}: MAPE over the last week {'-' if m is None else f'{m:.1f}%'}")
         rows = [
-            [p["hour"], num(p["actual"]), num(p["forecast"]), "-" if p["ape"] is None else f"{p['ape']:.0%}"]
+            [hour(p["hour"]), num(p["actual"]), num(p["forecast"]), pct(p["ape_pct"])]
             for p in s["past"][-hours:]
         ]
-        rows += [[n["hour"], "", num(n["forecast"]), ""] for n in s["next"][:hours]]
+        rows += [[hour(n["hour"]), "", num(n["forecast"]), ""] for n in s["next"][:hours]]
         output.table(["HOUR", "ACTUAL", "FORECAST", "APE"], rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.syncengine import sync_engine
+from tests.test_cli_json import check
 from tests.test_engine import cards, pcie_box, req
 from xpud import config, forecast
 from xpud.ledger import Ledger
@@ -232,6 +234,9 @@ def test_mig_slices_are_pre_created_before_the_peak_served_without_a_creation_an
     # 14:05 is forecast at ~8 halves: 8 MIG instances made now, recorded, before anyone asks
     made = created(fake)
     assert report["slices"]["standby"]["vxpu-half"] == 8 and made == 16 and _instances(fake) == 8
+    check(report, "Forecast")  # as published for `xpu forecast --json` (docs/json.md)
+    assert report["sizes"]["vxpu-half"]["mape_last_week_pct"] is not None
+    assert len(report["slices"]["created"]) == 8
     assert len(engine.ledger.standby()) == 8
     assert sum("vxpu-half pre-created" in e.message for e in engine.ledger.events(100)) == 8
     # the peak's requests take them: no GPU instance created in their path, none switched
@@ -390,7 +395,6 @@ def test_warm_command_is_killed_at_its_timeout_and_an_unknown_user_is_an_event(t
         return killed, unknown
 
     import asyncio
-    import time
 
     t0 = time.monotonic()
     killed, unknown = asyncio.run(go())
@@ -406,7 +410,10 @@ def test_xpu_forecast_shows_the_published_forecast(daemon_factory):
     r = d.xpu("forecast", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
+    check(data, "Forecast", "xpu forecast")  # every key documented in docs/json.md, of its type
     assert set(data["sizes"]) == {"vxpu-half", "vxpu-quarter"} and data["enabled"] is False
+    assert data["slices"]["standby"] == {"vxpu-half": 0, "vxpu-quarter": 0}
+    assert abs(data["generated"] - time.time()) < 60 and data["sizes"]["vxpu-half"]["past"]
     assert len(data["sizes"]["vxpu-half"]["next"]) == 24
     text = d.xpu("forecast", "--hours", "3").stdout
     assert "MAPE over the last week" in text and "FORECAST" in text

@@ -132,27 +132,28 @@ class Provisioner:
             past = slice(max(0, n - SHOW_HOURS), n)
             apes = forecast.ape(f.actual[past], f.predicted[past])
             week = slice(max(0, n - forecast.WEEK_H), n)
+            mape = forecast.mape(f.actual[week], f.predicted[week])
             sizes[size] = {
-                "mape_last_week": forecast.mape(f.actual[week], f.predicted[week]),
+                "mape_last_week_pct": None if mape is None else round(100 * mape, 2),
                 "past": [
                     {
-                        "hour": _iso(f.t0 + (past.start + k) * forecast.HOUR_S),
+                        "hour": f.t0 + (past.start + k) * forecast.HOUR_S,
                         "actual": round(float(a), 3),
                         "forecast": None if np.isnan(p) else round(float(p), 3),
-                        "ape": None if np.isnan(x) else round(float(x), 4),
+                        "ape_pct": None if np.isnan(x) else round(100 * float(x), 2),
                     }
                     for k, (a, p, x) in enumerate(zip(f.actual[past], f.predicted[past], apes, strict=True))
                 ],
                 "next": [
                     {
-                        "hour": _iso(hour + k * forecast.HOUR_S),
+                        "hour": hour + k * forecast.HOUR_S,
                         "forecast": round(f.forecast(hour + k * 3600), 3),
                     }
                     for k in range(SHOW_HOURS)
                 ],
             }
         return {
-            "generated": _iso(now),
+            "generated": round(now, 3),
             "enabled": self.cfg.enabled,
             "lead_s": self.cfg.lead_s,
             "demand_at_lead": {s: round(v, 3) for s, v in demand.items()},
@@ -277,7 +278,3 @@ class Provisioner:
         task = asyncio.ensure_future(go())
         self._warming.add(task)
         task.add_done_callback(self._warming.discard)
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="minutes")
