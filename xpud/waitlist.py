@@ -1,26 +1,32 @@
 """Requests that did not fit yet: a priority queue, FIFO within a priority, with deadlines.
 
-Adding or removing a waiter costs O(log n) (a sorted list). Waiters learn their position when they join
-and then from a pusher that runs once a ``push_interval_s`` has passed without a change (while changes go
-on: every ``PUSH_MAX_REST`` intervals), telling a waiter only when its own position moved: cancelling
-thousands of waiters costs each of the others at most one update per interval, not one per cancellation,
-and the leavers are not sent positions while they leave (each update is a message on their stream).
+Adding or removing a waiter costs O(1) (O(priorities in use), a handful): one insertion-ordered queue
+per priority (an ``OrderedDict``: its first entries are found in O(1) however many left before them).
+Waiters learn their position when they join and then from a pusher that runs once a ``push_interval_s``
+has passed without a change (while changes go on slowly: every ``PUSH_MAX_REST`` intervals), telling a
+waiter only when its own position moved: cancelling thousands of waiters costs each of the others at most
+one update per interval, not one per cancellation, and the leavers are not sent positions while they
+leave (each update is a message on their stream). During a burst (``PUSH_BURST`` changes or more in an
+interval: thousands of waiters leaving) nobody is told until it ends (at most ``PUSH_MAX_REST_BURST``
+intervals), and a push stops when such a burst starts under it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from sortedcontainers import SortedKeyList
 
 from xpud.model import Mode, QueuedRequest, Request
 
 PUSH_CHUNK = 256  # waiters told per loop iteration: other calls are served between chunks
-PUSH_MAX_REST = 3  # intervals the pusher waits at most for a burst of changes to end
+PUSH_MAX_REST = 3  # intervals the pusher waits at most for slow changes to end
+PUSH_BURST = 256  # changes in one interval that make a burst: positions are not told while it lasts
+PUSH_MAX_REST_BURST = 30  # intervals the pusher waits at most for a burst to end
 
 
 @dataclass(eq=False)
@@ -40,10 +46,6 @@ class Waiter:
     start: asyncio.TimerHandle | None = None  # a deferred one's start (the engine's ``_start_deferred``)
 
 
-def _order(w: Waiter) -> tuple[int, int]:
-    return -w.request.priority, w.seq
-
-
 def kind_of(request: Request) -> tuple:
     """What placement looks at in a request: two waiters of one kind fit, or not, alike."""
     return request.mode, request.gpus, request.owner_uid
@@ -58,7 +60,9 @@ def _count(counts: dict, key, delta: int) -> None:
 
 class Waitlist:
     def __init__(self, push_interval_s: float = 1.0) -> None:
-        self._waiters: SortedKeyList = SortedKeyList(key=_order)
+        self._queues: dict[int, OrderedDict[Waiter, None]] = {}  # priority -> its waiters, FIFO
+        self._order: list[int] = []  # the priorities in _queues, negated (ascending: highest first)
+        self._len = 0
         self._seq = itertools.count()
         self.push_interval_s = push_interval_s
         self._dirty = False
@@ -69,7 +73,7 @@ class Waitlist:
         self._whole_priorities: dict[int, int] = {}  # priority -> whole-card waiters
 
     def __len__(self) -> int:
-        return len(self._waiters)
+        return self._len
 
     def count_of(self, uid: int) -> int:
         """Waiters of owner ``uid`` (O(1): [limits] checks it at every request)."""
@@ -86,20 +90,31 @@ class Waitlist:
             on_position,
         )
         w.deferred = request.not_before > now
-        self._waiters.add(w)
+        q = self._queues.get(request.priority)
+        if q is None:
+            q = self._queues[request.priority] = OrderedDict()
+            bisect.insort(self._order, -request.priority)
+        q[w] = None
+        self._len += 1
         _count(self._per_uid, request.owner_uid, 1)
         _count(self._kinds, kind_of(request), 1)
         if request.mode is Mode.XPU and not w.deferred:
             _count(self._whole_priorities, request.priority, 1)
         if on_position:  # the newcomer hears its position at once; the others from the pusher
-            self._tell(w, self._waiters.index(w) + 1, len(self._waiters))
+            ahead = sum(len(self._queues[-p]) for p in self._order if -p > request.priority)
+            self._tell(w, ahead + len(q), self._len)
         self._touch()
         return w
 
     def remove(self, w: Waiter) -> None:
         if w.queued:
             w.queued = False
-            self._waiters.remove(w)
+            q = self._queues[w.request.priority]
+            del q[w]
+            if not q:
+                del self._queues[w.request.priority]
+                self._order.remove(-w.request.priority)
+            self._len -= 1
             _count(self._per_uid, w.request.owner_uid, -1)
             _count(self._kinds, kind_of(w.request), -1)
             if w.request.mode is Mode.XPU and not w.deferred:
@@ -115,11 +130,12 @@ class Waitlist:
                 _count(self._whole_priorities, w.request.priority, 1)
 
     def in_order(self) -> list[Waiter]:
-        return list(self._waiters)
+        return list(self)
 
     def __iter__(self):
         """The waiters in order, without a copy: the waitlist must not change while it is iterated."""
-        return iter(self._waiters)
+        for p in self._order:
+            yield from self._queues[-p]
 
     def kinds(self) -> dict[tuple, int]:
         """``kind_of`` each waiter's request -> how many wait (a copy; O(kinds), not O(waiters))."""
@@ -132,7 +148,7 @@ class Waitlist:
     def view(self) -> list[QueuedRequest]:
         return [
             QueuedRequest(w.ticket, w.request, pos, w.enqueued, w.deadline, w.reason)
-            for pos, w in enumerate(self._waiters, 1)
+            for pos, w in enumerate(self, 1)
         ]
 
     @staticmethod
@@ -154,17 +170,22 @@ class Waitlist:
         """
         while self._dirty:
             # Rest until a whole interval passes without a change (a burst of leavers is over), but
-            # tell the waiters at least every PUSH_MAX_REST intervals while changes go on.
-            for _ in range(PUSH_MAX_REST):
+            # tell the waiters at least every PUSH_MAX_REST intervals while changes go on slowly
+            # (PUSH_MAX_REST_BURST intervals during a burst).
+            for rested in range(1, PUSH_MAX_REST_BURST + 1):
                 seen = self._changes
                 await asyncio.sleep(self.push_interval_s)
-                if self._changes == seen:
+                changes = self._changes - seen
+                if changes == 0 or (rested >= PUSH_MAX_REST and changes < PUSH_BURST):
                     break
             self._dirty = False
-            snapshot = list(self._waiters)
+            snapshot, start = list(self), self._changes
             n = len(snapshot)
             for pos, w in enumerate(snapshot, 1):
                 if w.queued and w.on_position and pos != w.last_position:
                     self._tell(w, pos, n)
                 if pos % PUSH_CHUNK == 0:
                     await asyncio.sleep(0)  # positions found meanwhile are corrected next round
+                    if self._changes - start >= PUSH_BURST:  # a burst began: rest until it ends
+                        self._dirty = True
+                        break
