@@ -63,7 +63,7 @@ KILL_GRACE_S = 10.0  # forwarded INT/TERM/HUP/QUIT -> SIGKILL (single-host `xpu 
 STOP_GRACE_S = 3.0  # the stream broke: SIGTERM -> SIGKILL
 DRAIN_S = 1.0  # after the rank ended: how long to read pipes an escaped process still holds open
 TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
-ENV = "/usr/bin/env"  # coreutils env: --chdir after the uid switch
+ENV = sysunit.ENV  # coreutils env: --chdir after the uid switch
 
 _RUNNING: dict[asyncio.Task, Rank] = {}  # supervisors, kept alive until their clean-up is done
 ENV_FILE_KEEP_S = 30.0  # the longest an env file waits for its unit's process to start
@@ -356,7 +356,8 @@ class Rank:
             log.warning("job %s rank %d: environment names systemd does not take, left out: %s",
                         spec.job, spec.rank, ", ".join(sorted(dropped))[:500])  # fmt: skip
         self.unit = unit
-        line = sysunit.run_argv(unit, argv, spec.uid, spec.gid, spec.cwd, self._env_file, self.stop_grace_s)
+        names = set(spec.env) - set(dropped)
+        line = sysunit.run_argv(unit, argv, spec.uid, spec.gid, spec.cwd, self._env_file, self.stop_grace_s, names)
         return [self.units.systemd_run, *line[1:]]
 
     async def _forget_env(self) -> None:
