@@ -199,3 +199,22 @@ def test_a_daemon_run_by_systemd_as_root_detects_it(systemd):
     r = systemd.run(["systemd-run", "--property=RuntimeDirectory=xpud-probe", "--pipe", "--quiet", "--wait",
                      "--", sys.executable, "-c", probe])  # fmt: skip
     assert (r.returncode, r.stdout) == (0, "/run/xpud-probe/rank-env\n"), r.stderr
+
+
+def test_the_unit_runs_nothing_until_the_daemon_recorded_its_start(systemd, units, workdir):
+    """The gate (rankproc.GATE) through systemd-run --pipe: the unit's stdin is systemd-run's."""
+    u, _ = units
+    marker = workdir / "marker"
+    seen = []
+
+    async def on_start(pid):
+        await asyncio.sleep(0.5)
+        seen.append(marker.exists())
+
+    inputs = Inputs()
+    inputs.send(stdin=b"input\n")
+    inputs.send(stdin_eof=True)
+    script = f"echo ran > {marker}; cat"
+    _, events = run(spec(["sh", "-c", script], cwd=workdir), u, inputs=inputs, on_start=on_start)
+    assert seen == [False] and marker.read_text() == "ran\n"
+    assert out(events) == "input\n" and events[-1].ended.exit_code == 0, out(events, 2)
