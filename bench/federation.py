@@ -76,6 +76,7 @@ def one(hosts: int, loss: float, seed: int, dead_after: float, steady_s: float) 
         "false_deaths": false_dead,
         "messages_per_host_s": round(msgs, 1),
         "bytes_per_host_s": round(nbytes),
+        "without_news": {"messages_per_host_s": round(quiet[0], 1), "bytes_per_host_s": round(quiet[1])},
         "wall_s": round(time.perf_counter() - wall, 1),
     }
 
@@ -101,7 +102,13 @@ def churn(a, hosts: int, loss: float, seed: int) -> dict:
     rng = random.Random(seed + 7)
     net = SimNet(hosts, seed=seed, loss=loss, cfg=SwimConfig.for_dead_after(a.dead_after), joined=True,
                  meta=lambda name: summary(rng.randrange(9), rng.randrange(8)))  # fmt: skip
-    net.run(a.settle)  # probes, gossip and push-pull under way; the first rounds' timers spread
+    net.run(a.settle / 2)  # probes, gossip and push-pull under way; the first rounds' timers spread
+    s0, sm, sb = net.now, net.stats.messages, net.stats.bytes
+    net.run(a.settle / 2)  # the same cluster without news: the baseline of the traffic figures
+    quiet = (
+        (net.stats.messages - sm) / (hosts * (net.now - s0)),
+        (net.stats.bytes - sb) / (hosts * (net.now - s0)),
+    )
     for h in net.hosts.values():
         h.pop_changes()
     t0, m0, b0 = net.now, net.stats.messages, net.stats.bytes
@@ -189,6 +196,7 @@ def churn(a, hosts: int, loss: float, seed: int) -> dict:
         "suspicions_of_live_hosts": len(suspicions),
         "messages_per_host_s": round(msgs, 1),
         "bytes_per_host_s": round(nbytes),
+        "without_news": {"messages_per_host_s": round(quiet[0], 1), "bytes_per_host_s": round(quiet[1])},
         "wall_s": round(time.perf_counter() - wall, 1),
     }
 
