@@ -76,7 +76,6 @@ def one(hosts: int, loss: float, seed: int, dead_after: float, steady_s: float) 
         "false_deaths": false_dead,
         "messages_per_host_s": round(msgs, 1),
         "bytes_per_host_s": round(nbytes),
-        "without_news": {"messages_per_host_s": round(quiet[0], 1), "bytes_per_host_s": round(quiet[1])},
         "wall_s": round(time.perf_counter() - wall, 1),
     }
 
