@@ -135,8 +135,10 @@ def churn(a, hosts: int, loss: float, seed: int) -> dict:
         live = sorted(live_since)
         if kind == "capacity":
             name = rng.choice(live)
-            inc = net.set_meta(name, summary(rng.randrange(9), rng.randrange(8)))
-            news.append(("capacity", name, inc, at))
+            meta = net.hosts[name].meta
+            while meta == net.hosts[name].meta:  # news: its free capacity is not what it was
+                meta = summary(rng.randrange(9), rng.randrange(8))
+            news.append(("capacity", name, net.set_meta(name, meta), at))
         elif kind == "join":
             name, fresh = f"h{fresh}", fresh + 1
             net.add(name, seeds=[net.hosts[rng.choice(live)].addr])
