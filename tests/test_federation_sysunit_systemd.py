@@ -8,8 +8,11 @@ into systemd's namespaces through ``nsenter``."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,3 +221,68 @@ def test_the_unit_runs_nothing_until_the_daemon_recorded_its_start(systemd, unit
     _, events = run(spec(["sh", "-c", script], cwd=workdir), u, inputs=inputs, on_start=on_start)
     assert seen == [False] and marker.read_text() == "ran\n"
     assert out(events) == "input\n" and events[-1].ended.exit_code == 0, out(events, 2)
+
+
+CLIENT = """
+import json, os, sys
+from tests.test_federation_jobrun import collect, run_job, spec
+os.chdir(sys.argv[2])
+_, call = run_job("/run/xpud", spec(["sh", "-c", sys.argv[1]], gpus_per_node=1))
+print(json.dumps([json.loads(MessageToJson(e)) for e in collect(call)]))
+""".replace("import json", "from google.protobuf.json_format import MessageToJson\nimport json")
+
+
+def shipped_unit() -> str:
+    """systemd/xpud.service with its sandbox as shipped; only what it runs and where its state lives
+    (/run/xpud: this systemd's /run is a tmpfs, nothing is written to the host's /var/lib) differ."""
+    unit = (Path(__file__).parents[1] / "systemd" / "xpud.service").read_text()
+    start = (f"ExecStart={Path(sys.executable).parent}/xpud --config /run/xpud/xpud.toml --simulate "
+             "pcie-4x-h100 --runtime-dir /run/xpud --state-dir /run/xpud/state")  # fmt: skip
+    unit = re.sub(
+        r"(?m)^ExecStart=.*$", lambda _: start + "\nExecStartPre=/bin/touch /run/xpud/xpud.toml", unit
+    )
+    unit = re.sub(r"(?m)^(After|Wants|StateDirectory|StateDirectoryMode)=.*$", "", unit)
+    unit = re.sub(r"(?ms)^\[Install\].*", "", unit)
+    return unit.replace("[Unit]", "[Unit]\nDefaultDependencies=no", 1)
+
+
+def test_xpud_under_its_shipped_unit_runs_a_job_rank_as_a_unit_outside_its_sandbox(systemd, workdir):
+    """The whole path: xpud as a service of a real systemd (ProtectSystem=strict, PrivateTmp, ...) takes a
+    RunJob and starts the rank with systemd-run from inside its sandbox. The rank is a unit of its own, sees
+    the real /tmp, runs in the submitter's directory (before: refused, the daemon looked for it in its
+    private /tmp), and its exit code comes back; the unit is gone after."""
+    assert "PrivateTmp=yes" in shipped_unit() and "ProtectSystem=strict" in shipped_unit()
+    Path(f"/proc/{systemd.pid}/root/run/systemd/system/xpud.service").write_text(shipped_unit())
+    private = set(Path("/tmp").glob("systemd-private-*-xpud.service-*"))
+    assert systemd.run(["systemctl", "daemon-reload"]).returncode == 0
+    try:
+        started = systemd.run(["systemctl", "start", "xpud.service"], timeout=60)
+        assert started.returncode == 0, systemd.run(
+            ["systemctl", "status", "--no-pager", "xpud.service"]
+        ).stdout
+        (workdir / "only-in-the-real-tmp").write_text("yes\n")
+        script = (
+            'tail -1 /proc/self/cgroup; pwd; cat only-in-the-real-tmp; echo "${INVOCATION_ID:-none}"; exit 4'
+        )
+        code = [
+            "env",
+            f"PYTHONPATH={Path(__file__).parents[1]}",
+            sys.executable,
+            "-c",
+            CLIENT,
+            script,
+            str(workdir),
+        ]
+        r = systemd.run(code, timeout=60)
+        assert r.returncode == 0, r.stderr
+        events = json.loads(r.stdout)
+        job = events[0]["placed"]["job"]
+        out = "".join(base64.b64decode(e["output"]["data"]).decode() for e in events if "output" in e)
+        assert out == f"0::/system.slice/xpu-job-{job}-r0.service\n{workdir}\nyes\nnone\n", events
+        assert events[-1]["ended"]["exitCode"] == 4
+        units = systemd.run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "xpu-job-*"])
+        assert units.stdout.strip() == ""
+    finally:
+        systemd.run(["systemctl", "stop", "xpud.service"], timeout=60)
+        for d in set(Path("/tmp").glob("systemd-private-*-xpud.service-*")) - private:
+            shutil.rmtree(d, ignore_errors=True)  # its PrivateTmp, on the host's /tmp

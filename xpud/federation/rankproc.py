@@ -104,14 +104,17 @@ def _host() -> str:
     return socket.gethostname()
 
 
-def _argv_and_creds(spec: pb.LaunchSpec, gate: list[str] = ()) -> tuple[list[str], dict]:
-    """The argv to exec (``gate`` first) and Popen's identity arguments for ``spec``; raises Refused."""
+def _argv_and_creds(spec: pb.LaunchSpec, gate: list[str] = (), paths: bool = True) -> tuple[list[str], dict]:
+    """The argv to exec (``gate`` first) and Popen's identity arguments for ``spec``; raises Refused.
+    ``paths``: check the directory and the command here (not when the rank is a unit: the daemon's own
+    view of the file system is its sandbox's, e.g. a private /tmp, and ``env --chdir`` in the unit says
+    what is missing)."""
     argv, cwd, env = list(spec.argv), spec.cwd, dict(spec.env)
     if not argv or not argv[0]:
         raise Refused("no command given", 127)
     if not os.path.isabs(cwd):
         raise Refused(f"working directory {cwd!r}: give an absolute path")
-    if not os.path.isdir(cwd):
+    if paths and not os.path.isdir(cwd):
         raise Refused(
             f"working directory {cwd} does not exist on {_host()}: "
             "create it there, or run from a directory every host has (a shared file system)"
@@ -128,7 +131,7 @@ def _argv_and_creds(spec: pb.LaunchSpec, gate: list[str] = ()) -> tuple[list[str
         log.warning("rank of job %s: uid %d is %s here, %s on the submitting host", spec.job, spec.uid,
                     pw.pw_name, spec.user)  # fmt: skip
     program = os.path.join(cwd, argv[0]) if "/" in argv[0] else argv[0]
-    if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+    if paths and shutil.which(program, path=env.get("PATH", os.defpath)) is None:
         raise Refused(f"{argv[0]}: command not found on {_host()}", 127)
     euid = os.geteuid()
     if euid != 0:
@@ -432,7 +435,7 @@ class Rank:
                 f"remote launch is disabled on {_host()} ([cluster] remote_launch = false in its xpud.toml)"
             )
         gate = [SH, "-c", GATE, "xpu-rank"] if self.on_start is not None else []
-        argv, creds = _argv_and_creds(self.spec, gate)
+        argv, creds = _argv_and_creds(self.spec, gate, paths=self.units is None)
         env = dict(self.spec.env)
         if self.units is not None:  # systemd switches the user and enters the directory
             argv = await asyncio.to_thread(self._unit_argv, [*gate, *self.spec.argv])  # writes the env file
