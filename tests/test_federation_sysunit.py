@@ -224,7 +224,10 @@ def test_a_restarted_daemon_stops_the_units_of_ranks_it_had_started(monkeypatch,
     u, ctl, _ = units
     monkeypatch.setattr(rankproc, "_detected", [u])
     asyncio.run(hostjobs._stop_units("abc123"))
-    assert ctl.calls == [["systemctl", "stop", "xpu-job-abc123-r*.service"]]
+    assert ctl.calls == [
+        ["systemctl", "stop", "xpu-job-abc123-r*.service"],
+        ["systemctl", "reset-failed", "xpu-job-abc123-r*.service"],
+    ]
     monkeypatch.setattr(rankproc, "_detected", [None])
     ctl.calls.clear()
     asyncio.run(hostjobs._stop_units("abc123"))  # ranks as children: nothing to ask systemd

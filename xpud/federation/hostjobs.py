@@ -88,6 +88,7 @@ async def _stop_units(job: str) -> None:
     units = rankproc.default_units()
     if units is not None:
         rc, _ = await units.runner(sysunit.stop_job_argv(job))
+        await units.runner(sysunit.reset_job_argv(job))  # stopped, they failed: unloaded for a next attempt
         log.warning("stopped the units of job %s started before this daemon restarted (exit %d)", job, rc)
 
 

@@ -128,6 +128,13 @@ def stop_job_argv(job: str) -> list[str]:
     return [SYSTEMCTL, "stop", f"xpu-job-{job}-r*.service"]
 
 
+def reset_job_argv(job: str) -> list[str]:
+    """Unload ``job``'s rank units that failed (a stopped oneshot fails): a later attempt of the job on
+    this host reuses their names."""
+    _check_job(job)
+    return [SYSTEMCTL, "reset-failed", f"xpu-job-{job}-r*.service"]
+
+
 def show_argv(unit: str) -> list[str]:
     """How the unit's main process started and ended."""
     return [SYSTEMCTL, "show", "--property=ExecMainPID,ExecMainCode,ExecMainStatus", unit]
