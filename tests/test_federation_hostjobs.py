@@ -215,13 +215,16 @@ def test_this_hosts_limits_apply_to_the_submitter_a_reservation_counts_as_a_leas
     assert len(d.engine.leases) == 3
 
 
-def _launch_marker(d, tmp_path, slow_submit):
-    """Launch j1's rank (``echo ran > marker; cat``) with the ledger's submit replaced; returns the
-    marker's path and the first event's coroutine runner."""
+def _launch_marker(d, tmp_path, on_pid_write):
+    """j1 committed, and its rank (``echo ran > marker; cat``) specified; the ledger's write of the rank's
+    pid goes through ``on_pid_write(submit, ops)``. Returns the marker's path and the spec."""
     hj, ledger = d.daemon.hostjobs, d.daemon.ledger
     d.call(hj.reserve, res(count=1))
     d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))
-    ledger.submit = slow_submit(ledger.submit)
+    submit = ledger.submit
+    ledger.submit = lambda *ops: (
+        on_pid_write(submit, ops) if any("rank_pid" in str(o) for o in ops) else submit(*ops)
+    )
     marker = tmp_path / "marker"
     spec = pb.LaunchSpec(job="j1", rank=0, argv=["sh", "-c", f"echo ran > {marker}; cat"], cwd="/",
                          env={"PATH": os.environ["PATH"]}, uid=UID, gid=os.getgid())  # fmt: skip
@@ -235,13 +238,9 @@ def test_a_rank_runs_nothing_until_its_pid_is_durable(inproc, tmp_path):
     d = inproc(MACHINE)
     release = threading.Event()
 
-    def slow(submit):
-        def slow_submit(*ops):
-            if any("rank_pid" in str(o) for o in ops):
-                submit(Op((), effect=lambda: release.wait(10)))  # the writer thread is busy until released
-            return submit(*ops)
-
-        return slow_submit
+    def slow(submit, ops):
+        submit(Op((), effect=lambda: release.wait(10)))  # the writer thread is busy until released
+        return submit(*ops)
 
     marker, spec = _launch_marker(d, tmp_path, slow)
 
@@ -272,15 +271,10 @@ def test_a_rank_whose_pid_cannot_be_recorded_never_runs(inproc, tmp_path):
 
     d = inproc(MACHINE)
 
-    def failing(submit):
-        def fail_submit(*ops):
-            if any("rank_pid" in str(o) for o in ops):
-                fut = concurrent.futures.Future()
-                fut.set_exception(LedgerUnavailable("the disk is full"))
-                return fut
-            return submit(*ops)
-
-        return fail_submit
+    def failing(submit, ops):
+        fut = concurrent.futures.Future()
+        fut.set_exception(LedgerUnavailable("the disk is full"))
+        return fut
 
     marker, spec = _launch_marker(d, tmp_path, failing)
 

@@ -24,6 +24,7 @@ import pytest
 from tests.conftest import wait_until
 from tests.systemd_ns import Systemd
 from tests.test_federation_rankproc import Inputs, spec
+from tests.test_federation_sysunit import run
 from xpud.federation import hostjobs, rankproc, sysunit
 
 pytestmark = [
@@ -65,23 +66,6 @@ def workdir():
     with tempfile.TemporaryDirectory(prefix="xpu-unit-") as d:
         os.chmod(d, 0o755)
         yield Path(d)
-
-
-def run(rank_spec, units, inputs=None, during=None, **kw):
-    async def main():
-        inp = inputs or Inputs()
-        if inputs is None:
-            inp.end()
-        rank = rankproc.Rank(rank_spec, inp, units=units, **kw)
-        events = []
-        async for ev in rank.events():
-            events.append(ev)
-            if during is not None and ev.HasField("output") and len(events) == 2:
-                await during(rank, inp)
-        await rank.task
-        return rank, events
-
-    return asyncio.run(main())
 
 
 def out(events, fd=1):
