@@ -325,6 +325,10 @@ def _answer(calls: list[tuple[Callable[[BaseException | None], None], BaseExcept
 _ENVIRONMENT = {5, 6, 8, 10, 11, 13, 14, 26}  # BUSY LOCKED READONLY IOERR CORRUPT FULL CANTOPEN NOTADB
 
 
+class _Again(Exception):
+    """A write of a batch failed on its own: the batch is done again, a savepoint per write."""
+
+
 def _primary(e: sqlite3.Error) -> int:
     return (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
 
@@ -551,36 +555,49 @@ class Ledger:
             db.close()
 
     def _commit(self, db: sqlite3.Connection, batch: list[_Write]) -> None:
-        results: list[BaseException | None] = []
-        single = len(batch) == 1  # no savepoint needed: it fails alone anyway
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            for w in batch:
-                if not single:
-                    db.execute("SAVEPOINT w")
-                try:
-                    for o in w.ops:
-                        for sql, args in o.statements:
-                            db.execute(sql, args)
-                except sqlite3.Error as e:
-                    if single or _primary(e) in _ENVIRONMENT:
-                        raise
-                    db.execute("ROLLBACK TO w")
-                    results.append(self._unavailable(e))
-                else:
-                    results.append(None)
-                if not single:
-                    db.execute("RELEASE w")
-            db.execute("COMMIT")
-        except (sqlite3.Error, OSError) as e:
-            if db.in_transaction:
+        """The batch in one transaction. Without savepoints first (nothing fails in the common case, and
+        each is two more statements per write); when a write fails on its own (a constraint), the batch
+        is rolled back and done again with a savepoint per write, so that it fails alone."""
+        guarded = False
+        while True:
+            results: list[BaseException | None] = []
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                for w in batch:
+                    if guarded:
+                        db.execute("SAVEPOINT w")
+                    try:
+                        for o in w.ops:
+                            for sql, args in o.statements:
+                                db.execute(sql, args)
+                    except sqlite3.Error as e:
+                        if guarded and _primary(e) not in _ENVIRONMENT:
+                            db.execute("ROLLBACK TO w")
+                            results.append(self._unavailable(e))
+                        elif len(batch) > 1 and _primary(e) not in _ENVIRONMENT:
+                            raise _Again from None
+                        else:
+                            raise
+                    else:
+                        results.append(None)
+                    if guarded:
+                        db.execute("RELEASE w")
+                db.execute("COMMIT")
+            except _Again:
+                guarded = True
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
-            err = self._unavailable(e)
-            if _primary(e) in _ENVIRONMENT:
-                log.error("%s", err)
-            self._finish(batch, [err] * len(batch))
-            return
+                continue
+            except (sqlite3.Error, OSError) as e:
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                err = self._unavailable(e)
+                if _primary(e) in _ENVIRONMENT:
+                    log.error("%s", err)
+                self._finish(batch, [err] * len(batch))
+                return
+            break
         self._finish(batch, results)
 
     def _finish(self, batch: list[_Write], results: Sequence[BaseException | None]) -> None:
