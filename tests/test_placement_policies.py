@@ -145,7 +145,7 @@ def test_xpud_keeps_the_only_idle_group_for_a_multi_card_class():
     # sends a one-card task to host 1, so the 8-card task that arrives next still finds its group.
     s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
     one, eight = Demand(4_000, 1, 1, 1000), [Demand(120_000 + k, 1, 8, 1000) for k in range(2)]
-    for groups, host in ((50.0, 1), (0.0, 0)):
+    for groups, host in ((FragAware().groups, 1), (0.0, 0)):  # the default weight steers it
         p = FragAware(groups=groups)
         for d in [one] * 40 + eight:
             p.observe(d)
@@ -165,7 +165,7 @@ def test_xpud_keeps_the_only_group_for_a_cpu_heavy_class_from_a_lighter_task_of_
     # groups, so the 64-core task took host 0 (the tie) and the 120-core task that came next found nothing.
     s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
     light, heavy = Demand(64_000, 1, 8, 1000), [Demand(120_000 + k, 1, 8, 1000) for k in range(2)]
-    for groups, host in ((20.0, 1), (0.0, 0)):
+    for groups, host in ((FragAware().groups, 1), (0.0, 0)):
         p = FragAware(groups=groups, small_hosts_first=False)  # the plain tie order: the group term alone
         for d in [Demand(4_000, 1, 1, 1000)] * 100 + [light] + heavy:  # FGD's popular classes: 1-card
             p.observe(d)

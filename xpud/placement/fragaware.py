@@ -21,7 +21,8 @@ What it adds to FGD (each measured on the openb trace; see ``bench/placement.md`
    host with ``k`` idle cards and its CPU. Its share ``q_c`` of the arrived GPU request is learned online,
    its expected claim on the free share is ``q_c * F``, and the hosts that can take it now hold a supply of
    whole groups. A smaller task that would break such a host's last group for ``c`` loses
-   ``groups * min(1, q_c * F / supply_c)`` points, so idle groups are spent last when they are scarce.
+   ``groups * k * min(1, q_c * F / supply_c)`` points (``groups`` points per card the class would find no
+   room for: an 8-card class weighs twice a 4-card one), so idle groups are spent last when they are scarce.
    Smaller means fewer cards, or as many cards and less CPU when the task could also go to a host that
    cannot serve ``c`` (an 8-card task needing 64 cores keeps off the only hosts with 120 free).
 6. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
@@ -79,7 +80,7 @@ class FragAware(FGD):
         scale: float = 500.0,
         small_hosts_first: bool = True,
         scarcity: float = 20.0,
-        groups: float = 20.0,
+        groups: float = 5.0,
         refresh_every: int = 512,
     ):
         super().__init__(mix, refresh_every=refresh_every)
@@ -226,7 +227,7 @@ class FragAware(FGD):
                 n_after = n_full - d.gpus
             serves = (n_full >= kk[:, None]) & (cpu >= need[:, None]) & model_ok[:, hosts]
             breaks = serves & ((n_after < kk[:, None]) | (cpu - d.cpu_milli < need[:, None]))
-            return self.groups * (ratio @ breaks)
+            return self.groups * ((ratio * kk) @ breaks)
 
         if score is not None:
             best = int(np.argmax(score))
