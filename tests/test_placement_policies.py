@@ -216,3 +216,23 @@ def test_xpud_gives_a_multi_card_task_the_least_capable_of_equal_hosts():
     one = Demand(4_000, 1, 1, 1000)  # a one-card task keeps the old order (measured: capacity ties cost it)
     assert FragAware().pick(s, np.array([0, 1]), RNG, one) == 0
     assert FragAware().pick(s, np.array([0, 1]), RNG) == 0
+
+
+@pytest.mark.parametrize("make", [lambda: FGD(None), FragAware])
+def test_idle_hosts_of_a_kind_scored_once_get_the_scores_each_would_get(make):
+    # Three kinds of host, most idle, some busy; the shortcut (one idle host scored per kind) must give
+    # every host the score and card that scoring it alone gives.
+    s = ClusterState(hosts(5) + hosts(4, cards=8, cpu=96_000, model="Y") + hosts(3, cards=2, cpu=16_000))
+    assert len(set(s.kind.tolist())) == 3
+    put(s, Demand(4_000, 1, 1, 500), 1, (2,))
+    put(s, Demand(30_000, 1), 6)
+    mix = [Demand(4_000, 1, 1, 500), Demand(8_000, 1, 2, 1000), Demand(2_000, 1), Demand(12_000, 1, 1, 1000)]
+    for d in [*mix, Demand(6_000, 1, 1, 300), Demand(20_000, 1, 4, 1000)]:
+        fast, slow = make(), make()
+        slow.host_pure = False
+        for m in mix:
+            fast.observe(m)
+            slow.observe(m)
+        a, b = fast.host_scores(s, d), slow.host_scores(s, d)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), d
+    assert s.idle(np.arange(s.size)).sum() == s.size - 2
