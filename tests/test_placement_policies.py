@@ -236,3 +236,19 @@ def test_idle_hosts_of_a_kind_scored_once_get_the_scores_each_would_get(make):
         a, b = fast.host_scores(s, d), slow.host_scores(s, d)
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), d
     assert s.idle(np.arange(s.size)).sum() == s.size - 2
+
+
+def test_xpud_weighs_a_scarce_eight_card_class_by_its_cards():
+    # Host 0 alone serves the 8-card, 120-core classes (two sizes). Each class's claim on the free share is
+    # q_c * F = 8,000 / 56,000 * 16,000 = 2,286 milli against a supply of one group (8,000): r = 2/7 >= 1/4,
+    # so breaking host 0's group costs groups * r * (8/4)^2 per class; host 1 serves neither class.
+    s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
+    one = Demand(4_000, 1, 1, 1000)
+    p = FragAware()
+    for d in [one] * 40 + [Demand(120_000 + k, 1, 8, 1000) for k in range(2)]:
+        p.observe(d)
+    pts = p.group_points(s, one, np.zeros(2, dtype=np.int64), np.array([True, True]))
+    assert pts == pytest.approx([2 * p.groups * (2 / 7) * 4, 0.0])
+    p.group_scarce = 0.5  # r below the threshold: the plain weight
+    pts = p.group_points(s, one, np.zeros(2, dtype=np.int64), np.array([True, True]))
+    assert pts == pytest.approx([2 * p.groups * (2 / 7), 0.0])

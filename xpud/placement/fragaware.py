@@ -21,8 +21,9 @@ What it adds to FGD (each measured on the openb trace; see ``bench/placement.md`
    host with ``k`` idle cards and its CPU. Its share ``q_c`` of the arrived GPU request is learned online,
    its expected claim on the free share is ``q_c * F``, and the hosts that can take it now hold a supply of
    whole groups. A smaller task that would break such a host's last group for ``c`` loses
-   ``groups * k * min(1, q_c * F / supply_c)`` points (``groups`` points per card the class would find no
-   room for: an 8-card class weighs twice a 4-card one), so idle groups are spent last when they are scarce.
+   ``groups * r_c`` points, ``r_c = min(1, q_c * F / supply_c)``, so idle groups are spent last when they
+   are scarce; once ``r_c >= group_scarce`` (1/4) the points are ``groups * r_c * (k/4)^2`` (an 8-card class
+   weighs 4x, a 2-card one 1/4x: what a class loses when its task finds no group grows with its cards).
    Smaller means fewer cards, or as many cards and less CPU when the task could also go to a host that
    cannot serve ``c`` (an 8-card task needing 64 cores keeps off the only hosts with 120 free).
 6. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
@@ -80,7 +81,8 @@ class FragAware(FGD):
         scale: float = 500.0,
         small_hosts_first: bool = True,
         scarcity: float = 20.0,
-        groups: float = 5.0,
+        groups: float = 20.0,
+        group_scarce: float = 0.25,
         refresh_every: int = 512,
     ):
         super().__init__(mix, refresh_every=refresh_every)
@@ -91,6 +93,7 @@ class FragAware(FGD):
         self.small_hosts_first = small_hosts_first
         self.scarcity = scarcity
         self.groups = groups
+        self.group_scarce = group_scarce
         self._multi: dict[tuple[int, int, tuple[str, ...]], int] = {}  # (cards, cpu, models) -> GPU milli
         self._multi_cache: tuple | None = None
         self._named: dict[str, float] = {}  # model -> arrived GPU milli that names it (split over a set)
@@ -227,7 +230,12 @@ class FragAware(FGD):
                 n_after = n_full - d.gpus
             serves = (n_full >= kk[:, None]) & (cpu >= need[:, None]) & model_ok[:, hosts]
             breaks = serves & ((n_after < kk[:, None]) | (cpu - d.cpu_milli < need[:, None]))
-            return self.groups * ((ratio * kk) @ breaks)
+            # A class whose claim is at least ``group_scarce`` of its supply weighs (k/4)^2 times more: an
+            # 8-card task that finds no group loses 8 cards, and the hosts it needs are the ones every
+            # smaller task can also use (measured on the multigpu variants; below that share the plain weight
+            # keeps the default trace where it was).
+            weight = np.where(ratio >= self.group_scarce, (kk / 4.0) ** 2, 1.0)
+            return self.groups * ((ratio * weight) @ breaks)
 
         if score is not None:
             best = int(np.argmax(score))
