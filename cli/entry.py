@@ -184,9 +184,14 @@ def run_with(client, opts: dict, command: list[str]):
     """Run ``command`` with `xpu run`'s options ``opts`` (as ``RUN_DEFAULTS`` names them): on this host
     (``xpu_cli.run``), or across hosts with --nodes / --replicas (``xpu_cli.jobrun``). Returns the
     Outcome; bad combinations of options raise BadRequest (one line)."""
+    from xpu_cli.green import green_deadline
+
     from xpud.errors import BadRequest
 
+    green = green_deadline(opts["when_green"], opts["deadline"])
     if opts["nodes"] is not None or opts["replicas"] is not None or opts["spread"]:
+        if green:
+            raise BadRequest("--when-green applies to runs on this host (its daemon plans the start)")
         from xpu_cli.jobrun import check_options, run_job
 
         check_options(
@@ -235,6 +240,7 @@ def run_with(client, opts: dict, command: list[str]):
         quiet=opts["quiet"],
         job_class=opts["job_class"],
         name=opts["name"],
+        green_deadline=green,
     )
 
 
@@ -247,12 +253,6 @@ def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
     from xpud.errors import XpudError
 
     try:
-        if opts["when_green"] or opts["deadline"]:
-            from xpu_cli.green import before_run
-
-            before_run(
-                runtime_dir, opts["when_green"], opts["deadline"], lambda m: sys.stderr.write(f"xpu: {m}\n")
-            )
         with Client(runtime_dir) as c:
             outcome = run_with(c, opts, command)
     except XpudError as e:

@@ -1,19 +1,14 @@
-"""`xpu run --when-green --deadline T`: wait for the greenest hour before T (the daemon's carbon signal),
-then go on with the run. Pure apart from reading the signal file and sleeping."""
+"""`xpu run --when-green --deadline T`: the deadline T for the request; the daemon queues the request until
+the greenest hour of its carbon signal before T (``xpud.carbon.plan``). Pure."""
 
 from __future__ import annotations
 
-import json
 import re
-import time
-from collections.abc import Callable
 from datetime import datetime, timedelta
-from pathlib import Path
 
-from xpud import carbon
+from xpud.carbon import MAX_DEFER
 from xpud.errors import BadRequest
 
-MAX_DEFER = timedelta(days=31)
 _RELATIVE = re.compile(r"\+(\d{1,6})([mhd])")
 
 
@@ -45,55 +40,11 @@ def parse_deadline(text: str, now: datetime) -> datetime:
     return at
 
 
-def signal_hours(runtime_dir: Path) -> list[carbon.Hour]:
-    """The signal the daemon published (``carbon.json`` in its runtime directory)."""
-    path = runtime_dir / carbon.FILE_NAME
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise BadRequest(
-            f"{path}: no carbon signal published; the daemon needs [carbon] signal or command in xpud.toml"
-        ) from None
-    return carbon.parse(text if text.strip() else json.dumps([]), str(path))
-
-
-def wait_for_green(
-    runtime_dir: Path,
-    deadline_text: str,
-    say: Callable[[str], None],
-    now: Callable[[], datetime] = lambda: datetime.now().astimezone(),
-    sleep: Callable[[float], None] = time.sleep,
-) -> datetime:
-    """Sleep until the greenest start before the deadline; returns that start."""
-    t = now()
-    deadline = parse_deadline(deadline_text, t)
-    hours = signal_hours(runtime_dir)
-    start, hour = carbon.greenest_start(hours, t, deadline)
-    current = next((h.value for h in hours if h.start <= t < h.start + carbon.HOUR), None)
-    if hour is None:
-        say(f"the carbon signal covers no hour before {deadline:%Y-%m-%d %H:%M}: starting now")
-        return start
-    now_part = f"; now {current:g}" if current is not None else ""
-    if start <= t:
-        say(f"this hour is the greenest before {deadline:%Y-%m-%d %H:%M} ({hour.value:g}): starting now")
-        return start
-    say(
-        f"waiting until {start.isoformat(timespec='minutes')}, the greenest hour before "
-        f"{deadline:%Y-%m-%d %H:%M} ({hour.value:g}{now_part})"
-    )
-    while (left := (start - now()).total_seconds()) > 0:
-        sleep(min(left, 60.0))
-    return start
-
-
-def before_run(
-    runtime_dir: str | None, when_green: bool, deadline: str | None, say: Callable[[str], None]
-) -> None:
-    """`xpu run`'s --when-green/--deadline (both paths: Typer's and the fast one). Raises BadRequest."""
+def green_deadline(when_green: bool, deadline: str | None, now: datetime | None = None) -> float:
+    """`xpu run`'s --when-green/--deadline as the request's green deadline (seconds since the epoch; 0
+    without them). The daemon plans the start from its carbon signal. Raises BadRequest."""
     if not (when_green or deadline):
-        return
+        return 0.0
     if not (when_green and deadline):
         raise BadRequest("--when-green and --deadline go together: xpu run --when-green --deadline +6h ...")
-    from xpud.api.client import runtime_dir as resolve
-
-    wait_for_green(resolve(runtime_dir), deadline, say)
+    return parse_deadline(deadline, now or datetime.now().astimezone()).timestamp()

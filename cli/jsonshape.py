@@ -31,6 +31,7 @@ NONE_VALUES = {
     ("UsageRow", "used_pct"): -1.0,
     ("UsageRow", "peak_pct"): -1.0,
     ("UsageRow", "mem_used_bytes"): -1,
+    ("QueueEntry", "not_before"): 0.0,
 }
 # message -> {uid field: key added after it with the user's name}
 USERS = {"Lease": "owner_uid", "QueueEntry": "owner_uid", "InfoReply": "caller_uid"}

@@ -8,6 +8,7 @@ import pwd
 import signal
 import sys
 import time
+from datetime import datetime
 from typing import Annotated
 
 import typer
@@ -114,6 +115,10 @@ def _lease_row(le, now: float, all_: bool) -> dict:
     }
 
 
+def _hhmm(t: float) -> str:
+    return datetime.fromtimestamp(t).strftime("%a %H:%M")
+
+
 def _queue_row(q, now: float) -> dict:
     return {
         "lease": q.ticket,  # the ticket stands where the lease id will be
@@ -128,7 +133,8 @@ def _queue_row(q, now: float) -> dict:
         "end": None,
         "flags": "",
         "command": q.command,
-        "note": f"{q.reason} (position {q.position}, gives up in {max(0, q.deadline - now):.0f}s)",
+        "note": f"{q.reason} (position {q.position}, gives up in {max(0, q.deadline - now):.0f}s)"
+        + (f"; starts {_hhmm(q.not_before)}: {q.not_before_reason}" if q.not_before > now else ""),
     }
 
 

@@ -193,11 +193,9 @@ def run(
 ) -> None:
     """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release.
     With --nodes (or --replicas --spread): the same across hosts, one rank per host."""
-    from xpu_cli import green
     from xpu_cli.child import die_like
     from xpu_cli.entry import RUN_DEFAULTS, run_with
 
-    green.before_run(state.runtime_dir, when_green, deadline, lambda m: typer.echo(f"xpu: {m}", err=True))
     opts = dict(
         mode=mode,
         gpus=gpus,
@@ -557,6 +555,7 @@ def forecast(
     """Slice demand: the forecast for the next hours, the past hours' actual demand beside what was
     forecast for them, and the error (APE per hour; MAPE over the last week)."""
     import json
+    from datetime import datetime
 
     from xpud.api.client import runtime_dir
     from xpud.provisioning import FILE_NAME
@@ -576,8 +575,14 @@ def forecast(
     def num(v) -> str:
         return "-" if v is None else f"{v:.2f}"
 
+    def pct(v) -> str:
+        return "-" if v is None else f"{v:.0f}%"
+
+    def hour(t: float) -> str:
+        return datetime.fromtimestamp(t).astimezone().strftime("%a %Y-%m-%d %H:%M")
+
     print(
-        f"forecast of {data['generated']}; pre-provisioning {'on' if data['enabled'] else 'off'}; "
+        f"forecast of {hour(data['generated'])}; pre-provisioning {'on' if data['enabled'] else 'off'}; "
         f"sliced cards wanted {data['lead_s'] / 60:.0f} min ahead: {data['sliced_cards_wanted']}"
         + (
             f" (provisioned: {', '.join(map(str, data['provisioned_cards']))})"
@@ -585,12 +590,20 @@ def forecast(
             else ""
         )
     )
+    ready = data.get("slices") or {}
+    made = [f"{n} {size}" for size, n in (ready.get("standby") or {}).items() if n]
+    planned = [f"{n} {size}" for size, n in (ready.get("planned_mps") or {}).items() if n]
+    if made or planned:
+        print(
+            f"slices ready: pre-created (MIG) {', '.join(made) or 'none'}; "
+            f"planned (MPS) {', '.join(planned) or 'none'}"
+        )
     for size, s in data["sizes"].items():
-        m = s["mape_last_week"]
-        print(f"\n{size}: MAPE over the last week {'-' if m is None else f'{m:.1%}'}")
+        m = s["mape_last_week_pct"]
+        print(f"\n{size}: MAPE over the last week {'-' if m is None else f'{m:.1f}%'}")
         rows = [
-            [p["hour"], num(p["actual"]), num(p["forecast"]), "-" if p["ape"] is None else f"{p['ape']:.0%}"]
+            [hour(p["hour"]), num(p["actual"]), num(p["forecast"]), pct(p["ape_pct"])]
             for p in s["past"][-hours:]
         ]
-        rows += [[n["hour"], "", num(n["forecast"]), ""] for n in s["next"][:hours]]
+        rows += [[hour(n["hour"]), "", num(n["forecast"]), ""] for n in s["next"][:hours]]
         output.table(["HOUR", "ACTUAL", "FORECAST", "APE"], rows)

@@ -36,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+from datetime import datetime
 
 import grpc
 from xpu_cli.child import (
@@ -242,6 +243,11 @@ class Progress:
         return 1.0 if self.tty and self.q is not None else None
 
     def update(self, q) -> None:
+        if self.q is None and q.not_before > time.time() and not self.quiet:  # deferred (a green start)
+            at = datetime.fromtimestamp(q.not_before).astimezone().isoformat(timespec="minutes")
+            _say(f"waiting until {at}, {q.not_before_reason} (ticket {q.ticket})")
+        elif self.q is None and q.not_before_reason and not self.quiet:
+            _say(q.not_before_reason)
         self.q = q
         self.show()
 
@@ -425,6 +431,7 @@ def run(
     job_class: str = "",
     name: str = "",
     quiet: bool = False,
+    green_deadline: float = 0.0,
 ) -> Outcome:
     """Lease, run ``argv`` under supervision (or hold for another launcher with ``json_env``), release
     (telling the daemon how the command ended, for `xpu leases --all`). ``wait_s``: None for the daemon's
@@ -445,6 +452,7 @@ def run(
         command=shlex.join(argv) if argv else "(xpu run --json-env)",
         job_class=job_class,
         name=name,
+        **({"when_green": True, "green_deadline": green_deadline} if green_deadline else {}),
     )
     wake = Wakeup()
     try:

@@ -102,7 +102,7 @@ class DaemonProc:
             self.wait_ready()
         return self
 
-    def wait_ready(self, timeout: float = 20.0) -> None:
+    def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -31,7 +31,7 @@ def test_load_quick_measures_every_part(tmp_path):
     assert res["xpu_run"]["xpu_run_ms"] > 0 and res["xpu_run"]["ratio"] > 0
     w = res["waiters"]
     assert w["queue"]["queued"] == w["queue_length_seen"] == 100
-    assert w["cancel"]["queue_empty_after_s"] is not None and w["cancel"]["daemon_cpu_ms_per_waiter"] > 0
+    assert w["cancel"]["queue_empty_after_s"] is not None and w["cancel"]["daemon_cpu_ms_per_waiter"] >= 0
     floor = res["waiters_bare"]  # the same burst against the bare server, in the same run
     assert floor["queued"] == 100 and floor["cancel"]["info_latency"]["calls"] > 0, floor
     assert res["idle_after_start"]["rss_mib"] > 0 and res["idle_after_load"]["cpu_pct"] >= 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.syncengine import sync_engine
+from tests.test_cli_json import check
 from tests.test_engine import cards, pcie_box, req
 from xpud import config, forecast
 from xpud.ledger import Ledger
@@ -183,25 +185,223 @@ def test_tear_down_waits_for_the_hysteresis(tmp_path):
     assert len(_sliced(engine)) == 1
 
 
-def test_warm_command_runs_on_each_provisioned_card(tmp_path):
-    start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()
-    out = tmp_path / "warm"
-    extra = f'warm_command = "echo $XPU_WARM_CARD $XPU_WARM_SIZES $CUDA_VISIBLE_DEVICES >> {out}"\n'
-    engine, clock = _engine(tmp_path, start, "")
-    engine._engine.cfg = config.parse(
+# ------------------------------------------------------------------ pre-created slices on MIG cards
+def _mig_engine(tmp_path, now: float, extra: str = "", fake=None, ledger=None):
+    """An engine over the fake DGX H100 (MIG on every card, driven by the same backend as the daemon's),
+    with four weeks of vxpu-half history in its ledger (unless ``ledger`` is given: a restart)."""
+    from xpud.hw.fakenvml import FakeNvml
+    from xpud.hw.nvml import Nvml
+    from xpud.isolation import backend_for
+    from xpud.isolation.faketools import FakeNvidiaTools
+
+    cfg = config.parse(
         "[forecast]\nenabled = true\nlead_s = 900.0\n" + extra + "[bursts]\nhold_s = 600.0\n"
+        "[cards]\nmig_idle_keep_s = 0.0\n"
     ).replace("daemon", runtime_dir=str(tmp_path))
+    fake = fake or FakeNvml("dgx-h100")
+    nvml = Nvml(fake)
+    nvml.open()
+    if ledger is None:
+        ledger = Ledger(tmp_path / "l.sqlite")
+        for n, (mode, s, e) in enumerate(history(4, np.random.default_rng(3))):
+            lease = Lease(f"h{n:06d}", Mode(mode), 1000, (0,), ("GPU-0000",), created=s)
+            ledger.insert_lease(lease, "t")
+            ledger.end_lease(lease.id, LeaseState.RELEASED, "history", when=e)
+    clock = Clock(now)
+    iso = backend_for(cfg, nvml, FakeNvidiaTools(fake))
+    engine = sync_engine(nvml.cards(), nvml.topology(), cfg, ledger, isolation=iso, clock=clock)
+    engine.restore()
+    return engine, clock, fake
+
+
+CREATES = ("nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceCreateComputeInstance")
+
+
+def created(fake) -> int:
+    """GPU and compute instances created so far (the fake's call log)."""
+    return sum(fake.calls[name] for name in CREATES)
+
+
+def _instances(fake) -> int:
+    return sum(len(fake.mig_layout(i)) for i in range(8))
+
+
+def test_mig_slices_are_pre_created_before_the_peak_served_without_a_creation_and_torn_down(tmp_path):
+    start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()  # Monday 13:50
+    engine, clock, fake = _mig_engine(tmp_path, start)
+    prov = Provisioner(engine._engine, clock=clock)
+    report = engine._loop.run_until_complete(prov.run())
+    # 14:05 is forecast at ~8 halves: 8 MIG instances made now, recorded, before anyone asks
+    made = created(fake)
+    assert report["slices"]["standby"]["vxpu-half"] == 8 and made == 16 and _instances(fake) == 8
+    check(report, "Forecast")  # as published for `xpu forecast --json` (docs/json.md)
+    assert report["sizes"]["vxpu-half"]["mape_last_week_pct"] is not None
+    assert len(report["slices"]["created"]) == 8
+    assert len(engine.ledger.standby()) == 8
+    assert sum("vxpu-half pre-created" in e.message for e in engine.ledger.events(100)) == 8
+    # the peak's requests take them: no GPU instance created in their path, none switched
+    clock.t += 600
+    leases = [engine.try_grant(req("vxpu-half"))[0] for _ in range(8)]
+    assert created(fake) == made, "a request created an instance instead of taking a pre-created one"
+    handles = {lease.slices[0].handle for lease in leases}
+    assert handles == {u for i in range(8) for g in fake.mig_layout(i) for u in g["uuids"]}
+    assert engine.ledger.standby() == [] and engine.standby.slices == {}  # taken, in the grants' commits
+    # a ninth finds none ready: it creates one, as before
+    extra = engine.try_grant(req("vxpu-half"))[0]
+    assert created(fake) == made + 2
+    for lease in [*leases, extra]:
+        engine._end(lease, LeaseState.RELEASED, "done")
+    # 17:50: the forecast for 18:05 falls to 1 slice; the pre-created ones are gone with it
+    clock.t = (MONDAY + timedelta(weeks=4, hours=17, minutes=50)).timestamp()
+    engine._loop.run_until_complete(prov.run())
+    assert engine.standby.count("vxpu-half") == 1 == len(engine.ledger.standby()) == _instances(fake)
+    # 20:50, a night hour (1 slice) after 18:00: stays 1; disabled: none
+    engine._engine.cfg = engine._engine.cfg.replace("forecast", enabled=False)
+    engine._loop.run_until_complete(prov.run())
+    assert engine.ledger.standby() == [] and _instances(fake) == 0
+    assert any("destroyed: forecast falls" in e.message for e in engine.ledger.events(200))
+
+
+def test_pre_created_slices_survive_a_restart_neither_leaked_nor_offered_twice(tmp_path):
+    start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()
+    engine, clock, fake = _mig_engine(tmp_path, start)
+    prov = Provisioner(engine._engine, clock=clock)
+    engine._loop.run_until_complete(prov.run())
+    taken = engine.try_grant(req("vxpu-half"))[0]
+    assert len(engine.ledger.standby()) == 7
+    # a crash between a creation and its commit: an instance on a card with no record
+    orphan = created(fake)
+    first = engine.ledger.standby()[0][1]
+    assert engine._loop.run_until_complete(
+        engine._engine.standby.drop(first.handle, "test")
+    )  # record removed, instance destroyed: room
+    i = first.card_index
+    engine._engine._backends[i].precreate(engine._engine.cards[i].info, engine.cfg.slices["vxpu-half"])
+    assert created(fake) == orphan + 2
+    # and a record whose instance someone destroyed behind our back
+    gone = engine.ledger.standby()[0][1]
+    gi = next(g["gpu_instance_id"] for g in fake.mig_layout(gone.card_index) if gone.handle in g["uuids"])
+    from xpud.hw.nvml import Nvml
+
+    raw = Nvml(fake)
+    raw.open()
+    raw.destroy_mig_instance(gone.card_index, gi)
+    again, _, _ = _mig_engine(tmp_path, start, fake=fake, ledger=engine.ledger)
+    kept = {s.handle for _, s, _ in again.ledger.standby()}
+    assert len(kept) == 5 and gone.handle not in kept and set(again.standby.slices) == kept
+    on_cards = {u for i in range(8) for g in fake.mig_layout(i) for u in g["uuids"]}
+    assert on_cards == kept | {taken.slices[0].handle}  # the orphan destroyed, the adopted ones kept
+    made = created(fake)
+    leases = [again.try_grant(req("vxpu-half"))[0] for _ in range(5)]
+    assert created(fake) == made and {x.slices[0].handle for x in leases} == kept
+    assert taken.slices[0].handle not in {x.slices[0].handle for x in leases}
+
+
+def test_a_whole_card_request_may_take_a_card_of_pre_created_slices_and_their_records_go(tmp_path):
+    start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()
+    engine, clock, fake = _mig_engine(tmp_path, start)
+    engine._loop.run_until_complete(Provisioner(engine._engine, clock=clock).run())
+    whole = [engine.try_grant(req("xpu"))[0] for _ in range(8)]
+    assert all(w is not None for w in whole)  # every card, the pre-provisioned ones switched back
+    assert engine.ledger.standby() == [] and _instances(fake) == 0
+
+
+def test_warm_command_runs_once_per_pre_created_slice_as_the_warm_user(tmp_path, request):
+    start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    out = Path(tempfile.mkdtemp(prefix="xpud-warm-", dir="/tmp"))  # reachable by the warm user
+    out.chmod(0o777)
+    request.addfinalizer(lambda: shutil.rmtree(out, ignore_errors=True))
+    cmd = (
+        f'echo "$(id -un) $XPU_WARM_CARD $XPU_WARM_SIZE $CUDA_VISIBLE_DEVICES $XPU_WARM_SLICE"'
+        f" > {out}/$XPU_WARM_SLICE; sleep 0.3"
+    )
+    extra = f"warm_command = '{cmd}'\nwarm_timeout_s = 5.0\n"
+    engine, clock, fake = _mig_engine(tmp_path, start, extra)
+    prov = Provisioner(engine._engine, clock=clock)
+
+    async def provision():
+        await prov.run()
+        # while the commands run, their instances are not handed out: a request creates its own
+        n = created(fake)
+        lease, _ = await engine._engine.try_grant(req("vxpu-half"))
+        assert created(fake) == n + 2 and lease.slices[0].handle not in engine.standby.slices
+        await prov.warmed()
+        return lease
+
+    engine._loop.run_until_complete(provision())
+    files = sorted(out.iterdir())
+    assert len(files) == 8
+    lines = [f.read_text().split() for f in files]
+    import os
+    import pwd
+
+    user = "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+    assert all(w[0] == user and w[2] == "vxpu-half" and w[3] == w[4].strip() for w in lines), lines
+    assert {w[3] for w in lines} == set(engine.standby.slices) and all(w[3].startswith("MIG-") for w in lines)
+    assert sum("warm_command exited 0" in e.message for e in engine.ledger.events(100)) == 8
+    # done warming: the next request takes one, no creation
+    n = created(fake)
+    engine.try_grant(req("vxpu-half"))
+    assert created(fake) == n
+
+
+def test_on_mps_cards_the_forecast_slices_are_planned_and_warmed_with_their_limits(tmp_path, request):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from xpud.hw.fakenvml import FakeNvml
+
+    start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()
+    out = Path(tempfile.mkdtemp(prefix="xpud-warm-", dir="/tmp"))
+    out.chmod(0o777)
+    request.addfinalizer(lambda: shutil.rmtree(out, ignore_errors=True))
+    cmd = (
+        'echo "$CUDA_VISIBLE_DEVICES $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'
+        f' ${{CUDA_MPS_PIPE_DIRECTORY:-nopipe}}" > {out}/$(echo $XPU_WARM_SLICE | tr : _)'
+    )
+    engine, clock, _ = _mig_engine(
+        tmp_path, start, f"warm_command = '{cmd}'\n", fake=FakeNvml("pcie-8x-l40s")
+    )
     prov = Provisioner(engine._engine, clock=clock)
 
     async def go():
-        await prov.run()
-        while prov._warming:
-            await next(iter(prov._warming))
+        report = await prov.run()
+        await prov.warmed()
+        return report
 
+    report = engine._loop.run_until_complete(go())
+    assert report["slices"]["standby"]["vxpu-half"] == 0 and report["slices"]["planned_mps"]["vxpu-half"] == 8
+    lines = sorted(f.read_text().split() for f in out.iterdir())
+    assert len(lines) == 8, lines
+    sliced = {engine._engine.cards[i].info.uuid for i in _sliced(engine)}
+    assert {w[0] for w in lines} == sliced and len(sliced) == 4
+    assert all(w[1] == "30" and w[2].startswith("0=") and w[3] == "nopipe" for w in lines), lines
+    # a second run plans the same slices: nothing warmed again
     engine._loop.run_until_complete(go())
-    lines = sorted(out.read_text().splitlines())
-    assert len(lines) == 4 and all(" vxpu-half GPU-" in line for line in lines)
-    assert sum("warm_command exited 0" in e.message for e in engine.ledger.events(50)) == 4
+    assert sum("warm_command exited 0" in e.message for e in engine.ledger.events(100)) == 8
+
+
+def test_warm_command_is_killed_at_its_timeout_and_an_unknown_user_is_an_event(tmp_path):
+    from xpud import warm
+
+    async def go():
+        killed = await warm.run("sleep 30 & sleep 30", "nobody", {}, 0.3)
+        unknown = await warm.run("true", "no-such-user-xpud", {}, 5.0)
+        return killed, unknown
+
+    import asyncio
+
+    t0 = time.monotonic()
+    killed, unknown = asyncio.run(go())
+    assert killed.startswith("warm_command killed after 0.3 s") and time.monotonic() - t0 < 5
+    assert "not run" in unknown and "no-such-user-xpud" in unknown
+    with pytest.raises(config.ConfigError, match="warm_user"):
+        config.parse("[forecast]\nwarm_user = 'x;rm'\n")
 
 
 def test_xpu_forecast_shows_the_published_forecast(daemon_factory):
@@ -210,7 +410,35 @@ def test_xpu_forecast_shows_the_published_forecast(daemon_factory):
     r = d.xpu("forecast", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
+    check(data, "Forecast", "xpu forecast")  # every key documented in docs/json.md, of its type
     assert set(data["sizes"]) == {"vxpu-half", "vxpu-quarter"} and data["enabled"] is False
+    assert data["slices"]["standby"] == {"vxpu-half": 0, "vxpu-quarter": 0}
+    assert abs(data["generated"] - time.time()) < 60 and data["sizes"]["vxpu-half"]["past"]
     assert len(data["sizes"]["vxpu-half"]["next"]) == 24
     text = d.xpu("forecast", "--hours", "3").stdout
     assert "MAPE over the last week" in text and "FORECAST" in text
+
+
+def test_a_warm_command_still_running_is_killed_when_the_provisioner_stops(tmp_path):
+    import asyncio
+    import os
+
+    from xpud import warm
+
+    pidfile = tmp_path / "pid"
+    tmp_path.chmod(0o777)
+
+    async def go():
+        task = asyncio.ensure_future(warm.run(f"echo $$ > {pidfile}; exec sleep 60", "root", {}, 60.0))
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return int(pidfile.read_text())
+
+    pid = asyncio.run(go())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

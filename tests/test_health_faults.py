@@ -214,7 +214,8 @@ def test_ecc_dbe_marks_a_non_restartable_job_tells_its_holder_and_lowers_the_sco
 
 
 def test_application_xid_counts_against_the_lease_not_the_card(daemon_factory, short_tmp, jobs):
-    d = daemon_factory("pcie-8x-l40s", config=CONFIG)
+    # a window long enough to read the signal on a loaded machine (0.5 s passed before the read once)
+    d = daemon_factory("pcie-8x-l40s", config=CONFIG.replace("event_window_s = 0.5", "event_window_s = 30.0"))
     job, lease = start_job(d, short_tmp, jobs, "--restartable")
     src = lease.cards[0]
     assert d.xpu("fault", "inject", str(src), "xid", "43").returncode == 0

@@ -84,6 +84,7 @@ def test_scrape_matches_xpu_ls(busy_site):
         )
         halves = sum(1 for s in card["slices"] if s["size"] == "vxpu-half")
         assert value(found, "xpud_card_slices", **lab, size="vxpu-half") == halves
+        assert value(found, "xpud_card_standby_slices", **lab, size="vxpu-half") == 0  # MPS: none made
         leased = bool(card["whole_lease"] or card["slices"])
         assert value(found, "xpud_card_leased", **lab) == float(leased)
         assert {

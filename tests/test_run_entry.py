@@ -20,7 +20,7 @@ RUN = GROUP.commands["run"]
 def typer_reads(args: list[str], monkeypatch):
     """(runtime dir, options, command) as the Typer command passes them on (None: Typer refuses them)."""
     from typer.testing import CliRunner
-    from xpu_cli import child, entry, green, main
+    from xpu_cli import child, entry, main
 
     seen = []
 
@@ -38,10 +38,6 @@ def typer_reads(args: list[str], monkeypatch):
         seen.append((opts, argv))
         return child.Outcome(0)
 
-    def before_run(runtime_dir, when_green, deadline, say):
-        pass  # the options reach run_with too (checked there)
-
-    monkeypatch.setattr(green, "before_run", before_run)
     monkeypatch.setattr(main, "Client", Recorder)
     monkeypatch.setattr(entry, "run_with", run_with)
     monkeypatch.delenv("XPUD_RUNTIME_DIR", raising=False)

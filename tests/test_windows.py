@@ -264,7 +264,9 @@ def _signal(now: datetime, greenest_in: int) -> str:
     return "start,value\n" + "\n".join(rows) + "\n"
 
 
-def test_xpu_run_when_green_starts_now_or_waits_for_the_greenest_hour(daemon_factory, short_tmp):
+def test_xpu_run_when_green_starts_now_or_waits_in_the_daemons_queue_for_the_greenest_hour(
+    daemon_factory, short_tmp
+):
     sig = short_tmp / "signal.csv"
     now = datetime.now().astimezone()
     sig.write_text(_signal(now, 0))
@@ -272,23 +274,123 @@ def test_xpu_run_when_green_starts_now_or_waits_for_the_greenest_hour(daemon_fac
     published = d.runtime_dir / "carbon.json"
     wait_until(lambda: published.exists())
     r = d.xpu("run", "--when-green", "--deadline", "+3h", "--mode", "vxpu-quarter", "--", "true")
-    assert r.returncode == 0 and "this hour is the greenest" in r.stderr, r.stderr
+    assert r.returncode == 0 and "waiting until" not in r.stderr, r.stderr  # this hour is the greenest
 
     sig.write_text(_signal(now, 2))  # the greenest is two hours on
     d.kill()
     d.start()
     wait_until(lambda: json.loads(published.read_text())[2]["value"] == 50)
     p = d.xpu_popen(
-        "run", "--when-green", "--deadline", "+5h", "--", "true", stderr=subprocess.PIPE, text=True
+        "run",
+        "--when-green",
+        "--deadline",
+        "+5h",
+        "--wait",
+        "60",
+        "--",
+        "true",
+        stderr=subprocess.PIPE,
+        text=True,
     )
     line = p.stderr.readline()
+    green = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=2)
+    assert f"waiting until {green.isoformat(timespec='minutes')}" in line and "(50; now 300)" in line, line
+    # the wait is the daemon's: the request is in its queue with its planned start and the reason
+    (q,) = json.loads(d.xpu("leases", "--json").stdout)["queue"]
+    assert q["reason"] == "BeginTime" and q["not_before"] == green.timestamp(), q
+    assert "the greenest hour before" in q["not_before_reason"] and q["deadline"] == green.timestamp() + 60
+    table = d.xpu("leases").stdout
+    assert "BeginTime" in table and f"starts {green:%a %H:%M}" in table, table
     p.kill()
     p.wait(10)
-    expect = (now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=2)).isoformat(
-        timespec="minutes"
-    )
-    assert f"waiting until {expect}" in line and "(50; now 300)" in line, line
+    wait_until(lambda: not json.loads(d.xpu("leases", "--json").stdout)["queue"])  # as any queued request
     r = d.xpu("run", "--when-green", "--", "true")
     assert r.returncode == 1 and "--when-green and --deadline go together" in r.stderr
     r = d.xpu("run", "--when-green", "--deadline", "yesterday", "--", "true")
     assert r.returncode == 1 and "--deadline 'yesterday'" in r.stderr
+
+
+def test_when_green_without_a_carbon_signal_is_refused_by_the_daemon(daemon):
+    r = daemon.xpu("run", "--when-green", "--deadline", "+3h", "--", "true")
+    assert r.returncode == 1 and "[carbon] signal or command" in r.stderr, r.stderr
+
+
+def test_a_green_request_waits_in_the_daemons_queue_until_its_start_with_a_frozen_clock(engine):
+    """The daemon side of `xpu run --when-green`: a request with a not-before time queues (reason
+    BeginTime) although it fits, holds no card back meanwhile, gives up ``wait_s`` after its start, and
+    is granted by the first queue pass at or after its start."""
+    import asyncio
+
+    e, clock = engine._engine, engine._engine.clock
+    start = clock.t + 7200.0
+    why = "the greenest hour before 2026-12-04 06:00 (50; now 300)"
+
+    async def go():
+        green = e.acquire(req("vxpu-half", wait_s=60.0, not_before=start, not_before_reason=why))
+        task = asyncio.ensure_future(green)
+        big = asyncio.ensure_future(e.acquire(req("xpu", 8, wait_s=60.0, not_before=start)))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        q = {x.request.mode.value: x for x in e.queue_view()}
+        assert q["vxpu-half"].reason == "BeginTime" == q["xpu"].reason
+        assert q["vxpu-half"].deadline == start + 60.0 and q["vxpu-half"].request.not_before_reason == why
+        e.pump()
+        await asyncio.sleep(0)
+        assert not task.done() and all(c.mode is CardMode.WHOLE for c in e.cards.values())
+        # the deferred 8-card request holds no whole card back from work that comes before its start
+        now, _ = await e.try_grant(req("xpu", 1))
+        clock.t = start - 1
+        e.pump()
+        await asyncio.sleep(0)
+        assert not task.done()
+        clock.t = start
+        e.pump()
+        lease, _ = await asyncio.wait_for(task, 5)
+        q = {x.request.mode.value: x for x in e.queue_view()}
+        assert lease.mode.value == "vxpu-half" and q["xpu"].reason != "BeginTime"  # it waits for room now
+        big.cancel()
+        return now
+
+    engine._loop.run_until_complete(go())
+    with pytest.raises(Exception, match="not_before"):
+        engine.validate(req("vxpu-half", wait_s=1.0, not_before=clock.t + 40 * 86400))
+
+
+def test_a_deferred_request_starts_waiting_at_its_start_behind_a_waiter_of_its_kind(engine):
+    """A deferred request behind a queued one of its kind that does not fit: the queue pass stops at the
+    first (every kind left failed) and never reaches it, so its own timer starts it (reason no longer
+    BeginTime once its start has come). Before: it kept BeginTime until some other change."""
+    import asyncio
+
+    e, clock = engine._engine, engine._engine.clock
+
+    async def go():
+        for _ in e.cards:  # every card held whole: no room for a slice
+            await e.try_grant(req("xpu", 1))
+        first = asyncio.ensure_future(e.acquire(req("vxpu-half", wait_s=60.0)))
+        await asyncio.sleep(0)
+        start = clock.t + 0.05
+        later = asyncio.ensure_future(e.acquire(req("vxpu-half", wait_s=60.0, not_before=start)))
+        await asyncio.sleep(0)
+        q = e.queue_view()
+        assert [x.reason for x in q] == ["Resources", "BeginTime"], q
+        clock.t = start
+        await asyncio.sleep(0.3)
+        q = e.queue_view()
+        assert [x.reason for x in q] == ["Resources", "Resources"], q
+        first.cancel()
+        later.cancel()
+        await asyncio.sleep(0)
+
+    engine._loop.run_until_complete(go())
+
+
+def test_the_daemon_plans_a_green_start_from_its_signal():
+    sig = hours(at(3, 0), [300, 200, 50, 400, 90])
+    start, why = carbon.plan(sig, at(3, 0, 30), at(3, 5))
+    assert start == at(3, 2) and why == "the greenest hour before 2026-12-03 05:00 (50; now 300)"
+    assert carbon.plan(sig, at(3, 2, 10), at(3, 5)) == (
+        at(3, 2, 10),
+        "this hour is the greenest before 2026-12-03 05:00 (50): starting now",
+    )
+    assert carbon.plan([], at(3, 0), at(3, 5))[1].startswith("the carbon signal covers no hour")

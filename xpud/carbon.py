@@ -1,9 +1,10 @@
 """The carbon (or PUE) signal: a value per hour, lower is greener; and the greenest start before a deadline.
 
 The signal comes from ``[carbon] signal`` (a CSV or JSON file) or ``[carbon] command`` (its standard
-output, in the same formats). The daemon reads it every ``[carbon] refresh_s`` (off its loop) and publishes
-the checked hours as ``carbon.json`` in its runtime directory, readable by every user; ``xpu run
---when-green --deadline T`` reads that file and starts its request in the greenest hour before T.
+output, in the same formats). The daemon reads it every ``[carbon] refresh_s`` (off its loop), keeps it
+(``Signal``) and publishes the checked hours as ``carbon.json`` in its runtime directory, readable by every
+user. ``xpu run --when-green --deadline T`` sends T with its request; the daemon ``plan``s the start in
+the greenest hour before T and keeps the request in its queue until then (reason ``BeginTime``).
 
 Formats (hour starts in ISO 8601; without a UTC offset they are the host's local time):
 - CSV: ``start,value`` per line; a first line that is not a time (a header) is skipped.
@@ -18,7 +19,7 @@ import itertools
 import json
 import math
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -30,6 +31,7 @@ MAX_VALUE = 1e6  # gCO2/kWh stay below ~2,000; PUE below ~3: anything larger is 
 COMMAND_TIMEOUT_S = 30.0
 FILE_NAME = "carbon.json"
 HOUR = timedelta(hours=1)
+MAX_DEFER = timedelta(days=31)  # a deferrable request's deadline is at most this far ahead
 
 
 class SignalError(ValueError):
@@ -142,3 +144,24 @@ def greenest_start(hours: list[Hour], now: datetime, deadline: datetime) -> tupl
         if best is None or (h.value, start) < (best[0], best[1]):
             best = (h.value, start, h)
     return (now, None) if best is None else (best[1], best[2])
+
+
+@dataclass
+class Signal:
+    """The signal the daemon read last (its jobs refresh it; Acquire plans green starts from it)."""
+
+    hours: list[Hour] = field(default_factory=list)
+    configured: bool = False  # [carbon] signal or command is set
+
+
+def plan(hours: list[Hour], now: datetime, deadline: datetime) -> tuple[datetime, str]:
+    """The start of a deferrable request (``greenest_start``) and why, in one line."""
+    start, hour = greenest_start(hours, now, deadline)
+    by = f"{deadline:%Y-%m-%d %H:%M}"
+    if hour is None:
+        return start, f"the carbon signal covers no hour before {by}: starting now"
+    if start <= now:
+        return start, f"this hour is the greenest before {by} ({hour.value:g}): starting now"
+    current = next((h.value for h in hours if h.start <= now < h.start + HOUR), None)
+    now_part = f"; now {current:g}" if current is not None else ""
+    return start, f"the greenest hour before {by} ({hour.value:g}{now_part})"

@@ -394,6 +394,14 @@ def _check_listen(value: str) -> str:
     return ""
 
 
+def _check_user_name(value: str) -> str:
+    if re.fullmatch(r"[0-9]{1,10}|[a-z_][a-z0-9_-]{0,31}\$?", value) and not (
+        value.isdigit() and int(value) > 2**32 - 2
+    ):
+        return ""
+    return f"{value!r} is not a user name or uid (e.g. nobody, xpud-warm, 65534)"
+
+
 @dataclass(frozen=True)
 class ForecastSection:
     """Slice demand forecast and pre-provisioning (``xpud.forecast``, ``xpud.provisioning``)."""
@@ -417,9 +425,17 @@ class ForecastSection:
         28, "Days of the ledger's lease history the forecast learns from.", min=1, max=365
     )
     warm_command: str = _key(
-        "", "Command run on each pre-provisioned card (e.g. to load model weights); empty = none."
+        "", "Command run once for each pre-provisioned slice (e.g. to load model weights); empty = none."
     )
     warm_timeout_s: float = _key(600.0, "Longest a warm_command may run (seconds).", min=1.0, max=86400.0)
+    warm_user: str = _key(
+        "nobody",
+        "User the warm_command runs as (a name or uid); root only when written here.",
+        check=_check_user_name,
+    )
+    standby_max: int = _key(
+        64, "Most slices pre-created at once on this host (MIG instances held by no lease).", min=0, max=1024
+    )
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from xpud.auth import CredentialIssuer
 from xpud.bridges.anchors import AnchorReaper
 from xpud.bridges.kubelet import CHECKPOINT, KubeletBridge, PodCheck
 from xpud.bridges.slurm import JobCheck
+from xpud.carbon import Signal
 from xpud.defrag import Defragmenter
 from xpud.engine import Engine
 from xpud.errors import XpudError
@@ -207,6 +208,8 @@ class Daemon:
             },
         )
         ctx.extras["daemon"] = self  # Node.RunJob coordinates multi-host jobs through it
+        ctx.extras["carbon"] = self.carbon = Signal()  # the jobs refresh it; Acquire plans green starts
+        self.carbon.configured = bool(self.cfg.carbon.signal or self.cfg.carbon.command)
         self.context = ctx
         if self.cfg.metrics.listen:
             from xpud.metrics import MetricsServer
@@ -252,6 +255,7 @@ class Daemon:
             defrag=self.defrag,
             hostjobs=self.hostjobs,
             anchors=self.anchors,
+            carbon_signal=self.carbon,
         )
         self.jobs.start()
         self._start_rightsizing()

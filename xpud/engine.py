@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from xpud.config import Config
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound
 from xpud.hw.topology import Topology
-from xpud.isolation.base import Accounting, Held, Isolation, usable_memory, used_shares
+from xpud.isolation.base import STANDBY, Accounting, Held, Isolation, usable_memory, used_shares
 from xpud.ledger import CardRecord, EventRecord, Ledger, LedgerUnavailable, Op
 from xpud.model import (
     Caller,
@@ -51,6 +51,7 @@ from xpud.model import (
 )
 from xpud.moves import Moves
 from xpud.placement.host import CardCapacity, best_group, choose_slice_card
+from xpud.standby import Standby
 from xpud.stats import Stats
 from xpud.waitlist import Waiter, Waitlist, kind_of
 from xpud.windows import WindowSpec, whole_needed
@@ -148,6 +149,7 @@ class Engine:
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
         self.stats = Stats()  # counters and latencies for /metrics (xpud.metrics)
         self.window: WindowSpec | None = None  # the capacity window in force (xpud.windows), if any
+        self.standby = Standby(self)  # slices pre-created ahead of a forecast peak (xpud.standby)
 
     # ------------------------------------------------------------------ restore and views
     async def restore(self) -> list[Lease]:
@@ -187,6 +189,9 @@ class Engine:
             restored.append(lease)
         if restored:
             self.event("restore", f"restored {len(restored)} active lease(s) from the ledger")
+        gone = self.standby.load(self.ledger.standby(), {u: c.info.index for u, c in by_uuid.items()})
+        if gone:
+            await self._try_write(*gone)
         await self._reconcile()
         return [lease for lease in restored if lease.id in self.leases]
 
@@ -203,6 +208,7 @@ class Engine:
         lost: dict[str, str] = {}
         for i, c in sorted(self.cards.items()):
             held = [Held(lid, self.leases[lid].owner_uid, s) for lid, s in sorted(c.slices.items())]
+            held += self.standby.helds(i) if self.standby.supported(i) else []
             await self._wait_claim([i])
             try:
                 found = await self._hw(self._backends[i].reconcile, c.info, c.mode, held)
@@ -216,10 +222,15 @@ class Engine:
                 self.event("reconcile", note, card=i)
             for lid in found.lost:
                 lost[lid] = f"its slice on card {i} is gone from the hardware (found at start-up)"
+            gone = self.standby.spent([i])  # pre-created instances not found (or not adopted)
+            if gone and await self._try_write(*self.standby.drop_ops(gone)):
+                self.standby.forget(gone)
             if c.whole_lease is None and found.mode is not c.mode and not set(c.slices) - set(found.lost):
                 c.mode = found.mode  # the hardware's mode (recorded when the ledger can take it)
                 await self._try_write(self.ledger.save_card_op(c.record()))
         for lid, why in lost.items():
+            if lid.startswith(STANDBY):
+                continue
             try:
                 await self.reclaim(lid, why)
             except LedgerUnavailable as e:  # the reaper tries again after the grace period
@@ -380,6 +391,8 @@ class Engine:
             raise BadRequest(f"priority {req.priority} is outside -{cap}..{cap}")
         if not 0 <= req.wait_s <= self.cfg.leases.max_wait_s:
             raise BadRequest(f"--wait {req.wait_s:g}: must be 0..{self.cfg.leases.max_wait_s:g} seconds")
+        if req.not_before and not 0 < req.not_before - self.clock() <= 31 * 86400.0:
+            raise BadRequest(f"not_before {req.not_before!r}: must be within 31 days from now")
         top = self.cfg.limits.max_user_priority
         if not req.exempt and req.priority > top:
             raise Forbidden(
@@ -482,7 +495,12 @@ class Engine:
         # An idle whole card may be converted unless pinned, reserved for a waiting whole-card request, or
         # kept whole by the capacity window in force (``windows``; a bridge's pinned card is not held back).
         reserve_whole = reserve_whole or (windows and self.whole_short(1) > 0)
+        # Cards holding a pre-created slice of this size serve it first, without creating anything.
+        ready = self.standby.ready(spec.name) - exclude - self._busy if self.standby.slices else None
         for c in self.cards.values():
+            if ready and c.info.index not in ready:
+                caps.append(self._capacity(c, usable=False))
+                continue
             convertible = c.mode is CardMode.SLICED or (c.idle and not c.pinned and not reserve_whole)
             feasible = (
                 c.usable
@@ -762,7 +780,10 @@ class Engine:
         loop, t0 = asyncio.get_running_loop(), time.perf_counter()
         try:
             slices, env = self._place_now(lease_id, req.mode, cards, req.owner_uid)
-            lease, ops, events = self._grant_record(req, cards, lease_id, token, slices, env, [], queued_s)
+            spent = self.standby.spent(cards) if self.standby.slices else []  # pre-created, taken by it
+            lease, ops, events = self._grant_record(
+                req, cards, lease_id, token, slices, env, [], queued_s, spent
+            )
             commit = self.ledger.submit(*ops, *(o for _, o in events))  # committed before anyone is told
         except BaseException:
             self._granted(req.owner_uid)
@@ -777,6 +798,7 @@ class Engine:
                 undo = self._spawn(self._unplace(lease_id, cards, slices, []), f"undoing lease {lease_id}")
                 undo.add_done_callback(lambda _: out.done() or out.set_exception(error))
                 return
+            self.standby.forget(spent)
             self._grant_done(lease, events, t0)
             if out.done():  # its requester went away (cancelled): end what was made
                 why = "its requester went away before the grant"
@@ -808,14 +830,18 @@ class Engine:
         t0 = time.perf_counter()
         try:
             slices, env, switched = await self._place(lease_id, req.mode, cards, req.owner_uid)
+            spent = self.standby.spent(cards) if self.standby.slices else []  # taken or undone by it
         finally:
             self._unclaim(cards)
-        lease, ops, events = self._grant_record(req, cards, lease_id, token, slices, env, switched, queued_s)
+        lease, ops, events = self._grant_record(
+            req, cards, lease_id, token, slices, env, switched, queued_s, spent
+        )
         try:
             await self.ledger.write(*ops, *(o for _, o in events))  # committed before anyone is told
         except BaseException:
             await self._unplace(lease_id, cards, slices, switched)
             raise
+        self.standby.forget(spent)
         self._grant_done(lease, events, t0)
         return lease, token
 
@@ -829,8 +855,10 @@ class Engine:
         env: dict[str, str],
         switched: list[int],
         queued_s: float | None,
+        spent: list[str],
     ) -> tuple[Lease, list[Op], list[tuple[EventRecord, Op]]]:
-        """The lease placed on ``cards``, its ledger writes and its events (committed together)."""
+        """The lease placed on ``cards``, its ledger writes (with the removal of the ``spent`` pre-created
+        slices' records: taken by it, or undone for its room) and its events (committed together)."""
         infos = [self.cards[i].info for i in cards]
         base_env = {
             "XPU_LEASE_ID": lease_id,
@@ -854,7 +882,7 @@ class Engine:
             created=self.clock(),
             anchor=req.anchor,
         )
-        ops = [self.ledger.insert_lease_op(lease, token)]
+        ops = [self.ledger.insert_lease_op(lease, token), *self.standby.drop_ops(spent)]
         ops += [self.ledger.save_card_op(self.cards[i].record()) for i in switched]
         where = ",".join(map(str, cards))
         events = [
@@ -925,25 +953,49 @@ class Engine:
         # A request that may queue waits for busy cards only briefly: beyond that it shows in the queue.
         busy_wait = BUSY_WAIT_S if req.wait_s <= 0 else min(QUEUE_BUSY_WAIT_S, req.wait_s)
         pumps = self._pumps
-        granted = await self.try_grant(req, busy_wait)
+        deferred = req.not_before > self.clock()  # queued until its start (a green hour), room or not
+        granted = None if deferred else await self.try_grant(req, busy_wait)
         if granted:
             return granted
-        if req.wait_s <= 0:
+        if req.wait_s <= 0 and not deferred:
             raise NoCapacity(self._why_not(req) + "; add --wait 10m (any duration, or inf) to queue for it")
         self._check_limits(req, queueing=True)
         # try_grant found no room in this very state (no await since): the queue needs a pass only if
         # one ran while it waited for busy cards, before this request was in it. (One pass per queued
         # request made queueing quadratic: 6,000 requests took minutes and gRPC cancelled the last.)
-        reason = self._pending_reason(req, reserved=self.waitlist.whole_waiting_at(req.priority))
+        reason = (
+            "BeginTime"
+            if deferred
+            else self._pending_reason(req, reserved=self.waitlist.whole_waiting_at(req.priority))
+        )
         w = self.waitlist.add(req, self.clock(), on_position)
         w.reason = reason  # a queue pass keeps it current; this request may see none for a while
         # Its deadline is a timer, not a wait_for around its future: a waiter that leaves (thousands
         # cancelled at once) costs one synchronous `leave`, no task, shield or timeout wrapper.
         w.timer = asyncio.get_running_loop().call_later(max(w.deadline - self.clock(), 0), self._expire, w)
         self._changed()
-        if self._pumps != pumps:
+        if deferred:
+            self._start_deferred(w)
+        elif self._pumps != pumps:
             self._pump_soon()
         return w
+
+    def _start_deferred(self, w: Waiter) -> None:
+        """A deferred request's own timer: at its start it waits as any other, and the queue gets a pass
+        (its own timer, not the pump's: a pass that stops early, every kind ahead having failed, never
+        reaches it to ask for one)."""
+        w.start = None
+        if not w.queued or w.future.done():
+            return
+        left = w.request.not_before - self.clock()
+        if left > 0:
+            w.start = asyncio.get_running_loop().call_later(left, self._start_deferred, w)
+            return
+        self.waitlist.activate(w)
+        reserved = self.waitlist.whole_waiting_at(w.request.priority)
+        w.reason = self._pending_reason(w.request, reserved=reserved)  # a pass may stop before it
+        self._changed()
+        self._pump_soon()
 
     def _expire(self, w: Waiter) -> None:
         """A queued request's wait ran out: it fails with the reason, unless its grant is under way (it
@@ -965,6 +1017,8 @@ class Engine:
         is then ended by ``_grant_waiter``)."""
         if w.timer is not None:
             w.timer.cancel()
+        if w.start is not None:
+            w.start.cancel()
         # a whole-card request that leaves unserved held idle whole cards back from those behind it
         unserved = w.request.mode is Mode.XPU and (not w.future.done() or w.future.cancelled())
         if not w.future.done():
@@ -1036,11 +1090,17 @@ class Engine:
         unseen = self.waitlist.kinds()  # kind -> waiters not yet looked at
         granted: list[tuple[Waiter, tuple[int, ...]]] = []
         retry: float | None = None
+        now = self.clock()
         for w in self.waitlist:
             kind = kind_of(w.request)
             unseen[kind] -= 1
             if w.future.done():
                 continue
+            if w.deferred:  # waiting for its (green) start: its own timer brings a pass then
+                if w.request.not_before > now:
+                    w.reason = "BeginTime"
+                    continue
+                self.waitlist.activate(w)
             if (kind, reserve) in failed:
                 w.reason = failed[(kind, reserve)]
                 continue
@@ -1417,11 +1477,16 @@ class Engine:
             await self._hw(backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info)
             c.mode = want
             c.switched_at = self.clock()
+        spent = self.standby.spent([i])  # pre-created slices a switch to whole destroyed
         try:
-            await self.ledger.write(self.ledger.save_card_op(replace(c.record(), mode_pinned=pinned)))
+            await self.ledger.write(
+                self.ledger.save_card_op(replace(c.record(), mode_pinned=pinned)),
+                *self.standby.drop_ops(spent),
+            )
         except BaseException:
             await self._switch_back([i] if switched else [], "after a failed commit")
             raise
+        self.standby.forget(spent)
         c.pinned = pinned
         if why:
             self.event("mode", f"card {i} switched to {want}: {why}", card=i)

@@ -64,6 +64,7 @@ class Jobs:
         defrag=None,
         hostjobs=None,
         anchors=None,
+        carbon_signal: carbon.Signal | None = None,
     ):
         self.engine = engine
         self.anchors = anchors  # xpud.bridges.anchors.AnchorReaper: leases of Slurm jobs and pods
@@ -75,6 +76,7 @@ class Jobs:
         self.scheduler: AsyncIOScheduler | None = None
         self._reading: asyncio.Future | None = None  # the hardware read in progress, if any
         self.provisioner = None  # xpud.provisioning.Provisioner, from start()
+        self.carbon = carbon_signal or carbon.Signal()  # the signal read last; Acquire plans from it
 
     def start(self) -> None:
         from xpud.provisioning import Provisioner
@@ -124,7 +126,8 @@ class Jobs:
             next_run_time=datetime.now(),
             **OPTS,
         )
-        if cfg.carbon.signal or cfg.carbon.command:
+        self.carbon.configured = bool(cfg.carbon.signal or cfg.carbon.command)
+        if self.carbon.configured:
             self.scheduler.add_job(
                 self.refresh_carbon,
                 "interval",
@@ -168,6 +171,7 @@ class Jobs:
         cfg = self.engine.cfg
         try:
             hours = await asyncio.to_thread(carbon.read, cfg.carbon.signal, cfg.carbon.command)
+            self.carbon.hours = hours  # deferrable requests plan their start from it
             await asyncio.to_thread(carbon.publish, hours, cfg.runtime_dir)
         except (carbon.SignalError, OSError) as e:  # the last published signal stays
             log.warning("carbon signal: %s", e)
@@ -189,6 +193,8 @@ class Jobs:
         """No more runs (those in progress go on: ``drain`` waits for their hardware reads)."""
         if self.scheduler and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        if self.provisioner is not None:
+            self.provisioner.stop()  # warm commands still running are killed, with their sessions
 
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Wait for a hardware read in progress (in its worker thread) to return: NVML is shut down next."""

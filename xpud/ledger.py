@@ -166,6 +166,17 @@ MIGRATIONS: list[str] = [
         last_direction TEXT NOT NULL DEFAULT ''
     );
     """,
+    # 7: slices pre-created ahead of a forecast peak (xpud.standby): held by no lease yet, handed to the
+    # first request of their size; recorded so that a restart adopts them instead of destroying them
+    """
+    CREATE TABLE standby (
+        handle TEXT PRIMARY KEY,      -- MIG device UUID
+        card_uuid TEXT NOT NULL,
+        size TEXT NOT NULL,
+        slice TEXT NOT NULL,          -- JSON of the Slice fields
+        created REAL NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -848,6 +859,25 @@ class Ledger:
             )
             for r in rows
         }
+
+    # pre-created slices (xpud.standby) ----------------------------------------------------------
+    def save_standby_op(self, card_uuid: str, s: Slice, created: float) -> Op:
+        return op(
+            "INSERT INTO standby (handle, card_uuid, size, slice, created) VALUES (?,?,?,?,?)",
+            s.handle,
+            card_uuid,
+            s.size,
+            json.dumps(_slice_to_json(s)),
+            created,
+        )
+
+    def drop_standby_op(self, handle: str) -> Op:
+        return op("DELETE FROM standby WHERE handle=?", handle)
+
+    def standby(self) -> list[tuple[str, Slice, float]]:
+        """(card uuid, slice, created) of every recorded pre-created slice, oldest first."""
+        rows = self.db.execute("SELECT card_uuid, slice, created FROM standby ORDER BY created").fetchall()
+        return [(r[0], Slice(**json.loads(r[1])), float(r[2])) for r in rows]
 
     # cards --------------------------------------------------------------------------------------
     def save_card_op(self, rec: CardRecord) -> Op:

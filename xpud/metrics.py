@@ -55,6 +55,7 @@ NAMES = (
     "xpud_card_mode",
     "xpud_card_leased",
     "xpud_card_slices",
+    "xpud_card_standby_slices",
     "xpud_card_free_memory_ratio",
     "xpud_card_free_compute_ratio",
     "xpud_card_memory_total_bytes",
@@ -129,6 +130,12 @@ def _card_families(daemon, views, sizes: list[str]) -> list[Metric]:
     )
     leased = _gauge("xpud_card_leased", "1 when a lease holds the card whole or a slice of it.")
     slices = _gauge("xpud_card_slices", "Slices in use on the card, by size.", [*CARD, "size"])
+    standby = _gauge(
+        "xpud_card_standby_slices",
+        "Slices pre-created on the card ahead of a forecast peak, held by no lease yet, by size.",
+        [*CARD, "size"],
+    )
+    ready = Counter((s.card_index, s.size) for s in daemon.engine.standby.slices.values())
     free_mem = _gauge("xpud_card_free_memory_ratio", "Share of the card's memory free for slices (0-1).")
     free_sm = _gauge("xpud_card_free_compute_ratio", "Share of the card's compute free for slices (0-1).")
     mem_total = _gauge("xpud_card_memory_total_bytes", "The card's memory.")
@@ -152,6 +159,7 @@ def _card_families(daemon, views, sizes: list[str]) -> list[Metric]:
         held = Counter(s.size for _, s in v.slices)
         for size in sizes:
             slices.add_metric([*labels, size], held.get(size, 0))
+            standby.add_metric([*labels, size], ready.get((v.info.index, size), 0))
         free_mem.add_metric(labels, v.free_memory_fraction)
         free_sm.add_metric(labels, v.free_compute_pct / 100)
         mem_total.add_metric(labels, v.info.memory_total_bytes)
@@ -173,6 +181,7 @@ def _card_families(daemon, views, sizes: list[str]) -> list[Metric]:
         mode,
         leased,
         slices,
+        standby,
         free_mem,
         free_sm,
         mem_total,

@@ -175,6 +175,8 @@ class Request:
         False  # the caller is an operator or in [limits] exempt_groups: per-user limits do not apply
     )
     job_class: str = ""  # `xpu run --class`, or the class --mode auto chose by; "" = from the command
+    not_before: float = 0.0  # not granted before (seconds since the epoch): a green start; 0 = at once
+    not_before_reason: str = ""  # why that start (the carbon signal's greenest hour ...)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # a plain "xpu" becomes Mode.XPU

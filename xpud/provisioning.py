@@ -9,9 +9,16 @@ served without a reconfiguration; the capacity window in force still keeps its s
 the cards this provisioner switched go back to whole once idle and past ``[bursts] hold_s``. Cards sliced
 by demand are left to the engine and the windows. Every switch is a ``mode`` event with its reason.
 
-``[forecast] warm_command`` runs once on each card switched here (``CUDA_VISIBLE_DEVICES`` = the card,
-``XPU_WARM_CARD``, ``XPU_WARM_SIZES``), e.g. to load model weights into host memory before the peak; its
-outcome is an event. The forecast, the actual demand and the error per hour are published as
+Then the slices themselves: on sliced MIG cards the forecast number of slices per size, beyond those
+already held by leases, is pre-created (``xpud.standby``: GPU + compute instance, recorded in the ledger;
+at most ``standby_max``), cards this provisioner switched first; a request of that size takes one without
+a creation in its path. When the forecast falls, the excess is destroyed (newest first). On MPS cards a
+slice is only a share of the card (nothing to create): the forecast slices that found no MIG room are
+planned on sliced MPS cards, within their shares.
+
+``[forecast] warm_command`` runs once for each pre-provisioned slice (``xpud.warm``: as ``warm_user``,
+the slice's environment, a time limit); its outcome is a ``forecast`` event. A MIG instance is not handed
+out while its command runs. The forecast, the actual demand and the error per hour are published as
 ``forecast.json`` in the runtime directory for ``xpu forecast``.
 """
 
@@ -20,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
+from collections import Counter
 from datetime import datetime
 
 import numpy as np
 
-from xpud import forecast
+from xpud import forecast, warm
+from xpud.ledger import LedgerUnavailable
 from xpud.model import CardMode
 from xpud.runfiles import publish_json
 
@@ -42,6 +50,7 @@ class Provisioner:
         self.engine = engine
         self.clock = clock
         self.provisioned: set[int] = set()  # cards this provisioner switched to sliced
+        self.planned: Counter[tuple[int, str]] = Counter()  # (MPS card, size) -> slices planned there
         self._warming: set[asyncio.Task] = set()
 
     @property
@@ -86,7 +95,6 @@ class Provisioner:
                     e.stats.conversions[("sliced", "forecast")] += 1
                     self.provisioned.add(c.info.index)
                     switched.append(c.info.index)
-                    self._warm(c.info.index, c.info.uuid, [s for s, v in demand.items() if v >= 0.05])
         elif need < len(sliced):
             excess = len(sliced) - need
             hold = e.cfg.bursts.hold_s
@@ -100,12 +108,16 @@ class Provisioner:
                 if not c.idle or (c.switched_at and e.clock() - c.switched_at < hold):
                     continue
                 why = f"forecast falls: {what} expected at {at} ({need} sliced card(s) wanted)"
+                for s in e.standby.on(i):  # their records go first (ledger first), then the card
+                    await e.standby.drop(s.handle, why)
                 if await e.to_whole(i, why):
                     e.stats.conversions[("whole", "forecast")] += 1
                     self.provisioned.discard(i)
                     switched.append(i)
                     excess -= 1
+        slices = await self.slices(demand if self.cfg.enabled else {}, f"{what} expected at {at}")
         report = self.report(fits, now, demand, need, switched)
+        report["slices"] = slices
         try:
             await asyncio.to_thread(publish_json, report, e.cfg.runtime_dir, FILE_NAME)
         except OSError as err:
@@ -120,27 +132,28 @@ class Provisioner:
             past = slice(max(0, n - SHOW_HOURS), n)
             apes = forecast.ape(f.actual[past], f.predicted[past])
             week = slice(max(0, n - forecast.WEEK_H), n)
+            mape = forecast.mape(f.actual[week], f.predicted[week])
             sizes[size] = {
-                "mape_last_week": forecast.mape(f.actual[week], f.predicted[week]),
+                "mape_last_week_pct": None if mape is None else round(100 * mape, 2),
                 "past": [
                     {
-                        "hour": _iso(f.t0 + (past.start + k) * forecast.HOUR_S),
+                        "hour": f.t0 + (past.start + k) * forecast.HOUR_S,
                         "actual": round(float(a), 3),
                         "forecast": None if np.isnan(p) else round(float(p), 3),
-                        "ape": None if np.isnan(x) else round(float(x), 4),
+                        "ape_pct": None if np.isnan(x) else round(100 * float(x), 2),
                     }
                     for k, (a, p, x) in enumerate(zip(f.actual[past], f.predicted[past], apes, strict=True))
                 ],
                 "next": [
                     {
-                        "hour": _iso(hour + k * forecast.HOUR_S),
+                        "hour": hour + k * forecast.HOUR_S,
                         "forecast": round(f.forecast(hour + k * 3600), 3),
                     }
                     for k in range(SHOW_HOURS)
                 ],
             }
         return {
-            "generated": _iso(now),
+            "generated": round(now, 3),
             "enabled": self.cfg.enabled,
             "lead_s": self.cfg.lead_s,
             "demand_at_lead": {s: round(v, 3) for s, v in demand.items()},
@@ -150,48 +163,118 @@ class Provisioner:
             "sizes": sizes,
         }
 
-    def _warm(self, index: int, uuid: str, sizes: list[str]) -> None:
+    def wanted(self, demand: dict[str, float]) -> dict[str, int]:
+        """Slices to have ready per size: the forecast (a remainder under ``SLACK`` of a slice does not
+        count) beyond the slices of that size leases hold now."""
+        held = Counter(s.size for lease in self.engine.leases.values() for s in lease.slices)
+        return {size: max(0, math.ceil(v - SLACK) - held[size]) for size, v in demand.items()}
+
+    async def slices(self, demand: dict[str, float], why: str) -> dict:
+        """Pre-create (MIG) or plan (MPS) the slices ``demand`` wants; destroy or unplan the excess.
+        Returns {"standby": {size: n}, "planned_mps": {size: n}, "created": [...], "destroyed": [...]}."""
+        e, sb = self.engine, self.engine.standby
+        await sb.sync()
+        created: list[str] = []
+        destroyed: list[str] = []
+        want = self.wanted(demand)
+        room = self.cfg.standby_max - len(sb.slices)
+        for size in e.cfg.slices:
+            n = want.get(size, 0)
+            excess = sb.count(size) - n
+            for s in sorted((s for s in sb.slices.values() if s.size == size), key=lambda s: s.handle)[::-1]:
+                if excess <= 0:
+                    break
+                if await sb.drop(s.handle, f"forecast falls: {why}"):
+                    destroyed.append(s.handle)
+                    excess -= 1
+            mig = [
+                c.info.index
+                for c in sorted(
+                    e.cards.values(), key=lambda c: (c.info.index not in self.provisioned, c.info.index)
+                )
+                if c.mode is CardMode.SLICED and c.usable and sb.supported(c.info.index)
+            ]
+            for i in mig:
+                while sb.count(size) < n and room > 0:
+                    try:
+                        made = await sb.create(i, size, f"forecast pre-provisioning: {why}")
+                    except LedgerUnavailable as err:
+                        log.error("%s", err)
+                        made = None
+                    if made is None:
+                        break
+                    room -= 1
+                    created.append(made[0].handle)
+                    self._warm(made[0], made[1], made[0].handle)
+            self._plan_mps(size, max(0, n - sb.count(size)))
+        return {
+            "standby": {size: sb.count(size) for size in e.cfg.slices},
+            "planned_mps": {
+                size: sum(v for (_, z), v in self.planned.items() if z == size) for size in e.cfg.slices
+            },
+            "created": created,
+            "destroyed": destroyed,
+        }
+
+    def _plan_mps(self, size: str, n: int) -> None:
+        """Plan ``n`` ``size`` slices on sliced MPS cards (within their free shares); warm the new ones."""
+        e = self.engine
+        cards = [
+            c
+            for c in sorted(
+                e.cards.values(), key=lambda c: (c.info.index not in self.provisioned, c.info.index)
+            )
+            if c.mode is CardMode.SLICED and c.usable and e.isolation_name(c.info.index) == "mps"
+        ]
+        for c in cards:
+            i = c.info.index
+            keep = min(n, e.slice_room(i, size))
+            old = self.planned.pop((i, size), 0)
+            for k in range(old, keep):  # newly planned: warm them
+                s, env = e._backends[i].limits(c.info, e.cfg.slices[size], f"warm{k}")
+                self._warm(s, env, None)
+            if keep:
+                self.planned[(i, size)] = keep
+            n -= keep
+        on = {c.info.index for c in cards}
+        for key in [k for k in self.planned if k[1] == size and k[0] not in on]:
+            del self.planned[key]
+
+    def stop(self) -> None:
+        """Cancel the warm commands still running (each is killed with its session)."""
+        for task in list(self._warming):
+            task.cancel()
+
+    async def warmed(self) -> None:
+        """Wait until every warm_command started so far has ended (tests, shutdown)."""
+        while self._warming:
+            await asyncio.gather(*list(self._warming), return_exceptions=True)
+
+    def _warm(self, s, env: dict[str, str], handle: str | None) -> None:
+        """Run ``warm_command`` for slice ``s`` (in the background); ``handle``: its pre-created MIG
+        instance, not handed out meanwhile."""
         cmd = self.cfg.warm_command
         if not cmd:
             return
+        e = self.engine
         env = {
-            **os.environ,
-            "CUDA_VISIBLE_DEVICES": uuid,
-            "XPU_WARM_CARD": str(index),
-            "XPU_WARM_SIZES": ",".join(sizes),
+            **env,
+            "XPU_WARM_CARD": str(s.card_index),
+            "XPU_WARM_SIZE": s.size,
+            "XPU_WARM_SLICE": s.handle,
         }
+        if handle:
+            e.standby.set_warming(handle, True)
 
-        async def warm() -> None:
-            e = self.engine
+        async def go() -> None:
             try:
-                proc = await asyncio.create_subprocess_shell(
-                    cmd, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
-                )
-                try:
-                    _, err = await asyncio.wait_for(proc.communicate(), self.cfg.warm_timeout_s)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
-                    e.event(
-                        "forecast",
-                        f"card {index}: warm_command killed after {self.cfg.warm_timeout_s:g} s",
-                        card=index,
-                    )
-                    return
-                tail = err.decode(errors="replace").strip().splitlines()[-1:] if err else []
-                e.event(
-                    "forecast",
-                    f"card {index}: warm_command exited {proc.returncode}"
-                    + (f": {tail[0][:200]}" if tail and proc.returncode else ""),
-                    card=index,
-                )
-            except OSError as err:
-                e.event("forecast", f"card {index}: warm_command could not start: {err}", card=index)
+                said = await warm.run(cmd, self.cfg.warm_user, env, self.cfg.warm_timeout_s)
+            finally:
+                if handle:
+                    e.standby.set_warming(handle, False)
+                    e.pump()  # a request may have waited for it
+            e.event("forecast", f"card {s.card_index}: {s.size} slice {s.handle}: {said}", card=s.card_index)
 
-        task = asyncio.ensure_future(warm())
+        task = asyncio.ensure_future(go())
         self._warming.add(task)
         task.add_done_callback(self._warming.discard)
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="minutes")

@@ -12,11 +12,13 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import grpc
 from grpc import aio
 
+from xpud import carbon
 from xpud.api import convert, validate
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
@@ -198,6 +200,29 @@ def _wait_s(request: pb.AcquireRequest, leases) -> float:
     return request.wait_s if request.HasField("wait_s") else leases.default_wait_s
 
 
+def _green_start(request: pb.AcquireRequest, ctx: Context) -> tuple[float, str]:
+    """(not_before, why) of a deferrable request (``when_green`` with ``green_deadline``): the greenest
+    hour of the daemon's carbon signal before the deadline; (0, why) when that is now."""
+    if not (request.when_green or request.green_deadline):
+        return 0.0, ""
+    if not (request.when_green and request.green_deadline):
+        raise BadRequest("when_green and green_deadline go together (xpu run --when-green --deadline T)")
+    signal = ctx.extras.get("carbon")
+    if signal is None or not signal.configured:
+        raise BadRequest(
+            "this daemon has no carbon signal: set [carbon] signal or command in xpud.toml for --when-green"
+        )
+    now = datetime.fromtimestamp(ctx.engine.clock()).astimezone()
+    deadline = datetime.fromtimestamp(request.green_deadline).astimezone()
+    if deadline <= now or deadline - now > carbon.MAX_DEFER:
+        raise BadRequest(
+            f"--deadline {deadline.isoformat(timespec='minutes')}: must be in the future, within "
+            f"{carbon.MAX_DEFER.days} days"
+        )
+    start, why = carbon.plan(signal.hours, now, deadline)
+    return (start.timestamp() if start > now else 0.0), why
+
+
 class NodeService(pbg.NodeServicer):
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -229,6 +254,7 @@ class NodeService(pbg.NodeServicer):
                 mode_text, cls, why = e.rightsizer.choose(request.command, request.job_class)
             else:
                 mode_text = e.cfg.auto.first
+        not_before, green_why = _green_start(request, self.ctx)
         req = e.validate(
             Request(
                 mode=_mode(mode_text, self.ctx),
@@ -244,6 +270,8 @@ class NodeService(pbg.NodeServicer):
                 anchor=request.anchor,
                 exempt=caller.admin or member_of(caller.uid, caller.gid, e.cfg.limits.exempt_groups),
                 job_class=cls,
+                not_before=not_before,
+                not_before_reason=green_why,
             )
         )
         # Granted at once (the common case), or queued in the same step: no helper task either way. A
@@ -253,7 +281,14 @@ class NodeService(pbg.NodeServicer):
         updates: asyncio.Queue = asyncio.Queue()
 
         def on_position(q: QueuedRequest, length: int) -> None:
-            queued = pb.Queued(ticket=q.ticket, position=q.position, queue_length=length, deadline=q.deadline)
+            queued = pb.Queued(
+                ticket=q.ticket,
+                position=q.position,
+                queue_length=length,
+                deadline=q.deadline,
+                not_before=q.request.not_before,
+                not_before_reason=q.request.not_before_reason,
+            )
             updates.put_nowait(pb.AcquireUpdate(queued=queued))
 
         got = await e.grant_or_queue(req, on_position)

@@ -35,7 +35,9 @@ class Waiter:
     last_position: int = field(default=0)
     queued: bool = True  # False once removed
     reason: str = "Resources"  # why it waits (the engine's queue pass sets it)
+    deferred: bool = False  # before its not_before: holds no room back from others (``activate``)
     timer: asyncio.TimerHandle | None = None  # its deadline (the engine's)
+    start: asyncio.TimerHandle | None = None  # a deferred one's start (the engine's ``_start_deferred``)
 
 
 def _order(w: Waiter) -> tuple[int, int]:
@@ -79,14 +81,15 @@ class Waitlist:
             request,
             next(self._seq),
             now,
-            now + request.wait_s,
+            max(now, request.not_before) + request.wait_s,  # a deferred request waits from its start
             asyncio.get_running_loop().create_future(),
             on_position,
         )
+        w.deferred = request.not_before > now
         self._waiters.add(w)
         _count(self._per_uid, request.owner_uid, 1)
         _count(self._kinds, kind_of(request), 1)
-        if request.mode is Mode.XPU:
+        if request.mode is Mode.XPU and not w.deferred:
             _count(self._whole_priorities, request.priority, 1)
         if on_position:  # the newcomer hears its position at once; the others from the pusher
             self._tell(w, self._waiters.index(w) + 1, len(self._waiters))
@@ -99,9 +102,17 @@ class Waitlist:
             self._waiters.remove(w)
             _count(self._per_uid, w.request.owner_uid, -1)
             _count(self._kinds, kind_of(w.request), -1)
-            if w.request.mode is Mode.XPU:
+            if w.request.mode is Mode.XPU and not w.deferred:
                 _count(self._whole_priorities, w.request.priority, -1)
             self._touch()
+
+    def activate(self, w: Waiter) -> None:
+        """A deferred waiter's start has come: from now it waits as any other (a whole-card one holds
+        idle whole cards back from requests behind it)."""
+        if w.deferred and w.queued:
+            w.deferred = False
+            if w.request.mode is Mode.XPU:
+                _count(self._whole_priorities, w.request.priority, 1)
 
     def in_order(self) -> list[Waiter]:
         return list(self._waiters)

@@ -157,6 +157,8 @@ class Client:
         cards: tuple[int, ...] = (),
         anchor: str = "",
         owner_uid: int | None = None,
+        when_green: bool = False,
+        green_deadline: float = 0.0,
     ):
         """The Acquire stream call: iterate it (``iterate``) for ``queued`` updates, then ``granted``. With
         ``hold`` the same stream goes on as the lease's Hold stream (``event`` updates). ``wait_s``: None
@@ -173,6 +175,8 @@ class Client:
             cards=cards,
             anchor=anchor,
             owner_uid=owner_uid,
+            when_green=when_green,
+            green_deadline=green_deadline,
         )
         if wait_s == math.inf:
             request.wait_longest = True

@@ -99,6 +99,8 @@ def queue_pb(q: QueuedRequest) -> pb.QueueEntry:
         deadline=q.deadline,
         reason=q.reason,
         name=r.name,
+        not_before=r.not_before,
+        not_before_reason=r.not_before_reason,
     )
 
 

@@ -78,6 +78,8 @@ LIMITS: dict[str, Limit] = {
     "AcquireRequest.cards": Limit(lo=0, hi=4095, items=4096),
     "AcquireRequest.anchor": Limit(chars=128, pattern=_ANCHOR),
     "AcquireRequest.owner_uid": Limit(lo=0, hi=2**31 - 2),
+    "AcquireRequest.when_green": Limit(),
+    "AcquireRequest.green_deadline": Limit(lo=0, hi=2**40),  # the daemon allows 31 days ahead at most
     "HoldRequest.lease_id": Limit(chars=64, pattern=_ID),
     "HoldRequest.token": Limit(chars=64, pattern=_TOKEN),
     "ReleaseRequest.lease_id": Limit(chars=64, pattern=_ID),

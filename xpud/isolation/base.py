@@ -16,6 +16,7 @@ from typing import Protocol
 from xpud.model import CardInfo, CardMode, Slice, SliceSpec
 
 EPS = 1e-9
+STANDBY = "standby:"  # lease id prefix of a pre-created slice in ``reconcile``'s ``held`` (xpud.standby)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from xpud.errors import Conflict, NoCapacity
 from xpud.hw.types import MigInstance, NvmlError, NvmlInsufficientResources, NvmlInUse, NvmlNotFound
-from xpud.isolation.base import Reconciled
+from xpud.isolation.base import STANDBY, Reconciled
 from xpud.isolation.mig_map import ProfileMap, geometry, profiles_for
 from xpud.isolation.runner import Runner
 from xpud.model import CardInfo, CardMode, Slice, SliceSpec
@@ -68,10 +68,12 @@ class _Gi:
     lease: str | None = None  # the lease holding it
     idle_since: float | None = None  # kept idle for reuse since (clock seconds)
     blocked: str = ""  # why it is neither held nor free: processes run in it
+    standby: str = ""  # the slice size it was pre-created for (xpud.standby), held by no lease yet
+    warming: bool = False  # a pre-created instance whose warm_command runs: not handed out meanwhile
 
     @property
     def busy(self) -> bool:
-        return self.lease is not None or bool(self.blocked)
+        return self.lease is not None or bool(self.blocked) or self.warming
 
 
 class MigIsolation:
@@ -120,8 +122,12 @@ class MigIsolation:
         mode = self.hw.mig_mode(self.index)
         return mode is not None and mode[0] == 1
 
-    def _layout(self) -> list[Instance]:
-        return [Instance(g.info.profile_id, g.info.start, g.busy, gi) for gi, g in self._gis.items()]
+    def _layout(self, keep_standby: bool = False) -> list[Instance]:
+        """The instances for ``choose``; with ``keep_standby`` pre-created ones count as busy (kept)."""
+        return [
+            Instance(g.info.profile_id, g.info.start, g.busy or (keep_standby and bool(g.standby)), gi)
+            for gi, g in self._gis.items()
+        ]
 
     def _sizes(self) -> list[tuple[int, ...]]:
         return [ids for ids in self._map.values() if ids]
@@ -175,6 +181,21 @@ class MigIsolation:
 
     # ------------------------------------------------------------------------- slices
     def prepare(self, card, held, spec, lease_id, owner_uid):
+        ready = self._ready(spec.name)  # pre-created for this size: handed over, nothing created
+        inst = self._gis[ready].info if ready is not None else self._make(card, spec)
+        g = self._gis[inst.gpu_instance_id]
+        g.lease, g.idle_since, g.standby = lease_id, None, ""
+        return self._slice(inst, spec.name)
+
+    def _ready(self, size: str) -> int | None:
+        """A pre-created instance of ``size`` free to hand out (the oldest GPU instance id first)."""
+        return next(
+            (gi for gi, g in sorted(self._gis.items()) if g.standby == size and not g.busy and g.info.uuid),
+            None,
+        )
+
+    def _make(self, card: CardInfo, spec: SliceSpec, keep_standby: bool = False) -> MigInstance:
+        """An instance for ``spec``: an idle one reused or a new one created (MIG switched on first)."""
         if not self.mig_on():
             self.enter_sliced(card)
         geom, mapping = self.mapping()
@@ -183,7 +204,7 @@ class MigIsolation:
             raise NoCapacity(f"card {self.index} ({card.name}): no MIG profile serves {spec.name}")
         inst = None
         for _attempt in range(3):
-            plan = choose(geom, self._layout(), wanted, self._sizes())
+            plan = choose(geom, self._layout(keep_standby), wanted, self._sizes())
             if plan is None:
                 raise NoCapacity(f"card {self.index}: no room for {spec.name} beside {self._summary()}")
             try:
@@ -197,12 +218,15 @@ class MigIsolation:
                 raise Conflict(f"card {self.index}: cannot create a MIG instance: {e}") from None
         if inst is None or inst.uuid is None:
             raise NoCapacity(f"card {self.index}: MIG instances could not be created for {spec.name}")
-        g = self._gis[inst.gpu_instance_id]
-        g.lease, g.idle_since = lease_id, None
+        return inst
+
+    def _slice(self, inst: MigInstance, size: str) -> tuple[Slice, dict[str, str]]:
+        """The ``size`` slice an instance is, and the child's environment on it."""
+        geom = self._geom
         prof = geom.profile(inst.profile_id)
         mem = inst.memory_bytes or prof.memory_bytes
         pct = round(100 * prof.compute / geom.compute_slices)
-        s = Slice(self.index, spec.name, mem, pct, handle=inst.uuid, placement=inst.start)
+        s = Slice(self.index, size, mem, pct, handle=inst.uuid, placement=inst.start)
         env = {
             "CUDA_VISIBLE_DEVICES": inst.uuid,
             "XPU_MEMORY_LIMIT_BYTES": str(mem),
@@ -257,6 +281,41 @@ class MigIsolation:
         except NvmlError as e:
             g.blocked = f"could not be destroyed: {e}"
             raise Conflict(f"card {self.index}: releasing GPU instance {gi} failed: {e}") from None
+
+    # ------------------------------------------------------------- pre-created slices (xpud.standby)
+    def precreate(self, card: CardInfo, spec: SliceSpec) -> tuple[Slice, dict[str, str]]:
+        """Create (or take an idle instance as) a ``spec`` slice held by no lease, for the first request
+        of its size; the same choice and creation as ``prepare``, never undoing other pre-created ones.
+        The card must be sliced (MIG on) already. Raises NoCapacity when there is no room."""
+        if not self.mig_on():
+            raise Conflict(f"card {self.index}: MIG is off; pre-created slices need a sliced card")
+        inst = self._make(card, spec, keep_standby=True)
+        g = self._gis[inst.gpu_instance_id]
+        g.standby, g.idle_since = spec.name, None
+        return self._slice(inst, spec.name)
+
+    def standby(self) -> dict[str, str]:
+        """MIG device UUID -> size of each pre-created instance no lease holds yet."""
+        return {g.info.uuid: g.standby for g in self._gis.values() if g.standby and g.info.uuid}
+
+    def set_warming(self, handle: str, on: bool) -> None:
+        """While its warm_command runs, a pre-created instance is not handed out (nor destroyed)."""
+        gi = self._by_uuid(handle)
+        if gi is not None:
+            self._gis[gi].warming = on
+
+    def drop_standby(self, handle: str) -> None:
+        """Destroy a pre-created instance no lease took (its record is gone from the ledger already).
+        One that cannot be destroyed now is left idle for ``tidy``."""
+        gi = self._by_uuid(handle)
+        if gi is None or not self._gis[gi].standby:
+            return
+        g = self._gis[gi]
+        g.standby, g.warming, g.idle_since = "", False, self.clock() - self.idle_keep_s
+        try:
+            self._destroy(gi)
+        except NvmlError as e:
+            log.warning("card %d: pre-created GPU instance %d not destroyed yet: %s", self.index, gi, e)
 
     def tidy(self, now: float | None = None) -> list[str]:
         """Destroy idle instances kept longer than ``mig_idle_keep_s`` and blocked ones whose processes
@@ -418,7 +477,13 @@ class MigIsolation:
         seen = set()
         for m in self.hw.mig_instances(self.index):
             h = next((held_by_uuid[u] for u in m.device_uuids if u in held_by_uuid), None)
-            if h is not None:
+            if h is not None and h.lease_id.startswith(STANDBY):
+                self._gis[m.gpu_instance_id] = _Gi(m, standby=h.slice.size)
+                seen.add(h.lease_id)
+                notes.append(
+                    f"card {self.index}: adopted pre-created MIG {m.name}@{m.start} ({h.slice.size})"
+                )
+            elif h is not None:
                 self._gis[m.gpu_instance_id] = _Gi(m, lease=h.lease_id)
                 seen.add(h.lease_id)
                 notes.append(f"card {self.index}: adopted MIG {m.name}@{m.start} of lease {h.lease_id}")
@@ -437,7 +502,11 @@ class MigIsolation:
                     self._gis[m.gpu_instance_id] = _Gi(m, blocked=f"orphan that could not be destroyed: {e}")
                     notes.append(f"card {self.index}: orphaned MIG {m.name}@{m.start} not destroyed: {e}")
         lost = [h.lease_id for h in held if h.lease_id not in seen]
-        notes += [f"card {self.index}: the MIG instance of lease {lid} is gone" for lid in lost]
+        notes += [
+            f"card {self.index}: the MIG instance of lease {lid} is gone"
+            for lid in lost
+            if not lid.startswith(STANDBY)
+        ]
         if seen or any(g.blocked for g in self._gis.values()):
             return Reconciled(CardMode.SLICED, lost, notes)
         if mode is CardMode.WHOLE and not self.switch_blocker(card, False):

@@ -177,14 +177,17 @@ class MpsIsolation:
 
     def prepare(self, card, held, spec, lease_id, owner_uid):
         self._start()
-        mem_mib = int(usable_memory(card, self.reserved_bytes) * spec.memory_fraction) // MIB
-        s = Slice(
-            card.index, spec.name, mem_mib * MIB, spec.compute_pct, handle=f"mps:{card.index}:{lease_id}"
-        )
+        s, env = self.limits(card, spec, lease_id)
         self._owners[lease_id] = owner_uid
+        return s, {**env, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir)}
+
+    def limits(self, card: CardInfo, spec: SliceSpec, key: str) -> tuple[Slice, dict[str, str]]:
+        """The ``spec`` slice a client ``key`` would get, and its limits as environment (no pipe directory:
+        that makes a process an MPS client). Bookkeeping only."""
+        mem_mib = int(usable_memory(card, self.reserved_bytes) * spec.memory_fraction) // MIB
+        s = Slice(card.index, spec.name, mem_mib * MIB, spec.compute_pct, handle=f"mps:{card.index}:{key}")
         env = {
             "CUDA_VISIBLE_DEVICES": card.uuid,
-            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(spec.compute_pct),
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mem_mib}M",
             "XPU_MEMORY_LIMIT_BYTES": str(s.memory_bytes),

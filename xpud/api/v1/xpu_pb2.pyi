@@ -239,7 +239,7 @@ class Lease(_message.Message):
     def __init__(self, id: _Optional[str] = ..., mode: _Optional[str] = ..., owner_uid: _Optional[int] = ..., cards: _Optional[_Iterable[int]] = ..., card_uuids: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., env: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., restartable: _Optional[bool] = ..., holder_pid: _Optional[int] = ..., command: _Optional[str] = ..., created: _Optional[float] = ..., state: _Optional[str] = ..., restart_count: _Optional[int] = ..., mark: _Optional[str] = ..., held: _Optional[bool] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., end_reason: _Optional[str] = ..., name: _Optional[str] = ..., anchor: _Optional[str] = ...) -> None: ...
 
 class QueueEntry(_message.Message):
-    __slots__ = ("ticket", "mode", "gpus", "priority", "owner_uid", "command", "position", "enqueued", "deadline", "reason", "name")
+    __slots__ = ("ticket", "mode", "gpus", "priority", "owner_uid", "command", "position", "enqueued", "deadline", "reason", "name", "not_before", "not_before_reason")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +251,8 @@ class QueueEntry(_message.Message):
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    NOT_BEFORE_REASON_FIELD_NUMBER: _ClassVar[int]
     ticket: str
     mode: str
     gpus: int
@@ -262,10 +264,12 @@ class QueueEntry(_message.Message):
     deadline: float
     reason: str
     name: str
-    def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ..., reason: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    not_before: float
+    not_before_reason: str
+    def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ..., reason: _Optional[str] = ..., name: _Optional[str] = ..., not_before: _Optional[float] = ..., not_before_reason: _Optional[str] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold", "name", "wait_longest", "cards", "anchor", "owner_uid", "job_class")
+    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold", "name", "wait_longest", "cards", "anchor", "owner_uid", "job_class", "when_green", "green_deadline")
     MODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +283,8 @@ class AcquireRequest(_message.Message):
     ANCHOR_FIELD_NUMBER: _ClassVar[int]
     OWNER_UID_FIELD_NUMBER: _ClassVar[int]
     JOB_CLASS_FIELD_NUMBER: _ClassVar[int]
+    WHEN_GREEN_FIELD_NUMBER: _ClassVar[int]
+    GREEN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     mode: str
     gpus: int
     priority: int
@@ -292,19 +298,25 @@ class AcquireRequest(_message.Message):
     anchor: str
     owner_uid: int
     job_class: str
-    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., wait_longest: _Optional[bool] = ..., cards: _Optional[_Iterable[int]] = ..., anchor: _Optional[str] = ..., owner_uid: _Optional[int] = ..., job_class: _Optional[str] = ...) -> None: ...
+    when_green: bool
+    green_deadline: float
+    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., wait_longest: _Optional[bool] = ..., cards: _Optional[_Iterable[int]] = ..., anchor: _Optional[str] = ..., owner_uid: _Optional[int] = ..., job_class: _Optional[str] = ..., when_green: _Optional[bool] = ..., green_deadline: _Optional[float] = ...) -> None: ...
 
 class Queued(_message.Message):
-    __slots__ = ("ticket", "position", "queue_length", "deadline")
+    __slots__ = ("ticket", "position", "queue_length", "deadline", "not_before", "not_before_reason")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    NOT_BEFORE_REASON_FIELD_NUMBER: _ClassVar[int]
     ticket: str
     position: int
     queue_length: int
     deadline: float
-    def __init__(self, ticket: _Optional[str] = ..., position: _Optional[int] = ..., queue_length: _Optional[int] = ..., deadline: _Optional[float] = ...) -> None: ...
+    not_before: float
+    not_before_reason: str
+    def __init__(self, ticket: _Optional[str] = ..., position: _Optional[int] = ..., queue_length: _Optional[int] = ..., deadline: _Optional[float] = ..., not_before: _Optional[float] = ..., not_before_reason: _Optional[str] = ...) -> None: ...
 
 class Granted(_message.Message):
     __slots__ = ("lease", "token")
