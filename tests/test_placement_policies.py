@@ -252,3 +252,29 @@ def test_xpud_weighs_a_scarce_eight_card_class_by_its_cards():
     p.group_scarce = 0.5  # r below the threshold: the plain weight
     pts = p.group_points(s, one, np.zeros(2, dtype=np.int64), np.array([True, True]))
     assert pts == pytest.approx([2 * p.groups * (2 / 7), 0.0])
+
+
+def test_xpud_group_points_only_for_hosts_that_can_rank_first_pick_the_same_hosts():
+    # The pruned group term (points only where a host can still rank first) must leave the set of best
+    # hosts exactly as the full term does, on a cluster with every kind of request in flight.
+    rng = np.random.default_rng(7)
+    s = ClusterState(hosts(6, cards=8, cpu=96_000) + hosts(3, cards=8, cpu=128_000) + hosts(4, cards=2))
+    mix = [Demand(8_000, 1, 1, 1000), Demand(3_000, 1, 1, 500), Demand(120_000, 1, 8, 1000)]
+    mix += [Demand(60_000, 1, 4, 1000), Demand(16_000, 1, 2, 1000), Demand(6_000, 1)]
+    p = FragAware()
+    for d in mix * 5:
+        p.observe(d)
+    checked = 0
+    for _ in range(60):
+        d = mix[int(rng.integers(len(mix)))]
+        score, card = p.host_scores(s, d)
+        feasible = score > -np.inf
+        full = p.group_points(s, d, card, feasible)
+        pruned = p.group_points(s, d, card, feasible, score)
+        a = score - (0 if full is None else full)
+        b = score - (0 if pruned is None else pruned)
+        if feasible.any():
+            assert set(np.flatnonzero(a == a.max())) == set(np.flatnonzero(b == b.max()))
+            checked += full is not None
+            s.place(d, p.choose(s, d, rng))
+    assert checked > 10
