@@ -506,18 +506,18 @@ def windows(
     if as_json:
         return output.print_json(
             {
-                "now": now.isoformat(timespec="seconds"),
+                "now": now.timestamp(),
                 "current": cur.spec.name if cur else None,
-                "whole_share": cur.spec.whole_share if cur else 0.0,
+                "whole_share_pct": 100 * cur.spec.whole_share if cur else 0.0,
                 "windows": [
                     {
                         "name": s.spec.name,
                         "cron": s.spec.cron,
-                        "timezone": s.spec.timezone,
-                        "whole_share": s.spec.whole_share,
+                        "timezone": s.spec.timezone or None,
+                        "whole_share_pct": 100 * s.spec.whole_share,
                         "current": s.current,
-                        "last_start": s.started.isoformat() if s.started else None,
-                        "next_start": s.next.isoformat() if s.next else None,
+                        "last_start": s.started.timestamp() if s.started else None,
+                        "next_start": s.next.timestamp() if s.next else None,
                     }
                     for s in states
                 ],

@@ -4,7 +4,9 @@ engine, real SQLite ledger, the daemon's own reaper as the only timer."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
+import threading
 import time
 
 import pytest
@@ -211,6 +213,83 @@ def test_this_hosts_limits_apply_to_the_submitter_a_reservation_counts_as_a_leas
     d.call(hj.reserve, res(job="j3", count=1))
     d.call(hj.reserve, res(job="j4", count=1))
     assert len(d.engine.leases) == 3
+
+
+def _launch_marker(d, tmp_path, on_pid_write):
+    """j1 committed, and its rank (``echo ran > marker; cat``) specified; the ledger's write of the rank's
+    pid goes through ``on_pid_write(submit, ops)``. Returns the marker's path and the spec."""
+    hj, ledger = d.daemon.hostjobs, d.daemon.ledger
+    d.call(hj.reserve, res(count=1))
+    d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))
+    submit = ledger.submit
+    ledger.submit = lambda *ops: (
+        on_pid_write(submit, ops) if any("rank_pid" in str(o) for o in ops) else submit(*ops)
+    )
+    marker = tmp_path / "marker"
+    spec = pb.LaunchSpec(job="j1", rank=0, argv=["sh", "-c", f"echo ran > {marker}; cat"], cwd="/",
+                         env={"PATH": os.environ["PATH"]}, uid=UID, gid=os.getgid())  # fmt: skip
+    return marker, spec
+
+
+def test_a_rank_runs_nothing_until_its_pid_is_durable(inproc, tmp_path):
+    """The rank waits at a gate while its pid's ledger write is pending (before: it ran at once, and a
+    daemon killed in that window left it running untracked: test_federation_jobrun's restart test failed
+    once under load, and always with the write slowed by 1.5 s)."""
+    d = inproc(MACHINE)
+    release = threading.Event()
+
+    def slow(submit, ops):
+        submit(Op((), effect=lambda: release.wait(10)))  # the writer thread is busy until released
+        return submit(*ops)
+
+    marker, spec = _launch_marker(d, tmp_path, slow)
+
+    async def run():
+        async def inputs():
+            yield pb.LaunchInput(start=spec)
+            yield pb.LaunchInput(stdin=b"input\n")
+            yield pb.LaunchInput(stdin_eof=True)
+
+        stream = d.daemon.hostjobs.launch(inputs(), None, None)
+        first = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0.5)
+        ran_early = marker.exists() or first.done()
+        release.set()
+        events = [await first] + [ev async for ev in stream]
+        return ran_early, events
+
+    ran_early, events = d.call(run)
+    assert not ran_early
+    assert events[0].HasField("started") and marker.read_text() == "ran\n"
+    out = b"".join(e.output.data for e in events if e.HasField("output"))
+    assert out == b"input\n" and events[-1].ended.exit_code == 0  # the gate's line is not the rank's stdin
+    wait_until(lambda: not d.engine.leases, timeout=10)
+
+
+def test_a_rank_whose_pid_cannot_be_recorded_never_runs(inproc, tmp_path):
+    from xpud.ledger import LedgerUnavailable
+
+    d = inproc(MACHINE)
+
+    def failing(submit, ops):
+        fut = concurrent.futures.Future()
+        fut.set_exception(LedgerUnavailable("the disk is full"))
+        return fut
+
+    marker, spec = _launch_marker(d, tmp_path, failing)
+
+    async def run():
+        async def inputs():
+            yield pb.LaunchInput(start=spec)
+            await asyncio.sleep(60)
+
+        return [ev async for ev in d.daemon.hostjobs.launch(inputs(), None, None)]
+
+    events = d.call(run)
+    ended = events[-1].ended
+    assert "not started" in ended.error and "the disk is full" in ended.error, ended
+    assert not marker.exists()
+    wait_until(lambda: not d.engine.leases, timeout=10)
 
 
 def test_the_rank_pid_is_durable_before_the_rank_is_reported_started(inproc):

@@ -88,7 +88,7 @@ def test_a_restarted_host_wins_over_its_old_state():
 def test_a_host_that_leaves_is_never_suspected_or_refuted():
     net = SimNet(10, seed=7)
     assert first_time(net, net.converged, limit=30) is not None
-    net._send("h2", net.hosts["h2"].leave())
+    net.leave("h2")
     gone = first_time(net, lambda: net.share("h2", (State.LEFT,)) == 1.0, limit=3)
     assert gone is not None
     net.run(20)
@@ -132,3 +132,15 @@ def test_a_new_meta_is_gossiped_at_once_on_request():
     out = a.gossip_now()
     assert sorted(addr for addr, _ in out) == ["B", "C", "D"]
     assert all(any(u.name == "a" and u.meta == "free=2" for u in m.updates) for _, m in out)
+
+
+def test_a_cluster_can_start_joined_and_spreads_a_new_meta_everywhere_within_a_second():
+    """``SimNet(joined=True)`` (bench/federation.py --churn): every table full from the start, nothing
+    sent for it; a meta change (the daemon's capacity news) then reaches every host by gossip."""
+    net = SimNet(30, seed=3, joined=True, meta=lambda name: f"free={name}")
+    assert net.converged() and net.stats.messages == 0
+    assert net.hosts["h5"].members["h7"].meta == "free=h7"
+    inc = net.set_meta("h7", "free=0")
+    took = first_time(net, lambda: all(h.members["h7"].incarnation >= inc for h in net.hosts.values()), 2)
+    assert took is not None and took < 1.0
+    assert {h.members["h7"].meta for h in net.hosts.values()} == {"free=0"}

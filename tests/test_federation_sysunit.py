@@ -1,8 +1,8 @@
-"""xpud/federation/sysunit.py and rankproc's unit path: ranks as transient systemd units. No systemd runs
-here, so ``systemd-run`` is a stand-in script with the same contract (``--pipe --wait``: the command gets
+"""xpud/federation/sysunit.py and rankproc's unit path: ranks as transient systemd units. Here
+``systemd-run`` is a stand-in script with the same contract (``--pipe --wait``: the command gets
 its stdio, its exit code comes back; the unit's processes in a session of their own, as a cgroup) and
-``systemctl`` a recording runner that acts on it. What this cannot show: systemd's own behaviour (its
-environment-file parser, ``User=``/``WorkingDirectory=``, ``ExecMainCode``): README says so."""
+``systemctl`` a recording runner that acts on it. systemd's own behaviour (its environment-file parser,
+the user switch, ``ExecMainCode``) is tests/test_federation_sysunit_systemd.py's, against a real one."""
 
 from __future__ import annotations
 
@@ -36,12 +36,16 @@ def test_the_unit_runs_the_rank_as_the_user_from_an_env_file_never_on_the_comman
     assert unit == "xpu-job-0123abcd-r1.service"
     with pytest.raises(ValueError):
         sysunit.unit_name("a b;rm", 0)
-    argv = sysunit.run_argv(unit, ["python", "train.py", "--x"], 1000, 1000, "/home/u/run", "/run/e", 3.0)
+    argv = sysunit.run_argv(unit, ["python", "train.py", "--x"], 1000, 1000, "/home/u/run", "/run/e", 3.0,
+                            names={"PATH", "HOME", "X"})  # fmt: skip
+    unset = [n for n in sysunit.SET_BY_SYSTEMD if n not in ("PATH", "HOME")]
+    assert "INVOCATION_ID" in unset and "USER" in unset
     assert argv == [
-        "systemd-run", f"--unit={unit}", "--uid=1000", "--gid=1000", "--working-directory=/home/u/run",
-        "--property=EnvironmentFile=/run/e", "--property=Type=oneshot",
+        "systemd-run", f"--unit={unit}", "--uid=1000", "--gid=1000", "--property=EnvironmentFile=/run/e",
+        f"--property=UnsetEnvironment={' '.join(unset)}", "--property=Type=oneshot",
         "--property=TimeoutStartSec=infinity", "--property=TimeoutStopSec=3000ms",
-        "--property=KillMode=control-group", "--pipe", "--quiet", "--wait", "--", "python", "train.py", "--x",
+        "--property=KillMode=control-group", "--pipe", "--quiet", "--wait", "--",
+        "/usr/bin/env", "--chdir=/home/u/run", "--", "python", "train.py", "--x",
     ]  # fmt: skip
     assert sysunit.signal_argv(unit, 2) == ["systemctl", "kill", "--signal=2", unit]
     assert sysunit.stop_argv(unit) == ["systemctl", "stop", unit]
@@ -88,7 +92,7 @@ shutil.copy(opts["EnvironmentFile"], f"{log}/env-file")
 with open(f"{log}/env-mode", "w") as f:
     f.write(oct(os.stat(opts["EnvironmentFile"]).st_mode & 0o777)[2:] + "\n")
 sh = ["env", "-i", "sh", "-c", 'set -a; . "$0"; exec "$@"', f"{log}/env-file", *cmd]
-p = subprocess.Popen(sh, cwd=opts["working-directory"], start_new_session=True)
+p = subprocess.Popen(sh, cwd="/", start_new_session=True)  # the command is env --chdir=CWD -- ...
 with open(f"{log}/{unit}.pid.new", "w") as f:
     f.write(str(p.pid))
 os.rename(f"{log}/{unit}.pid.new", f"{log}/{unit}.pid")
@@ -175,7 +179,8 @@ def test_a_rank_runs_through_systemd_run_with_its_env_and_exit_code(units, tmp_p
     assert out == f"{value}|{work}\n" and events[-1].ended.exit_code == 3 and not events[-1].ended.error
     unit = "xpu-job-j1-r0.service"
     env_file = u.env_dir / f"{unit}.env"
-    want = sysunit.run_argv(unit, ["sh", "-c", script], 0, 0, str(work), str(env_file), rankproc.STOP_GRACE_S)
+    want = sysunit.run_argv(unit, ["sh", "-c", script], 0, 0, str(work), str(env_file), rankproc.STOP_GRACE_S,
+                            names={"PATH", "SECRET"})  # fmt: skip
     assert (log / "argv").read_text().splitlines() == want[1:]
     assert "SECRET" not in (log / "own-env").read_text()  # systemd-run runs with the clean environment
     assert (log / "env-mode").read_text().strip() == "600" and not env_file.exists()  # removed after start
@@ -219,7 +224,10 @@ def test_a_restarted_daemon_stops_the_units_of_ranks_it_had_started(monkeypatch,
     u, ctl, _ = units
     monkeypatch.setattr(rankproc, "_detected", [u])
     asyncio.run(hostjobs._stop_units("abc123"))
-    assert ctl.calls == [["systemctl", "stop", "xpu-job-abc123-r*.service"]]
+    assert ctl.calls == [
+        ["systemctl", "stop", "xpu-job-abc123-r*.service"],
+        ["systemctl", "reset-failed", "xpu-job-abc123-r*.service"],
+    ]
     monkeypatch.setattr(rankproc, "_detected", [None])
     ctl.calls.clear()
     asyncio.run(hostjobs._stop_units("abc123"))  # ranks as children: nothing to ask systemd

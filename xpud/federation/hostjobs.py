@@ -88,6 +88,7 @@ async def _stop_units(job: str) -> None:
     units = rankproc.default_units()
     if units is not None:
         rc, _ = await units.runner(sysunit.stop_job_argv(job))
+        await units.runner(sysunit.reset_job_argv(job))  # stopped, they failed: unloaded for a next attempt
         log.warning("stopped the units of job %s started before this daemon restarted (exit %d)", job, rc)
 
 
@@ -137,9 +138,10 @@ class HostJobs:
                 res = replace(res, state=ResState.COMMITTED)
             self.table.put(res)
             self._track(r.job, r.lease_id, r.ttl_s, launch_by=now + r.ttl_s)
+            if r.state == "committed":  # its unit may exist before its pid was durable: stopped by name
+                await _stop_units(r.job)
             if r.state == "committed" and r.rank_pid:  # launched before the restart: its stream is gone
                 _kill_session(r.rank_pid)
-                await _stop_units(r.job)
                 await self.drop(r.job, r.attempt, "its rank's daemon restarted; the rank was stopped")
         await self.expire()
 
@@ -355,21 +357,21 @@ class HostJobs:
 
         cluster = getattr(self.daemon.cfg, "cluster", None)
         allowed = not peer or peer == self.name or cluster is None or cluster.remote_launch
+
+        async def on_start(pid: int) -> None:
+            # ledger first: the pid is durable before the rank runs its command (it waits at a gate until
+            # this returns) and before anyone hears it started, so a daemon that crashes from here on finds
+            # and stops its group when it restarts (``restore``); if this fails, the rank runs nothing
+            r = self.table.get(spec.job)
+            if r is not None:
+                await self.ledger.write(self.ledger.set_rank_pid_op(spec.job, r.attempt, pid))
+
         try:
-            rank = rankproc.Rank(spec, requests, on_end, remote_launch=allowed)
+            rank = rankproc.Rank(spec, requests, on_end, on_start=on_start, remote_launch=allowed)
         except BaseException:
             await self.launch_ended(spec.job, "its rank could not be started")
             raise
         async for ev in rank.events():
-            r = self.table.get(spec.job)
-            if ev.HasField("started") and r is not None:
-                # ledger first: the pid is durable before anyone hears the rank started, so a daemon
-                # that crashes from here on finds and stops the group when it restarts (``restore``)
-                try:
-                    await self.ledger.write(self.ledger.set_rank_pid_op(spec.job, r.attempt, ev.started.pid))
-                except Exception:  # the ledger failed (a cancelled call: the stream's end stops it)
-                    await rank.kill()  # untracked, it could outlive a crash: it does not run
-                    raise
             if ev.HasField("ended") and spec.job in self.restarting:
                 ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
             yield ev

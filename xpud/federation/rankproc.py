@@ -14,6 +14,11 @@ group (and session) of its own, and yields ``LaunchEvent``s: ``started``, then t
   end of ``inputs`` only closes the rank's stdin: cancel the call to stop a rank.
 - ``Rank.kill()`` stops it from outside (an abort): SIGTERM, SIGKILL after ``stop_grace_s``; the
   caller still hears ``ended``.
+- ``on_start(pid)`` (the daemon's ledger write of the pid) runs once the process exists and *before* it
+  runs the command: the process is ``sh -c GATE``, which reads one line from its stdin and runs the
+  command (``exec``, same pid) only when that line is ``go``, written once ``on_start`` returned. If
+  ``on_start`` fails or the daemon dies first, stdin ends and the process exits (125) having run nothing,
+  so a rank whose pid is not durable never runs. No event is seen before ``on_start`` returned.
 - However it ends, ``on_end(RankEnded)`` (the lease's release) is called once, after the process is
   reaped and before ``ended`` is yielded. The clean-up runs in a task of its own, so the caller's
   cancellation cannot cut it short; ``stop_all()`` finishes every rank at the daemon's shutdown.
@@ -63,7 +68,10 @@ KILL_GRACE_S = 10.0  # forwarded INT/TERM/HUP/QUIT -> SIGKILL (single-host `xpu 
 STOP_GRACE_S = 3.0  # the stream broke: SIGTERM -> SIGKILL
 DRAIN_S = 1.0  # after the rank ended: how long to read pipes an escaped process still holds open
 TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
-ENV = "/usr/bin/env"  # coreutils env: --chdir after the uid switch
+ENV = sysunit.ENV  # coreutils env: --chdir after the uid switch
+SH = "/bin/sh"
+GATE = 'IFS= read -r go && [ "$go" = go ] || exit 125; exec "$@"'  # POSIX sh reads a pipe byte by byte
+GATE_EXIT = 125
 
 _RUNNING: dict[asyncio.Task, Rank] = {}  # supervisors, kept alive until their clean-up is done
 ENV_FILE_KEEP_S = 30.0  # the longest an env file waits for its unit's process to start
@@ -96,14 +104,17 @@ def _host() -> str:
     return socket.gethostname()
 
 
-def _argv_and_creds(spec: pb.LaunchSpec) -> tuple[list[str], dict]:
-    """The argv to exec and Popen's identity arguments for ``spec``; raises Refused."""
+def _argv_and_creds(spec: pb.LaunchSpec, gate: list[str] = (), paths: bool = True) -> tuple[list[str], dict]:
+    """The argv to exec (``gate`` first) and Popen's identity arguments for ``spec``; raises Refused.
+    ``paths``: check the directory and the command here (not when the rank is a unit: the daemon's own
+    view of the file system is its sandbox's, e.g. a private /tmp, and ``env --chdir`` in the unit says
+    what is missing)."""
     argv, cwd, env = list(spec.argv), spec.cwd, dict(spec.env)
     if not argv or not argv[0]:
         raise Refused("no command given", 127)
     if not os.path.isabs(cwd):
         raise Refused(f"working directory {cwd!r}: give an absolute path")
-    if not os.path.isdir(cwd):
+    if paths and not os.path.isdir(cwd):
         raise Refused(
             f"working directory {cwd} does not exist on {_host()}: "
             "create it there, or run from a directory every host has (a shared file system)"
@@ -120,7 +131,7 @@ def _argv_and_creds(spec: pb.LaunchSpec) -> tuple[list[str], dict]:
         log.warning("rank of job %s: uid %d is %s here, %s on the submitting host", spec.job, spec.uid,
                     pw.pw_name, spec.user)  # fmt: skip
     program = os.path.join(cwd, argv[0]) if "/" in argv[0] else argv[0]
-    if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+    if paths and shutil.which(program, path=env.get("PATH", os.defpath)) is None:
         raise Refused(f"{argv[0]}: command not found on {_host()}", 127)
     euid = os.geteuid()
     if euid != 0:
@@ -129,11 +140,11 @@ def _argv_and_creds(spec: pb.LaunchSpec) -> tuple[list[str], dict]:
                 f"this daemon runs as uid {euid}, not root: it can start ranks only as itself, "
                 f"not as uid {spec.uid} gid {spec.gid}"
             )
-        return argv, {"cwd": cwd}
+        return [*gate, *argv], {"cwd": cwd}
     creds = {"user": spec.uid, "group": spec.gid, "extra_groups": os.getgrouplist(pw.pw_name, spec.gid)}
     if spec.uid == 0:
-        return argv, {"cwd": cwd, **creds}
-    return [ENV, f"--chdir={cwd}", "--", *argv], {"cwd": "/", **creds}
+        return [*gate, *argv], {"cwd": cwd, **creds}
+    return [ENV, f"--chdir={cwd}", "--", *gate, *argv], {"cwd": "/", **creds}
 
 
 def _kill_started(starting: asyncio.Future) -> None:
@@ -180,12 +191,15 @@ class Rank:
         inputs: AsyncIterator[pb.LaunchInput],
         on_end: Callable[[pb.RankEnded], object] | None = None,
         *,
+        on_start: Callable[[int], object] | None = None,
         remote_launch: bool = True,
         kill_grace_s: float = KILL_GRACE_S,
         stop_grace_s: float = STOP_GRACE_S,
         units: sysunit.Units | None | str = "detect",
     ):
-        self.spec, self.on_end = spec, on_end
+        self.spec, self.on_end, self.on_start = spec, on_end, on_start
+        self._released = asyncio.Event()  # events are seen once on_start has returned (or failed)
+        self._failed = ""  # on_start failed: the rank ran nothing; its end says why
         self.units = default_units() if units == "detect" else units
         self.unit = ""  # the rank's unit name, once started as one
         self._env_file: str | None = None
@@ -242,6 +256,7 @@ class Rank:
             self._pipes_closed.set()
 
     async def next_event(self) -> pb.LaunchEvent:
+        await self._released.wait()
         while not self._queue:
             self.ready.clear()
             await self.ready.wait()
@@ -356,7 +371,8 @@ class Rank:
             log.warning("job %s rank %d: environment names systemd does not take, left out: %s",
                         spec.job, spec.rank, ", ".join(sorted(dropped))[:500])  # fmt: skip
         self.unit = unit
-        line = sysunit.run_argv(unit, argv, spec.uid, spec.gid, spec.cwd, self._env_file, self.stop_grace_s)
+        names = set(spec.env) - set(dropped)
+        line = sysunit.run_argv(unit, argv, spec.uid, spec.gid, spec.cwd, self._env_file, self.stop_grace_s, names)
         return [self.units.systemd_run, *line[1:]]
 
     async def _forget_env(self) -> None:
@@ -418,10 +434,11 @@ class Rank:
             raise Refused(
                 f"remote launch is disabled on {_host()} ([cluster] remote_launch = false in its xpud.toml)"
             )
-        argv, creds = _argv_and_creds(self.spec)
+        gate = [SH, "-c", GATE, "xpu-rank"] if self.on_start is not None else []
+        argv, creds = _argv_and_creds(self.spec, gate, paths=self.units is None)
         env = dict(self.spec.env)
         if self.units is not None:  # systemd switches the user and enters the directory
-            argv = await asyncio.to_thread(self._unit_argv, list(self.spec.argv))  # writes the env file
+            argv = await asyncio.to_thread(self._unit_argv, [*gate, *self.spec.argv])  # writes the env file
             creds, env = {"cwd": "/"}, dict(sysunit.CLEAN_ENV)
         loop = asyncio.get_running_loop()
         starting = asyncio.ensure_future(
@@ -450,7 +467,27 @@ class Rank:
             task = asyncio.ensure_future(self._forget_env())
             self._ctl_tasks.add(task)
             task.add_done_callback(self._ctl_tasks.discard)
+        await self._open_gate()
         return self.pgid
+
+    async def _open_gate(self) -> None:
+        """``on_start(pid)``, then ``go`` to the gate; if it fails, stdin ends (the process exits having run
+        nothing) and the rank is stopped with the reason. Cancelled: the caller's clean-up stops it."""
+        try:
+            if self.on_start is not None:
+                try:
+                    result = self.on_start(self.pgid)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception as e:
+                    log.error("job %s rank %d: not started: %s", self.spec.job, self.spec.rank, e)
+                    self._failed = f"the rank was not started on {_host()}: {e}"[:1000]
+                    self._close_stdin()
+                    self._stop.set()
+                    return
+                self._write_stdin(b"go\n")
+        finally:
+            self._released.set()
 
     async def _supervise(self, inputs: AsyncIterator[pb.LaunchInput]) -> None:
         feeder = None
@@ -458,6 +495,7 @@ class Rank:
             try:
                 await self._start()
             except Refused as e:
+                self._released.set()
                 await self._end(pb.RankEnded(rank=self.spec.rank, exit_code=e.code, error=str(e)))
                 return
             feeder = asyncio.ensure_future(self._feed(inputs))
@@ -477,7 +515,10 @@ class Rank:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._pipes_closed.wait(), DRAIN_S)
             code = self.transport.get_returncode()
-            await self._end(await self._unit_ended(code) if self.unit else _ended(self.spec.rank, code))
+            ended = await self._unit_ended(code) if self.unit else _ended(self.spec.rank, code)
+            if self._failed:
+                ended.error = self._failed
+            await self._end(ended)
         finally:
             if self._escalation is not None:
                 self._escalation.cancel()

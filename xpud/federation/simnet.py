@@ -9,9 +9,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from xpud.federation.membership import Message, State, Swim, SwimConfig
+from xpud.federation.membership import Member, Message, State, Swim, SwimConfig
 
 
 def message_bytes(msg: Message) -> int:
@@ -34,7 +35,9 @@ class Stats:
 
 @dataclass
 class SimNet:
-    """``n`` hosts named ``h0``..; ``loss``: the chance a message is lost; delays uniform in ``delay_s``."""
+    """``n`` hosts named ``h0``..; ``loss``: the chance a message is lost; delays uniform in ``delay_s``;
+    ``meta(name)``: each host's meta from its start (e.g. its capacity summary); ``joined``: every host
+    starts knowing every other alive, as in a cluster long after its joins (nothing sent for it)."""
 
     n: int
     seed: int = 0
@@ -42,6 +45,8 @@ class SimNet:
     delay_s: tuple[float, float] = (0.0005, 0.003)
     cfg: SwimConfig = field(default_factory=SwimConfig)
     tick_s: float = 0.05
+    meta: Callable[[str], str] | None = None
+    joined: bool = False
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -54,12 +59,23 @@ class SimNet:
         self._events: list[tuple[float, int, str, object]] = []
         self._order = itertools.count()
         for i in range(self.n):
-            self.add(f"h{i}", seeds=[self.hosts["h0"].addr] if i else [])
+            self.add(f"h{i}", seeds=[self.hosts["h0"].addr] if i and not self.joined else [])
+        if self.joined:
+            for host in self.hosts.values():
+                host.pop_changes()
+                host._queue.clear()  # its own "alive" went out long ago
+                for other in self.hosts.values():
+                    if other is not host:
+                        me = other.members[other.name]
+                        host.members[other.name] = Member(
+                            me.name, me.addr, me.incarnation, State.ALIVE, me.meta, self.now, self.now
+                        )
 
     # ------------------------------------------------------------------ hosts
     def add(self, name: str, seeds: list[str], incarnation: int = -1) -> Swim:
         addr = f"{name}:7443"
-        host = Swim(name, addr, self.now, incarnation, cfg=self.cfg, rng=random.Random(self.rng.random()))
+        meta = self.meta(name) if self.meta else ""
+        host = Swim(name, addr, self.now, incarnation, meta, self.cfg, random.Random(self.rng.random()))
         self.hosts[name], self.by_addr[addr] = host, name
         self.down.discard(name)
         self._send(name, host.join(seeds))
@@ -68,6 +84,18 @@ class SimNet:
 
     def crash(self, name: str) -> None:
         self.down.add(name)
+
+    def leave(self, name: str) -> None:
+        """A clean shutdown (the daemon's SIGTERM): "left" goes out, then the host stops."""
+        self._send(name, self.hosts[name].leave())
+
+    def set_meta(self, name: str, meta: str) -> int:
+        """The host's meta changes (as the daemon's on engine news: a gossip round at once); returns the
+        incarnation that carries it."""
+        host = self.hosts[name]
+        host.set_meta(meta)
+        self._send(name, host.gossip_now())
+        return host.incarnation
 
     def restart(self, name: str) -> Swim:
         """The host comes back with a fresh table (incarnation from the clock: above its old ones)."""

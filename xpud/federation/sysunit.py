@@ -16,13 +16,21 @@ the last word by ``systemctl stop`` (KillMode=control-group: every process of th
   runtime directory, removed once the unit's process is started (``ExecMainPID`` set: systemd reads the
   file before it forks): ``--setenv=NAME=VALUE`` would show every value in ``ps``, and systemd-run itself
   must not run with the submitter's environment (it runs as root: ``LD_PRELOAD``, ``SYSTEMD_*``).
+- The command is ``env --chdir=CWD -- ARGV``, as a child rank's: ``systemd-run`` would look a bare name up
+  in its own ``PATH`` and a relative one from its own directory (``/``), and a directory the user may not
+  enter would fail the unit with status 200 and no word; ``env`` looks it up in the rank's ``PATH`` from
+  ``CWD``, as the user, and says what failed (exit 125/126/127, a line on stderr).
+- What systemd adds to a unit's environment (``INVOCATION_ID``, ``SYSTEMD_EXEC_PID``, ``USER``,
+  ``LOGNAME``, ``HOME``, ``SHELL``, its own ``PATH`` and locale) is unset unless the rank's environment
+  names it (``UnsetEnvironment=``): the rank gets exactly the submitter's environment, as a child does.
+  A site's ``DefaultEnvironment=`` is not undone.
 - Names that are not ``[A-Za-z_][A-Za-z0-9_]*`` (e.g. bash's exported functions ``BASH_FUNC_x%%``) are
   left out and logged: systemd's parser takes shell-style names only (its ``env_name_is_valid``, as far
-  as we know: not checked against a real systemd).
+  as we know).
 
 Argv builders and the file format are pure; the commands run through a ``Runner`` (``run`` by default) that
-tests replace, as tests/test_install.py records systemctl. Not run on a real systemd here (none runs on
-the development machine): README and bench/federation.md say so.
+tests replace, as tests/test_install.py records systemctl; tests/test_federation_sysunit_systemd.py runs
+them against a real systemd (pid 1 of new namespaces, tests/systemd_ns.py).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import contextlib
 import os
 import re
 import shutil
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +48,11 @@ SYSTEMD_RUN = "systemd-run"
 SYSTEMCTL = "systemctl"
 RUN_TIMEOUT_S = 10.0  # one systemctl call
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}  # systemd-run's own environment
+ENV = "/usr/bin/env"  # coreutils env: --chdir, then the PATH lookup
+SET_BY_SYSTEMD = ("INVOCATION_ID", "SYSTEMD_EXEC_PID", "USER", "LOGNAME", "HOME", "SHELL", "PATH", "LANG",
+                  "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "LC_COLLATE", "LC_MONETARY",
+                  "LC_MESSAGES", "LC_PAPER", "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE", "LC_MEASUREMENT",
+                  "LC_IDENTIFICATION")  # fmt: skip
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 Runner = Callable[[Sequence[str]], Awaitable[tuple[int, str]]]  # argv -> (exit code, stdout)
@@ -64,17 +77,26 @@ def _check_job(job: str) -> None:
 
 
 def run_argv(
-    unit: str, argv: Sequence[str], uid: int, gid: int, cwd: str, env_file: str, stop_s: float = 3.0
+    unit: str,
+    argv: Sequence[str],
+    uid: int,
+    gid: int,
+    cwd: str,
+    env_file: str,
+    stop_s: float = 3.0,
+    names: Collection[str] = (),
 ) -> list[str]:
-    """``systemd-run`` starting ``argv`` as ``uid``/``gid`` in ``cwd`` with exactly the environment in
-    ``env_file``; ``systemctl stop`` gives it ``stop_s`` after SIGTERM before SIGKILL."""
+    """``systemd-run`` starting ``argv`` as ``uid``/``gid`` in ``cwd`` (``env --chdir``) with exactly the
+    environment in ``env_file``, whose variables are ``names``; ``systemctl stop`` gives it ``stop_s``
+    after SIGTERM before SIGKILL."""
+    unset = [n for n in SET_BY_SYSTEMD if n not in names]
     return [
         SYSTEMD_RUN,
         f"--unit={unit}",
         f"--uid={uid}",
         f"--gid={gid}",
-        f"--working-directory={cwd}",
         f"--property=EnvironmentFile={env_file}",
+        *([f"--property=UnsetEnvironment={' '.join(unset)}"] if unset else []),
         "--property=Type=oneshot",
         "--property=TimeoutStartSec=infinity",
         f"--property=TimeoutStopSec={max(int(stop_s * 1000), 1)}ms",
@@ -82,6 +104,9 @@ def run_argv(
         "--pipe",
         "--quiet",
         "--wait",
+        "--",
+        ENV,
+        f"--chdir={cwd}",
         "--",
         *argv,
     ]
@@ -101,6 +126,13 @@ def stop_job_argv(job: str) -> list[str]:
     """Stop every rank unit of ``job`` on this host (a glob: after a daemon restart the rank is unknown)."""
     _check_job(job)
     return [SYSTEMCTL, "stop", f"xpu-job-{job}-r*.service"]
+
+
+def reset_job_argv(job: str) -> list[str]:
+    """Unload ``job``'s rank units that failed (a stopped oneshot fails): a later attempt of the job on
+    this host reuses their names."""
+    _check_job(job)
+    return [SYSTEMCTL, "reset-failed", f"xpu-job-{job}-r*.service"]
 
 
 def show_argv(unit: str) -> list[str]:
