@@ -145,7 +145,7 @@ def test_xpud_keeps_the_only_idle_group_for_a_multi_card_class():
     # sends a one-card task to host 1, so the 8-card task that arrives next still finds its group.
     s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
     one, eight = Demand(4_000, 1, 1, 1000), [Demand(120_000 + k, 1, 8, 1000) for k in range(2)]
-    for groups, host in ((50.0, 1), (0.0, 0)):
+    for groups, host in ((FragAware().groups, 1), (0.0, 0)):  # the default weight steers it
         p = FragAware(groups=groups)
         for d in [one] * 40 + eight:
             p.observe(d)
@@ -165,7 +165,7 @@ def test_xpud_keeps_the_only_group_for_a_cpu_heavy_class_from_a_lighter_task_of_
     # groups, so the 64-core task took host 0 (the tie) and the 120-core task that came next found nothing.
     s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
     light, heavy = Demand(64_000, 1, 8, 1000), [Demand(120_000 + k, 1, 8, 1000) for k in range(2)]
-    for groups, host in ((20.0, 1), (0.0, 0)):
+    for groups, host in ((FragAware().groups, 1), (0.0, 0)):
         p = FragAware(groups=groups, small_hosts_first=False)  # the plain tie order: the group term alone
         for d in [Demand(4_000, 1, 1, 1000)] * 100 + [light] + heavy:  # FGD's popular classes: 1-card
             p.observe(d)
@@ -216,3 +216,65 @@ def test_xpud_gives_a_multi_card_task_the_least_capable_of_equal_hosts():
     one = Demand(4_000, 1, 1, 1000)  # a one-card task keeps the old order (measured: capacity ties cost it)
     assert FragAware().pick(s, np.array([0, 1]), RNG, one) == 0
     assert FragAware().pick(s, np.array([0, 1]), RNG) == 0
+
+
+@pytest.mark.parametrize("make", [lambda: FGD(None), FragAware])
+def test_idle_hosts_of_a_kind_scored_once_get_the_scores_each_would_get(make):
+    # Three kinds of host, most idle, some busy; the shortcut (one idle host scored per kind) must give
+    # every host the score and card that scoring it alone gives.
+    s = ClusterState(hosts(5) + hosts(4, cards=8, cpu=96_000, model="Y") + hosts(3, cards=2, cpu=16_000))
+    assert len(set(s.kind.tolist())) == 3
+    put(s, Demand(4_000, 1, 1, 500), 1, (2,))
+    put(s, Demand(30_000, 1), 6)
+    mix = [Demand(4_000, 1, 1, 500), Demand(8_000, 1, 2, 1000), Demand(2_000, 1), Demand(12_000, 1, 1, 1000)]
+    for d in [*mix, Demand(6_000, 1, 1, 300), Demand(20_000, 1, 4, 1000)]:
+        fast, slow = make(), make()
+        slow.host_pure = False
+        for m in mix:
+            fast.observe(m)
+            slow.observe(m)
+        a, b = fast.host_scores(s, d), slow.host_scores(s, d)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), d
+    assert s.idle(np.arange(s.size)).sum() == s.size - 2
+
+
+def test_xpud_weighs_a_scarce_eight_card_class_by_its_cards():
+    # Host 0 alone serves the 8-card, 120-core classes (two sizes). Each class's claim on the free share is
+    # q_c * F = 8,000 / 56,000 * 16,000 = 2,286 milli against a supply of one group (8,000): r = 2/7 >= 1/4,
+    # so breaking host 0's group costs groups * r * (8/4)^2 per class; host 1 serves neither class.
+    s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
+    one = Demand(4_000, 1, 1, 1000)
+    p = FragAware()
+    for d in [one] * 40 + [Demand(120_000 + k, 1, 8, 1000) for k in range(2)]:
+        p.observe(d)
+    pts = p.group_points(s, one, np.zeros(2, dtype=np.int64), np.array([True, True]))
+    assert pts == pytest.approx([2 * p.groups * (2 / 7) * 4, 0.0])
+    p.group_scarce = 0.5  # r below the threshold: the plain weight
+    pts = p.group_points(s, one, np.zeros(2, dtype=np.int64), np.array([True, True]))
+    assert pts == pytest.approx([2 * p.groups * (2 / 7), 0.0])
+
+
+def test_xpud_group_points_only_for_hosts_that_can_rank_first_pick_the_same_hosts():
+    # The pruned group term (points only where a host can still rank first) must leave the set of best
+    # hosts exactly as the full term does, on a cluster with every kind of request in flight.
+    rng = np.random.default_rng(7)
+    s = ClusterState(hosts(6, cards=8, cpu=96_000) + hosts(3, cards=8, cpu=128_000) + hosts(4, cards=2))
+    mix = [Demand(8_000, 1, 1, 1000), Demand(3_000, 1, 1, 500), Demand(120_000, 1, 8, 1000)]
+    mix += [Demand(60_000, 1, 4, 1000), Demand(16_000, 1, 2, 1000), Demand(6_000, 1)]
+    p = FragAware()
+    for d in mix * 5:
+        p.observe(d)
+    checked = 0
+    for _ in range(60):
+        d = mix[int(rng.integers(len(mix)))]
+        score, card = p.host_scores(s, d)
+        feasible = score > -np.inf
+        full = p.group_points(s, d, card, feasible)
+        pruned = p.group_points(s, d, card, feasible, score)
+        a = score - (0 if full is None else full)
+        b = score - (0 if pruned is None else pruned)
+        if feasible.any():
+            assert set(np.flatnonzero(a == a.max())) == set(np.flatnonzero(b == b.max()))
+            checked += full is not None
+            s.place(d, p.choose(s, d, rng))
+    assert checked > 10

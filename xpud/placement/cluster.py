@@ -99,6 +99,9 @@ class ClusterState:
         self.max_cards = max(1, int(self.n_cards.max()))
         self.card_exists = np.arange(self.max_cards)[None, :] < self.n_cards[:, None]
         self.total_gpu_milli = int(self.n_cards.sum()) * CARD_MILLI
+        # Hosts of one kind (model and capacities): two idle hosts of one kind look the same to a policy.
+        kinds = np.stack([self.model, self.cpu_cap, self.mem_cap, self.n_cards], axis=1)
+        self.kind = np.unique(kinds, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
         # Ties between equally scored hosts go to the lowest rank. The simulator shuffles it per seed (the
         # FGD artifact does the same by prefixing node names with a random permutation).
         self.tie_rank = np.arange(len(hosts), dtype=np.int64)
@@ -199,6 +202,14 @@ class ClusterState:
             self.max_free[h] = int(row.max())
             self.used_gpu_milli -= sign * d.gpu_milli * len(p.cards)
         self.version[h] = next(_VERSIONS)
+
+    def idle(self, hosts: np.ndarray) -> np.ndarray:
+        """Boolean mask over ``hosts``: nothing placed there (every CPU, memory and card share free)."""
+        return (
+            (self.cpu_free[hosts] == self.cpu_cap[hosts])
+            & (self.mem_free[hosts] == self.mem_cap[hosts])
+            & (self.n_full[hosts] == self.n_cards[hosts])
+        )
 
     def free_gpu_milli(self, hosts: np.ndarray | None = None) -> np.ndarray:
         """Total free GPU share per host (milli)."""

@@ -109,6 +109,10 @@ class FragModel:
                     self.w_single[m, level + 1 :, share_pos[c.gpu_milli]] += p
                 else:
                     self.u_multi[m, level + 1 :, :] += p * CARD_MILLI * nf * (nf >= c.gpus)
+        # Cumulative over share levels, column k = levels below the k-th (what the measure gathers).
+        self.cum_single = np.concatenate(
+            [np.zeros((n_models, n_cpu, 1)), np.cumsum(self.w_single, axis=2)], axis=2
+        )
 
     # -- the measure -------------------------------------------------------------------------------------
     # U = sum_cards f * C(f), where C(f) is the weight of single-card classes whose share is at most f (at
@@ -119,8 +123,7 @@ class FragModel:
 
     def _cum(self, model: np.ndarray, cpu_index: np.ndarray) -> np.ndarray:
         """(N, D+1) cumulative class weight over share levels; column k = levels below the k-th."""
-        w = self.w_single[model, cpu_index]
-        return np.concatenate([np.zeros((w.shape[0], 1)), np.cumsum(w, axis=1)], axis=1)
+        return self.cum_single[model, cpu_index]
 
     def _fit_index(self, card_free: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.share_levels, card_free, side="right")

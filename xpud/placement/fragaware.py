@@ -21,7 +21,9 @@ What it adds to FGD (each measured on the openb trace; see ``bench/placement.md`
    host with ``k`` idle cards and its CPU. Its share ``q_c`` of the arrived GPU request is learned online,
    its expected claim on the free share is ``q_c * F``, and the hosts that can take it now hold a supply of
    whole groups. A smaller task that would break such a host's last group for ``c`` loses
-   ``groups * min(1, q_c * F / supply_c)`` points, so idle groups are spent last when they are scarce.
+   ``groups * r_c`` points, ``r_c = min(1, q_c * F / supply_c)``, so idle groups are spent last when they
+   are scarce; once ``r_c >= group_scarce`` (1/4) the points are ``groups * r_c * (k/4)^2`` (an 8-card class
+   weighs 4x, a 2-card one 1/4x: what a class loses when its task finds no group grows with its cards).
    Smaller means fewer cards, or as many cards and less CPU when the task could also go to a host that
    cannot serve ``c`` (an 8-card task needing 64 cores keeps off the only hosts with 120 free).
 6. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
@@ -80,6 +82,7 @@ class FragAware(FGD):
         small_hosts_first: bool = True,
         scarcity: float = 20.0,
         groups: float = 20.0,
+        group_scarce: float = 0.25,
         refresh_every: int = 512,
     ):
         super().__init__(mix, refresh_every=refresh_every)
@@ -90,6 +93,7 @@ class FragAware(FGD):
         self.small_hosts_first = small_hosts_first
         self.scarcity = scarcity
         self.groups = groups
+        self.group_scarce = group_scarce
         self._multi: dict[tuple[int, int, tuple[str, ...]], int] = {}  # (cards, cpu, models) -> GPU milli
         self._multi_cache: tuple | None = None
         self._named: dict[str, float] = {}  # model -> arrived GPU milli that names it (split over a set)
@@ -169,57 +173,114 @@ class FragAware(FGD):
         return self.scarcity * ratio
 
     def group_points(
-        self, state: ClusterState, d: Demand, card: np.ndarray, feasible: np.ndarray
+        self,
+        state: ClusterState,
+        d: Demand,
+        card: np.ndarray,
+        feasible: np.ndarray,
+        score: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """Score points each host loses for ``d`` (placed on ``card`` for a fractional task) because it
         breaks the host's last idle group for a multi-card class whose groups are scarce; None if none.
         A class is weighed only when ``d`` could go to a ``feasible`` host that cannot serve that class
         (a task steered away needs somewhere else to go: an 8-card task that only the class's hosts can
-        take is not)."""
+        take is not).
+
+        With ``score`` (the scores the points are taken from), points are only worked out for the hosts
+        that could still rank first once they are taken (those scoring at least what the best host keeps);
+        the others get 0, which cannot change ``choose``'s pick, and the work shrinks from every host to a
+        handful. Class supplies are counted over hosts sorted by free CPU (one cumulative sum per card
+        count and model set), never as a (classes x hosts) matrix."""
         if not (self.groups and self._multi):
             return None
-        n_full, cpu = state.n_full, state.cpu_free
-        if d.fractional:
-            took = (card >= 0) & (
-                np.take_along_axis(state.card_free, np.maximum(card, 0)[:, None], 1)[:, 0] == CARD_MILLI
-            )
-            n_after = n_full - took
-        else:
-            n_after = n_full - d.gpus
-        cpu_after = cpu - d.cpu_milli
-        kk, need, mask, milli = self._multi_arrays(state)
-        serves = (n_full >= kk[:, None]) & (cpu >= need[:, None]) & mask  # (classes, hosts)
-        use = (kk > d.gpus) | ((kk == d.gpus) & (need > d.cpu_milli) & (feasible & ~serves).any(axis=1))
+        kk, need, mask_id, masks, pair, pair_k, pair_m, milli = self._multi_arrays(state)
+        # Only hosts with at least the smallest class's idle cards can serve (or break a group for) a class.
+        near = np.flatnonzero(state.n_full >= kk.min())
+        if not near.size:
+            return None
+        n_near, cpu_near = state.n_full[near], state.cpu_free[near]
+        order = np.argsort(-cpu_near, kind="stable")
+        n_sorted, desc_cpu = n_near[order], -cpu_near[order]
+        rows = np.searchsorted(desc_cpu, -need, side="right")  # hosts (sorted) with cpu >= need, per class
+        feas_sorted = feasible[near][order]
+        cum_groups = np.zeros((len(pair_k), near.size + 1))
+        cum_feasible = np.zeros((len(pair_k), near.size + 1))
+        for j, (k, m) in enumerate(zip(pair_k, pair_m, strict=True)):
+            ok = (n_sorted >= k) & masks[m][near][order]
+            np.cumsum(np.where(ok, n_sorted // k, 0), out=cum_groups[j, 1:])
+            np.cumsum(ok & feas_sorted, out=cum_feasible[j, 1:])
+        supply_groups = cum_groups[pair, rows]
+        serving_feasible = cum_feasible[pair, rows]
+        outside = serving_feasible < np.count_nonzero(feasible)  # a feasible host that cannot serve c
+        use = (kk > d.gpus) | ((kk == d.gpus) & (need > d.cpu_milli) & outside)
         if not use.any():
             return None
-        kk, need, milli, serves = kk[use], need[use], milli[use], serves[use]
-        supply = (np.where(serves, n_full // kk[:, None], 0).sum(axis=1)) * kk * CARD_MILLI
-        claim = milli / self._arrived_gpu * float(state.card_free.sum())
+        kk, need, milli, mask_id = kk[use], need[use], milli[use], mask_id[use]
+        supply = supply_groups[use] * kk * CARD_MILLI
+        claim = milli / self._arrived_gpu * float(state.total_gpu_milli - state.used_gpu_milli)
         ratio = np.where(supply > 0, np.minimum(1.0, claim / np.maximum(supply, 1)), 0.0)
-        breaks = serves & ((n_after < kk[:, None]) | (cpu_after < need[:, None]))
-        return self.groups * (ratio @ breaks) if breaks.any() else None
+        model_ok = np.array([masks[m] for m in mask_id.tolist()])  # (classes, hosts)
+
+        def points(hosts: np.ndarray) -> np.ndarray:
+            n_full, cpu = state.n_full[hosts], state.cpu_free[hosts]
+            if d.fractional:
+                c = np.maximum(card[hosts], 0)
+                n_after = n_full - ((card[hosts] >= 0) & (state.card_free[hosts, c] == CARD_MILLI))
+            else:
+                n_after = n_full - d.gpus
+            serves = (n_full >= kk[:, None]) & (cpu >= need[:, None]) & model_ok[:, hosts]
+            breaks = serves & ((n_after < kk[:, None]) | (cpu - d.cpu_milli < need[:, None]))
+            # A class whose claim is at least ``group_scarce`` of its supply weighs (k/4)^2 times more: an
+            # 8-card task that finds no group loses 8 cards, and the hosts it needs are the ones every
+            # smaller task can also use (measured on the multigpu variants; below that share the plain weight
+            # keeps the default trace where it was).
+            weight = np.where(ratio >= self.group_scarce, (kk / 4.0) ** 2, 1.0)
+            return self.groups * ((ratio * weight) @ breaks)
+
+        if score is not None:
+            best = int(np.argmax(score))
+            if score[best] == -np.inf:
+                return None
+            keep = score[best] - points(np.array([best]))[0]
+            near = near[score[near] >= keep]
+        out = np.zeros(state.size)
+        if near.size:
+            out[near] = points(near)
+        return out if out.any() else None
 
     def _multi_arrays(self, state: ClusterState):
-        """The multi-card classes seen so far as arrays: cards, CPU, allowed-host mask, GPU milli."""
+        """The multi-card classes seen so far as arrays: cards, CPU, model-set index, the model sets' host
+        masks, each class's (cards, model set) pair and the pairs' cards and model sets, GPU milli."""
         key = (len(self._multi), state.models, state.size)
         if self._multi_cache is None or self._multi_cache[0] != key:
-            masks: dict[tuple[str, ...], np.ndarray] = {}
+            ids: dict[tuple[str, ...], int] = {}
             rows = list(self._multi)
+            mask_id = np.array([ids.setdefault(m, len(ids)) for _, _, m in rows], dtype=np.int64)
+            masks = [state.model_mask(m) for m in ids]
+            kk = np.array([k for k, _, _ in rows], dtype=np.int64)
+            pairs: dict[tuple[int, int], int] = {}
+            pair = np.array(
+                [pairs.setdefault(km, len(pairs)) for km in zip(kk.tolist(), mask_id.tolist(), strict=True)],
+                dtype=np.int64,
+            )
             arrays = (
-                np.array([k for k, _, _ in rows], dtype=np.int64),
+                kk,
                 np.array([c for _, c, _ in rows], dtype=np.int64),
-                np.array([masks.setdefault(m, state.model_mask(m)) for _, _, m in rows]),
+                mask_id,
+                masks,
+                pair,
+                [k for k, _ in pairs],
+                [m for _, m in pairs],
             )
             self._multi_cache = (key, arrays)
-        kk, need, mask = self._multi_cache[1]
-        return kk, need, mask, np.array(list(self._multi.values()), dtype=float)
+        return (*self._multi_cache[1], np.array(list(self._multi.values()), dtype=float))
 
     def decision_scores(self, state, d):
         score, card = self.host_scores(state, d)
         pts = self.scarcity_points(state, d)
         if pts is not None:
             score = score - pts[state.model]
-        grp = self.group_points(state, d, card, score > -np.inf)
+        grp = self.group_points(state, d, card, score > -np.inf, score)
         return (score if grp is None else score - grp), card
 
     def pick(self, state, ties, rng, d=None):

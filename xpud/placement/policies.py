@@ -13,7 +13,9 @@ Baselines follow the ATC'23 FGD artifact (``hkust-adsl/kubernetes-scheduler-simu
 - ``fgd``: least growth of fragmentation (see :mod:`xpud.placement.frag`), coarse score as published.
 
 Scores depend only on the host's own state, so they are cached per request shape and recomputed for the
-hosts whose ``version`` changed since (and for all hosts when the policy's ``epoch`` moves).
+hosts whose ``version`` changed since (and for all hosts when the policy's ``epoch`` moves). Policies whose
+score is a function of that state alone (``host_pure``) score one idle host per kind (model and capacities)
+and give the others of its kind the same score: after a mix refresh most of a cluster is often idle.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Policy:
 
     name = "policy"
     cacheable = True
+    host_pure = False  # True: a score is a function of the host's own state (idle hosts of a kind share it)
 
     def __init__(self) -> None:
         self.epoch = 0
@@ -86,12 +89,29 @@ class Policy:
             entry.card[stale] = -1
             hosts = stale[ok]
             if hosts.size:
-                s, c = self.scores(state, d, hosts)
-                entry.score[hosts] = s
-                if c is not None:
-                    entry.card[hosts] = c
+                self._score_into(entry, state, d, hosts)
             entry.version[stale] = state.version[stale]
         return entry.score, entry.card
+
+    def _score_into(self, entry: _Cached, state: ClusterState, d: Demand, hosts: np.ndarray) -> None:
+        """Score ``hosts`` (all feasible for ``d``) into ``entry``."""
+        if self.host_pure and hosts.size > 1:
+            idle = state.idle(hosts)
+            if np.count_nonzero(idle) > 1:
+                idle_hosts, busy = hosts[idle], hosts[~idle]
+                _, first, which = np.unique(state.kind[idle_hosts], return_index=True, return_inverse=True)
+                scored = np.concatenate([busy, idle_hosts[first]])
+                s, c = self.scores(state, d, scored)
+                entry.score[busy] = s[: busy.size]
+                entry.score[idle_hosts] = s[busy.size :][which]
+                if c is not None:
+                    entry.card[busy] = c[: busy.size]
+                    entry.card[idle_hosts] = c[busy.size :][which]
+                return
+        s, c = self.scores(state, d, hosts)
+        entry.score[hosts] = s
+        if c is not None:
+            entry.card[hosts] = c
 
     def choose(self, state: ClusterState, d: Demand, rng: np.random.Generator) -> Placement | None:
         """Where ``d`` goes, or ``None`` when no host can take it."""
@@ -228,6 +248,7 @@ class FGD(Policy):
     """
 
     name = "fgd"
+    host_pure = True
 
     def __init__(self, mix: WorkloadMix | None = None, *, exact: bool = False, refresh_every: int = 512):
         super().__init__()
