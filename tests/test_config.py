@@ -158,3 +158,19 @@ def test_environment_overrides_are_checked_like_the_file():
         config.checked(config.Config(), "leases", "grace_s", "nan", "--grace")
     with pytest.raises(ConfigError, match=r"--seed: \[devices\] seed: -1 is below the minimum 0"):
         config.checked(config.Config(), "devices", "seed", -1, "--seed")
+
+
+def test_mps_idle_keep_s_is_checked_and_reaches_the_mps_backend(tmp_path):
+    for bad, why in (("3601.0", "maximum 3600"), ("-0.5", "minimum 0"), ("nan", "not a finite number")):
+        with pytest.raises(ConfigError, match=rf"^xpud.toml:2: \[cards\] mps_idle_keep_s: .*{why}"):
+            config.parse(f"[cards]\nmps_idle_keep_s = {bad}\n", "xpud.toml")
+    from xpud.hw.fakenvml import FakeNvml
+    from xpud.hw.nvml import Nvml
+    from xpud.isolation import backend_for
+    from xpud.isolation.faketools import FakeNvidiaTools
+
+    nvml = Nvml(FakeNvml("pcie-8x-l40s"))
+    nvml.open()
+    for text, keep in (("0", 0.0), ("3600", 3600.0), ("", 30.0)):
+        cfg = config.parse(f"[cards]\n{'mps_idle_keep_s = ' + text if text else ''}\n", "xpud.toml")
+        assert backend_for(cfg, nvml, FakeNvidiaTools())(nvml.card_info(0)).idle_keep_s == keep

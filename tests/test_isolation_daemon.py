@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import io
 import itertools
+import os
 import random
+import time
 
 import pytest
 
@@ -19,7 +21,7 @@ from xpud.hw.check import check_hardware
 from xpud.hw.fakenvml import FakeNvml
 from xpud.model import Caller, Mode, Request
 
-CONFIG = "[leases]\ngrace_s = 120.0\n[cards]\nmig_idle_keep_s = {keep}\n"
+CONFIG = "[leases]\ngrace_s = 120.0\n[cards]\nmig_idle_keep_s = {keep}\nmps_idle_keep_s = {keep}\n"
 _pids = itertools.count(7_000_000)
 
 
@@ -78,8 +80,9 @@ def check_mig(d, keep: float) -> None:
             assert fake[i][0] == 1
 
 
-def check_mps(d, clients: dict[str, tuple[str, int]]) -> None:
+def check_mps(d, clients: dict[str, tuple[str, int]], keep: float = 0.0) -> None:
     leases, cards, _, _ = snapshot(d)
+    idle = d.call(lambda: {i: b.idle_server() for i, b in d.engine._backends.items()})
     tools, nvml = d.tools, d.hw
     daemons = tools.snapshot()
     usable = {}
@@ -101,8 +104,9 @@ def check_mps(d, clients: dict[str, tuple[str, int]]) -> None:
         pipe = str(d.runtime_dir / "mps" / str(i) / "pipe")
         if mode == "whole":
             assert pipe not in daemons and nvml.compute_mode(i) == "DEFAULT"
-        if not slices and pipe in daemons:
-            assert daemons[pipe]["servers"] == {}, f"card {i}: MPS server without slices"
+        if not slices and pipe in daemons and daemons[pipe]["servers"]:  # only one kept idle
+            assert keep > 0 and idle[i] is not None, f"card {i}: MPS server without slices"
+            assert len(daemons[pipe]["servers"]) == 1
         card_total = nvml.card_info(i).memory_total_bytes
         assert usable.get(i, 0) <= card_total - (1 << 30)
     connected = {lid for lid, _ in clients.values()}
@@ -169,8 +173,9 @@ def test_mixed_demand_on_mig_cards_matches_the_fake_hardware_after_every_step(in
     assert sorted(d.call(lambda: d.daemon.monitor.thread.waiter.registered)) == list(range(8))
 
 
-def test_mixed_demand_on_mps_cards_matches_the_simulated_control_daemons(inproc):
-    d = inproc("pcie-8x-l40s", CONFIG.format(keep=0))
+@pytest.mark.parametrize("keep", [0.0, 600.0])
+def test_mixed_demand_on_mps_cards_matches_the_simulated_control_daemons(inproc, keep):
+    d = inproc("pcie-8x-l40s", CONFIG.format(keep=keep))
     clients: dict[str, tuple[str, int]] = {}  # lease id -> (pipe, client pid)
 
     def started(g):  # the child starts CUDA: it connects to its card's MPS server
@@ -185,9 +190,11 @@ def test_mixed_demand_on_mps_cards_matches_the_simulated_control_daemons(inproc)
             pipe, pid = clients.pop(g.lease.id)
             d.tools.disconnect(pipe, pid)
 
-    counts = mixed_demand(d, 160, seed=7, on_grant=started, on_release=ended, check=lambda: check_mps(d, {}))
+    check = lambda: check_mps(d, {}, keep)  # noqa: E731
+    counts = mixed_demand(d, 160, seed=7, on_grant=started, on_release=ended, check=check)
     assert counts["granted"] > 60
-    assert all(snap["servers"] == {} for snap in d.tools.snapshot().values())
+    servers = [snap["servers"] for snap in d.tools.snapshot().values()]
+    assert all(not x for x in servers) if keep == 0 else any(servers)
 
 
 def test_a_second_user_s_mps_slice_goes_to_another_card_or_waits_with_the_reason(inproc):
@@ -214,6 +221,62 @@ def test_a_second_user_s_mps_slice_goes_to_another_card_or_waits_with_the_reason
         d.call(d.engine.release, lease.id, admin)
     got, _ = waiter.result(10)
     assert got.cards == a.cards
+
+
+def _shutdowns(d) -> int:
+    """``shutdown_server`` commands the daemon ran through the (fake) MPS control tool."""
+    return sum("shutdown_server" in (text or "") for _, _, text in d.tools.calls)
+
+
+def test_an_idle_mps_server_serves_its_uid_again_and_is_shut_down_for_another(inproc):
+    d = inproc("workstation-2x", CONFIG.format(keep=600))
+    uid, other, admin = os.getuid(), os.getuid() + 1, Caller(uid=0, admin=True)
+    with Client(d.runtime_dir) as c:
+        c.acquire_lease("xpu")  # one card whole: the slices below all go to the other card
+        g = c.acquire_lease("vxpu-quarter")
+        pipe = g.lease.env["CUDA_MPS_PIPE_DIRECTORY"]
+        assert d.tools.connect(pipe, 9001, uid) == "served"
+        (server,) = d.tools.snapshot()[pipe]["servers"]
+        d.tools.disconnect(pipe, 9001)
+        calls = len(d.tools.calls)
+        c.release(g.lease.id, g.token)  # the card's last slice: bookkeeping only, the server stays
+        g2 = c.acquire_lease("vxpu-quarter")  # the same uid: it finds the server running
+        assert g2.lease.env["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+        tool_runs = [text for _, _, text in d.tools.calls[calls:] if text != "get_server_list\n"]
+        assert tool_runs == []  # (tidy's periodic check of the control daemon aside)
+        assert d.tools.connect(pipe, 9002, uid) == "served"
+        assert d.tools.snapshot()[pipe]["servers"] == {server: (uid, [9002])}
+    # 9002 outlives its lease (a leftover); the server stays idle for uid until another user's slice comes
+    d.call(d.engine.release, g2.lease.id, admin)
+    assert _shutdowns(d) == 0 and d.tools.snapshot()[pipe]["servers"] == {server: (uid, [9002])}
+    lease, _ = d.call(lambda: d.engine.try_grant(Request(Mode.VXPU_QUARTER, owner_uid=other)))
+    assert list(lease.card_uuids) == list(g.lease.card_uuids)  # the idle server does not keep it off the card
+    assert _shutdowns(d) == 1 and 9002 in d.tools.daemons[pipe].killed
+    assert d.tools.connect(pipe, 9003, other) == "served"  # never behind (or beside) uid's server
+    assert [u for u, _ in d.tools.snapshot()[pipe]["servers"].values()] == [other]
+    check_mps(d, {}, 600)
+
+
+@pytest.mark.parametrize("keep", [3.0, 0.0])
+def test_an_idle_mps_server_is_shut_down_when_its_grace_ends_and_at_once_with_zero(inproc, keep):
+    d = inproc("workstation-2x", CONFIG.format(keep=keep))
+    with Client(d.runtime_dir) as c:
+        g = c.acquire_lease("vxpu-quarter")
+        pipe = g.lease.env["CUDA_MPS_PIPE_DIRECTORY"]
+        assert d.tools.connect(pipe, 9101, os.getuid()) == "served"  # left running after its lease
+        t0 = time.monotonic()
+        c.release(g.lease.id, g.token)
+    snapshot(d)  # the teardown done (it waits when tidy has the card)
+    if keep == 0:  # today's behaviour: the release shuts the server down, the leftover is cut off
+        assert d.tools.snapshot()[pipe]["servers"] == {} and _shutdowns(d) == 1
+        assert 9101 in d.tools.daemons[pipe].killed
+        return
+    idle = d.call(lambda: [b.idle_server() for b in d.engine._backends.values()])
+    assert idle.count(os.getuid()) == 1 and len(d.tools.snapshot()[pipe]["servers"]) == 1
+    wait_until(lambda: d.tools.snapshot()[pipe]["servers"] == {}, timeout=15)
+    assert time.monotonic() - t0 >= keep  # not before its grace (tidy looks every second)
+    assert _shutdowns(d) == 1 and 9101 in d.tools.daemons[pipe].killed
+    check_mps(d, {})
 
 
 def test_restart_adopts_mig_instances_destroys_orphans_and_reclaims_lost_slices(inproc):

@@ -20,13 +20,14 @@ HALF, QUARTER = DEFAULT_SLICES["vxpu-half"], DEFAULT_SLICES["vxpu-quarter"]
 MIB = 1 << 20
 
 
-def mps(tmp_path, machine="pcie-8x-l40s", index=0, reserved=0):
+def mps(tmp_path, machine="pcie-8x-l40s", index=0, reserved=0, keep=0.0, clock=None):
     fake = FakeNvml(machine)
     nvml = Nvml(fake)
     nvml.open()
     tools = FakeNvidiaTools(fake)
     card = nvml.card_info(index)
-    return MpsIsolation(card, nvml, tools, tmp_path / "run", reserved), card, fake, nvml, tools
+    kw = {"idle_keep_s": keep} | ({"clock": clock} if clock else {})
+    return MpsIsolation(card, nvml, tools, tmp_path / "run", reserved, **kw), card, fake, nvml, tools
 
 
 # ----------------------------------------------------------------------------------- the simulator
@@ -229,3 +230,83 @@ def test_slices_on_a_running_control_daemon_run_no_tool_and_a_dead_one_is_starte
     assert "started again" in notes[0] and b.running()
     b.teardown(card, s1)
     assert b.servers() == []
+
+
+# ------------------------------------------------------------------- idle servers ([cards] mps_idle_keep_s)
+def shutdowns(tools) -> int:
+    return sum("shutdown_server" in (text or "") for _, _, text in tools.calls)
+
+
+def test_an_idle_server_serves_the_next_slice_of_its_uid_with_no_tool_run(tmp_path):
+    now = [100.0]
+    b, card, _fake, _nvml, tools = mps(tmp_path, keep=30.0, clock=lambda: now[0])
+    s1 = b.prepare(card, [], QUARTER, "a", 1000)[0]
+    pipe = str(b.pipe_dir)
+    assert tools.connect(pipe, 501, 1000) == "served"
+    (server,) = b.servers()
+    tools.disconnect(pipe, 501)
+    assert not b.needs_tool("teardown", "a")  # the last slice, but its server is kept
+    calls = len(tools.calls)
+    b.teardown(card, s1)
+    assert len(tools.calls) == calls and b.idle_server() == 1000
+    assert tools.snapshot()[pipe]["servers"] == {server: (1000, [])}  # still there, idle
+    assert not b.needs_tool("prepare", "b", 1000)
+    s2 = b.prepare(card, [], QUARTER, "b", 1000)[0]
+    assert len(tools.calls) == calls and b.idle_server() is None
+    assert tools.connect(pipe, 502, 1000) == "served"
+    assert tools.snapshot()[pipe]["servers"] == {server: (1000, [502])}  # the same server, no new start
+    assert not b.fits(card, [s2], QUARTER, owner_uid=1001)  # a live slice keeps uid 1001 away
+
+
+def test_another_uid_s_slice_shuts_the_idle_server_down_first_and_never_shares_it(tmp_path):
+    b, card, *_rest, tools = mps(tmp_path, keep=30.0)
+    s1 = b.prepare(card, [], QUARTER, "a", 1000)[0]
+    pipe = str(b.pipe_dir)
+    assert tools.connect(pipe, 501, 1000) == "served"  # a leftover: it outlives its lease
+    b.teardown(card, s1)
+    assert shutdowns(tools) == 0 and b.idle_server() == 1000
+    # Only live slices keep another user away: the idle server is no reason to refuse uid 1001.
+    assert b.fits(card, [], QUARTER, owner_uid=1001) and not b.serves_other_user(1001)
+    assert b.why_not(card, [], QUARTER, owner_uid=1001) == ""
+    assert b.needs_tool("prepare", "b", 1001) and not b.needs_tool("prepare", "b", 1000)
+    b.prepare(card, [], QUARTER, "b", 1001)
+    assert shutdowns(tools) == 1 and b.idle_server() is None
+    assert tools.snapshot()[pipe]["servers"] == {}  # forced: the leftover client is cut off
+    assert 501 in tools.daemons[pipe].killed
+    assert tools.connect(pipe, 601, 1001) == "served"  # not "waiting" behind uid 1000's server
+    assert [uid for uid, _ in tools.snapshot()[pipe]["servers"].values()] == [1001]
+    assert not b.fits(card, [], QUARTER, owner_uid=1000)  # and uid 1000 now waits for uid 1001
+
+
+def test_tidy_shuts_an_idle_server_down_once_its_grace_is_over(tmp_path):
+    now = [100.0]
+    b, card, *_rest, tools = mps(tmp_path, keep=30.0, clock=lambda: now[0])
+    s = b.prepare(card, [], QUARTER, "a", 1000)[0]
+    pipe = str(b.pipe_dir)
+    tools.connect(pipe, 501, 1000)
+    tools.disconnect(pipe, 501)
+    b.teardown(card, s)  # idle since 100
+    assert b.tidy(100.0) == [] and not b.tidy_due(104.9)  # (the control daemon was asked at 100)
+    assert b.tidy(129.9) == [] and len(b.servers()) == 1  # asked again at 129.9: next at 134.9
+    assert b.tidy_due(130.0)  # the grace is over: due before the next check of the control daemon
+    assert b.tidy(130.0) == ["card 0: idle MPS server of uid 1000 shut down"]
+    assert b.servers() == [] and b.idle_server() is None and shutdowns(tools) == 1
+    assert not b.tidy_due(131.0)
+    assert not b.needs_tool("prepare", "b", 1001)  # nothing left to shut down
+
+
+def test_leaving_sliced_mode_or_a_restart_drops_an_idle_server(tmp_path):
+    b, card, _fake, nvml, tools = mps(tmp_path, keep=30.0)
+    s = b.prepare(card, [], QUARTER, "a", 1000)[0]
+    tools.connect(str(b.pipe_dir), 501, 1000)
+    b.teardown(card, s)
+    again = MpsIsolation(card, nvml, tools, tmp_path / "run", idle_keep_s=30.0)  # a restarted xpud
+    found = again.reconcile(card, CardMode.SLICED, [])
+    assert "MPS server without slices shut down" in found.notes[0] and again.servers() == []
+    assert again.idle_server() is None and not again.needs_tool("prepare", "b", 1001)
+    s = again.prepare(card, [], QUARTER, "b", 1000)[0]
+    tools.connect(str(again.pipe_dir), 502, 1000)
+    again.teardown(card, s)
+    again.leave_sliced(card)
+    assert tools.snapshot() == {} and again.idle_server() is None
+    assert nvml.compute_mode(0) == "DEFAULT"

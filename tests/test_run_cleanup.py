@@ -18,7 +18,7 @@ from tests.conftest import BIN, alive, poll, xpu_env
 from xpud.api.client import Client
 
 GRACE = 1.0
-CONFIG = f"[leases]\ngrace_s = {GRACE}\n[cards]\nmig_idle_keep_s = 0\n"
+CONFIG = f"[leases]\ngrace_s = {GRACE}\n[cards]\nmig_idle_keep_s = 0\nmps_idle_keep_s = 0\n"
 POINTS = ("queued", "granted", "running", "moving")
 _pids = itertools.count(8_000_000)
 

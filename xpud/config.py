@@ -90,6 +90,14 @@ class CardsSection:
         min=0.0,
         max=86400.0,
     )
+    mps_idle_keep_s: float = _key(
+        30.0,
+        "Seconds an MPS server whose last slice ended is kept for the next slice of the same uid; "
+        "0 = shut down at release. Leftover processes of an ended lease live until then, or until "
+        "another user's slice comes to the card.",
+        min=0.0,
+        max=3600.0,
+    )
     mig_profiles_file: str = _key(
         "", "Which MIG profiles serve each slice size, per card model; empty = xpud's etc/mig-profiles.toml."
     )

@@ -58,7 +58,7 @@ from xpud.windows import WindowSpec, whole_needed
 
 log = logging.getLogger("xpud.engine")
 
-TIDY_INTERVAL_S = 1.0  # isolation upkeep (MIG instances kept idle past [cards] mig_idle_keep_s)
+TIDY_INTERVAL_S = 1.0  # isolation upkeep (MIG instances, MPS servers kept idle past their grace)
 QUEUE_BUSY_WAIT_S = 0.5  # the same for a request that may wait in the queue (then it is queued)
 BUSY_WAIT_S = 10.0  # how long a request with no --wait waits for busy cards before it is refused
 
@@ -281,16 +281,19 @@ class Engine:
             return fn(*args)
         return await asyncio.to_thread(fn, *args)
 
-    def _bookkeeping(self, index: int, op: str, lease_id: str) -> bool:
-        """Whether card ``index``'s backend says ``op`` ("prepare", "teardown") for ``lease_id`` runs no
-        tool now (e.g. MPS with its control daemon known to run): then it runs on the loop, and the
-        card's claim is not held across an await (other grants do not wait for it)."""
+    def _bookkeeping(self, index: int, op: str, lease_id: str, owner_uid: int = -1) -> bool:
+        """Whether card ``index``'s backend says ``op`` ("prepare", "teardown") for ``lease_id`` (of
+        ``owner_uid``, for a prepare) runs no tool now (e.g. MPS with its control daemon known to run and
+        no other user's idle server to shut down): then it runs on the loop, and the card's claim is not
+        held across an await (other grants do not wait for it)."""
         needs_tool = getattr(self._backends[index], "needs_tool", None)
-        return needs_tool is not None and not needs_tool(op, lease_id)
+        return needs_tool is not None and not needs_tool(op, lease_id, owner_uid)
 
-    def _inline(self, index: int, op: str, lease_id: str) -> bool:
+    def _inline(self, index: int, op: str, lease_id: str, owner_uid: int = -1) -> bool:
         """Whether card ``index``'s ``op`` for ``lease_id`` runs on the loop (as ``_hw`` decides)."""
-        return isinstance(self._backends[index], Accounting) or self._bookkeeping(index, op, lease_id)
+        return isinstance(self._backends[index], Accounting) or self._bookkeeping(
+            index, op, lease_id, owner_uid
+        )
 
     def _spawn(self, coro: Awaitable, what: str) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -644,7 +647,7 @@ class Engine:
                     c.mode = want
                     c.switched_at = self.clock()
                     switched.append(i)
-            if mode is Mode.XPU or self._inline(cards[0], "prepare", lease_id):
+            if mode is Mode.XPU or self._inline(cards[0], "prepare", lease_id, owner_uid):
                 return (*self._place_now(lease_id, mode, cards, owner_uid), switched)
             c = self.cards[cards[0]]
             spec = self.cfg.slices[mode.value]
@@ -652,7 +655,7 @@ class Engine:
             s, env = await self._hw(
                 self._backends[c.info.index].prepare,
                 *(c.info, held, spec, lease_id, owner_uid),
-                inline=self._bookkeeping(c.info.index, "prepare", lease_id),
+                inline=self._bookkeeping(c.info.index, "prepare", lease_id, owner_uid),
             )
             c.slices[lease_id] = s
             return (s,), env, switched
@@ -770,7 +773,7 @@ class Engine:
         lease_id, token = self._new_id()
         want = CardMode.WHOLE if req.mode is Mode.XPU else CardMode.SLICED
         if all(self.cards[i].mode is want for i in cards) and (
-            req.mode is Mode.XPU or self._inline(cards[0], "prepare", lease_id)
+            req.mode is Mode.XPU or self._inline(cards[0], "prepare", lease_id, req.owner_uid)
         ):
             return self._grant_inline(req, cards, queued_s, lease_id, token)
         return asyncio.ensure_future(self._grant_task(req, cards, queued_s, lease_id, token))
@@ -1394,8 +1397,8 @@ class Engine:
         return [x for x in out if x]
 
     def _tidy_isolation(self) -> None:
-        """Backend upkeep (idle MIG instances kept too long, instances freed by their processes), off the
-        loop, on the cards that are not busy, at most once a TIDY_INTERVAL_S."""
+        """Backend upkeep (idle MIG instances and MPS servers kept too long, instances freed by their
+        processes), off the loop, on the cards that are not busy, at most once a TIDY_INTERVAL_S."""
         now = time.monotonic()
         if now < self._next_tidy:
             return

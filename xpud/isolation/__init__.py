@@ -58,7 +58,9 @@ def backend_for(cfg: Config, hw, runner: Runner | None = None) -> Callable[[Card
                 idle_keep_s=cfg.cards.mig_idle_keep_s,
             )
         if kind == "mps":
-            return MpsIsolation(card, hw, runner, cfg.runtime_dir, reserved)
+            return MpsIsolation(
+                card, hw, runner, cfg.runtime_dir, reserved, idle_keep_s=cfg.cards.mps_idle_keep_s
+            )
         return shared
 
     return make

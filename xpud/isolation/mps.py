@@ -10,8 +10,14 @@ Life of a card under MPS (facts: ../shared/REFERENCE.md, MPS):
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<pct>`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M``. The
   memory limit names device 0: the index *as the client sees it*, which is the only card it sees (limits
   keyed by UUID were seen to be ignored).
-- When the card's last slice ends, its MPS server is shut down (forced: no lease remains, so any client
-  still attached is a leftover), which frees the server's memory and lets another user's server start.
+- When the card's last slice ends, its MPS server stays, idle, for ``[cards] mps_idle_keep_s`` seconds
+  (0: it is shut down at once): the release is bookkeeping only, and the next slice of the same uid on
+  the card finds the server running (on real cards, no server start). A slice of another uid never joins
+  it (one user per MPS server): its ``prepare`` first shuts the idle server down, forced (no lease of its
+  uid remains, so any client still attached is a leftover and is cut off), which frees the server's
+  memory and lets the other user's server start. ``tidy`` shuts down an idle server kept longer. So a
+  leftover process of an ended lease lives until the grace ends or another user's slice comes to the
+  card (with 0, until the release).
 - The card leaves sliced mode (``leave_sliced``): the control daemon quits and the saved compute mode is
   restored. The saved mode lives in a file beside the pipe directory, so a restart after a crash restores
   it too.
@@ -26,7 +32,8 @@ died (killed, crashed) is started again there, within that interval, instead of 
 One server uid at a time: MPS runs one server per card for one uid; a client of another uid waits until
 that server's clients are done. xpud makes this a placement rule instead of a hidden wait: a card whose
 MPS slices belong to uid A takes no slice for uid B (``fits`` says no, ``why_not`` says why). B's request
-goes to another card, or waits in the queue, and its error or queue message names the reason. The
+goes to another card, or waits in the queue, and its error or queue message names the reason. Only live
+slices count: a server kept idle for uid A does not keep B away (B's prepare shuts it down first). The
 control daemon runs as root (xpud's own uid), so it can start the server for whichever user comes.
 
 Limits are set in the client's environment: they bound well-behaved programs (allocations beyond the
@@ -37,13 +44,14 @@ isolation.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from xpud.errors import Conflict
 from xpud.hw.types import NvmlError
 from xpud.isolation.base import Held, Reconciled, shares_fit, usable_memory
-from xpud.isolation.runner import Runner, check
+from xpud.isolation.runner import Runner, ToolError, check
 from xpud.model import CardInfo, CardMode, Slice, SliceSpec
 
 log = logging.getLogger("xpud.isolation.mps")
@@ -62,7 +70,16 @@ class MpsIsolation:
 
     name = "mps"
 
-    def __init__(self, card: CardInfo, hw, runner: Runner, runtime_dir: Path, reserved_bytes: int = 0):
+    def __init__(
+        self,
+        card: CardInfo,
+        hw,
+        runner: Runner,
+        runtime_dir: Path,
+        reserved_bytes: int = 0,
+        idle_keep_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.card = card
         self.hw = hw
         self.runner = runner
@@ -71,7 +88,11 @@ class MpsIsolation:
         self.pipe_dir = self.base / "pipe"
         self.log_dir = self.base / "log"
         self._saved_mode = self.base / "compute-mode"  # the mode to restore when MPS stops
-        self._owners: dict[str, int] = {}  # lease id -> uid of its slice on this card
+        self._owners: dict[str, int] = {}  # lease id -> uid of its slice on this card (live slices)
+        self.idle_keep_s = idle_keep_s  # [cards] mps_idle_keep_s
+        self.clock = clock
+        # (uid, since): the server kept after the last slice of ``uid`` ended, at ``since`` (clock seconds)
+        self._idle: tuple[int, float] | None = None
         self._known_running = False  # the control daemon answered (or was started) and was not told to quit
         self._next_check = 0.0  # when tidy asks the control daemon again (time.monotonic)
 
@@ -101,14 +122,23 @@ class MpsIsolation:
         done = self._ask()
         return [int(x) for x in done.lines() if x.isdigit()] if done.ok else []
 
-    def needs_tool(self, op: str, lease_id: str = "") -> bool:
-        """Whether ``prepare`` (``op`` "prepare") or ``teardown`` of ``lease_id``'s slice ("teardown") would
-        run the control tool now; when not, it is bookkeeping only (no I/O)."""
+    def needs_tool(self, op: str, lease_id: str = "", owner_uid: int = -1) -> bool:
+        """Whether ``prepare`` (``op`` "prepare") of a slice for ``owner_uid`` or ``teardown`` of
+        ``lease_id``'s slice ("teardown") would run the control tool now; when not, it is bookkeeping only
+        (no I/O)."""
         if op == "prepare":
-            return not self._known_running
-        if op == "teardown":
-            return not set(self._owners) - {lease_id}  # the last slice: its server is shut down
+            return not self._known_running or self._idle_other(owner_uid)
+        if op == "teardown":  # the last slice: its server is shut down unless kept idle
+            return self.idle_keep_s <= 0 and not set(self._owners) - {lease_id}
         return True
+
+    def idle_server(self) -> int | None:
+        """The uid whose server is kept idle on this card (no slice left), or None."""
+        return None if self._idle is None else self._idle[0]
+
+    def _idle_other(self, owner_uid: int) -> bool:
+        """Whether an idle server of another uid than ``owner_uid`` is kept (a prepare shuts it down)."""
+        return self._idle is not None and self._idle[0] != owner_uid
 
     def _start(self) -> None:
         if self._known_running or self.running():
@@ -177,6 +207,11 @@ class MpsIsolation:
 
     def prepare(self, card, held, spec, lease_id, owner_uid):
         self._start()
+        if self._idle_other(owner_uid):  # never join another user's server: shut it down first
+            uid = self._idle[0]
+            self._shutdown_servers()
+            log.info("card %d: idle MPS server of uid %d shut down for uid %d", card.index, uid, owner_uid)
+        self._idle = None
         s, env = self.limits(card, spec, lease_id)
         self._owners[lease_id] = owner_uid
         return s, {**env, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir)}
@@ -196,15 +231,22 @@ class MpsIsolation:
         return s, env
 
     def teardown(self, card, s) -> None:
-        self._owners.pop(s.handle.rpartition(":")[2], None)
-        if not self._owners:
-            self._shutdown_servers()
+        uid = self._owners.pop(s.handle.rpartition(":")[2], None)
+        if self._owners:
+            return
+        if self.idle_keep_s > 0:  # kept for the next slice of the same uid
+            if uid is not None:
+                self._idle = (uid, self.clock())
+            return
+        self._idle = None
+        self._shutdown_servers()
 
     def enter_sliced(self, card) -> None:
         self._start()
 
     def leave_sliced(self, card) -> None:
         self._owners.clear()
+        self._idle = None  # quit stops the servers too
         self._stop()
 
     def switch_blocker(self, card, sliced: bool) -> str:
@@ -212,6 +254,7 @@ class MpsIsolation:
 
     def reconcile(self, card, mode: CardMode, held: Sequence[Held]) -> Reconciled:
         self._owners = {h.lease_id: h.owner_uid for h in held}
+        self._idle = None  # a server without slices is shut down below
         notes = []
         running = self.running()
         if held or mode is CardMode.SLICED:
@@ -232,18 +275,33 @@ class MpsIsolation:
             notes.append(f"card {card.index}: compute mode restored after MPS")
         return Reconciled(mode, [], notes)
 
+    def _idle_expired(self, now: float) -> bool:
+        return self._idle is not None and now - self._idle[1] >= self.idle_keep_s
+
     def tidy_due(self, now: float) -> bool:
         """Whether ``tidy`` has anything to do at ``now`` (time.monotonic): the engine claims the card
         for it only then."""
-        return self._known_running and now >= self._next_check
+        return self._idle_expired(now) or (self._known_running and now >= self._next_check)
 
     def tidy(self, now: float) -> list[str]:
-        """Every CHECK_INTERVAL_S, while the card is sliced: a control daemon that stopped answering is
+        """An idle server kept ``mps_idle_keep_s`` is shut down (forced: no lease of its uid remains).
+        Every CHECK_INTERVAL_S, while the card is sliced: a control daemon that stopped answering is
         started again (the slices' next clients need it)."""
-        if not self.tidy_due(now):
-            return []
+        notes = []
+        if self._idle_expired(now):
+            uid = self._idle[0]
+            try:
+                self._shutdown_servers()
+            except ToolError as e:  # it stays idle; tried again in CHECK_INTERVAL_S
+                self._idle = (uid, now + CHECK_INTERVAL_S - self.idle_keep_s)
+                log.warning("card %d: idle MPS server of uid %d not shut down: %s", self.card.index, uid, e)
+            else:
+                self._idle = None
+                notes.append(f"card {self.card.index}: idle MPS server of uid {uid} shut down")
+        if not (self._known_running and now >= self._next_check):
+            return notes
         self._next_check = now + CHECK_INTERVAL_S
         if self.running():
-            return []
+            return notes
         self._start()
-        return [f"card {self.card.index}: MPS control daemon had stopped answering; started again"]
+        return [*notes, f"card {self.card.index}: MPS control daemon had stopped answering; started again"]
