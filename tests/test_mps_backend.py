@@ -14,7 +14,7 @@ from xpud.isolation.base import Held
 from xpud.isolation.faketools import FakeNvidiaTools
 from xpud.isolation.mps import CHECK_INTERVAL_S, MAX_CLIENTS, RESERVED_ESTIMATE, MpsIsolation
 from xpud.isolation.runner import CommandRunner, ToolError, check
-from xpud.model import CardMode, SliceSpec
+from xpud.model import CardMode, Slice, SliceSpec
 
 HALF, QUARTER = DEFAULT_SLICES["vxpu-half"], DEFAULT_SLICES["vxpu-quarter"]
 MIB = 1 << 20
@@ -276,6 +276,19 @@ def test_another_uid_s_slice_shuts_the_idle_server_down_first_and_never_shares_i
     assert tools.connect(pipe, 601, 1001) == "served"  # not "waiting" behind uid 1000's server
     assert [uid for uid, _ in tools.snapshot()[pipe]["servers"].values()] == [1001]
     assert not b.fits(card, [], QUARTER, owner_uid=1000)  # and uid 1000 now waits for uid 1001
+
+
+def test_an_idle_server_of_an_unknown_uid_is_shut_down_before_any_slice(tmp_path):
+    b, card, *_rest, tools = mps(tmp_path, keep=30.0)
+    b.prepare(card, [], QUARTER, "a", 1000)
+    assert tools.connect(str(b.pipe_dir), 501, 1000) == "served"
+    stranger = Slice(card.index, QUARTER.name, 1 << 30, 15, handle=f"mps:{card.index}:not-ours")
+    b._owners.clear()  # the books lost the slice's owner (e.g. restored without it)
+    b.teardown(card, stranger)
+    assert shutdowns(tools) == 0 and b.idle_server() == -1  # kept, but no uid may join it
+    assert b.needs_tool("prepare", "b", 1000) and b.needs_tool("prepare", "c", 1001)
+    b.prepare(card, [], QUARTER, "b", 1000)
+    assert shutdowns(tools) == 1 and b.idle_server() is None
 
 
 def test_tidy_shuts_an_idle_server_down_once_its_grace_is_over(tmp_path):

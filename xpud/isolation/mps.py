@@ -234,9 +234,8 @@ class MpsIsolation:
         uid = self._owners.pop(s.handle.rpartition(":")[2], None)
         if self._owners:
             return
-        if self.idle_keep_s > 0:  # kept for the next slice of the same uid
-            if uid is not None:
-                self._idle = (uid, self.clock())
+        if self.idle_keep_s > 0:  # kept for the next slice of the same uid (an unknown one: -1, any
+            self._idle = (-1 if uid is None else uid, self.clock())  # slice's prepare shuts it down)
             return
         self._idle = None
         self._shutdown_servers()
