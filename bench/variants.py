@@ -13,7 +13,9 @@ GPU tasks so that one property reaches a share of them, as the FGD paper's varia
 
 Every variant is replayed with ``fgd`` (FGD as published: the whole trace's mix known in advance) and
 ``xpud`` (online) on the given seeds, with the simulator's protocol (``xpud/sim/protocol.py``). Results: the
-mean allocation at every arrived-workload point 50..130 %, xpud minus FGD, written as JSON and markdown.
+mean allocation at every arrived-workload point 50..130 %, xpud minus FGD, written as JSON and markdown,
+with the CPU-only tasks each policy did not place: dropped (fit nowhere) and refused (xpud's CPU reserve:
+they fit only in GPU hosts' reserved CPU; ``--cpu-reserve`` as in ``xpu simulate``).
 
     python bench/variants.py --seeds 42-44 --workers 1 --save bench/variants.json --md bench/variants.md
     python bench/variants.py --only gpuspec33,multigpu50 --seeds 42,43  # a few, while developing
@@ -33,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from xpud.placement.cluster import CARD_MILLI
+from xpud.placement.names import CPU_RESERVE_MODES, DEFAULT_CPU_RESERVE
 from xpud.sim.defaults import DEFAULT_CLUSTER, DEFAULT_TRACE, default_path, parse_seeds
 from xpud.sim.runner import SimConfig, run
 from xpud.sim.trace import load_cluster, load_trace
@@ -139,22 +142,34 @@ def mix_facts(path: Path) -> dict:
     }
 
 
-def replay_all(paths: dict[str, Path], cluster: Path, seeds, workers: int, policies) -> dict:
+def replay_all(
+    paths: dict[str, Path], cluster: Path, seeds, workers: int, policies, cpu_reserve: str = DEFAULT_CPU_RESERVE
+) -> dict:
     out = {}
     for name, path in paths.items():
         t0 = time.perf_counter()
-        rep = run(SimConfig(cluster, path, policies=tuple(policies), seeds=tuple(seeds), workers=workers))
-        entry = {"mix": mix_facts(path), "curves": {}}
+        cfg = SimConfig(
+            cluster, path, policies=tuple(policies), seeds=tuple(seeds), workers=workers, cpu_reserve=cpu_reserve
+        )
+        rep = run(cfg)
+        entry = {"mix": mix_facts(path), "curves": {}, "cpu_only": {}}
         for pol in policies:
             c = rep.curves(pol)
             entry["curves"][pol] = {"mean": c.mean(axis=0).round(4).tolist(), "per_seed": c.round(4).tolist()}
+            rs = [r for r in rep.results if r.policy == pol]
+            entry["cpu_only"][pol] = {
+                f"{what}@{x}": round(float(np.mean([getattr(r, f"{what}_curve")[x] for r in rs])), 1)
+                for what in ("cpu_only_dropped", "refused", "cpu_only_dropped_cpu", "refused_cpu")
+                for x in (80, 100, 130)
+            }
         out[name] = entry
         print(f"{name}: {_summary(entry)} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     return out
 
 
 def _diff(entry: dict) -> np.ndarray:
-    return np.array(entry["curves"]["xpud"]["mean"]) - np.array(entry["curves"]["fgd"]["mean"])
+    d = np.array(entry["curves"]["xpud"]["mean"]) - np.array(entry["curves"]["fgd"]["mean"])
+    return np.where(np.abs(d) < 1e-9, 0.0, d)  # equal curves: 0, not -0.00 from float noise
 
 
 def _summary(entry: dict) -> str:
@@ -184,6 +199,29 @@ def markdown(results: dict, seeds, command: str) -> str:
         fgd100, x100 = e["curves"]["fgd"]["mean"][100], e["curves"]["xpud"]["mean"][100]
         cells = " | ".join(f"{d[c]:+.2f}" for c in cols)
         lines.append(f"| {name} | {fgd100:.2f} | {x100:.2f} | {cells} | {sub.min():+.2f} @{w} |")
+    lines += [
+        "",
+        "CPU-only tasks not placed, mean per replay at 80 / 100 / 130 % arrived: FGD dropped (fit nowhere);",
+        "xpud dropped + refused (fit only in GPU hosts' reserved CPU); cores at 130 %.",
+        "",
+        "| variant | FGD dropped | xpud dropped | xpud refused | FGD cores @130 | xpud cores @130 (dropped+refused) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, e in results.items():
+        co = e.get("cpu_only", {})
+        if not co:
+            continue
+        f, x = co.get("fgd", {}), co.get("xpud", {})
+
+        def three(c: dict, what: str) -> str:
+            return " / ".join(f"{c.get(f'{what}@{p}', 0):.0f}" for p in (80, 100, 130))
+
+        fc = f.get("cpu_only_dropped_cpu@130", 0) / 1000
+        xc = (x.get("cpu_only_dropped_cpu@130", 0) + x.get("refused_cpu@130", 0)) / 1000
+        lines.append(
+            f"| {name} | {three(f, 'cpu_only_dropped')} | {three(x, 'cpu_only_dropped')} | "
+            f"{three(x, 'refused')} | {fc:,.0f} | {xc:,.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -193,6 +231,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--policies", default="fgd,xpud")
+    ap.add_argument("--cpu-reserve", default=DEFAULT_CPU_RESERVE, choices=tuple(CPU_RESERVE_MODES))
     ap.add_argument("--save", type=Path)
     ap.add_argument("--md", type=Path)
     ap.add_argument("--write-traces", type=Path, help="only write the variant CSVs to this folder")
@@ -210,7 +249,7 @@ def main(argv=None) -> int:
     seeds = parse_seeds(a.seeds)
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_traces(Path(tmp), names, trace, cluster)
-        results = replay_all(paths, cluster, seeds, a.workers, a.policies.split(","))
+        results = replay_all(paths, cluster, seeds, a.workers, a.policies.split(","), a.cpu_reserve)
     command = "python bench/variants.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if a.save:
         a.save.write_text(json.dumps({"seeds": list(seeds), "command": command, "variants": results}))

@@ -16,7 +16,15 @@ import typer
 
 # Only light modules here (no NumPy): the CLI imports this one for every command. The replay, the
 # policies and the report are imported inside the command.
-from xpud.placement.names import DEFAULT_POLICY, DESCRIPTIONS, POLICY_NAMES, PROFILE_SETS, canonical_policy
+from xpud.placement.names import (
+    CPU_RESERVE_MODES,
+    DEFAULT_CPU_RESERVE,
+    DEFAULT_POLICY,
+    DESCRIPTIONS,
+    POLICY_NAMES,
+    PROFILE_SETS,
+    canonical_policy,
+)
 from xpud.sim.defaults import (
     DEFAULT_CLUSTER,
     DEFAULT_RATIO,
@@ -117,6 +125,17 @@ def simulate(
             "GPU shape that needs less CPU/memory (two moves).",
         ),
     ] = True,
+    cpu_reserve: Annotated[
+        str,
+        typer.Option(
+            "--cpu-reserve",
+            metavar="MODE",
+            help="xpud and CPU-only tasks: "
+            + "; ".join(f"{k} = {v}" for k, v in CPU_RESERVE_MODES.items())
+            + ". A host's reserve is the CPU its free GPUs need at the CPU-per-GPU ratio of the GPU tasks "
+            f"seen so far. Default: {DEFAULT_CPU_RESERVE}.",
+        ),
+    ] = DEFAULT_CPU_RESERVE,
     plot: Annotated[
         str | None,
         typer.Option(
@@ -158,6 +177,8 @@ def simulate(
         _fail(str(e), 2)
     except typer.BadParameter as e:
         _fail(str(e), 2)
+    if cpu_reserve not in CPU_RESERVE_MODES:
+        _fail(f"unknown --cpu-reserve {cpu_reserve!r}: choose one of {', '.join(CPU_RESERVE_MODES)}", 2)
     if slices not in SLICE_MODES:
         _fail(f"unknown --slices {slices!r}: choose one of {', '.join(SLICE_MODES)}", 2)
     if not 0 < ratio <= 10:
@@ -179,6 +200,7 @@ def simulate(
         move_budget_pct=move_budget,
         move_whole=move_whole,
         swaps=swaps,
+        cpu_reserve=cpu_reserve,
         bound_points=BOUND_POINTS if bound else (),
         workers=workers,
     )
@@ -202,6 +224,8 @@ def simulate(
         if defrag:
             typer.echo("\nmoves (mean per replay):")
             typer.echo(rep.moves_table(report))
+        typer.echo("\nCPU-only tasks not placed (mean per replay):")
+        typer.echo(rep.cpu_only_table(report))
     if save is not None:
         try:
             save.write_text(json.dumps(rep.summary(report), indent=1) + "\n")

@@ -146,7 +146,7 @@ def test_xpud_keeps_the_only_idle_group_for_a_multi_card_class():
     s = ClusterState([Host("big", 128_000, 512_000, 8, "X"), Host("small", 96_000, 512_000, 8, "X")])
     one, eight = Demand(4_000, 1, 1, 1000), [Demand(120_000 + k, 1, 8, 1000) for k in range(2)]
     for groups, host in ((FragAware().groups, 1), (0.0, 0)):  # the default weight steers it
-        p = FragAware(groups=groups)
+        p = FragAware(groups=groups, top_hosts=0.0)  # the group term alone (top_hosts also steers it)
         for d in [one] * 40 + eight:
             p.observe(d)
         chosen = p.choose(s, one, RNG)
@@ -214,7 +214,10 @@ def test_xpud_gives_a_multi_card_task_the_least_capable_of_equal_hosts():
     p.observe(light)
     assert p.choose(s, light, RNG).host == 1
     one = Demand(4_000, 1, 1, 1000)  # a one-card task keeps the old order (measured: capacity ties cost it)
-    assert FragAware().pick(s, np.array([0, 1]), RNG, one) == 0
+    assert FragAware(top_hosts=0.0).pick(s, np.array([0, 1]), RNG, one) == 0
+    assert FragAware().pick(s, np.array([0, 1]), RNG, one) == 1  # ... except an idle top host goes last
+    put(s, Demand(0, 0, 1, 1000), 0)
+    assert FragAware().pick(s, np.array([0, 1]), RNG, one) == 0  # ... while it is idle
     assert FragAware().pick(s, np.array([0, 1]), RNG) == 0
 
 
@@ -278,3 +281,85 @@ def test_xpud_group_points_only_for_hosts_that_can_rank_first_pick_the_same_host
             checked += full is not None
             s.place(d, p.choose(s, d, rng))
     assert checked > 10
+
+
+# CPU kept for GPU work (--cpu-reserve) ---------------------------------------------------------------------
+
+
+def _learnt(p: FragAware, *ds: Demand) -> FragAware:
+    for d in ds:
+        p.observe(d)
+    return p
+
+
+def test_xpud_learns_the_cpu_per_gpu_ratio_of_gpu_tasks_only():
+    p = _learnt(FragAware(), Demand(8_000, 1, 1, 1000), Demand(2_000, 1, 1, 500), Demand(64_000, 1))
+    assert p.cpu_per_gpu == pytest.approx(10_000 / 1_500)  # the CPU-only task does not count
+    s = ClusterState(hosts(2))
+    put(s, Demand(0, 0, 4, 1000), 1)  # host 1: every card allocated
+    put(s, Demand(0, 0, 1, 250), 0, (0,))  # host 0: 3750 milli free
+    assert p.reserved_cpu(s).tolist() == pytest.approx([3_750 * 10_000 / 1_500, 0.0])
+    assert FragAware().cpu_per_gpu == 0.0  # nothing seen: no reserve
+
+
+def test_xpud_prefers_to_put_cpu_only_work_where_no_free_gpu_needs_the_cpu():
+    # Host 0: four cards with 400 milli free each (the mix only has whole-card tasks, so FGD's measure sees
+    # no usable share there and a CPU-only task scores the same on both hosts), 20 cores; host 1: every card
+    # allocated, 20 cores. At 8 cores per card host 0's 1,600 free milli need 12.8 cores: a 12-core task
+    # there takes 4.8 of them. "off" follows the host order (host 0 first), "prefer" and "reserve" go to 1.
+    s = ClusterState(hosts(2, cpu=20_000))
+    for c in range(4):
+        put(s, Demand(0, 0, 1, 600), 0, (c,))
+    put(s, Demand(0, 0, 4, 1000), 1)
+    s.tie_rank = np.array([0, 1])
+    whole = [Demand(8_000, 1, 1, 1000)] * 8
+    task = Demand(12_000, 1)
+    assert _learnt(FragAware(cpu_reserve="off"), *whole).choose(s, task, RNG).host == 0
+    assert _learnt(FragAware(cpu_reserve="prefer"), *whole).choose(s, task, RNG).host == 1
+    assert _learnt(FragAware(cpu_reserve="reserve"), *whole).choose(s, task, RNG).host == 1
+
+
+def test_xpud_reserve_refuses_cpu_only_work_that_fits_only_in_reserved_cpu():
+    # One host, 4 idle cards, 48 cores; GPU tasks need 8 cores per card: 32 reserved, 16 spare.
+    s = ClusterState(hosts(1, cpu=48_000))
+    whole = [Demand(8_000, 1, 1, 1000)] * 8
+    assert _learnt(FragAware(cpu_reserve="reserve"), *whole).choose(s, Demand(16_000, 1), RNG).host == 0
+    assert _learnt(FragAware(cpu_reserve="reserve"), *whole).choose(s, Demand(17_000, 1), RNG) is None
+    assert _learnt(FragAware(cpu_reserve="prefer"), *whole).choose(s, Demand(17_000, 1), RNG).host == 0
+    assert _learnt(FragAware(cpu_reserve="off"), *whole).choose(s, Demand(17_000, 1), RNG).host == 0
+    # GPU tasks are never refused; before any GPU task has arrived there is no reserve.
+    assert _learnt(FragAware(cpu_reserve="reserve"), *whole).choose(s, Demand(40_000, 1, 1, 1000), RNG)
+    assert FragAware(cpu_reserve="reserve").choose(s, Demand(48_000, 1), RNG).host == 0
+    with pytest.raises(ValueError, match="cpu_reserve"):
+        FragAware(cpu_reserve="sometimes")
+
+
+def test_xpud_reserve_keeps_the_cpu_a_hungry_multi_card_class_needs():
+    # Host 0: 8 cards, 128 cores (the only host an 8-card 120-core task fits); host 1: 8 cards, 96 cores.
+    # At the average 5.4 cores per card both reserve 43 cores; the 120-core class raises host 0's to 120, so a
+    # 12-core CPU-only task goes to host 1 although host 0 comes first in the host order.
+    s = ClusterState([Host("big", 128_000, 768_000, 8, "X"), Host("g2", 96_000, 384_000, 8, "X")])
+    s.tie_rank = np.array([0, 1])
+    seen = [Demand(4_000, 1, 1, 1000)] * 56 + [Demand(120_000, 1, 8, 1000)]
+    p = _learnt(FragAware(cpu_reserve="reserve"), *seen)
+    avg = p.cpu_per_gpu * 8_000  # 43 cores
+    assert p.reserved_cpu(s).tolist() == pytest.approx([120_000, avg])
+    assert p.choose(s, Demand(12_000, 1), RNG).host == 1
+    assert p.choose(s, Demand(int(96_000 - avg) + 1, 1), RNG) is None  # 53 spare cores on host 1, 8 on 0
+
+
+def test_xpud_keeps_idle_top_hosts_whole_for_tasks_of_fewer_whole_cards():
+    # An idle 128-core 8-card host and an idle 96-core one; a 1-card whole task goes to the smaller host even
+    # before any class that needs the big one has arrived (with top_hosts=0 it takes the big host).
+    s = ClusterState([Host("big", 128_000, 768_000, 8, "X"), Host("g2", 96_000, 384_000, 8, "X")])
+    s.tie_rank = np.array([0, 1])
+    task = Demand(18_000, 64_000, 1, 1000)
+    p0 = FragAware(top_hosts=0.0)
+    p0.observe(task)
+    assert p0.choose(s, task, RNG).host == 0
+    p = FragAware()
+    p.observe(task)
+    assert p.choose(s, task, RNG).host == 1
+    assert p.decision_scores(s, task)[0][0] == p0.decision_scores(s, task)[0][0] - 3  # 3 points off
+    fractional = Demand(18_000, 64_000, 1, 500)  # fractional tasks are left alone
+    assert p.decision_scores(s, fractional)[0][0] == p0.decision_scores(s, fractional)[0][0]

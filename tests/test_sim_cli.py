@@ -65,7 +65,7 @@ def test_table_has_a_row_per_policy_and_arrived_columns(app, files):
         "1",
     )
     assert r.exit_code == 0, r.output
-    lines = r.stdout.splitlines()
+    lines = r.stdout.split("\n\n")[0].splitlines()  # the allocation table (the CPU-only table follows)
     header = next(line for line in lines if line.startswith("policy"))
     assert header.split()[1:] == ["50", "60", "70", "80", "90", "95", "100", "110", "120", "130"]
     assert [line.split()[0] for line in lines if line.startswith(("fgd", "xpud"))] == ["fgd", "xpud"]
@@ -152,6 +152,7 @@ def test_bound_rows(app, files):
         (["--slices", "eighths"], "unknown --slices"),
         (["--plot", "out.pdf"], "--plot takes a .png"),
         (["--move-budget", "-1"], "--move-budget must not be negative"),
+        (["--cpu-reserve", "sometimes"], "unknown --cpu-reserve 'sometimes'"),
     ],
 )
 def test_bad_options_give_one_line_and_non_zero_exit(app, files, args, message):
@@ -248,3 +249,17 @@ def test_policy_accepts_the_fgd_papers_spellings(app, files):
     assert r.exit_code == 0, r.output
     policies = list(dict.fromkeys(row["policy"] for row in json.loads(r.stdout)))
     assert policies == ["best-fit", "dot-product", "gpu-packing", "gpu-clustering"]
+
+
+def test_cpu_reserve_modes_and_the_cpu_only_table(app, files, tmp_path):
+    c, t = files
+    for mode in ("off", "prefer", "reserve"):
+        out = tmp_path / f"{mode}.json"
+        r = invoke(app, "--cluster", str(c), "--trace", str(t), "-p", "xpud,bestfit", "--seeds", "1",
+                   "--cpu-reserve", mode, "--save", str(out))
+        assert r.exit_code == 0, r.stderr
+        assert "CPU-only tasks not placed" in r.stdout and "refused@100" in r.stdout
+        facts = json.loads(out.read_text())
+        assert facts["cpu_reserve"] == mode
+        assert {"refused_mean", "cpu_only_dropped_mean"} <= set(facts["policies"]["xpud"])
+        assert facts["policies"]["best-fit"]["refused_mean"] == 0  # only xpud's reserve refuses

@@ -130,3 +130,24 @@ def test_defragmenter_applies_a_swap_and_keeps_its_index_in_step():
     assert s.fits(request, target)
     assert sorted(it.id for it in mover.movables.by_host[0]) == [2]  # whole-card task 1 is not movable at 1 %
     assert sorted(it.id for it in mover.movables.by_host[1]) == [0, 3]
+
+
+def test_cpu_only_tasks_refused_by_the_reserve_are_counted_apart_from_drops_and_get_no_moves():
+    asked: list[Demand] = []
+
+    class NoMoves(Defragmenter):
+        def make_room(self, state, d, *a, **k):
+            asked.append(d)
+            return None, []
+
+    hosts = [Host("a", 32_000, 64_000, 2, "X")]  # 2 cards; GPU tasks below need 8 cores per card
+    tasks = [Demand(8_000, 1, 1, 500), Demand(20_000, 1), Demand(40_000, 1), Demand(1_000, 1, 1, 500)]
+    r = replay(hosts, tasks, make_policy("xpud", cpu_reserve="reserve"), mover=NoMoves(budget_pct=100))
+    # After the first task: 24 cores free, 1,500 milli free need 12 (16 cores per card: 8 cores / 500 milli):
+    # the 20-core task fits only by taking the reserve -> refused; the 40-core one fits nowhere -> dropped.
+    assert (r.placed, r.refused, r.dropped, r.cpu_only_dropped) == (2, 1, 1, 1)
+    assert r.refused_curve[-1] == 1 and r.refused_cpu_curve[-1] == 20_000
+    assert r.cpu_only_dropped_curve[-1] == 1 and r.cpu_only_dropped_cpu_curve[-1] == 40_000
+    assert asked == [Demand(40_000, 1)]  # the dropped task may make room, the refused one may not
+    off = replay(hosts, tasks, make_policy("xpud", cpu_reserve="off"))
+    assert (off.placed, off.refused, off.dropped) == (3, 0, 1)

@@ -26,7 +26,19 @@ What it adds to FGD (each measured on the openb trace; see ``bench/placement.md`
    weighs 4x, a 2-card one 1/4x: what a class loses when its task finds no group grows with its cards).
    Smaller means fewer cards, or as many cards and less CPU when the task could also go to a host that
    cannot serve ``c`` (an 8-card task needing 64 cores keeps off the only hosts with 120 free).
-6. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
+6. **CPU kept for GPU work** (``cpu_reserve``). A host's *reserve* is the CPU its free GPU share needs at
+   the learnt CPU-per-GPU ratio of the GPU tasks seen so far (``cpu_per_gpu``, online like the mix).
+   ``"prefer"``: a CPU-only task goes first where it takes the fewest reserved cores (hosts whose cards are
+   all allocated, or whose spare CPU exceeds their reserve), the usual score among those. ``"reserve"``
+   (the default): moreover a CPU-only task may only use CPU beyond the reserve; one that fits nowhere else
+   is refused (the simulator counts refusals apart from drops). ``"off"``: scored like any task.
+7. **Most capable hosts kept whole** (``top_hosts``). A host is *top* when no host with as many cards has
+   more CPU or memory (the openb G3: 8 cards, 128 cores, 768 GiB). The group term only knows classes seen;
+   an 8-card, 120-core task that arrives after a 1-card task broke an idle G3 may find none left. So a
+   whole-card task with fewer cards than an idle top host loses ``top_hosts`` (3) points there, and a
+   single-card task's ties go to idle top hosts last. Fractional tasks are left alone (on the default trace
+   keeping them off G3 costs ~0.09 points; this way the default trace gains 0.005).
+8. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
    cards; for a multi-card task then to hosts with fewer cores, then less memory (the most capable hosts
    stay whole for the tasks only they can take, even before such a task has arrived: the group term only
    knows the classes seen so far); then to ``ClusterState.tie_rank`` (random per seed in the simulator;
@@ -41,7 +53,11 @@ import numpy as np
 
 from xpud.placement.cluster import CARD_MILLI, ClusterState, Demand
 from xpud.placement.frag import FragModel, TaskClass, WorkloadMix
+from xpud.placement.names import CPU_RESERVE_MODES, DEFAULT_CPU_RESERVE
 from xpud.placement.policies import FGD
+
+
+RESERVE_CORE_POINTS = 1000.0  # "prefer": points per reserved core taken (more than any score spans)
 
 
 def fill_value(classes: Sequence[tuple[TaskClass, float]]) -> np.ndarray:
@@ -84,8 +100,13 @@ class FragAware(FGD):
         groups: float = 20.0,
         group_scarce: float = 0.25,
         refresh_every: int = 512,
+        cpu_reserve: str = DEFAULT_CPU_RESERVE,
+        top_hosts: float = 3.0,
     ):
+        if cpu_reserve not in CPU_RESERVE_MODES:
+            raise ValueError(f"cpu_reserve must be one of {', '.join(CPU_RESERVE_MODES)}, got {cpu_reserve!r}")
         super().__init__(mix, refresh_every=refresh_every)
+        self.cpu_reserve = cpu_reserve
         self.strand_cpu = strand_cpu
         self.strand_mem = strand_mem
         self.fill_weight = fill_weight
@@ -94,6 +115,8 @@ class FragAware(FGD):
         self.scarcity = scarcity
         self.groups = groups
         self.group_scarce = group_scarce
+        self.top_hosts = top_hosts
+        self._top: tuple[int, np.ndarray] | None = None
         self._multi: dict[tuple[int, int, tuple[str, ...]], int] = {}  # (cards, cpu, models) -> GPU milli
         self._multi_cache: tuple | None = None
         self._named: dict[str, float] = {}  # model -> arrived GPU milli that names it (split over a set)
@@ -157,6 +180,31 @@ class FragAware(FGD):
         s = np.where(valid, np.floor(100.0 / (1.0 + np.exp(-saved / self.scale))), -np.inf)
         card = s.argmax(axis=1)
         return s[np.arange(hosts.size), card], (card if d.fractional else None)
+
+    @property
+    def cpu_per_gpu(self) -> float:
+        """Learnt CPU demand of GPU work: milli-cores per milli-card over the GPU tasks arrived so far."""
+        return self._cpu / self._gpu if self._gpu else 0.0
+
+    def reserved_cpu(self, state: ClusterState) -> np.ndarray:
+        """Per host, the CPU (milli-cores) its free GPU share needs at the learnt ratio, and at least what
+        the most CPU-hungry multi-card class seen so far that the host can serve now needs (an 8-card,
+        120-core task can only run where a CPU-only task has not taken the cores beyond the average)."""
+        reserve = self.cpu_per_gpu * state.card_free.sum(axis=1)
+        if self._multi:
+            kk, need, mask_id, masks = self._multi_arrays(state)[:4]
+            # Only classes hungrier than the ratio matter: a host serving class i has k_i idle cards, whose
+            # reserve at the ratio is already at least k_i * 1000 * ratio.
+            hungry = np.flatnonzero(need > self.cpu_per_gpu * kk * CARD_MILLI)
+            for i in hungry.tolist():
+                serves = (state.n_full >= kk[i]) & (state.cpu_free >= need[i]) & masks[mask_id[i]]
+                np.maximum(reserve, np.where(serves, need[i], 0), out=reserve)
+        return reserve
+
+    def reserve_taken(self, state: ClusterState, d: Demand) -> np.ndarray:
+        """Per host, how much of its reserve (milli-cores) CPU-only task ``d`` would take there."""
+        spare = state.cpu_free - self.reserved_cpu(state)
+        return np.clip(d.cpu_milli - spare, 0.0, float(d.cpu_milli))
 
     def scarcity_points(self, state: ClusterState, d: Demand) -> np.ndarray | None:
         """Score points a host of each card model loses for ``d`` (indexed like ``state.models``), or None
@@ -248,6 +296,17 @@ class FragAware(FGD):
             out[near] = points(near)
         return out if out.any() else None
 
+    def _top_kind(self, state: ClusterState) -> np.ndarray:
+        """Per host: whether no host with as many cards has more CPU or more memory (the hosts only the
+        hungriest multi-card tasks may be able to use)."""
+        if self._top is None or self._top[0] != id(state.hosts):
+            top = np.zeros(state.size, dtype=bool)
+            for n in np.unique(state.n_cards).tolist():
+                same = state.n_cards == n
+                top |= same & (state.cpu_cap == state.cpu_cap[same].max()) & (state.mem_cap == state.mem_cap[same].max())
+            self._top = (id(state.hosts), top)
+        return self._top[1]
+
     def _multi_arrays(self, state: ClusterState):
         """The multi-card classes seen so far as arrays: cards, CPU, model-set index, the model sets' host
         masks, each class's (cards, model set) pair and the pairs' cards and model sets, GPU milli."""
@@ -277,9 +336,18 @@ class FragAware(FGD):
 
     def decision_scores(self, state, d):
         score, card = self.host_scores(state, d)
+        if not d.gpus and self.cpu_reserve != "off" and self._gpu:
+            taken = self.reserve_taken(state, d)
+            if self.cpu_reserve == "reserve":
+                score = np.where(taken > 0, -np.inf, score)
+            else:  # fewest reserved cores taken first (a whole core outweighs any score), then the score
+                score = score - RESERVE_CORE_POINTS * np.ceil(taken / 1000.0)
         pts = self.scarcity_points(state, d)
         if pts is not None:
             score = score - pts[state.model]
+        if d.gpus and not d.fractional and self.top_hosts:
+            top = self._top_kind(state) & (state.n_full == state.n_cards) & (state.n_cards > d.gpus)
+            score = score - self.top_hosts * top
         grp = self.group_points(state, d, card, score > -np.inf, score)
         return (score if grp is None else score - grp), card
 
@@ -291,4 +359,6 @@ class FragAware(FGD):
         keys = [state.tie_rank[ties]]
         if d is not None and d.gpus > 1:  # whole-card groups: the least capable host that fits first
             keys += [state.mem_cap[ties], state.cpu_cap[ties]]
+        elif self.top_hosts:
+            keys += [self._top_kind(state)[ties] & state.idle(ties)]
         return int(ties[np.lexsort((*keys, state.n_cards[ties]))[0]])

@@ -46,6 +46,17 @@ def canonical_policy(name: str) -> str | None:
     return key if key in DESCRIPTIONS else ALIASES.get(key)
 
 
+# What the xpud policy does with CPU-only tasks on hosts with free GPUs (``xpu simulate --cpu-reserve``).
+# The learnt ratio is the CPU per GPU share of the GPU tasks that have arrived so far; a host's *reserve* is
+# that ratio times its free GPU share (the CPU its free GPUs need), as Slurm sites keep GPU hosts' CPU for
+# GPU work with ``MaxCPUsPerNode`` on a CPU partition.
+CPU_RESERVE_MODES: dict[str, str] = {
+    "off": "CPU-only tasks scored like any other task",
+    "prefer": "CPU-only tasks go first where they take the least of hosts' reserves (never refused)",
+    "reserve": "as prefer, and a CPU-only task that fits only by taking a reserve is refused",
+}
+DEFAULT_CPU_RESERVE = "reserve"
+
 # Named profile sets: the sizes a fractional request may be rounded up to (milli-cards).
 PROFILE_SETS: dict[str, tuple[int, ...]] = {
     "free": (),  # MPS: any size, no rounding

@@ -7,7 +7,12 @@ from collections.abc import Callable, Sequence
 from xpud.placement.cluster import Demand
 from xpud.placement.frag import WorkloadMix
 from xpud.placement.fragaware import FragAware
-from xpud.placement.names import DEFAULT_POLICY, DESCRIPTIONS, POLICY_NAMES  # noqa: F401  (re-exported)
+from xpud.placement.names import (  # noqa: F401  (re-exported)
+    DEFAULT_CPU_RESERVE,
+    DEFAULT_POLICY,
+    DESCRIPTIONS,
+    POLICY_NAMES,
+)
 from xpud.placement.policies import (
     FGD,
     BestFit,
@@ -20,8 +25,11 @@ from xpud.placement.policies import (
 from xpud.placement.qlearn import QRule
 
 
-def make_policy(name: str, trace: Sequence[Demand] = (), qtable=None) -> Policy:
-    """A fresh policy. ``trace``: the whole task list, read only by policies that know the mix in advance."""
+def make_policy(
+    name: str, trace: Sequence[Demand] = (), qtable=None, *, cpu_reserve: str = DEFAULT_CPU_RESERVE
+) -> Policy:
+    """A fresh policy. ``trace``: the whole task list, read only by policies that know the mix in advance;
+    ``cpu_reserve``: what ``xpud`` does with CPU-only tasks (``names.CPU_RESERVE_MODES``)."""
     makers: dict[str, Callable[[], Policy]] = {
         "random": RandomFit,
         "best-fit": BestFit,
@@ -31,7 +39,7 @@ def make_policy(name: str, trace: Sequence[Demand] = (), qtable=None) -> Policy:
         "fgd": lambda: FGD(WorkloadMix(trace)),
         "fgd-online": lambda: _named(FGD(None), "fgd-online"),
         "whole-only": lambda: _named(BestFit(), "whole-only"),
-        "xpud": FragAware,
+        "xpud": lambda: FragAware(cpu_reserve=cpu_reserve),
         "xpud-q": lambda: QRule(qtable),
     }
     if name not in makers:

@@ -2,7 +2,10 @@
 
 The curve holds, for every integer arrived percentage ``x`` (0..130), the GPU allocation ratio (%) when the
 arrived GPU request is ``x`` % of capacity: the state after the last task whose arrival keeps the arrived
-share at or below ``x`` %. Points beyond the last arrival take the final value. *Useful* allocation counts
+share at or below ``x`` %.
+A task that is not placed is *dropped* when no host can take it, *refused* when one could but the policy
+declined (xpud's CPU reserve refuses CPU-only tasks that fit only in GPU hosts' reserved CPU); refused tasks
+get no moves. CPU-only tasks dropped and refused are counted per arrived point too. Points beyond the last arrival take the final value. *Useful* allocation counts
 the original request of every placed task; with slice rounding the cards also hold rounding waste, which
 ``occupied`` counts.
 """
@@ -30,13 +33,20 @@ class ReplayResult:
     occupied_pct: np.ndarray  # (131,) share held on cards, incl. rounding waste
     tasks: int = 0
     placed: int = 0
-    dropped: int = 0
+    dropped: int = 0  # fit nowhere
+    refused: int = 0  # fit somewhere, declined by the policy
+    cpu_only_dropped: int = 0
     moves: int = 0
     moved_tasks: int = 0
     moved_gpu_milli: int = 0
     wall_s: float = 0.0
     decision_s: list[float] = field(default_factory=list)
     moves_curve: np.ndarray | None = None  # (131,) moves made so far, with a mover
+    # (131,) CPU-only tasks dropped / refused so far, and their CPU (milli-cores)
+    cpu_only_dropped_curve: np.ndarray | None = None
+    refused_curve: np.ndarray | None = None
+    cpu_only_dropped_cpu_curve: np.ndarray | None = None
+    refused_cpu_curve: np.ndarray | None = None
 
 
 class Mover:
@@ -76,6 +86,8 @@ def replay(
     res = ReplayResult(policy.name, seed, alloc, occ, tasks=len(demands))
     moves_curve = np.zeros(CURVE_POINTS, dtype=np.int64) if mover is not None else None
     res.moves_curve = moves_curve
+    lost = np.zeros((4, CURVE_POINTS), dtype=np.int64)  # CPU-only dropped, refused; their CPU
+    lost_now = np.zeros(4, dtype=np.int64)
     placed: dict[int, tuple[Demand, Placement]] = {}
     arrived = useful = 0
     next_x = 0
@@ -87,6 +99,7 @@ def replay(
             occ[next_x] = 100.0 * state.used_gpu_milli / cap
             if moves_curve is not None:
                 moves_curve[next_x] = res.moves
+            lost[:, next_x] = lost_now
             next_x += 1
         arrived = arrived_after
         policy.observe(d)
@@ -95,14 +108,21 @@ def replay(
         p = policy.choose(state, dd, rng)
         if time_decisions:
             res.decision_s.append(time.perf_counter() - t0)
-        if p is None and mover is not None:
+        refused = p is None and bool(state.feasible(dd).any())
+        if p is None and mover is not None and not refused:
             p, moves = mover.make_room(state, dd, placed, policy, rng)
             for task_id, _src, _dst in moves:
                 res.moves += 1
                 moved.add(task_id)
                 res.moved_gpu_milli += placed[task_id][0].gpu_total_milli
         if p is None:
-            res.dropped += 1
+            if refused:
+                res.refused += 1
+            else:
+                res.dropped += 1
+            if not d.gpus:
+                lost_now[1 if refused else 0] += 1
+                lost_now[3 if refused else 2] += d.cpu_milli
         else:
             state.place(dd, p)
             policy.placed(state, dd, p)
@@ -117,6 +137,14 @@ def replay(
     occ[next_x:] = 100.0 * state.used_gpu_milli / cap
     if moves_curve is not None:
         moves_curve[next_x:] = res.moves
+    lost[:, next_x:] = lost_now[:, None]
+    res.cpu_only_dropped = int(lost_now[0])
+    (
+        res.cpu_only_dropped_curve,
+        res.refused_curve,
+        res.cpu_only_dropped_cpu_curve,
+        res.refused_cpu_curve,
+    ) = lost
     res.moved_tasks = len(moved)
     res.wall_s = time.perf_counter() - t_start
     return res

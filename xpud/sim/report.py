@@ -52,6 +52,26 @@ def moves_table(report: SimReport) -> str:
     return "\n".join(lines)
 
 
+def cpu_only_table(report: SimReport, points: Sequence[int] = (80, 100, 130)) -> str:
+    """Per policy: CPU-only tasks dropped (fit nowhere) and refused (fit, but only in GPU hosts' reserved
+    CPU: ``--cpu-reserve reserve``) by each arrived point, with their cores."""
+    head = "".join(f"{f'dropped@{p}':>12}{f'refused@{p}':>12}" for p in points)
+    lines = [f"{'policy':<16}{head}{'cores dropped/refused @130':>29}"]
+    for name in report.policies():
+        rs = [r for r in report.results if r.policy == name]
+        cells = "".join(
+            f"{np.mean([r.cpu_only_dropped_curve[p] for r in rs]):>12.1f}"
+            f"{np.mean([r.refused_curve[p] for r in rs]):>12.1f}"
+            for p in points
+        )
+        cores = (
+            f"{np.mean([r.cpu_only_dropped_cpu_curve[-1] for r in rs]) / 1000:.0f}"
+            f" / {np.mean([r.refused_cpu_curve[-1] for r in rs]) / 1000:.0f}"
+        )
+        lines.append(f"{name:<16}{cells}{cores:>29}")
+    return "\n".join(lines)
+
+
 def json_rows(report: SimReport, *, extras: bool = False) -> list[dict]:
     """One row per policy, seed and integer arrived percentage (0..130)::
 
@@ -92,6 +112,7 @@ def summary(report: SimReport, points: Sequence[int] = TABLE_POINTS) -> dict:
         if cfg.defrag
         else None,
         "swaps": cfg.swaps if cfg.defrag else None,
+        "cpu_reserve": cfg.cpu_reserve,
         "hosts": report.hosts,
         "tasks_in_trace": report.tasks,
         "capacity_gpus": report.capacity_milli / 1000,
@@ -110,6 +131,8 @@ def summary(report: SimReport, points: Sequence[int] = TABLE_POINTS) -> dict:
             "replay_wall_s_mean": round(float(np.mean([r.wall_s for r in rs])), 2),
             "tasks_mean": float(np.mean([r.tasks for r in rs])),
             "dropped_mean": float(np.mean([r.dropped for r in rs])),
+            "refused_mean": float(np.mean([r.refused for r in rs])),
+            "cpu_only_dropped_mean": float(np.mean([r.cpu_only_dropped for r in rs])),
             "moves_mean": float(np.mean([r.moves for r in rs])),
             "moved_tasks_pct_of_placed": round(
                 float(np.mean([100.0 * r.moved_tasks / max(r.placed, 1) for r in rs])), 3

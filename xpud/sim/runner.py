@@ -16,7 +16,7 @@ import numpy as np
 
 from xpud.placement.bound import Bound, offline_packing, packing_bound
 from xpud.placement.cluster import ClusterState, Demand, Host
-from xpud.placement.registry import forced_slices, make_policy
+from xpud.placement.registry import DEFAULT_CPU_RESERVE, forced_slices, make_policy
 from xpud.placement.slices import Rounding
 from xpud.sim.protocol import DEFAULT_RATIO, DEFAULT_SEEDS, arrivals
 from xpud.sim.replay import ReplayResult, replay
@@ -35,6 +35,7 @@ class SimConfig:
     move_budget_pct: float = 1.0  # moves allowed, % of placed tasks
     move_whole: bool | None = None  # None: whole-card tasks may move when the budget exceeds 1 %
     swaps: bool = True  # with defrag: the planner may swap two tasks when no eviction makes room
+    cpu_reserve: str = DEFAULT_CPU_RESERVE  # xpud: CPU-only tasks and GPU hosts' CPU (names.CPU_RESERVE_MODES)
     bound_points: tuple[int, ...] = ()  # arrived % at which to compute the packing bound
     workers: int = 0  # 0: one per CPU, at most the number of jobs
 
@@ -81,7 +82,7 @@ def _job(args: tuple[str, int, SimConfig]) -> ReplayResult:
 
         whole = cfg.move_whole if cfg.move_whole is not None else cfg.move_budget_pct > 1.0
         mover = Defragmenter(budget_pct=cfg.move_budget_pct, move_whole=whole, seed=seed, swaps=cfg.swaps)
-    policy = make_policy(name, tasks, _WORKER.get("qtable"))
+    policy = make_policy(name, tasks, _WORKER.get("qtable"), cpu_reserve=cfg.cpu_reserve)
     res = replay(state, seq, policy, seed=seed, rounding=rounding, mover=mover)
     res.policy = name
     return res
