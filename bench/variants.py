@@ -143,14 +143,18 @@ def mix_facts(path: Path) -> dict:
 
 
 def replay_all(
-    paths: dict[str, Path], cluster: Path, seeds, workers: int, policies, cpu_reserve: str = DEFAULT_CPU_RESERVE
+    paths: dict[str, Path],
+    cluster: Path,
+    seeds,
+    workers: int,
+    policies,
+    cpu_reserve: str = DEFAULT_CPU_RESERVE,
 ) -> dict:
     out = {}
     for name, path in paths.items():
         t0 = time.perf_counter()
-        cfg = SimConfig(
-            cluster, path, policies=tuple(policies), seeds=tuple(seeds), workers=workers, cpu_reserve=cpu_reserve
-        )
+        pols = tuple(policies)
+        cfg = SimConfig(cluster, path, policies=pols, seeds=tuple(seeds), workers=workers, cpu_reserve=cpu_reserve)
         rep = run(cfg)
         entry = {"mix": mix_facts(path), "curves": {}, "cpu_only": {}}
         for pol in policies:
@@ -204,7 +208,8 @@ def markdown(results: dict, seeds, command: str) -> str:
         "CPU-only tasks not placed, mean per replay at 80 / 100 / 130 % arrived: FGD dropped (fit nowhere);",
         "xpud dropped + refused (fit only in GPU hosts' reserved CPU); cores at 130 %.",
         "",
-        "| variant | FGD dropped | xpud dropped | xpud refused | FGD cores @130 | xpud cores @130 (dropped+refused) |",
+        "| variant | FGD dropped | xpud dropped | xpud refused | FGD cores @130 "
+        "| xpud cores @130 (dropped+refused) |",
         "|---|---|---|---|---|---|",
     ]
     for name, e in results.items():

@@ -56,7 +56,6 @@ from xpud.placement.frag import FragModel, TaskClass, WorkloadMix
 from xpud.placement.names import CPU_RESERVE_MODES, DEFAULT_CPU_RESERVE
 from xpud.placement.policies import FGD
 
-
 RESERVE_CORE_POINTS = 1000.0  # "prefer": points per reserved core taken (more than any score spans)
 
 
@@ -104,7 +103,8 @@ class FragAware(FGD):
         top_hosts: float = 3.0,
     ):
         if cpu_reserve not in CPU_RESERVE_MODES:
-            raise ValueError(f"cpu_reserve must be one of {', '.join(CPU_RESERVE_MODES)}, got {cpu_reserve!r}")
+            modes = ", ".join(CPU_RESERVE_MODES)
+            raise ValueError(f"cpu_reserve must be one of {modes}, got {cpu_reserve!r}")
         super().__init__(mix, refresh_every=refresh_every)
         self.cpu_reserve = cpu_reserve
         self.strand_cpu = strand_cpu
@@ -303,7 +303,8 @@ class FragAware(FGD):
             top = np.zeros(state.size, dtype=bool)
             for n in np.unique(state.n_cards).tolist():
                 same = state.n_cards == n
-                top |= same & (state.cpu_cap == state.cpu_cap[same].max()) & (state.mem_cap == state.mem_cap[same].max())
+                most_cpu = state.cpu_cap == state.cpu_cap[same].max()
+                top |= same & most_cpu & (state.mem_cap == state.mem_cap[same].max())
             self._top = (id(state.hosts), top)
         return self._top[1]
 

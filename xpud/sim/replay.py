@@ -2,12 +2,13 @@
 
 The curve holds, for every integer arrived percentage ``x`` (0..130), the GPU allocation ratio (%) when the
 arrived GPU request is ``x`` % of capacity: the state after the last task whose arrival keeps the arrived
-share at or below ``x`` %.
-A task that is not placed is *dropped* when no host can take it, *refused* when one could but the policy
-declined (xpud's CPU reserve refuses CPU-only tasks that fit only in GPU hosts' reserved CPU); refused tasks
-get no moves. CPU-only tasks dropped and refused are counted per arrived point too. Points beyond the last arrival take the final value. *Useful* allocation counts
+share at or below ``x`` %. Points beyond the last arrival take the final value. *Useful* allocation counts
 the original request of every placed task; with slice rounding the cards also hold rounding waste, which
 ``occupied`` counts.
+
+A task that is not placed is *dropped* when no host can take it, *refused* when one could but the policy
+declined (xpud's CPU reserve refuses CPU-only tasks that fit only in GPU hosts' reserved CPU); refused tasks
+get no moves. CPU-only tasks dropped and refused (and their CPU) are counted per arrived point too.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class SimConfig:
     move_budget_pct: float = 1.0  # moves allowed, % of placed tasks
     move_whole: bool | None = None  # None: whole-card tasks may move when the budget exceeds 1 %
     swaps: bool = True  # with defrag: the planner may swap two tasks when no eviction makes room
-    cpu_reserve: str = DEFAULT_CPU_RESERVE  # xpud: CPU-only tasks and GPU hosts' CPU (names.CPU_RESERVE_MODES)
+    cpu_reserve: str = DEFAULT_CPU_RESERVE  # xpud and CPU-only tasks (names.CPU_RESERVE_MODES)
     bound_points: tuple[int, ...] = ()  # arrived % at which to compute the packing bound
     workers: int = 0  # 0: one per CPU, at most the number of jobs
 
