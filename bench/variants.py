@@ -154,7 +154,8 @@ def replay_all(
     for name, path in paths.items():
         t0 = time.perf_counter()
         pols = tuple(policies)
-        cfg = SimConfig(cluster, path, policies=pols, seeds=tuple(seeds), workers=workers, cpu_reserve=cpu_reserve)
+        seeds = tuple(seeds)
+        cfg = SimConfig(cluster, path, policies=pols, seeds=seeds, workers=workers, cpu_reserve=cpu_reserve)
         rep = run(cfg)
         entry = {"mix": mix_facts(path), "curves": {}, "cpu_only": {}}
         for pol in policies:

@@ -255,8 +255,21 @@ def test_cpu_reserve_modes_and_the_cpu_only_table(app, files, tmp_path):
     c, t = files
     for mode in ("off", "prefer", "reserve"):
         out = tmp_path / f"{mode}.json"
-        r = invoke(app, "--cluster", str(c), "--trace", str(t), "-p", "xpud,bestfit", "--seeds", "1",
-                   "--cpu-reserve", mode, "--save", str(out))
+        r = invoke(
+            app,
+            "--cluster",
+            str(c),
+            "--trace",
+            str(t),
+            "-p",
+            "xpud,bestfit",
+            "--seeds",
+            "1",
+            "--cpu-reserve",
+            mode,
+            "--save",
+            str(out),
+        )
         assert r.exit_code == 0, r.stderr
         assert "CPU-only tasks not placed" in r.stdout and "refused@100" in r.stdout
         facts = json.loads(out.read_text())
