@@ -196,9 +196,11 @@ class FragAware(FGD):
             # Only classes hungrier than the ratio matter: a host serving class i has k_i idle cards, whose
             # reserve at the ratio is already at least k_i * 1000 * ratio.
             hungry = np.flatnonzero(need > self.cpu_per_gpu * kk * CARD_MILLI)
-            for i in hungry.tolist():
-                serves = (state.n_full >= kk[i]) & (state.cpu_free >= need[i]) & masks[mask_id[i]]
-                np.maximum(reserve, np.where(serves, need[i], 0), out=reserve)
+            if hungry.size:
+                kk, need = kk[hungry], need[hungry]
+                model_ok = np.array([masks[m] for m in mask_id[hungry].tolist()])  # (classes, hosts)
+                serves = (state.n_full >= kk[:, None]) & (state.cpu_free >= need[:, None]) & model_ok
+                np.maximum(reserve, (serves * need[:, None]).max(axis=0), out=reserve)
         return reserve
 
     def reserve_taken(self, state: ClusterState, d: Demand) -> np.ndarray:
