@@ -363,3 +363,24 @@ def test_xpud_keeps_idle_top_hosts_whole_for_tasks_of_fewer_whole_cards():
     assert p.decision_scores(s, task)[0][0] == p0.decision_scores(s, task)[0][0] - 3  # 3 points off
     fractional = Demand(18_000, 64_000, 1, 500)  # fractional tasks are left alone
     assert p.decision_scores(s, fractional)[0][0] == p0.decision_scores(s, fractional)[0][0]
+
+
+def test_xpud_reserve_keeps_an_idle_scarce_top_host_unless_only_it_can_take_the_task():
+    # One 128-core 8-card host among five 96-core ones (a scarce top kind): no class needing it has arrived,
+    # yet a CPU-only task that fits elsewhere only by taking reserved CPU is refused rather than put on the
+    # idle big host; a task that only the big host can take at all (memory) goes there.
+    s = ClusterState(
+        [Host("big", 128_000, 768_000, 8, "X")] + [Host(f"g{i}", 96_000, 384_000, 8, "X") for i in range(5)]
+    )
+    for h in range(1, 6):
+        put(s, Demand(0, 0, 2, 1000), h)  # six free cards each need 48 of 96 cores at 8 per card
+        put(s, Demand(40_000, 1), h)  # 56 cores left: 8 spare
+    p = _learnt(FragAware(cpu_reserve="reserve"), *[Demand(8_000, 1, 1, 1000)] * 8)
+    assert p.choose(s, Demand(16_000, 1), RNG) is None  # fits on g*, but only in their reserve
+    assert (
+        _learnt(FragAware(cpu_reserve="reserve", top_hosts=0.0), *[Demand(8_000, 1, 1, 1000)] * 8)
+        .choose(s, Demand(16_000, 1), RNG)
+        .host
+        == 0
+    )
+    assert p.choose(s, Demand(8_000, 400_000), RNG).host == 0  # only the big host has the memory

@@ -116,7 +116,7 @@ class FragAware(FGD):
         self.groups = groups
         self.group_scarce = group_scarce
         self.top_hosts = top_hosts
-        self._top: tuple[int, np.ndarray] | None = None
+        self._top: tuple[int, np.ndarray, np.ndarray] | None = None
         self._multi: dict[tuple[int, int, tuple[str, ...]], int] = {}  # (cards, cpu, models) -> GPU milli
         self._multi_cache: tuple | None = None
         self._named: dict[str, float] = {}  # model -> arrived GPU milli that names it (split over a set)
@@ -186,11 +186,17 @@ class FragAware(FGD):
         """Learnt CPU demand of GPU work: milli-cores per milli-card over the GPU tasks arrived so far."""
         return self._cpu / self._gpu if self._gpu else 0.0
 
-    def reserved_cpu(self, state: ClusterState) -> np.ndarray:
+    def reserved_cpu(self, state: ClusterState, keep_top: bool = False) -> np.ndarray:
         """Per host, the CPU (milli-cores) its free GPU share needs at the learnt ratio, and at least what
         the most CPU-hungry multi-card class seen so far that the host can serve now needs (an 8-card,
-        120-core task can only run where a CPU-only task has not taken the cores beyond the average)."""
+        120-core task can only run where a CPU-only task has not taken the cores beyond the average).
+        ``keep_top``: all the CPU of an idle top host of a scarce kind (at most a quarter of the hosts with
+        as many cards: the openb G3, not the 387 T4 hosts) is reserved too (see ``top_hosts``: kept whole for
+        classes not seen yet; reserving an abundant kind would refuse CPU-only work in an empty cluster)."""
         reserve = self.cpu_per_gpu * state.card_free.sum(axis=1)
+        if keep_top:
+            keep = self.idle_top(state) & self._top_kind(state, scarce=True)
+            np.maximum(reserve, np.where(keep, state.cpu_cap, 0), out=reserve)
         if self._multi:
             kk, need, mask_id, masks = self._multi_arrays(state)[:4]
             # Only classes hungrier than the ratio matter: a host serving class i has k_i idle cards, whose
@@ -203,9 +209,9 @@ class FragAware(FGD):
                 np.maximum(reserve, (serves * need[:, None]).max(axis=0), out=reserve)
         return reserve
 
-    def reserve_taken(self, state: ClusterState, d: Demand) -> np.ndarray:
+    def reserve_taken(self, state: ClusterState, d: Demand, keep_top: bool = False) -> np.ndarray:
         """Per host, how much of its reserve (milli-cores) CPU-only task ``d`` would take there."""
-        spare = state.cpu_free - self.reserved_cpu(state)
+        spare = state.cpu_free - self.reserved_cpu(state, keep_top)
         return np.clip(d.cpu_milli - spare, 0.0, float(d.cpu_milli))
 
     def scarcity_points(self, state: ClusterState, d: Demand) -> np.ndarray | None:
@@ -298,17 +304,26 @@ class FragAware(FGD):
             out[near] = points(near)
         return out if out.any() else None
 
-    def _top_kind(self, state: ClusterState) -> np.ndarray:
+    def idle_top(self, state: ClusterState) -> np.ndarray:
+        """Per host: a top host (``_top_kind``) with cards, all idle."""
+        return self._top_kind(state) & (state.n_full == state.n_cards) & (state.n_cards > 0)
+
+    def _top_kind(self, state: ClusterState, scarce: bool = False) -> np.ndarray:
         """Per host: whether no host with as many cards has more CPU or more memory (the hosts only the
-        hungriest multi-card tasks may be able to use)."""
+        hungriest multi-card tasks may be able to use); ``scarce``: and such hosts are at most a quarter of
+        the hosts with as many cards."""
         if self._top is None or self._top[0] != id(state.hosts):
             top = np.zeros(state.size, dtype=bool)
+            rare = np.zeros(state.size, dtype=bool)
             for n in np.unique(state.n_cards).tolist():
                 same = state.n_cards == n
                 most_cpu = state.cpu_cap == state.cpu_cap[same].max()
-                top |= same & most_cpu & (state.mem_cap == state.mem_cap[same].max())
-            self._top = (id(state.hosts), top)
-        return self._top[1]
+                these = same & most_cpu & (state.mem_cap == state.mem_cap[same].max())
+                top |= these
+                if 4 * np.count_nonzero(these) <= np.count_nonzero(same):
+                    rare |= these
+            self._top = (id(state.hosts), top, rare)
+        return self._top[2] if scarce else self._top[1]
 
     def _multi_arrays(self, state: ClusterState):
         """The multi-card classes seen so far as arrays: cards, CPU, model-set index, the model sets' host
@@ -340,7 +355,9 @@ class FragAware(FGD):
     def decision_scores(self, state, d):
         score, card = self.host_scores(state, d)
         if not d.gpus and self.cpu_reserve != "off" and self._gpu:
-            taken = self.reserve_taken(state, d)
+            # Idle top hosts' CPU is kept too, unless only they could take the task at all.
+            keep_top = bool(self.top_hosts) and bool(((score > -np.inf) & ~self.idle_top(state)).any())
+            taken = self.reserve_taken(state, d, keep_top)
             if self.cpu_reserve == "reserve":
                 score = np.where(taken > 0, -np.inf, score)
             else:  # fewest reserved cores taken first (a whole core outweighs any score), then the score
@@ -349,8 +366,7 @@ class FragAware(FGD):
         if pts is not None:
             score = score - pts[state.model]
         if d.gpus and not d.fractional and self.top_hosts:
-            top = self._top_kind(state) & (state.n_full == state.n_cards) & (state.n_cards > d.gpus)
-            score = score - self.top_hosts * top
+            score = score - self.top_hosts * (self.idle_top(state) & (state.n_cards > d.gpus))
         grp = self.group_points(state, d, card, score > -np.inf, score)
         return (score if grp is None else score - grp), card
 
