@@ -378,6 +378,8 @@ class FragAware(FGD):
         keys = [state.tie_rank[ties]]
         if d is not None and d.gpus > 1:  # whole-card groups: the least capable host that fits first
             keys += [state.mem_cap[ties], state.cpu_cap[ties]]
-        elif self.top_hosts:
-            keys += [self._top_kind(state)[ties] & state.idle(ties)]
+        elif self.top_hosts:  # single-card: idle top hosts last
+            top = self._top_kind(state)[ties]
+            if top.any():
+                keys += [top & state.idle(ties)]
         return int(ties[np.lexsort((*keys, state.n_cards[ties]))[0]])
