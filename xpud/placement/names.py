@@ -18,7 +18,7 @@ DESCRIPTIONS: dict[str, tuple[str, bool]] = {
     "fgd": ("FGD as published: trace mix known in advance", True),
     "fgd-online": ("FGD with the mix learned from arrivals", False),
     "whole-only": ("every GPU task takes whole cards (single-mode), best-fit", False),
-    "xpud": ("ours: FGD measure online + CPU/memory stranding + card fill look-ahead", False),
+    "xpud": ("ours: FGD measure online + CPU/memory stranding + card fill look-ahead + CPU reserve", False),
     "xpud-q": ("Q-learning picks a rule per request class (trained on seeds 0-5 first)", False),
 }
 POLICY_NAMES: tuple[str, ...] = tuple(DESCRIPTIONS)
