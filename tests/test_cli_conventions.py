@@ -121,3 +121,24 @@ def test_run_refuses_values_a_request_cannot_hold_in_one_line_and_never_hangs(da
         assert want in r.stderr, (args, r.stderr)
     r = xpu("--", "sh", "-c", 'printf %s "$1"', "x", b"caf\xe9")  # a file name need not be UTF-8: it runs
     assert (r.returncode, r.stdout) == (0, b"caf\xe9"), r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["release", b"\xff"],
+        ["show", b"\xff"],
+        ["resize", "abc", "--mode", b"\xff"],
+        ["drain", "0", "--reason", b"caf\xe9"],
+        ["evict", b"\xff"],
+        ["defrag", "--gpus", "99999999999"],
+        ["health", b"\xff"],
+        ["wait", b"\xff"],
+    ],
+)
+def test_every_verb_refuses_what_a_request_cannot_hold_in_one_line(daemon, args):
+    """Arguments that are not UTF-8, or integers beyond a field's type, raised protobuf's exception as a
+    traceback from every verb; now one line naming the request's field, exit 1."""
+    r = subprocess.run([BIN / "xpu", *args], capture_output=True, env=xpu_env(daemon.runtime_dir), timeout=30)
+    assert r.returncode == 1 and r.stderr.startswith(b"xpu: ") and len(r.stderr.splitlines()) == 1, r.stderr
+    assert b"not UTF-8 text" in r.stderr or b"out of range" in r.stderr, r.stderr
