@@ -4,6 +4,7 @@ figure that the load of a shared machine does not move (timings there move 2x be
     .venv/bin/python bench/instructions.py [--clients 2] [--seconds 30] [--mode vxpu-quarter]
     .venv/bin/python bench/instructions.py --bare        # the bare grpc-python server of bench/load.py
     PYTHONPATH=/path/to/other/tree .venv/bin/python bench/instructions.py   # another xpud/, to compare
+    .venv/bin/python bench/instructions.py --keep cycles.callgrind   # then callgrind_annotate it
 
 The server (a simulated ``xpud``, or the bare server) runs under callgrind; the clients of
 ``bench/load.py`` warm it up, then callgrind's counters are zeroed, the server idles ``--seconds / 2``
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--mode", default="vxpu-quarter")
     ap.add_argument("--machine", default="pcie-8x-l40s")
     ap.add_argument("--bare", action="store_true", help="the bare gRPC server instead of xpud")
+    ap.add_argument("--keep", help="copy the cycling window's callgrind dump here (callgrind_annotate)")
     args = ap.parse_args()
     if not shutil.which("callgrind_control"):
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -95,14 +97,18 @@ def main() -> None:
                 time.sleep(0.5)
             time.sleep(0.5)  # the dump is complete
             text = Path(new[-1]).read_text()
+            dumps.append(new[-1])
             return result, seconds, int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1))
 
+        dumps: list[str] = []
         _, idle_s, idle_ir = window(lambda: time.sleep(args.seconds / 2))
         row, run_s, run_ir = window(lambda: load.measure_cycles(spec, args.clients, args.seconds))
     finally:
         server.terminate()
         server.wait(120)
     cycles = row["cycles_per_s"] * args.seconds
+    if args.keep:
+        shutil.copy(dumps[-1], args.keep)
     rate = idle_ir / idle_s
     print(
         json.dumps(
