@@ -512,6 +512,7 @@ class Engine:
         reserve_whole = reserve_whole or (windows and self.whole_short(1) > 0)
         # Cards holding a pre-created slice of this size serve it first, without creating anything.
         ready = self.standby.ready(spec.name) - exclude - self._busy if self.standby.slices else None
+        displaces = []  # sliced cards whose MPS server is kept idle for another uid: last (host.py)
         for c in self.cards.values():
             if ready and c.info.index not in ready:
                 caps.append(self._capacity(c, usable=False))
@@ -525,12 +526,18 @@ class Engine:
                 and self._backends[c.info.index].fits(c.info, list(c.slices.values()), spec, req.owner_uid)
             )
             caps.append(self._capacity(c, usable=bool(feasible)))
+            if feasible and c.mode is CardMode.SLICED and not c.slices:
+                idle = getattr(self._backends[c.info.index], "idle_server", None)
+                if idle is not None and idle() not in (None, req.owner_uid):
+                    displaces.append(c.info.index)
         # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks. The whole-card
         # pool (for the harm a conversion does) includes pinned and reserved idle whole cards.
         pool = self._whole_candidates(True)
         rs = self.rightsizer  # ties between sliced cards: co-location on MPS cards (xpud.autosize)
         tie = None if rs is None else rs.colocation(req)
-        return choose_slice_card(caps, 0.0, 0, self.topology, free_whole=pool, tie_break=tie)
+        return choose_slice_card(
+            caps, 0.0, 0, self.topology, free_whole=pool, tie_break=tie, displaces=displaces
+        )
 
     def _fit(
         self, req: Request, reserve_whole: bool = False, exclude: frozenset[int] = frozenset()
