@@ -261,11 +261,12 @@ class Daemon:
         self._start_rightsizing()
         self.monitor.start()
         log.info(
-            "xpud %s serving %d card(s) (%s) on %s",
+            "xpud %s serving %d card(s) (%s) on %s (event loop: %s)",
             __version__,
             len(self.engine.cards),
             backend,
             self.user_socket,
+            type(asyncio.get_running_loop()).__module__.split(".")[0],
         )
         (self.runtime_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         sd_notify("READY=1\nSTATUS=serving")
@@ -356,7 +357,6 @@ def loop_factory(choice: str):
 
 
 async def run_daemon(cfg: config.Config, hw, fake=None, overrides=None) -> None:
-    log.info("event loop: %s", type(asyncio.get_running_loop()).__module__.split(".")[0])
     d = Daemon(cfg, hw, fake, overrides)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
