@@ -914,6 +914,16 @@ def _check_cluster(src: _Source, c: ClusterSection) -> None:
             )
 
 
+def read_text(path: Path, what: str = "the config file") -> str:
+    """``path``'s text: TOML is UTF-8; other bytes are a ConfigError naming where (OSError passes)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: {what} is not UTF-8 (byte {e.start}); save it as UTF-8") from None
+
+
 def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | None = None) -> Config:
     """Load the config: ``path`` (or ``$XPUD_CONFIG``, or /etc/xpud/xpud.toml if present), then the
     environment overrides. A missing explicit path is an error; a missing default file means defaults."""
@@ -922,13 +932,13 @@ def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | Non
     if explicit:
         p = Path(explicit)
         try:
-            cfg = parse(p.read_text(), str(p))
+            cfg = parse(read_text(p), str(p))
         except OSError as e:
             raise ConfigError(
                 f"{p}: cannot read the config file: {e.strerror}; pass --config with a readable file"
             ) from None
     elif DEFAULT_PATH.is_file():
-        cfg = parse(DEFAULT_PATH.read_text(), str(DEFAULT_PATH))
+        cfg = parse(read_text(DEFAULT_PATH), str(DEFAULT_PATH))
     else:
         cfg = Config()
     for name, (section, key) in ENVIRONMENT.items():
