@@ -46,6 +46,11 @@ class DaemonSection:
     state_dir: str = _key("/var/lib/xpud", "The lease ledger (ledger.sqlite) lives here.")
     log_level: str = _key("info", "Log verbosity.", choices=("debug", "info", "warning", "error"))
     admin_group: str = _key("xpud-admin", "Members of this group (and root) may use admin.sock.")
+    event_loop: str = _key(
+        "auto",
+        "The event loop: uvloop's when installed (auto), or asyncio's own, or uvloop's (refused if absent).",
+        choices=("auto", "asyncio", "uvloop"),
+    )
 
 
 @dataclass(frozen=True)
@@ -613,6 +618,7 @@ ENVIRONMENT = {
     "XPUD_RUNTIME_DIR": ("daemon", "runtime_dir"),
     "XPUD_STATE_DIR": ("daemon", "state_dir"),
     "XPUD_LOG_LEVEL": ("daemon", "log_level"),
+    "XPUD_EVENT_LOOP": ("daemon", "event_loop"),
     "XPUD_SIMULATE": ("devices", "machine"),
 }
 
