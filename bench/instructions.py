@@ -4,6 +4,7 @@ figure that the load of a shared machine does not move (timings there move 2x be
     .venv/bin/python bench/instructions.py [--clients 2] [--seconds 30] [--mode vxpu-quarter]
     .venv/bin/python bench/instructions.py --bare        # the bare grpc-python server of bench/load.py
     PYTHONPATH=/path/to/other/tree .venv/bin/python bench/instructions.py   # another xpud/, to compare
+    .venv/bin/python bench/instructions.py --keep cycles.callgrind   # then callgrind_annotate it
 
 The server (a simulated ``xpud``, or the bare server) runs under callgrind; the clients of
 ``bench/load.py`` warm it up, then callgrind's counters are zeroed, the server idles ``--seconds / 2``
@@ -36,6 +37,9 @@ def main() -> None:
     ap.add_argument("--mode", default="vxpu-quarter")
     ap.add_argument("--machine", default="pcie-8x-l40s")
     ap.add_argument("--bare", action="store_true", help="the bare gRPC server instead of xpud")
+    ap.add_argument("--keep", help="copy the cycling window's callgrind dump here (callgrind_annotate)")
+    ap.add_argument("--threads", action="store_true", help="also instructions per cycle in each thread")
+    ap.add_argument("--bare-loop", choices=("asyncio", "uvloop"), default="asyncio", help="with --bare")
     args = ap.parse_args()
     if not shutil.which("callgrind_control"):
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -49,9 +53,11 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="xpu-instr-", dir="/tmp"))
     runtime, out = base / "run", base / "callgrind.out"
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
+    if args.threads:  # one dump file per thread (named ...-01, -02, ... in creation order)
+        cmd[2:2] = ["--separate-threads=yes"]
     if args.bare:
         sock = base / "bare.sock"
-        cmd += [str(Path(load.__file__)), "--bare-server", str(sock)]
+        cmd += [str(Path(load.__file__)), "--bare-server", str(sock), "--bare-loop", args.bare_loop]
         spec = {"target": "bare", "socket": str(sock)}
     else:
         (base / "xpud.toml").write_text(load.DAEMON_CONFIG)
@@ -94,16 +100,30 @@ def main() -> None:
                     break
                 time.sleep(0.5)
             time.sleep(0.5)  # the dump is complete
-            text = Path(new[-1]).read_text()
-            return result, seconds, int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1))
+            per_file = {}
+            for path in new if args.threads else new[-1:]:
+                text = Path(path).read_text()
+                per_file[path] = int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1))
+            dumps.append(per_file)
+            return result, seconds, sum(per_file.values())
 
+        dumps: list[dict[str, int]] = []
         _, idle_s, idle_ir = window(lambda: time.sleep(args.seconds / 2))
         row, run_s, run_ir = window(lambda: load.measure_cycles(spec, args.clients, args.seconds))
     finally:
         server.terminate()
         server.wait(120)
     cycles = row["cycles_per_s"] * args.seconds
+    if args.keep:
+        for i, path in enumerate(dumps[-1]):
+            shutil.copy(path, args.keep + (f".{i}" if i else ""))
     rate = idle_ir / idle_s
+    threads = {}
+    if args.threads:  # by thread number: idle rate subtracted thread by thread
+        idle = {re.sub(r".*-(\d+)$", r"\1", p): v for p, v in dumps[0].items()}
+        for p, v in dumps[-1].items():
+            t = re.sub(r".*-(\d+)$", r"\1", p)
+            threads[t] = round((v - idle.get(t, 0) / idle_s * run_s) / 1e6 / max(cycles, 1), 3)
     print(
         json.dumps(
             {
@@ -112,6 +132,7 @@ def main() -> None:
                 "cycles": cycles,
                 "idle_minstr_per_s": round(rate / 1e6, 2),
                 "minstr_per_cycle": round((run_ir - rate * run_s) / 1e6 / max(cycles, 1), 3),
+                **({"minstr_per_cycle_by_thread": threads} if threads else {}),
             }
         )
     )

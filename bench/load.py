@@ -73,7 +73,7 @@ def ms(x: float | None) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------- bare server
-def bare_server(path: str) -> None:
+def bare_server(path: str, loop: str = "asyncio") -> None:
     """A grpc-python aio server with one server-stream and one unary method that do nothing (the grant
     cycle's ceiling), and a stream that waits forever after one message beside a unary ``Info`` (the
     waiters' floor: what grpc.aio alone costs when thousands of streams are cancelled at once)."""
@@ -114,7 +114,13 @@ def bare_server(path: str) -> None:
         print("ready", flush=True)
         await server.wait_for_termination()
 
-    asyncio.run(serve())
+    factory = None
+    if loop == "uvloop":  # the same server on uvloop's loop (the daemon's with [daemon] event_loop)
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(serve())
 
 
 def bare_sync_server(path: str) -> None:
@@ -639,9 +645,10 @@ def idle(daemon_pid: int, seconds: float) -> dict:
     }
 
 
-def start_bare(flag: str, sock: Path) -> subprocess.Popen:
+def start_bare(flag: str, sock: Path, *extra: str) -> subprocess.Popen:
     """A bare server (``--bare-server`` or ``--bare-sync-server``) on ``sock``, once it is ready."""
-    p = subprocess.Popen([sys.executable, str(HERE), flag, str(sock)], stdout=subprocess.PIPE, text=True)
+    cmd = [sys.executable, str(HERE), flag, str(sock), *extra]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     if p.stdout.readline().strip() != "ready":
         raise SystemExit(f"the bare gRPC server ({flag}) did not start")
     return p
@@ -667,13 +674,21 @@ def main() -> None:
     ap.add_argument(
         "--bare-sync", action="store_true", help="also measure the bare methods on grpc's sync server"
     )
+    ap.add_argument(
+        "--event-loop",
+        choices=("auto", "asyncio", "uvloop"),
+        help="the daemon's [daemon] event_loop (default: not set, the daemon's default)",
+    )
+    ap.add_argument(
+        "--bare-loop", choices=("asyncio", "uvloop"), default="asyncio", help="the bare server's loop"
+    )
     args = ap.parse_args()
     if args.worker:
         return cycle_worker(json.loads(args.worker))
     if args.waiters_worker:
         return waiters_worker(json.loads(args.waiters_worker))
     if args.bare_server:
-        return bare_server(args.bare_server)
+        return bare_server(args.bare_server, args.bare_loop)
     if args.bare_sync_server:
         return bare_sync_server(args.bare_sync_server)
     if args.quick:
@@ -692,9 +707,12 @@ def main() -> None:
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
         "seconds": args.seconds,
         "quick": args.quick,
+        "event_loop": args.event_loop,
+        "bare_loop": args.bare_loop,
     }
     say(f"starting xpud --simulate {args.machine} in {base}")
-    daemon = simdaemon.start(args.machine, base, DAEMON_CONFIG, log=base / "xpud.log")
+    config = DAEMON_CONFIG + (f'[daemon]\nevent_loop = "{args.event_loop}"\n' if args.event_loop else "")
+    daemon = simdaemon.start(args.machine, base, config, log=base / "xpud.log")
     bare = None
 
     def part(name: str, fn, *a, **kw) -> None:
@@ -714,7 +732,7 @@ def main() -> None:
         if "grants" not in skip or "waiters" not in skip:
             (base / "bare").mkdir()
             bare_sock = base / "bare" / "bare.sock"
-            bare = start_bare("--bare-server", bare_sock)
+            bare = start_bare("--bare-server", bare_sock, "--bare-loop", args.bare_loop)
         if "grants" not in skip:
             sync = None
             if args.bare_sync:

@@ -142,7 +142,7 @@ def set_(
     """Set one key in the file (validated whole first, old file kept as .bak), then reload the daemon."""
     path = _path(config_path)
     try:
-        text = path.read_text()
+        text = config.read_text(path)
     except FileNotFoundError:
         text = ""
     except OSError as e:

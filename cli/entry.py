@@ -180,6 +180,47 @@ def _job_wait(wait: float | None) -> float:
     return wait or 0.0
 
 
+# run's numeric options -> (flag, the request field whose limit applies (xpud/api/validate.py), lowest)
+_NUMBERS = {
+    "gpus": ("--gpus", "AcquireRequest.gpus", 1),
+    "priority": ("--priority", "AcquireRequest.priority", None),
+    "nodes": ("--nodes", "JobSpec.nodes", 1),
+    "gpus_per_node": ("--gpus-per-node", "JobSpec.gpus_per_node", 1),
+    "replicas": ("--replicas", "JobSpec.replicas", 1),
+}
+KILL_GRACE_MAX_S = 86400.0  # a forwarded signal escalates to SIGKILL within a day at the latest
+
+
+_TEXTS = {"mode": "--mode", "name": "--name", "job_class": "--class", "deadline": "--deadline"}
+
+
+def check_values(opts: dict) -> None:
+    """Every value of ``opts`` one the daemon may take, before any request: one line otherwise (a value
+    a request cannot even hold, e.g. --priority 99999999999 or a name that is not UTF-8, would fail
+    inside protobuf)."""
+    from xpud.api.validate import LIMITS
+    from xpud.errors import BadRequest
+
+    for param, (flag, field, lowest) in _NUMBERS.items():
+        value = opts.get(param)
+        if value is None:
+            continue
+        lim = LIMITS[field]
+        lo = lim.lo if lowest is None else max(lim.lo, lowest)
+        if not lo <= value <= lim.hi:
+            raise BadRequest(f"{flag} {value}: outside {int(lo)}..{int(lim.hi)}")
+    for param, flag in _TEXTS.items():
+        value = opts.get(param)
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise BadRequest(f"{flag}: not UTF-8 text") from None
+    grace = opts.get("kill_grace")
+    if grace is not None and not 0 <= grace <= KILL_GRACE_MAX_S:
+        raise BadRequest(f"--kill-grace {grace:g}: give seconds from 0 to {KILL_GRACE_MAX_S:g}")
+
+
 def run_with(client, opts: dict, command: list[str]):
     """Run ``command`` with `xpu run`'s options ``opts`` (as ``RUN_DEFAULTS`` names them): on this host
     (``xpu_cli.run``), or across hosts with --nodes / --replicas (``xpu_cli.jobrun``). Returns the
@@ -188,6 +229,7 @@ def run_with(client, opts: dict, command: list[str]):
 
     from xpud.errors import BadRequest
 
+    check_values(opts)
     green = green_deadline(opts["when_green"], opts["deadline"])
     if opts["nodes"] is not None or opts["replicas"] is not None or opts["spread"]:
         if green:

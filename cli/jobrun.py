@@ -225,6 +225,30 @@ def _stdin_readable() -> bool:
         return False
 
 
+def _check_text(argv: list[str], env: dict[str, str]) -> None:
+    """A job across hosts sends its command and environment as text: bytes that are not UTF-8 (which
+    Python keeps as surrogates) cannot travel; say which one instead of failing inside protobuf."""
+
+    def bad(text: str) -> bool:
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    for i, arg in enumerate(argv):
+        if bad(arg):
+            raise BadRequest(f"argument {i} of the command is not UTF-8 text: a job across hosts sends text")
+    for k, v in env.items():
+        if bad(k) or bad(v):
+            raise BadRequest(
+                f"environment variable {k.encode(errors='replace').decode()!r} is not UTF-8 text: a job "
+                "across hosts sends its environment as text; unset it or fix its value"
+            )
+    if bad(os.getcwd()):
+        raise BadRequest("the working directory's path is not UTF-8 text: a job across hosts sends text")
+
+
 def run_job(
     client: Client,
     argv: list[str],
@@ -251,6 +275,8 @@ def run_job(
         raise
     if not cluster.enabled:
         raise BadRequest(NOT_IN_CLUSTER)
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    _check_text(argv, env)
     spec = pb.JobSpec(
         mode=mode,
         nodes=nodes,
@@ -258,7 +284,7 @@ def run_job(
         replicas=replicas,
         spread=spread,
         argv=argv,
-        env={k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"},
+        env=env,
         cwd=os.getcwd(),
         wait_s=wait_s,
         kill_on_bad_exit=kill_on_bad_exit,

@@ -132,7 +132,7 @@ def run(
         ),
     ] = False,
     kill_grace: Annotated[
-        float, typer.Option(help="Seconds between a forwarded signal and SIGKILL.", min=0)
+        float, typer.Option(help="Seconds between a forwarded signal and SIGKILL (0..86400).", min=0)
     ] = 10.0,
     name: Annotated[
         str,

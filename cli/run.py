@@ -120,6 +120,12 @@ class Signals:
 SOCKET_POLL_S = 0.05  # how often a wrapper cut off from its daemon looks for the socket's return
 
 
+def _label(argv: list[str]) -> str:
+    """The command as a label for listings: arguments that are not UTF-8 (a file name may not be) shown
+    with U+FFFD, since the request carries text; the command itself runs with its exact bytes."""
+    return shlex.join(argv).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 class LeaseStream(threading.Thread):
     """Reads the Acquire stream into ``events`` (kind, payload), then keeps the lease held.
 
@@ -170,6 +176,10 @@ class LeaseStream(threading.Thread):
         except XpudError as e:  # the credential handshake failed: no daemon
             self._put("error", e)
             return
+        except Exception as e:  # e.g. a value the request cannot hold: an error, never a silent hang
+            if granted is None:
+                self._put("error", BadRequest(f"the request could not be sent: {e}"))
+                return  # (after a grant: held through Hold streams below, as when the stream breaks)
         if granted is None:
             if not self._stopping.is_set():
                 self._put("error", Unavailable("the daemon ended the request without a grant"))
@@ -449,7 +459,7 @@ def run(
         priority=priority,
         wait_s=wait_s,
         restartable=restartable,
-        command=shlex.join(argv) if argv else "(xpu run --json-env)",
+        command=_label(argv) if argv else "(xpu run --json-env)",
         job_class=job_class,
         name=name,
         **({"when_green": True, "green_deadline": green_deadline} if green_deadline else {}),

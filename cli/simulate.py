@@ -7,6 +7,7 @@ the replay lives in ``xpud.sim``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -50,6 +51,18 @@ and default trace, Apache-2.0).
 
 Policies: {", ".join(f"{n} ({d})" for n, (d, _) in DESCRIPTIONS.items())}. The FGD paper's names are
 accepted too: bestfit, dotprod, packing, clustering."""
+
+
+MAX_WORKERS = 256
+
+
+def _writable(path: Path) -> bool:
+    """Whether ``path`` can be written: an existing file we may write, or a new one in a directory we
+    may write."""
+    if path.exists():
+        return path.is_file() and os.access(path, os.W_OK)
+    parent = path.parent if str(path.parent) else Path(".")
+    return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
 
 
 def _fail(message: str, code: int = 1):
@@ -183,12 +196,15 @@ def simulate(
         _fail(f"unknown --slices {slices!r}: choose one of {', '.join(SLICE_MODES)}", 2)
     if not 0 < ratio <= 10:
         _fail(f"--ratio must be in (0, 10], got {ratio}", 2)
-    if move_budget < 0:
-        _fail(f"--move-budget must not be negative, got {move_budget}", 2)
-    if workers < 0:
-        _fail(f"--workers must not be negative, got {workers}", 2)
+    if not 0 <= move_budget <= 100:  # nan too
+        _fail(f"--move-budget is a percentage of the tasks, 0 to 100; got {move_budget}", 2)
+    if not 0 <= workers <= MAX_WORKERS:
+        _fail(f"--workers must be 0 (one per core) to {MAX_WORKERS}, got {workers}", 2)
     if plot and plot != "term" and not plot.lower().endswith(".png"):
         _fail(f"--plot takes a .png file name or 'term', got {plot!r}", 2)
+    for flag, out in (("--save", save), ("--plot", Path(plot) if plot and plot != "term" else None)):
+        if out is not None and not _writable(out):  # said now, not after a replay of many minutes
+            _fail(f"{flag} {out}: cannot write there (no such directory, or no permission)", 2)
     cfg = SimConfig(
         cluster=cluster or default_path(DEFAULT_CLUSTER),
         trace=trace or default_path(DEFAULT_TRACE),

@@ -96,3 +96,49 @@ def test_runtime_dir_after_the_command_and_modes_in_any_case(daemon):
     assert r.returncode == 0 and "card 5 is sliced" in r.stdout, r.stderr
     r = xpu("mode", "5", "sideways", "--runtime-dir", str(daemon.runtime_dir))
     assert r.returncode == 2 and "use whole, sliced or auto" in r.stderr
+
+
+def test_run_refuses_values_a_request_cannot_hold_in_one_line_and_never_hangs(daemon):
+    """A value protobuf cannot put in the request (an int beyond its field, text that is not UTF-8) used
+    to raise inside the lease thread, leaving `xpu run` waiting forever; each gets one line and exit 1,
+    on the fast path and through Typer (which parses `1e9`)."""
+    env = xpu_env(daemon.runtime_dir)
+
+    def xpu(*args):
+        return subprocess.run([BIN / "xpu", "run", *args], capture_output=True, env=env, timeout=30)
+
+    for args, want in [
+        (["--priority", "99999999999"], b"--priority 99999999999: outside -1000000..1000000"),
+        (["-p", "-2000000"], b"outside -1000000..1000000"),
+        (["--gpus", "99999999999"], b"--gpus 99999999999: outside 1..4096"),
+        (["--nodes", "99999999999"], b"--nodes 99999999999: outside 1..1024"),
+        (["--kill-grace", "1e9"], b"--kill-grace 1e+09: give seconds from 0 to 86400"),
+        (["--name", b"\xff"], b"--name: not UTF-8 text"),
+        (["--class", b"caf\xe9", "--mode", "auto"], b"--class: not UTF-8 text"),
+    ]:
+        r = xpu(*args, "--", "true")
+        assert r.returncode == 1 and r.stderr.startswith(b"xpu: ") and len(r.stderr.splitlines()) == 1, args
+        assert want in r.stderr, (args, r.stderr)
+    r = xpu("--", "sh", "-c", 'printf %s "$1"', "x", b"caf\xe9")  # a file name need not be UTF-8: it runs
+    assert (r.returncode, r.stdout) == (0, b"caf\xe9"), r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["release", b"\xff"],
+        ["show", b"\xff"],
+        ["resize", "abc", "--mode", b"\xff"],
+        ["drain", "0", "--reason", b"caf\xe9"],
+        ["evict", b"\xff"],
+        ["defrag", "--gpus", "99999999999"],
+        ["health", b"\xff"],
+        ["wait", b"\xff"],
+    ],
+)
+def test_every_verb_refuses_what_a_request_cannot_hold_in_one_line(daemon, args):
+    """Arguments that are not UTF-8, or integers beyond a field's type, raised protobuf's exception as a
+    traceback from every verb; now one line naming the request's field, exit 1."""
+    r = subprocess.run([BIN / "xpu", *args], capture_output=True, env=xpu_env(daemon.runtime_dir), timeout=30)
+    assert r.returncode == 1 and r.stderr.startswith(b"xpu: ") and len(r.stderr.splitlines()) == 1, r.stderr
+    assert b"not UTF-8 text" in r.stderr or b"out of range" in r.stderr, r.stderr

@@ -69,6 +69,19 @@ def test_invalid_toml_is_refused():
         config.parse("[health]\nxid_fail = " + "[" * 5000 + "]" * 5000 + "\n", "x.toml")
 
 
+def test_a_file_that_is_not_utf8_is_one_line_with_its_line(tmp_path):
+    """It was a UnicodeDecodeError traceback from the daemon's start (a crash loop under systemd), from a
+    reload and from `xpu config set`."""
+    from xpud.isolation import mig_map
+
+    path = tmp_path / "xpud.toml"
+    path.write_bytes(b"[leases]\ngrace_s = 5  # caf\xe9\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:2: the config file is not UTF-8 \(byte 27\)"):
+        config.load(path)
+    with pytest.raises(ConfigError, match=rf"^{path}:2: the MIG profile map is not UTF-8"):
+        mig_map.load(path)
+
+
 def test_slices_are_configurable_and_new_sizes_can_be_added():
     cfg = config.parse(
         "[slices.vxpu-half]\ncompute_pct = 40\n[slices.vxpu-eighth]\n"

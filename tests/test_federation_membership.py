@@ -144,3 +144,18 @@ def test_a_cluster_can_start_joined_and_spreads_a_new_meta_everywhere_within_a_s
     took = first_time(net, lambda: all(h.members["h7"].incarnation >= inc for h in net.hosts.values()), 2)
     assert took is not None and took < 1.0
     assert {h.members["h7"].meta for h in net.hosts.values()} == {"free=0"}
+
+
+def test_push_pull_comes_less_often_in_a_large_cluster():
+    """The whole table travels in a push-pull: its period grows by one base period per doubling beyond
+    32 live members (memberlist's scale), so that each host's anti-entropy traffic stays bounded."""
+    from xpud.federation.membership import push_pull_scale
+
+    assert [push_pull_scale(n) for n in (1, 32, 33, 64, 65, 1000, 1024, 10_000)] == [1, 1, 2, 2, 3, 6, 6, 10]
+    small, large = SimNet(20, seed=2, joined=True), SimNet(100, seed=2, joined=True)
+    for net in (small, large):
+        net.run(1)
+    swim = next(iter(small.hosts.values()))
+    assert swim.push_pull_interval_s() == swim.cfg.push_pull_interval_s
+    swim = next(iter(large.hosts.values()))
+    assert swim.push_pull_interval_s() == 3 * swim.cfg.push_pull_interval_s  # 100 live members

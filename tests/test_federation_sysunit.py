@@ -33,7 +33,7 @@ def test_under_systemd_needs_invocation_id_and_systemd_run():
 
 def test_the_unit_runs_the_rank_as_the_user_from_an_env_file_never_on_the_command_line():
     unit = sysunit.unit_name("0123abcd", 1)
-    assert unit == "xpu-job-0123abcd-r1.service"
+    assert unit == "xpu-job-0123abcd-a0-r1.service"
     with pytest.raises(ValueError):
         sysunit.unit_name("a b;rm", 0)
     argv = sysunit.run_argv(unit, ["python", "train.py", "--x"], 1000, 1000, "/home/u/run", "/run/e", 3.0,
@@ -49,7 +49,11 @@ def test_the_unit_runs_the_rank_as_the_user_from_an_env_file_never_on_the_comman
     ]  # fmt: skip
     assert sysunit.signal_argv(unit, 2) == ["systemctl", "kill", "--signal=2", unit]
     assert sysunit.stop_argv(unit) == ["systemctl", "stop", unit]
-    assert sysunit.stop_job_argv("0123abcd") == ["systemctl", "stop", "xpu-job-0123abcd-r*.service"]
+    globs = ["xpu-job-0123abcd-a*-r*.service", "xpu-job-0123abcd-r*.service"]  # and an older version's names
+    assert sysunit.stop_job_argv("0123abcd") == ["systemctl", "stop", *globs]
+    assert sysunit.unit_name("0123abcd", 1, attempt=7) == "xpu-job-0123abcd-a7-r1.service"
+    with pytest.raises(ValueError):
+        sysunit.unit_name("0123abcd", 1, attempt=-1)
     assert sysunit.ended(sysunit.parse_show("ExecMainPID=7\nExecMainCode=2\nExecMainStatus=15\n")) == (
         143,
         15,
@@ -177,7 +181,7 @@ def test_a_rank_runs_through_systemd_run_with_its_env_and_exit_code(units, tmp_p
     _, events = run(spec(["sh", "-c", script], cwd=work, env=env, uid=0, gid=0), u)
     out = b"".join(e.output.data for e in events if e.HasField("output")).decode()
     assert out == f"{value}|{work}\n" and events[-1].ended.exit_code == 3 and not events[-1].ended.error
-    unit = "xpu-job-j1-r0.service"
+    unit = "xpu-job-j1-a0-r0.service"
     env_file = u.env_dir / f"{unit}.env"
     want = sysunit.run_argv(unit, ["sh", "-c", script], 0, 0, str(work), str(env_file), rankproc.STOP_GRACE_S,
                             names={"PATH", "SECRET"})  # fmt: skip
@@ -199,7 +203,7 @@ def test_a_stop_goes_to_the_unit_term_then_kill_and_a_signal_death_is_reported(u
         await rank.kill()  # SIGTERM (trapped), then SIGKILL after the grace
 
     _, events = run(spec(["sh", "-c", script]), u, during=abort, stop_grace_s=0.5)
-    unit = "xpu-job-j1-r0.service"
+    unit = "xpu-job-j1-a0-r0.service"
     ended = events[-1].ended
     assert (ended.exit_code, ended.signal) == (128 + signal.SIGKILL, signal.SIGKILL), ended
     kills = [v for v in ctl.verbs(unit) if v[0] == "kill"]
@@ -217,7 +221,7 @@ def test_a_forwarded_signal_reaches_the_unit_through_systemctl(units):
     _, events = run(spec(["sh", "-c", "echo up; exec sleep 30"]), u, inputs=Inputs(), during=interrupt)
     ended = events[-1].ended
     assert (ended.exit_code, ended.signal) == (130, signal.SIGINT), ended
-    assert ["kill", f"--signal={signal.SIGINT}"] in ctl.verbs("xpu-job-j1-r0.service")
+    assert ["kill", f"--signal={signal.SIGINT}"] in ctl.verbs("xpu-job-j1-a0-r0.service")
 
 
 def test_a_restarted_daemon_stops_the_units_of_ranks_it_had_started(monkeypatch, units):
@@ -225,8 +229,8 @@ def test_a_restarted_daemon_stops_the_units_of_ranks_it_had_started(monkeypatch,
     monkeypatch.setattr(rankproc, "_detected", [u])
     asyncio.run(hostjobs._stop_units("abc123"))
     assert ctl.calls == [
-        ["systemctl", "stop", "xpu-job-abc123-r*.service"],
-        ["systemctl", "reset-failed", "xpu-job-abc123-r*.service"],
+        ["systemctl", "stop", "xpu-job-abc123-a*-r*.service", "xpu-job-abc123-r*.service"],
+        ["systemctl", "reset-failed", "xpu-job-abc123-a*-r*.service", "xpu-job-abc123-r*.service"],
     ]
     monkeypatch.setattr(rankproc, "_detected", [None])
     ctl.calls.clear()

@@ -115,7 +115,7 @@ def test_the_rank_gets_exactly_its_environment_its_user_and_directory_and_its_ex
     got_env, cwd, uid, gid, groups = json.loads(out(events))
     assert (cwd, uid, gid, groups) == (str(workdir), NOBODY, NOBODY, [4242, NOBODY])  # as a child's
     assert got_env == env  # nothing of systemd's own (INVOCATION_ID, LOGNAME, SHELL, LANG...)
-    unit = "xpu-job-j1-r0.service"
+    unit = "xpu-job-j1-a0-r0.service"
     assert not (u.env_dir / f"{unit}.env").exists()
     assert show(systemd, unit, "LoadState")["LoadState"] == "not-found"  # the failed unit was unloaded
 
@@ -146,7 +146,7 @@ def test_a_stop_terms_then_kills_every_process_of_the_unit_and_says_which_signal
     _, events = run(spec(["sh", "-c", script]), u, during=abort, stop_grace_s=0.5)
     ended = events[-1].ended
     assert (ended.exit_code, ended.signal) == (128 + signal.SIGKILL, signal.SIGKILL), ended
-    unit = "xpu-job-j1-r0.service"
+    unit = "xpu-job-j1-a0-r0.service"
     kills = [c[1:3] for c in calls if c[1] == "kill"]
     assert kills == [["kill", f"--signal={signal.SIGTERM}"], ["kill", f"--signal={signal.SIGKILL}"]]
     assert show(systemd, unit, "LoadState")["LoadState"] == "not-found"
@@ -167,7 +167,7 @@ def test_a_forwarded_interrupt_reaches_the_rank_through_systemd(systemd, units):
 def test_a_restarted_daemon_stops_the_units_its_predecessor_started(systemd, units, monkeypatch):
     """systemd-run dying with the daemon leaves the unit running; the new daemon's glob stop ends it."""
     u, _ = units
-    unit = "xpu-job-abc123-r1.service"
+    unit = "xpu-job-abc123-a2-r1.service"
     line = sysunit.run_argv(unit, ["sleep", "300"], 0, 0, "/", "/dev/null")
     systemd_run = subprocess.Popen([*systemd.prefix, *line], stdin=subprocess.DEVNULL, start_new_session=True)
     wait_until(lambda: show(systemd, unit, "ExecMainPID").get("ExecMainPID", "0") != "0", 10)
@@ -178,6 +178,34 @@ def test_a_restarted_daemon_stops_the_units_its_predecessor_started(systemd, uni
     asyncio.run(hostjobs._stop_units("abc123"))
     assert show(systemd, unit, "LoadState")["LoadState"] == "not-found"  # stopped and unloaded: the name
     assert systemd.run(["pgrep", "-x", "sleep"]).returncode == 1  # is free for the job's next attempt
+
+
+def test_a_next_attempt_runs_while_the_last_attempts_unit_is_still_there(systemd, units):
+    """A restarted gang's next attempt on this host gets a unit of its own: it never collides with the
+    last attempt's unit (systemd refuses a second unit of the same name while the first is loaded)."""
+    u, _ = units
+
+    async def main():
+        old_in, new_in = Inputs(), Inputs()
+        new_in.end()
+        old = rankproc.Rank(spec(["sh", "-c", 'trap "" TERM; echo up; while :; do sleep 0.1; done']), old_in,
+                            units=u, attempt=0, stop_grace_s=0.5)  # fmt: skip
+        events = aiter(old.events())
+        while not (ev := await anext(events)).HasField("output"):
+            pass
+        assert ev.output.data == b"up\n"
+        new = rankproc.Rank(spec(["sh", "-c", "echo second"]), new_in, units=u, attempt=1)
+        got = [ev async for ev in new.events()]
+        state = show(systemd, old.unit, "ActiveState")["ActiveState"]  # the old attempt still runs
+        await old.kill()
+        return old, new, got, state, [ev async for ev in events]
+
+    old, new, got, state, rest = asyncio.run(asyncio.wait_for(main(), 60))
+    assert (old.unit, new.unit) == ("xpu-job-j1-a0-r0.service", "xpu-job-j1-a1-r0.service")
+    assert state == "activating"
+    assert got[-1].ended.exit_code == 0 and not got[-1].ended.error, (got[-1], out(got, 2))
+    assert out(got) == "second\n"
+    assert rest[-1].ended.signal == signal.SIGKILL, rest[-1]
 
 
 def test_a_daemon_run_by_systemd_as_root_detects_it(systemd):
@@ -262,7 +290,8 @@ def test_xpud_under_its_shipped_unit_runs_a_job_rank_as_a_unit_outside_its_sandb
         events = json.loads(r.stdout)
         job = events[0]["placed"]["job"]
         out = "".join(base64.b64decode(e["output"]["data"]).decode() for e in events if "output" in e)
-        assert out == f"0::/system.slice/xpu-job-{job}-r0.service\n{workdir}\nyes\nnone\n", events
+        want = rf"0::/system.slice/xpu-job-{job}-a\d+-r0.service\n{workdir}\nyes\nnone\n"
+        assert re.fullmatch(want, out), out
         assert events[-1]["ended"]["exitCode"] == 4
         units = systemd.run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "xpu-job-*"])
         assert units.stdout.strip() == ""

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import wait_until
 
-WINDOW_S, CLEAR_S = 10.0, 1.5  # a window long enough for a loaded machine to look inside it
+WINDOW_S, CLEAR_S = 20.0, 1.5  # long enough for a loaded machine (load 8 on 2 cores) to look inside it
 CONFIG = f"""
 [leases]
 grace_s = 30.0

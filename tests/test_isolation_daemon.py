@@ -257,6 +257,36 @@ def test_an_idle_mps_server_serves_its_uid_again_and_is_shut_down_for_another(in
     check_mps(d, {}, 600)
 
 
+def test_a_slice_goes_to_the_card_its_uid_kept_idle_not_to_another_uid_s(inproc):
+    d = inproc("workstation-2x", CONFIG.format(keep=600))
+    admin = Caller(uid=0, admin=True)
+
+    def grant(uid):
+        return d.call(lambda: d.engine.try_grant(Request(Mode.VXPU_QUARTER, owner_uid=uid)))[0]
+
+    a, b = grant(1000), grant(1001)  # one user per MPS server: two cards
+    for lease in (a, b):
+        d.call(d.engine.release, lease.id, admin)
+    snapshot(d)
+    idle = d.call(lambda: {i: b.idle_server() for i, b in d.engine._backends.items()})
+    assert idle == {a.cards[0]: 1000, b.cards[0]: 1001}  # both cards sliced, empty, each server kept
+    # Both fit equally: the uid whose card has the higher index would get the other one (lowest index
+    # first) and pay its forced shutdown there, with a server of its own idle next door.
+    uid, card = max(((1000, a.cards[0]), (1001, b.cards[0])), key=lambda x: x[1])
+    again = grant(uid)
+    assert again.cards == (card,)
+    assert _shutdowns(d) == 0
+    idle = d.call(lambda: {i: b.idle_server() for i, b in d.engine._backends.items()})
+    assert idle == {card: None, 1 - card: 2001 - uid}  # the other user's server is still kept
+    # With no other card, it still goes to the card kept for another user (its server shut down first).
+    d.call(d.engine.release, again.id, admin)
+    d.call(lambda: d.engine.try_grant(Request(Mode.VXPU_QUARTER, owner_uid=uid)))  # on its own card
+    other = grant(2001 - uid)
+    assert other.cards == (1 - card,) and _shutdowns(d) == 0
+    # both cards hold live slices of others: no card for uid 3000
+    assert d.call(lambda: d.engine.try_grant(Request(Mode.VXPU_QUARTER, owner_uid=3000))) is None
+
+
 @pytest.mark.parametrize("keep", [3.0, 0.0])
 def test_an_idle_mps_server_is_shut_down_when_its_grace_ends_and_at_once_with_zero(inproc, keep):
     d = inproc("workstation-2x", CONFIG.format(keep=keep))

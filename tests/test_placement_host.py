@@ -328,6 +328,17 @@ def test_slice_prefers_sliced_cards_best_fit():
     assert choose_slice_card([sliced(0, 0.5, compute=10), whole(1)], 0.25, 15) == 1  # compute too
 
 
+def test_slice_avoids_a_card_it_would_take_from_another_users_idle_server():
+    # Card 0 keeps an MPS server idle for another uid (taking it shuts that server down first).
+    cards = [sliced(0, 1.0), sliced(1, 1.0), whole(2)]
+    assert choose_slice_card(cards, 0.25, 15) == 0
+    assert choose_slice_card(cards, 0.25, 15, displaces={0}) == 1  # an equal card without one
+    assert choose_slice_card([sliced(0, 1.0), sliced(1, 0.5)], 0.25, 15, displaces={1}) == 0  # fit aside
+    # ...but never a whole card converted instead: it is taken when no other sliced card fits
+    assert choose_slice_card([sliced(0, 1.0), whole(1)], 0.25, 15, displaces={0}) == 0
+    assert choose_slice_card([sliced(0, 1.0), sliced(1, 0.1)], 0.25, 15, displaces={0}) == 0
+
+
 def test_slice_converts_the_card_whose_loss_hurts_least():
     topo = pcie_box()
     cards = [whole(i, idle=i != 5) for i in ALL]  # card 5 busy: card 4 lost its switch partner

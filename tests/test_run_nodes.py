@@ -313,3 +313,18 @@ def test_stream_lost_mid_job_is_one_line(standin, short_tmp):
     r = xpu(short_tmp, "run", "--nodes", "2", "--", "train")
     assert r.returncode == 1 and r.stdout == b"ready\n" and time.monotonic() - t0 < 20
     assert r.stderr.decode().count("\n") == 2 and r.stderr.decode().startswith("xpu: job j1")
+
+
+def test_a_job_across_hosts_names_the_argument_or_variable_that_is_not_utf8(monkeypatch):
+    """Its command and environment travel as text: bytes that are not UTF-8 get one line naming them
+    (protobuf would raise an encoding error from deep inside the request)."""
+    from xpu_cli.jobrun import _check_text
+
+    from xpud.errors import BadRequest
+
+    _check_text(["python", "train.py", "héllo"], {"A": "ü"})  # UTF-8 is fine
+    bad = b"caf\xe9".decode(errors="surrogateescape")  # how Python holds such an argv/environ entry
+    with pytest.raises(BadRequest, match="argument 2 of the command is not UTF-8"):
+        _check_text(["python", "train.py", bad], {})
+    with pytest.raises(BadRequest, match="environment variable 'LABEL' is not UTF-8"):
+        _check_text(["true"], {"LABEL": bad})

@@ -151,7 +151,12 @@ def test_bound_rows(app, files):
         (["--seeds", "9-1"], "bad seed list"),
         (["--slices", "eighths"], "unknown --slices"),
         (["--plot", "out.pdf"], "--plot takes a .png"),
-        (["--move-budget", "-1"], "--move-budget must not be negative"),
+        (["--move-budget", "-1"], "--move-budget is a percentage of the tasks, 0 to 100"),
+        (["--move-budget", "nan"], "--move-budget is a percentage of the tasks, 0 to 100; got nan"),
+        (["--workers", "100000"], "--workers must be 0 (one per core) to 256"),
+        # said before the replay, not after it (a replay of the default trace takes minutes)
+        (["--save", "/nonexistent-dir/r.json"], "--save /nonexistent-dir/r.json: cannot write there"),
+        (["--plot", "/nonexistent-dir/r.png"], "--plot /nonexistent-dir/r.png: cannot write there"),
         (["--cpu-reserve", "sometimes"], "unknown --cpu-reserve 'sometimes'"),
     ],
 )

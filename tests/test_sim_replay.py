@@ -84,7 +84,10 @@ def test_loader_reads_openb_csvs(tmp_path):
         ("name,cpu_milli\n", "missing column"),
         ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,1500\n", "gpu_milli must be 1..1000"),
         ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,2,500\n", "must take whole cards"),
-        ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,x,1,1,500\n", "non-negative integer"),
+        ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,x,1,1,500\n", "integer from 0 to"),
+        ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1e400,1,1,500\n", "cpu_milli must be an integer"),
+        ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1e13,1,500\n", "memory_mib must be an integer"),
+        ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,nan,1,1,500\n", "cpu_milli must be an integer"),
         ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,0,0\n", "no task asks for a GPU"),
         ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n", "no tasks"),
     ],
@@ -92,6 +95,13 @@ def test_loader_reads_openb_csvs(tmp_path):
 def test_loader_errors_name_the_problem(tmp_path, text, message):
     with pytest.raises(TraceError, match=message):
         load_trace(write(tmp_path / "t.csv", text))
+
+
+def test_a_file_that_is_not_utf8_text_is_one_error_from_its_first_line(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"\xb5\x00\xff" * 100)
+    with pytest.raises(TraceError, match=r"t.csv:1: not a UTF-8 CSV file"):
+        load_trace(path)
 
 
 def test_missing_file_says_how_to_fix(tmp_path):

@@ -46,6 +46,11 @@ class DaemonSection:
     state_dir: str = _key("/var/lib/xpud", "The lease ledger (ledger.sqlite) lives here.")
     log_level: str = _key("info", "Log verbosity.", choices=("debug", "info", "warning", "error"))
     admin_group: str = _key("xpud-admin", "Members of this group (and root) may use admin.sock.")
+    event_loop: str = _key(
+        "auto",
+        "The event loop: uvloop's when installed (auto), or asyncio's own, or uvloop's (refused if absent).",
+        choices=("auto", "asyncio", "uvloop"),
+    )
 
 
 @dataclass(frozen=True)
@@ -613,6 +618,7 @@ ENVIRONMENT = {
     "XPUD_RUNTIME_DIR": ("daemon", "runtime_dir"),
     "XPUD_STATE_DIR": ("daemon", "state_dir"),
     "XPUD_LOG_LEVEL": ("daemon", "log_level"),
+    "XPUD_EVENT_LOOP": ("daemon", "event_loop"),
     "XPUD_SIMULATE": ("devices", "machine"),
 }
 
@@ -908,6 +914,16 @@ def _check_cluster(src: _Source, c: ClusterSection) -> None:
             )
 
 
+def read_text(path: Path, what: str = "the config file") -> str:
+    """``path``'s text: TOML is UTF-8; other bytes are a ConfigError naming where (OSError passes)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: {what} is not UTF-8 (byte {e.start}); save it as UTF-8") from None
+
+
 def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | None = None) -> Config:
     """Load the config: ``path`` (or ``$XPUD_CONFIG``, or /etc/xpud/xpud.toml if present), then the
     environment overrides. A missing explicit path is an error; a missing default file means defaults."""
@@ -916,13 +932,13 @@ def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | Non
     if explicit:
         p = Path(explicit)
         try:
-            cfg = parse(p.read_text(), str(p))
+            cfg = parse(read_text(p), str(p))
         except OSError as e:
             raise ConfigError(
                 f"{p}: cannot read the config file: {e.strerror}; pass --config with a readable file"
             ) from None
     elif DEFAULT_PATH.is_file():
-        cfg = parse(DEFAULT_PATH.read_text(), str(DEFAULT_PATH))
+        cfg = parse(read_text(DEFAULT_PATH), str(DEFAULT_PATH))
     else:
         cfg = Config()
     for name, (section, key) in ENVIRONMENT.items():

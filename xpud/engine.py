@@ -512,25 +512,42 @@ class Engine:
         reserve_whole = reserve_whole or (windows and self.whole_short(1) > 0)
         # Cards holding a pre-created slice of this size serve it first, without creating anything.
         ready = self.standby.ready(spec.name) - exclude - self._busy if self.standby.slices else None
-        for c in self.cards.values():
-            if ready and c.info.index not in ready:
-                caps.append(self._capacity(c, usable=False))
-                continue
-            convertible = c.mode is CardMode.SLICED or (c.idle and not c.pinned and not reserve_whole)
-            feasible = (
-                c.usable
-                and c.info.index not in exclude
-                and c.info.index not in self._busy  # its backend is at work: not to be read now
-                and convertible
-                and self._backends[c.info.index].fits(c.info, list(c.slices.values()), spec, req.owner_uid)
-            )
-            caps.append(self._capacity(c, usable=bool(feasible)))
+        displaces = []  # sliced cards whose MPS server is kept idle for another uid: last (host.py)
+        # Sliced cards first: when one that is not degraded takes the slice, no whole card is converted
+        # (choose_slice_card), so the whole cards' feasibility is not asked (a backend call per card).
+        sliced_fits = False
+        for pass_sliced in (True, False):
+            for c in self.cards.values():
+                if (c.mode is CardMode.SLICED) is not pass_sliced:
+                    continue
+                if (ready and c.info.index not in ready) or (sliced_fits and not pass_sliced):
+                    caps.append(self._capacity(c, usable=False))
+                    continue
+                convertible = pass_sliced or (c.idle and not c.pinned and not reserve_whole)
+                feasible = (
+                    c.usable
+                    and c.info.index not in exclude
+                    and c.info.index not in self._busy  # its backend is at work: not to be read now
+                    and convertible
+                    and self._backends[c.info.index].fits(
+                        c.info, list(c.slices.values()), spec, req.owner_uid
+                    )
+                )
+                caps.append(self._capacity(c, usable=bool(feasible)))
+                if feasible and pass_sliced:
+                    sliced_fits = sliced_fits or c.health_state is not HealthState.DEGRADED
+                    if not c.slices:
+                        idle = getattr(self._backends[c.info.index], "idle_server", None)
+                        if idle is not None and idle() not in (None, req.owner_uid):
+                            displaces.append(c.info.index)
         # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks. The whole-card
         # pool (for the harm a conversion does) includes pinned and reserved idle whole cards.
         pool = self._whole_candidates(True)
         rs = self.rightsizer  # ties between sliced cards: co-location on MPS cards (xpud.autosize)
         tie = None if rs is None else rs.colocation(req)
-        return choose_slice_card(caps, 0.0, 0, self.topology, free_whole=pool, tie_break=tie)
+        return choose_slice_card(
+            caps, 0.0, 0, self.topology, free_whole=pool, tie_break=tie, displaces=displaces
+        )
 
     def _fit(
         self, req: Request, reserve_whole: bool = False, exclude: frozenset[int] = frozenset()
@@ -1325,8 +1342,11 @@ class Engine:
         """A committed end in memory: the lease is gone, its holder told; the ended lease."""
         self.leases.pop(lease.id, None)
         self.unheld_since.pop(lease.id, None)
-        ended = replace(
-            lease,
+        # ``dataclasses.replace`` without its per-field getattr and __init__ (a release's largest step
+        # in memory): the copy of a frozen, validated Lease with the end's fields
+        ended = object.__new__(Lease)
+        ended.__dict__.update(
+            lease.__dict__,
             state=state,
             mark="",
             ended=now,

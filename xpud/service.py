@@ -44,7 +44,13 @@ def _detail(e: XpudError) -> str:
 def add_to_server(servicer: Any, server: aio.Server) -> None:
     """Register ``servicer`` (a Node, Admin or Peer servicer) on ``server``, as the generated
     ``add_*Servicer_to_server`` does, but with deserializers that let a corrupt message be refused with
-    INVALID_ARGUMENT (``validate.tolerant``) instead of UNKNOWN and a traceback."""
+    INVALID_ARGUMENT (``validate.tolerant``) instead of UNKNOWN and a traceback.
+
+    As a generic handler only, not also as registered methods (the generated code does both): grpc.aio's
+    server keeps one pending request per registered method and waits on all of them
+    (``asyncio.wait``) for every call it accepts, a callback added and removed on each of the 17 futures
+    per call; generic only, it waits on one (-4 % of the daemon's instructions per grant+release cycle,
+    ``bench/instructions.py``)."""
     if isinstance(servicer, pbg.AdminServicer):
         name = "Admin"
     elif isinstance(servicer, pbg.PeerServicer):
@@ -66,7 +72,6 @@ def add_to_server(servicer: Any, server: aio.Server) -> None:
             response_serializer=getattr(pb, m.output_type.name).SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    server.add_registered_method_handlers(service.full_name, handlers)
 
 
 def unary(fn: Callable) -> Callable:

@@ -17,7 +17,7 @@ import grpc
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.auth import METADATA_KEY, handshake
-from xpud.errors import ERROR_CLASSES, Forbidden, Unauthenticated, Unavailable, XpudError
+from xpud.errors import ERROR_CLASSES, BadRequest, Forbidden, Unauthenticated, Unavailable, XpudError
 
 DEFAULT_RUNTIME_DIR = "/run/xpud"
 # gRPC's default reconnect backoff (1 s, x1.6, up to 120 s) leaves a holder cut off by a long daemon outage
@@ -41,6 +41,24 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+def _request(cls, **fields):
+    """``cls(**fields)``, or one line naming the field a request cannot hold (an integer beyond its type,
+    text that is not UTF-8: a command-line argument may be neither) instead of protobuf's exception."""
+    try:
+        return cls(**fields)
+    except (ValueError, TypeError) as whole:  # UnicodeEncodeError is a ValueError
+        err, where = whole, cls.DESCRIPTOR.name
+    for name, value in fields.items():
+        try:
+            cls(**{name: value})
+        except (ValueError, TypeError) as one:
+            err, where = one, f"{where}.{name}"
+            break
+    if isinstance(err, UnicodeEncodeError):
+        raise BadRequest(f"{where}: not UTF-8 text") from None
+    raise BadRequest(f"{where}: {str(err)[:200]}") from None
 
 
 def to_error(e: grpc.RpcError, where: str) -> XpudError:
@@ -163,7 +181,8 @@ class Client:
         """The Acquire stream call: iterate it (``iterate``) for ``queued`` updates, then ``granted``. With
         ``hold`` the same stream goes on as the lease's Hold stream (``event`` updates). ``wait_s``: None
         for the daemon's default ([leases] default_wait_s), ``math.inf`` for the longest it allows."""
-        request = pb.AcquireRequest(
+        request = _request(
+            pb.AcquireRequest,
             mode=mode,
             gpus=gpus,
             priority=priority,
@@ -200,7 +219,7 @@ class Client:
         raise Unavailable("the daemon closed the Acquire stream without a grant")
 
     def hold(self, lease_id: str, token: str):
-        return self._stream(self.node.Hold, pb.HoldRequest(lease_id=lease_id, token=token))
+        return self._stream(self.node.Hold, _request(pb.HoldRequest, lease_id=lease_id, token=token))
 
     def release(
         self,
@@ -212,19 +231,26 @@ class Client:
     ) -> pb.Lease:
         """Release a lease; its wrapper says how the command ended (an exit code or a signal) and when
         it started."""
-        request = pb.ReleaseRequest(
-            lease_id=lease_id, token=token, exit_code=exit_code, exit_signal=exit_signal, started=started
+        request = _request(
+            pb.ReleaseRequest,
+            lease_id=lease_id,
+            token=token,
+            exit_code=exit_code,
+            exit_signal=exit_signal,
+            started=started,
         )
         return self._unary(self.node.Release, request).lease
 
     def ack_move(self, lease_id: str, token: str) -> pb.Lease:
-        return self._unary(self.node.AckMove, pb.AckMoveRequest(lease_id=lease_id, token=token)).lease
+        return self._unary(
+            self.node.AckMove, _request(pb.AckMoveRequest, lease_id=lease_id, token=token)
+        ).lease
 
     def cards(self) -> pb.ListCardsReply:
         return self._unary(self.node.ListCards, pb.ListCardsRequest())
 
     def leases(self, all: bool = False, limit: int = 0, lease_id: str = "") -> pb.ListLeasesReply:
-        request = pb.ListLeasesRequest(all=all, limit=limit, lease_id=lease_id)
+        request = _request(pb.ListLeasesRequest, all=all, limit=limit, lease_id=lease_id)
         return self._unary(self.node.ListLeases, request)
 
     def lease(self, lease_id: str) -> pb.Lease:
@@ -233,11 +259,13 @@ class Client:
 
     def events(self, card: int | None = None, lease_id: str = "", limit: int = 0) -> list[pb.Event]:
         """The daemon's latest events (oldest first), about ``card`` and/or ``lease_id`` when given."""
-        request = pb.EventsRequest(card=card, lease_id=lease_id, limit=limit)
+        request = _request(pb.EventsRequest, card=card, lease_id=lease_id, limit=limit)
         return list(self._unary(self.node.ListEvents, request).events)
 
     def resize(self, lease_id: str, mode: str, token: str = "") -> pb.ResizeReply:
-        return self._unary(self.node.Resize, pb.ResizeRequest(lease_id=lease_id, mode=mode, token=token))
+        return self._unary(
+            self.node.Resize, _request(pb.ResizeRequest, lease_id=lease_id, mode=mode, token=token)
+        )
 
     def lease_usage(self) -> pb.LeaseUsageReply:
         return self._unary(self.node.LeaseUsage, pb.LeaseUsageRequest())
@@ -246,14 +274,14 @@ class Client:
         return self._unary(self.node.GetTopology, pb.TopologyRequest())
 
     def health(self, card: str = "", history: int = 0) -> pb.HealthReply:
-        return self._unary(self.node.GetHealth, pb.HealthRequest(card=card, history=history))
+        return self._unary(self.node.GetHealth, _request(pb.HealthRequest, card=card, history=history))
 
     def watch_lease(self, lease_id: str):
         """A lease's live load: one ``LeaseLoad`` now, then one per right-sizing round until it ends."""
-        return self._stream(self.node.WatchLease, pb.WatchLeaseRequest(lease_id=lease_id))
+        return self._stream(self.node.WatchLease, _request(pb.WatchLeaseRequest, lease_id=lease_id))
 
     def watch(self, min_interval_s: float = 1.0):
-        return self._stream(self.node.Watch, pb.WatchRequest(min_interval_s=min_interval_s))
+        return self._stream(self.node.Watch, _request(pb.WatchRequest, min_interval_s=min_interval_s))
 
     # ------------------------------------------------------------------ Admin
     def cluster(self) -> pb.ClusterReply:
@@ -266,27 +294,35 @@ class Client:
         return self.admin
 
     def drain(self, card: str, reason: str = "") -> pb.Card:
-        return self._unary(self._admin().Drain, pb.DrainRequest(card=card, reason=reason)).card
+        return self._unary(self._admin().Drain, _request(pb.DrainRequest, card=card, reason=reason)).card
 
     def undrain(self, card: str) -> pb.Card:
-        return self._unary(self._admin().Undrain, pb.CardRequest(card=card)).card
+        return self._unary(self._admin().Undrain, _request(pb.CardRequest, card=card)).card
 
     def set_mode(self, card: str, mode: str) -> pb.Card:
-        return self._unary(self._admin().SetCardMode, pb.SetCardModeRequest(card=card, mode=mode)).card
+        return self._unary(
+            self._admin().SetCardMode, _request(pb.SetCardModeRequest, card=card, mode=mode)
+        ).card
 
     def evict(self, lease_id: str, reason: str = "") -> pb.Lease:
-        return self._unary(self._admin().Evict, pb.EvictRequest(lease_id=lease_id, reason=reason)).lease
+        return self._unary(
+            self._admin().Evict, _request(pb.EvictRequest, lease_id=lease_id, reason=reason)
+        ).lease
 
     def inject_fault(self, card: str, kind: str, xid: int = 0) -> str:
-        return self._unary(self._admin().InjectFault, pb.FaultRequest(card=card, kind=kind, xid=xid)).message
+        return self._unary(
+            self._admin().InjectFault, _request(pb.FaultRequest, card=card, kind=kind, xid=xid)
+        ).message
 
     def clear_fault(self, card: str) -> str:
-        return self._unary(self._admin().ClearFault, pb.CardRequest(card=card)).message
+        return self._unary(self._admin().ClearFault, _request(pb.CardRequest, card=card)).message
 
     def defrag(
         self, apply: bool = False, move_budget_pct: float | None = None, gpus: int = 0, wait: bool = True
     ) -> pb.DefragReply:
         """Plan (and with ``apply`` perform) a defragmentation. ``move_budget_pct`` None: the daemon's
         default; ``gpus``: make room for that many whole cards instead of consolidating."""
-        request = pb.DefragRequest(apply=apply, move_budget_pct=move_budget_pct, gpus=gpus, wait=wait)
+        request = _request(
+            pb.DefragRequest, apply=apply, move_budget_pct=move_budget_pct, gpus=gpus, wait=wait
+        )
         return self._unary(self._admin().Defrag, request, timeout=300)

@@ -367,7 +367,10 @@ class HostJobs:
                 await self.ledger.write(self.ledger.set_rank_pid_op(spec.job, r.attempt, pid))
 
         try:
-            rank = rankproc.Rank(spec, requests, on_end, on_start=on_start, remote_launch=allowed)
+            r = self.table.get(spec.job)  # committed (``launching`` checked): its attempt names the unit
+            attempt = r.attempt if r is not None else 0
+            rank = rankproc.Rank(spec, requests, on_end, on_start=on_start, remote_launch=allowed,
+                                 attempt=attempt)  # fmt: skip
         except BaseException:
             await self.launch_ended(spec.job, "its rank could not be started")
             raise

@@ -14,7 +14,8 @@ The protocol (after SWIM, Das et al. 2002, and HashiCorp memberlist's Lifeguard 
 - every fact (alive / suspect / dead / left, with the member's incarnation) travels piggy-backed on pings
   and acks and in gossip rounds (every ``gossip_interval_s`` to ``gossip_fanout`` members), each fact
   retransmitted ``retransmit_mult * ceil(log10(n + 1))`` times; every ``push_pull_interval_s`` a host
-  swaps its whole table with one member (anti-entropy: heals what gossip missed, and joins);
+  swaps its whole table with one member (anti-entropy: heals what gossip missed, and joins), less often
+  in a cluster of more than 32 members (``push_pull_scale``: 6x at 1,000);
 - precedence: a higher incarnation wins; at the same incarnation dead/left > suspect > alive. A host
   starts with an incarnation taken from the clock in milliseconds, so a restarted host's old state loses.
 
@@ -117,6 +118,19 @@ class Change:
     incarnation: int
     meta: str
     at: float
+
+
+PUSH_PULL_SCALE_FROM = 32  # members up to which push-pull keeps its base period
+
+
+def push_pull_scale(members: int) -> int:
+    """How many base periods apart push-pulls are with ``members`` in the table: 1 up to 32, then one
+    more per doubling (as HashiCorp memberlist scales it: 2 at 33-64, ..., 6 at 513-1,024). A push-pull
+    carries the whole table, so without it each host's share of anti-entropy grows with the cluster;
+    news travels by gossip, push-pull only heals what gossip missed (and a wrongly declared death)."""
+    if members <= PUSH_PULL_SCALE_FROM:
+        return 1
+    return math.ceil(math.log2(members) - math.log2(PUSH_PULL_SCALE_FROM)) + 1
 
 
 @dataclass
@@ -275,7 +289,7 @@ class Swim:
             self._next_gossip = self.now + self.cfg.gossip_interval_s
             out += self._gossip_round()
         if self.now >= self._next_push_pull:
-            self._next_push_pull = self.now + self.cfg.push_pull_interval_s
+            self._next_push_pull = self.now + self.push_pull_interval_s()
             out += self._anti_entropy()
         return out
 
@@ -420,6 +434,10 @@ class Swim:
                 break
             out.append((m.addr, Gossip(self.name, self.addr, updates)))
         return out
+
+    def push_pull_interval_s(self) -> float:
+        """``push_pull_interval_s``, longer in a large cluster (``push_pull_scale`` of the live members)."""
+        return self.cfg.push_pull_interval_s * push_pull_scale(len(self.alive()))
 
     def _push_pull(self, reply: bool) -> PushPull:
         """The whole table, deaths included: a member declared dead learns it here and refutes."""

@@ -193,11 +193,13 @@ class Rank:
         *,
         on_start: Callable[[int], object] | None = None,
         remote_launch: bool = True,
+        attempt: int = 0,
         kill_grace_s: float = KILL_GRACE_S,
         stop_grace_s: float = STOP_GRACE_S,
         units: sysunit.Units | None | str = "detect",
     ):
         self.spec, self.on_end, self.on_start = spec, on_end, on_start
+        self.attempt = attempt  # the job's attempt on this host (in the unit's name)
         self._released = asyncio.Event()  # events are seen once on_start has returned (or failed)
         self._failed = ""  # on_start failed: the rank ran nothing; its end says why
         self.units = default_units() if units == "detect" else units
@@ -362,7 +364,7 @@ class Rank:
         """The systemd-run line for the rank, its env file written; raises Refused."""
         spec = self.spec
         try:
-            unit = sysunit.unit_name(spec.job, spec.rank)
+            unit = sysunit.unit_name(spec.job, spec.rank, self.attempt)
             text, dropped = sysunit.env_file_text(dict(spec.env))
             self._env_file = str(sysunit.write_env_file(self.units.env_dir, unit, text))
         except (ValueError, OSError) as e:

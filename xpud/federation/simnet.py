@@ -70,6 +70,8 @@ class SimNet:
                         host.members[other.name] = Member(
                             me.name, me.addr, me.incarnation, State.ALIVE, me.meta, self.now, self.now
                         )
+                # long after its joins, push-pulls are spread over a whole period (longer in a large cluster)
+                host._next_push_pull = self.now + host.rng.uniform(0, host.push_pull_interval_s())
 
     # ------------------------------------------------------------------ hosts
     def add(self, name: str, seeds: list[str], incarnation: int = -1) -> Swim:

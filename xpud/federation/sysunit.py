@@ -63,12 +63,14 @@ def under_systemd(environ: Mapping[str, str] = os.environ, which: Callable = shu
     return bool(environ.get("INVOCATION_ID")) and which(SYSTEMD_RUN) is not None
 
 
-def unit_name(job: str, rank: int) -> str:
-    """``xpu-job-JOB-rRANK.service``; the job id is hex (``secrets.token_hex``), checked here anyway."""
+def unit_name(job: str, rank: int, attempt: int = 0) -> str:
+    """``xpu-job-JOB-aATTEMPT-rRANK.service``; the job id is hex (``secrets.token_hex``), checked here
+    anyway. The attempt is in the name so that a restarted job's next attempt on this host never
+    collides with the unit of its last attempt while that one is still loaded (running or stopping)."""
     _check_job(job)
-    if rank < 0:
-        raise ValueError(f"job {job!r} rank {rank}: not a unit name")
-    return f"xpu-job-{job}-r{rank}.service"
+    if rank < 0 or attempt < 0:
+        raise ValueError(f"job {job!r} attempt {attempt} rank {rank}: not a unit name")
+    return f"xpu-job-{job}-a{attempt}-r{rank}.service"
 
 
 def _check_job(job: str) -> None:
@@ -125,14 +127,19 @@ def stop_argv(unit: str) -> list[str]:
 def stop_job_argv(job: str) -> list[str]:
     """Stop every rank unit of ``job`` on this host (a glob: after a daemon restart the rank is unknown)."""
     _check_job(job)
-    return [SYSTEMCTL, "stop", f"xpu-job-{job}-r*.service"]
+    return [SYSTEMCTL, "stop", *_job_globs(job)]
 
 
 def reset_job_argv(job: str) -> list[str]:
-    """Unload ``job``'s rank units that failed (a stopped oneshot fails): a later attempt of the job on
-    this host reuses their names."""
+    """Unload ``job``'s rank units that failed (a stopped oneshot fails; it would stay loaded for good)."""
     _check_job(job)
-    return [SYSTEMCTL, "reset-failed", f"xpu-job-{job}-r*.service"]
+    return [SYSTEMCTL, "reset-failed", *_job_globs(job)]
+
+
+def _job_globs(job: str) -> list[str]:
+    """Every attempt's rank units of ``job`` (and ``xpu-job-JOB-rN``: the names before attempts were in
+    them, of units a daemon of an older version started)."""
+    return [f"xpu-job-{job}-a*-r*.service", f"xpu-job-{job}-r*.service"]
 
 
 def show_argv(unit: str) -> list[str]:

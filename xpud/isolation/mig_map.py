@@ -13,6 +13,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from xpud.config import read_text
 from xpud.errors import ConfigError
 from xpud.hw.types import MigProfile
 from xpud.model import SliceSpec
@@ -38,7 +39,7 @@ def load(path: str | Path | None = None) -> ProfileMap:
     """Read and check a profile map. Raises ConfigError naming the file, the model and the key."""
     p = Path(path) if path else default_path()
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(read_text(p, "the MIG profile map"))
     except OSError as e:
         raise ConfigError(f"{p}: cannot read the MIG profile map: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:

@@ -460,6 +460,7 @@ def choose_slice_card(
     *,
     free_whole: Collection[int] | None = None,
     tie_break: Callable[[int], float] | None = None,
+    displaces: Collection[int] = (),
 ) -> int | None:
     """The card a new slice goes to, or ``None`` when no card can take it.
 
@@ -476,6 +477,10 @@ def choose_slice_card(
     ``tie_break``: a cost per card index (lower first) among already-sliced cards that tie on every term
     above, before the lowest index (the daemon's co-location on MPS cards, ``placement.colocate``); it is
     called only for such ties.
+
+    ``displaces``: sliced cards where the slice would displace what is kept there for another user (an
+    MPS server kept idle for another uid: the slice's prepare shuts it down first, and starts its own);
+    they come after every other sliced card that fits, whatever their fit.
     """
     eps = 1e-9
     for avoid in (False, True):
@@ -492,6 +497,7 @@ def choose_slice_card(
             keyed = [
                 (
                     (
+                        c.index in displaces,
                         round(c.free_memory_fraction - memory_fraction, 9),
                         c.free_compute_pct - compute_pct,
                         -c.health_score,

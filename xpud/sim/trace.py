@@ -44,26 +44,31 @@ def _rows(path: Path, required: tuple[str, ...], what: str):
         raise TraceError(f"cannot read {what} file {path}: {e.strerror}") from e
     with f:
         reader = csv.DictReader(f)
-        header = reader.fieldnames or []
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise TraceError(
-                f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(required)}"
-            )
         try:
+            header = reader.fieldnames or []
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise TraceError(
+                    f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(required)}"
+                )
             yield from ((reader.line_num, row) for row in reader)
         except (csv.Error, UnicodeDecodeError) as e:
-            raise TraceError(f"{path}:{reader.line_num}: not a CSV file ({e})") from e
+            raise TraceError(f"{path}:{max(reader.line_num, 1)}: not a UTF-8 CSV file ({e})") from e
+
+
+INT_MAX = 10**12  # above any count or size of a host or task (cpu_milli, memory_mib, gpus)
 
 
 def _int(path: Path, line: int, row: dict, col: str) -> int:
     raw = (row.get(col) or "").strip()
     try:
         value = int(float(raw)) if raw else None
-    except ValueError:
+    except (ValueError, OverflowError):  # nan, inf, text
         value = None
-    if value is None or value < 0:
-        raise TraceError(f"{path}:{line}: column {col} must be a non-negative integer, got {raw!r}")
+    if value is None or not 0 <= value <= INT_MAX:
+        raise TraceError(
+            f"{path}:{line}: column {col} must be an integer from 0 to {INT_MAX:g}, got {raw[:40]!r}"
+        )
     return value
 
 
