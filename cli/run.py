@@ -108,7 +108,12 @@ class Signals:
         self.received.append(sig)
 
     def pop(self) -> list[int]:
-        out, self.received[:] = list(self.received), []
+        """The signals received so far, in order. One at a time: the handler runs between any two of our
+        bytecodes, so copying the list and then clearing it lost a signal that landed in between (a
+        Ctrl-C never passed on: the command ran on and the wrapper with it)."""
+        out = []
+        while self.received:
+            out.append(self.received.pop(0))  # one C call: a handler's append is never lost
         return out
 
     def __exit__(self, *exc) -> None:
