@@ -191,6 +191,16 @@ _NUMBERS = {
 KILL_GRACE_MAX_S = 86400.0  # a forwarded signal escalates to SIGKILL within a day at the latest
 
 
+def is_text(value: str) -> bool:
+    """Whether ``value`` can travel in a request: command-line bytes that are not UTF-8 come to Python as
+    surrogates, which protobuf refuses."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 _TEXTS = {"mode": "--mode", "name": "--name", "job_class": "--class", "deadline": "--deadline"}
 
 
@@ -211,11 +221,8 @@ def check_values(opts: dict) -> None:
             raise BadRequest(f"{flag} {value}: outside {int(lo)}..{int(lim.hi)}")
     for param, flag in _TEXTS.items():
         value = opts.get(param)
-        if isinstance(value, str):
-            try:
-                value.encode()
-            except UnicodeEncodeError:
-                raise BadRequest(f"{flag}: not UTF-8 text") from None
+        if isinstance(value, str) and not is_text(value):
+            raise BadRequest(f"{flag}: not UTF-8 text")
     grace = opts.get("kill_grace")
     if grace is not None and not 0 <= grace <= KILL_GRACE_MAX_S:
         raise BadRequest(f"--kill-grace {grace:g}: give seconds from 0 to {KILL_GRACE_MAX_S:g}")

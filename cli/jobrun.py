@@ -228,24 +228,18 @@ def _stdin_readable() -> bool:
 def _check_text(argv: list[str], env: dict[str, str]) -> None:
     """A job across hosts sends its command and environment as text: bytes that are not UTF-8 (which
     Python keeps as surrogates) cannot travel; say which one instead of failing inside protobuf."""
-
-    def bad(text: str) -> bool:
-        try:
-            text.encode()
-        except UnicodeEncodeError:
-            return True
-        return False
+    from xpu_cli.entry import is_text
 
     for i, arg in enumerate(argv):
-        if bad(arg):
+        if not is_text(arg):
             raise BadRequest(f"argument {i} of the command is not UTF-8 text: a job across hosts sends text")
     for k, v in env.items():
-        if bad(k) or bad(v):
+        if not (is_text(k) and is_text(v)):
             raise BadRequest(
                 f"environment variable {k.encode(errors='replace').decode()!r} is not UTF-8 text: a job "
                 "across hosts sends its environment as text; unset it or fix its value"
             )
-    if bad(os.getcwd()):
+    if not is_text(os.getcwd()):
         raise BadRequest("the working directory's path is not UTF-8 text: a job across hosts sends text")
 
 
