@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 import time
@@ -324,3 +325,65 @@ def test_the_rank_pid_is_durable_before_the_rank_is_reported_started(inproc):
     ev, pid_now = d.call(first_event)
     assert ev.HasField("started") and pid_now == ev.started.pid
     wait_until(lambda: not d.engine.leases, timeout=10)
+
+
+def _cancel_mid_write(d, call, marker: str):
+    """Start ``call`` on the daemon's loop, hold the ledger's writer inside the write whose SQL contains
+    ``marker`` (taken and committed: it can no longer be undone), cancel the caller there, then let the
+    writer go. The write is the first one matching; returns once the writer is free."""
+    ledger = d.daemon.ledger
+    submit = ledger.submit
+    inside, release = threading.Event(), threading.Event()
+    armed = [True]
+
+    def held(*ops):
+        if armed[0] and any(marker in str(o) for o in ops):
+            armed[0] = False
+            return submit(*ops, Op((), effect=lambda: (inside.set(), release.wait(10))))
+        return submit(*ops)
+
+    ledger.submit = held
+
+    async def run():
+        task = asyncio.ensure_future(call())
+        await asyncio.to_thread(inside.wait, 10)
+        task.cancel()
+        await asyncio.sleep(0.05)  # the caller is gone before the write answers
+        release.set()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return task.cancelled()
+
+    try:
+        assert d.call(run), "the caller was not cancelled inside the write"
+    finally:
+        ledger.submit = submit
+        release.set()
+
+
+def test_a_reserve_whose_caller_is_cancelled_mid_write_still_ends_by_its_ttl(inproc):
+    """A coordinator cancelled (or a Peer call broken) while the reservation's row was being written: the
+    reservation is held in the table as in the ledger and ends by its TTL (before: the lease was reclaimed
+    but the row stayed ``held`` for ever, and ``xpu`` saw a live reservation nobody could end)."""
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+    _cancel_mid_write(d, lambda: hj.reserve(res(ttl=2.0)), "INSERT OR REPLACE INTO reservations")
+    wait_until(lambda: hj.table.get("j1") is not None, timeout=5)  # the reserve ran on to its end
+    assert hj.table.get("j1").state.value == "held" and [r["state"] for r in rows(d, "j1")] == ["held"]
+    wait_until(lambda: [r["state"] for r in rows(d, "j1")] == ["expired"] and not d.engine.leases, timeout=10)
+    d.call(d.engine.acquire, Request(Mode.XPU, gpus=4, owner_uid=UID))  # every card free again
+
+
+def test_a_commit_whose_caller_is_cancelled_mid_write_is_committed_in_the_table_too(inproc):
+    """Cancelled while the commit's row was written: the table says committed as the ledger does, so the
+    job is released after one TTL unlaunched (before: the table went back to held while the row said
+    committed; the reaper then expired a committed row)."""
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+    d.call(hj.reserve, res(ttl=2.0))
+    _cancel_mid_write(d, lambda: hj.commit(pb.CommitRequest(job="j1", attempt=0)), "'committed'")
+    wait_until(lambda: hj.jobs["j1"].launch_by > 0, timeout=5)  # the commit ran on to its end
+    assert hj.table.get("j1").state.value == "committed"
+    assert [r["state"] for r in rows(d, "j1")] == ["committed"]
+    released = lambda: [r["state"] for r in rows(d, "j1")] == ["released"]  # noqa: E731
+    wait_until(lambda: released() and not d.engine.leases, timeout=10)

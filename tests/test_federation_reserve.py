@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -71,7 +72,11 @@ class Host:
         self.table.commit(job, attempt, self.clock.now)
 
     async def abort(self, job, attempt):
-        self.table.abort(job, attempt)
+        r = self.table.get(job)
+        if r is not None and r.attempt == attempt and r.state is ResState.COMMITTED:
+            self.table.put(replace(r, state=ResState.ABORTED))  # as HostJobs.drop: the job's lease ends
+        else:
+            self.table.abort(job, attempt)
 
 
 def run(coro):
@@ -120,3 +125,33 @@ def test_a_coordinator_that_dies_after_reserving_leaks_nothing_once_the_ttl_pass
     assert a.table.held_cards() == set()
     with pytest.raises(Refused):
         run(a.commit("job", 0))  # a late commit from a coordinator that comes back
+
+
+@pytest.mark.parametrize("stage", ["reserve", "commit"])
+def test_a_coordinator_cancelled_mid_attempt_lets_go_at_once_and_not_by_the_ttl(stage):
+    """The job's caller went away while the coordinator waited on a slow host (its reserve or its commit):
+    every host of the attempt is aborted before the cancellation goes on (before: what was held stayed
+    held for the whole TTL; a cancelled queued job kept cards from everyone for 10 s)."""
+    clock = Clock()
+    a, b = Host("a", 8, clock), Host("b", 8, clock)
+    started = asyncio.Event()
+    slow_op = getattr(b, stage)
+
+    async def slow(*args):
+        started.set()
+        await asyncio.sleep(3600)
+        return await slow_op(*args)
+
+    setattr(b, stage, slow)
+    hosts = {"a": a, "b": b}
+
+    async def main():
+        task = asyncio.ensure_future(coordinate("job", lambda ex: ["a", "b"], hosts.__getitem__, 4))
+        await started.wait()
+        assert a.table.get("job").state is (ResState.HELD if stage == "reserve" else ResState.COMMITTED)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(main())
+    assert a.table.held_cards() == set() and a.table.get("job").state is ResState.ABORTED

@@ -15,6 +15,10 @@ refused) is ``reserve.Reservations``'s; this module adds the engine, the ledger 
 - **Abort** drops a held reservation, or releases a committed lease, killing its rank first (the kill
   hook the Launch handler gave ``launching``). Aborting what is unknown or ended answers
   ``dropped=False``.
+- **A caller that goes away** (a Peer call cancelled, a job cancelled while it coordinates here) does not
+  cut Reserve, Commit or Abort short: each runs to its end in a task of its own, so the table and the
+  ledger never disagree; what the caller no longer wants ends by its TTL, or by the abort the
+  coordinator sends as it is cancelled (``reserve.coordinate``).
 - **Restart**: ``restore`` takes the rows back; a held one past its TTL is expired at once, a
   committed one gets one TTL from the restart to be launched.
 
@@ -92,6 +96,12 @@ async def _stop_units(job: str) -> None:
         log.warning("stopped the units of job %s started before this daemon restarted (exit %d)", job, rc)
 
 
+def _retrieved(task: asyncio.Task) -> None:
+    """An outcome nobody awaits any more (its caller was cancelled) is not an unretrieved error."""
+    if not task.cancelled():
+        task.exception()
+
+
 class HostJobs:
     """Reserve/Commit/Abort for this host. ``peer`` is the calling host's name (from its certificate),
     or None/"" when this host coordinates the job itself."""
@@ -155,6 +165,9 @@ class HostJobs:
         return member_of(uid, gid, (cfg.daemon.admin_group, *cfg.limits.exempt_groups))
 
     async def reserve(self, req: pb.ReserveRequest, peer: str | None = None) -> pb.ReserveReply:
+        return await self._whole(self._reserve(req, peer))
+
+    async def _reserve(self, req: pb.ReserveRequest, peer: str | None) -> pb.ReserveReply:
         cluster = getattr(self.daemon.cfg, "cluster", None)
         if peer and peer != self.name and cluster is not None and not cluster.remote_launch:
             raise Forbidden(
@@ -243,6 +256,9 @@ class HostJobs:
             return pb.ReserveReply(cards=res.cards, expires_in_s=req.ttl_s)
 
     async def commit(self, req: pb.CommitRequest, peer: str | None = None) -> pb.CommitReply:
+        return await self._whole(self._commit(req, peer))
+
+    async def _commit(self, req: pb.CommitRequest, peer: str | None) -> pb.CommitReply:
         async with self._lock(req.job):
             now = self.clock()
             await self._expire_due(now)
@@ -290,6 +306,9 @@ class HostJobs:
 
     async def drop(self, job: str, attempt: int | None, why: str) -> bool:
         """End ``job`` here at whatever stage (``attempt`` None: any). True when something was dropped."""
+        return await self._whole(self._drop(job, attempt, why))
+
+    async def _drop(self, job: str, attempt: int | None, why: str) -> bool:
         async with self._lock(job):
             r = self.table.get(job)
             if r is None or (attempt is not None and r.attempt != attempt):
@@ -379,10 +398,20 @@ class HostJobs:
                 ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
             yield ev
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _whole(self, coro):
+        """Run a change of the table and the ledger to its end even when the caller goes away (a Peer call
+        or a job cancelled mid-way): cut short between its ledger write and its table update, the two
+        would disagree (a reservation row held for ever, its lease reclaimed). A caller that left does
+        not hear the outcome: a reservation it no longer wants ends by its TTL or by its abort."""
+        task = self._spawn(coro)
+        task.add_done_callback(_retrieved)
+        return await asyncio.shield(task)
 
     def lease_of(self, job: str) -> Lease | None:
         j = self.jobs.get(job)

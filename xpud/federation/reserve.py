@@ -188,44 +188,69 @@ async def coordinate(
     """Reserve ``gpus_per_host`` cards on each host ``plan(excluded)`` names, commit when all hold; on a
     refusal (or a host that does not answer within ``step_timeout_s``) abort everywhere and re-plan
     without that host. Raises ``Refused`` after ``max_attempts`` (nothing is left held anywhere that
-    answered; what did not answer expires by its TTL). Attempts are numbered from ``first_attempt`` (a
-    queued job that tries again uses new numbers: hosts refuse an attempt older than one they saw)."""
+    answered; what did not answer expires by its TTL). Cancelled, it aborts every host of the attempt in
+    progress before the cancellation goes on: nothing waits for the TTL. Attempts are numbered from
+    ``first_attempt`` (a queued job that tries again uses new numbers: hosts refuse an attempt older than
+    one they saw)."""
     excluded: set[str] = set()
     refusals: list[str] = []
     for attempt in range(first_attempt, first_attempt + max_attempts):
         hosts = list(plan(set(excluded)))
         if not hosts:
             break
-
-        results = await asyncio.gather(
-            *(_reserve_one(link, h, job, attempt, gpus_per_host, ttl_s, step_timeout_s) for h in hosts)
-        )
-        bad = [(h, r) for h, r in results if isinstance(r, Exception)]
-        if not bad:
-            committed: dict[str, tuple[int, ...]] = {}
-            try:
-                for h, cards in results:
-                    await asyncio.wait_for(link(h).commit(job, attempt), step_timeout_s)
-                    committed[h] = cards  # type: ignore[assignment]
-                return Outcome(committed, attempt + 1, tuple(refusals))
-            except Exception as e:
-                late = next(h for h, _ in results if h not in committed)
-                bad = [(late, e)]
-                await _abort_all(job, attempt, [h for h, _ in results], link, step_timeout_s)
-                if committed:  # some hosts hold the job already: the caller must release it there
-                    raise Refused(
-                        f"job {job}: commit failed on {late} ({e}) after {', '.join(committed)} committed",
-                        committed,
-                    ) from e
-        else:
-            await _abort_all(
-                job, attempt, [h for h, r in results if not isinstance(r, Exception)], link, step_timeout_s
+        try:
+            outcome = await _attempt(
+                job, attempt, hosts, link, gpus_per_host, ttl_s, step_timeout_s, excluded, refusals
             )
-        for h, e in bad:
-            excluded.add(h)
-            refusals.append(f"{h}: {str(e) or type(e).__name__}")
+        except asyncio.CancelledError:  # the job went away: what this attempt holds is let go at once
+            await _let_go(job, attempt, hosts, link, step_timeout_s)
+            raise
+        if outcome is not None:
+            return outcome
         await sleep(0)
     raise Refused(f"job {job}: no set of hosts held after {max_attempts} attempt(s): {'; '.join(refusals)}")
+
+
+async def _attempt(
+    job: str,
+    attempt: int,
+    hosts: list[str],
+    link: Callable[[str], HostLink],
+    gpus_per_host: int,
+    ttl_s: float,
+    step_timeout_s: float,
+    excluded: set[str],
+    refusals: list[str],
+) -> Outcome | None:
+    """One attempt of ``coordinate`` on ``hosts``: the outcome, or None (refusals and exclusions noted)."""
+    results = await asyncio.gather(
+        *(_reserve_one(link, h, job, attempt, gpus_per_host, ttl_s, step_timeout_s) for h in hosts)
+    )
+    bad = [(h, r) for h, r in results if isinstance(r, Exception)]
+    if not bad:
+        committed: dict[str, tuple[int, ...]] = {}
+        try:
+            for h, cards in results:
+                await asyncio.wait_for(link(h).commit(job, attempt), step_timeout_s)
+                committed[h] = cards  # type: ignore[assignment]
+            return Outcome(committed, attempt + 1, tuple(refusals))
+        except Exception as e:
+            late = next(h for h, _ in results if h not in committed)
+            bad = [(late, e)]
+            await _abort_all(job, attempt, [h for h, _ in results], link, step_timeout_s)
+            if committed:  # some hosts hold the job already: the caller must release it there
+                raise Refused(
+                    f"job {job}: commit failed on {late} ({e}) after {', '.join(committed)} committed",
+                    committed,
+                ) from e
+    else:
+        await _abort_all(
+            job, attempt, [h for h, r in results if not isinstance(r, Exception)], link, step_timeout_s
+        )
+    for h, e in bad:
+        excluded.add(h)
+        refusals.append(f"{h}: {str(e) or type(e).__name__}")
+    return None
 
 
 async def _reserve_one(link, h: str, job: str, attempt: int, gpus: int, ttl_s: float, timeout: float):
@@ -241,3 +266,16 @@ async def _abort_all(job: str, attempt: int, hosts: Sequence[str], link, timeout
             await asyncio.wait_for(link(h).abort(job, attempt), timeout)
 
     await asyncio.gather(*(one(h) for h in hosts))
+
+
+_letting_go: set[asyncio.Task] = set()
+
+
+async def _let_go(job: str, attempt: int, hosts: Sequence[str], link, timeout: float) -> None:
+    """Abort ``hosts`` for a coordinator that is being cancelled (reserves may still be in flight there: an
+    abort that overtakes one leaves it to its TTL). Runs to its end whatever else is cancelled."""
+    task = asyncio.ensure_future(_abort_all(job, attempt, hosts, link, timeout))
+    _letting_go.add(task)
+    task.add_done_callback(_letting_go.discard)
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.shield(task)
