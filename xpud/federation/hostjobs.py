@@ -52,6 +52,7 @@ log = logging.getLogger("xpud.hostjobs")
 
 RESTART = "restart: "  # RankEnded.error of a rank stopped because a card under it failed (item: moves)
 RESERVE_BUSY_WAIT_S = 1.0  # a Reserve waits this long for busy cards (the coordinator waits 5 s per step)
+MAX_REMEMBERED = 10_000  # entries of the reservation table (ended ones are forgotten after KEEP_ENDED_S)
 KEEP_ENDED_S = 600.0  # ended reservations are remembered this long (a retried message gets its answer)
 
 Kill = Callable[[], Awaitable[None]]
@@ -94,6 +95,10 @@ async def _stop_units(job: str) -> None:
         rc, _ = await units.runner(sysunit.stop_job_argv(job))
         await units.runner(sysunit.reset_job_argv(job))  # stopped, they failed: unloaded for a next attempt
         log.warning("stopped the units of job %s started before this daemon restarted (exit %d)", job, rc)
+
+
+def _live(r: Reservation) -> bool:
+    return r.state in (ResState.HELD, ResState.COMMITTED)
 
 
 def _retrieved(task: asyncio.Task) -> None:
@@ -311,6 +316,9 @@ class HostJobs:
     async def _drop(self, job: str, attempt: int | None, why: str) -> bool:
         async with self._lock(job):
             r = self.table.get(job)
+            if attempt is not None and (r is None or (r.attempt < attempt and not _live(r))):
+                self._overtaken(job, attempt)
+                return False
             if r is None or (attempt is not None and r.attempt != attempt):
                 return False
             if r.state is ResState.HELD:
@@ -320,6 +328,15 @@ class HostJobs:
                 await self._end_committed(r, why)
                 return True
             return False
+
+    def _overtaken(self, job: str, attempt: int) -> None:
+        """An abort that overtook its reserve (the coordinator was cancelled while its Reserve was on the
+        way): remember the attempt as aborted, so that the reserve is refused when it comes rather than
+        holding cards for its whole TTL. Forgotten with the other ended entries; at most
+        ``MAX_REMEMBERED`` entries in all."""
+        if len(self.table) < MAX_REMEMBERED:
+            now = self.clock()
+            self.table.put(Reservation(job, attempt, "", (), now, now, ResState.ABORTED))
 
     # ------------------------------------------------------------------------------ Launch hooks
     def launching(self, job: str, kill: Kill) -> Lease:
@@ -479,12 +496,7 @@ class HostJobs:
             self.engine.hold_closed(lease_id, q)
         r = self.table.get(job)
         j = self.jobs.get(job)
-        if (
-            r is None
-            or j is None
-            or j.lease_id != lease_id
-            or r.state not in (ResState.HELD, ResState.COMMITTED)
-        ):
+        if r is None or j is None or j.lease_id != lease_id or not _live(r):
             return
         kill = j.kill
         if kill is not None:

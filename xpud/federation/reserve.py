@@ -67,6 +67,9 @@ class Reservations:
     def __init__(self) -> None:
         self._by_job: dict[str, Reservation] = {}
 
+    def __len__(self) -> int:
+        return len(self._by_job)
+
     def held_cards(self) -> set[int]:
         return {c for r in self._by_job.values() if r.state is ResState.HELD for c in r.cards}
 
