@@ -16,7 +16,7 @@ refused) is ``reserve.Reservations``'s; this module adds the engine, the ledger 
   hook the Launch handler gave ``launching``). Aborting what is unknown or ended answers
   ``dropped=False``.
 - **A caller that goes away** (a Peer call cancelled, a job cancelled while it coordinates here) does not
-  cut Reserve, Commit or Abort short: each runs to its end in a task of its own, so the table and the
+  cut Reserve, Commit or Abort short: each runs to its end (``uninterrupted``), so the table and the
   ledger never disagree; what the caller no longer wants ends by its TTL, or by the abort the
   coordinator sends as it is cancelled (``reserve.coordinate``).
 - **Restart**: ``restore`` takes the rows back; a held one past its TTL is expired at once, a
@@ -47,6 +47,7 @@ from xpud.federation.reserve import Refused, Reservation, Reservations, ResState
 from xpud.federation.room import Room
 from xpud.ledger import LedgerUnavailable, ReservationRecord
 from xpud.model import HealthState, Lease, LeaseState, Mode, Request
+from xpud.uninterrupted import uninterrupted
 
 log = logging.getLogger("xpud.hostjobs")
 
@@ -99,12 +100,6 @@ async def _stop_units(job: str) -> None:
 
 def _live(r: Reservation) -> bool:
     return r.state in (ResState.HELD, ResState.COMMITTED)
-
-
-def _retrieved(task: asyncio.Task) -> None:
-    """An outcome nobody awaits any more (its caller was cancelled) is not an unretrieved error."""
-    if not task.cancelled():
-        task.exception()
 
 
 class HostJobs:
@@ -169,10 +164,8 @@ class HostJobs:
             return True
         return member_of(uid, gid, (cfg.daemon.admin_group, *cfg.limits.exempt_groups))
 
+    @uninterrupted
     async def reserve(self, req: pb.ReserveRequest, peer: str | None = None) -> pb.ReserveReply:
-        return await self._whole(self._reserve(req, peer))
-
-    async def _reserve(self, req: pb.ReserveRequest, peer: str | None) -> pb.ReserveReply:
         cluster = getattr(self.daemon.cfg, "cluster", None)
         if peer and peer != self.name and cluster is not None and not cluster.remote_launch:
             raise Forbidden(
@@ -260,10 +253,8 @@ class HostJobs:
             )
             return pb.ReserveReply(cards=res.cards, expires_in_s=req.ttl_s)
 
+    @uninterrupted
     async def commit(self, req: pb.CommitRequest, peer: str | None = None) -> pb.CommitReply:
-        return await self._whole(self._commit(req, peer))
-
-    async def _commit(self, req: pb.CommitRequest, peer: str | None) -> pb.CommitReply:
         async with self._lock(req.job):
             now = self.clock()
             await self._expire_due(now)
@@ -309,11 +300,9 @@ class HostJobs:
     async def abort(self, req: pb.AbortRequest, peer: str | None = None) -> pb.AbortReply:
         return pb.AbortReply(dropped=await self.drop(req.job, req.attempt, f"aborted by {peer or self.name}"))
 
+    @uninterrupted
     async def drop(self, job: str, attempt: int | None, why: str) -> bool:
         """End ``job`` here at whatever stage (``attempt`` None: any). True when something was dropped."""
-        return await self._whole(self._drop(job, attempt, why))
-
-    async def _drop(self, job: str, attempt: int | None, why: str) -> bool:
         async with self._lock(job):
             r = self.table.get(job)
             if attempt is not None and (r is None or (r.attempt < attempt and not _live(r))):
@@ -415,20 +404,10 @@ class HostJobs:
                 ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
             yield ev
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def _whole(self, coro):
-        """Run a change of the table and the ledger to its end even when the caller goes away (a Peer call
-        or a job cancelled mid-way): cut short between its ledger write and its table update, the two
-        would disagree (a reservation row held for ever, its lease reclaimed). A caller that left does
-        not hear the outcome: a reservation it no longer wants ends by its TTL or by its abort."""
-        task = self._spawn(coro)
-        task.add_done_callback(_retrieved)
-        return await asyncio.shield(task)
 
     def lease_of(self, job: str) -> Lease | None:
         j = self.jobs.get(job)
