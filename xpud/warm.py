@@ -17,6 +17,8 @@ import pwd
 import signal
 from dataclasses import dataclass
 
+from xpud import switch_user
+
 
 @dataclass(frozen=True)
 class RunAs:
@@ -54,10 +56,13 @@ async def run(command: str, user: str, env: dict[str, str], timeout_s: float) ->
         "LOGNAME": who.name,
         **env,
     }
-    switch = {} if who.uid == os.geteuid() else {"user": who.uid, "group": who.gid, "extra_groups": []}
+    switch = [] if who.uid == os.geteuid() else switch_user.argv(who.uid, who.gid, ())
     tag = f" ({who.note})" if who.note else ""
     try:
-        proc = await asyncio.create_subprocess_shell(
+        proc = await asyncio.create_subprocess_exec(
+            *switch,
+            "/bin/sh",
+            "-c",
             command,
             env=full,
             cwd="/",
@@ -65,10 +70,10 @@ async def run(command: str, user: str, env: dict[str, str], timeout_s: float) ->
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            **switch,
         )
     except (OSError, ValueError) as e:
-        return f"warm_command could not start{tag}: {e}"
+        why = switch_user.INSTALL if switch_user.missing(e) else e
+        return f"warm_command could not start{tag}: {why}"
     try:
         _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except (TimeoutError, asyncio.CancelledError) as e:

@@ -57,6 +57,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from xpud.api.v1 import xpu_pb2 as pb
+from xpud import switch_user
 from xpud.federation import sysunit
 
 log = logging.getLogger("xpud.federation")
@@ -105,7 +106,8 @@ def _host() -> str:
 
 
 def _argv_and_creds(spec: pb.LaunchSpec, gate: list[str] = (), paths: bool = True) -> tuple[list[str], dict]:
-    """The argv to exec (``gate`` first) and Popen's identity arguments for ``spec``; raises Refused.
+    """The argv to exec (as root: ``switch_user``'s prefix, then ``gate``) and the keyword arguments of the
+    process's start (its directory) for ``spec``; raises Refused.
     ``paths``: check the directory and the command here (not when the rank is a unit: the daemon's own
     view of the file system is its sandbox's, e.g. a private /tmp, and ``env --chdir`` in the unit says
     what is missing)."""
@@ -141,10 +143,11 @@ def _argv_and_creds(spec: pb.LaunchSpec, gate: list[str] = (), paths: bool = Tru
                 f"not as uid {spec.uid} gid {spec.gid}"
             )
         return [*gate, *argv], {"cwd": cwd}
-    creds = {"user": spec.uid, "group": spec.gid, "extra_groups": os.getgrouplist(pw.pw_name, spec.gid)}
+    groups = os.getgrouplist(pw.pw_name, spec.gid)
     if spec.uid == 0:
-        return [*gate, *argv], {"cwd": cwd, **creds}
-    return [ENV, f"--chdir={cwd}", "--", *gate, *argv], {"cwd": "/", **creds}
+        return [*switch_user.argv(None, spec.gid, groups), *gate, *argv], {"cwd": cwd}
+    switch = switch_user.argv(spec.uid, spec.gid, groups)
+    return [*switch, ENV, f"--chdir={cwd}", "--", *gate, *argv], {"cwd": "/"}
 
 
 def _kill_started(starting: asyncio.Future) -> None:
@@ -454,6 +457,8 @@ class Rank:
             starting.add_done_callback(_kill_started)
             raise
         except FileNotFoundError as e:
+            if switch_user.missing(e):
+                raise Refused(f"cannot start the rank on {_host()}: {switch_user.INSTALL}") from None
             if e.filename == creds.get("cwd"):
                 raise Refused(f"working directory {e.filename}: {e.strerror}") from None
             raise Refused(f"{self.spec.argv[0]}: command not found on {_host()}", 127) from None
