@@ -51,6 +51,22 @@ def test_lease_round_trip_and_end(tmp_path):
     assert led.prune(older_than_days=1, now=200.0 + 2 * 86400) == 1
 
 
+def test_a_token_is_checked_alike_before_and_after_a_restart_and_refused_once_ended(tmp_path):
+    # granted here, the token is compared as it is (no hash per check); restored, by its stored hash
+    led = Ledger(tmp_path / "l.sqlite")
+    led.insert_lease(_lease(), "tok")
+    for _ in range(2):
+        assert led.token_matches("aaaa0001", "tok")
+        assert not led.token_matches("aaaa0001", "tok2") and not led.token_matches("aaaa0001", "")
+        assert not led.token_matches("aaaa0001", "tök")  # not ASCII: refused, not an error
+        assert not led.token_matches("aaaa0002", "tok")
+        led.close()
+        led = Ledger(tmp_path / "l.sqlite")
+    led.end_lease("aaaa0001", LeaseState.RELEASED, "done", when=200.0)
+    assert led.token_matches("aaaa0001", "tok")  # an ended lease's row keeps its hash (AckMove, listings)
+    led.close()
+
+
 def test_card_records_and_events(tmp_path):
     led = Ledger(tmp_path / "l.sqlite")
     led.save_card(CardRecord("GPU-1", "sliced", True, True, "bad fan"))
