@@ -432,9 +432,11 @@ class Engine:
                     f"({lim.max_queued_per_uid}) allows: wait for one to be granted or stop one"
                 )
             return
+        if not lim.max_leases_per_uid:
+            return
         held = sum(1 for lease in self.leases.values() if lease.owner_uid == uid)
         held += self._granting_uids.get(uid, 0)  # grants under way count as held
-        if lim.max_leases_per_uid and held + queued >= lim.max_leases_per_uid:
+        if held + queued >= lim.max_leases_per_uid:
             raise NoCapacity(
                 f"uid {uid} has {held} lease(s) and {queued} queued request(s), the most [limits] "
                 f"max_leases_per_uid ({lim.max_leases_per_uid}) allows: release a lease first"
@@ -494,6 +496,8 @@ class Engine:
         degraded = [i for i, c in self.cards.items() if c.health_state is HealthState.DEGRADED]
         whole, anyfree = self._whole_candidates(True, exclude), self._whole_candidates(False, exclude)
         g_whole = best_group(self.topology, whole, req.gpus, scores, avoid=degraded)
+        if anyfree == whole:  # no idle sliced card could switch back: the same question, the same answer
+            return g_whole
         g_any = best_group(self.topology, anyfree, req.gpus, scores, avoid=degraded)
         if g_whole and (not g_any or self._group_key(g_whole, degraded) <= self._group_key(g_any, degraded)):
             return g_whole  # as good without switching an (empty) sliced card back to whole
