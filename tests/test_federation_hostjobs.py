@@ -387,3 +387,18 @@ def test_a_commit_whose_caller_is_cancelled_mid_write_is_committed_in_the_table_
     assert [r["state"] for r in rows(d, "j1")] == ["committed"]
     released = lambda: [r["state"] for r in rows(d, "j1")] == ["released"]  # noqa: E731
     wait_until(lambda: released() and not d.engine.leases, timeout=10)
+
+
+def test_an_abort_that_overtakes_its_reserve_makes_the_reserve_refused(inproc):
+    """A coordinator cancelled while its Reserve was on the way aborts at once; that abort may arrive
+    first. The reserve that follows is refused instead of holding the cards for its whole TTL (before:
+    held 30 s here); other attempts and jobs are unaffected."""
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+    assert not d.call(hj.abort, pb.AbortRequest(job="j1", attempt=3)).dropped
+    with pytest.raises(Conflict, match="attempt 3 is aborted"):
+        d.call(hj.reserve, res(attempt=3, ttl=30.0))
+    assert not d.engine.leases and rows(d, "j1") == []
+    assert len(d.call(hj.reserve, res(attempt=4, ttl=30.0)).cards) == 2  # the next attempt is a new one
+    assert not d.call(hj.abort, pb.AbortRequest(job="j1", attempt=5)).dropped  # a newer one: not ours to end
+    assert [r["state"] for r in rows(d, "j1")] == ["held"] and len(d.engine.leases) == 1

@@ -207,8 +207,8 @@ def test_a_signal_stops_both_ranks_and_replicas_spread_over_distinct_hosts(clust
     hold2.set()
     placed = events[0].placed
     assert sorted(r.host for r in placed.ranks) == ["h1", "h2", "h3"]
-    assert [e.output.data for e in events if e.HasField("output")] == [b"vxpu-half\n"] * 3
-    assert events[-1].ended.exit_code == 0
+    assert [e.output.data for e in events if e.HasField("output")] == [b"vxpu-half\n"] * 3, events
+    assert events[-1].ended.exit_code == 0, events
 
 
 def test_ctrl_c_is_no_bad_exit_each_rank_handles_its_own_sigint(cluster):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import functools
 import logging
 import os
 import time
@@ -53,6 +52,7 @@ from xpud.moves import Moves
 from xpud.placement.host import CardCapacity, best_group, choose_slice_card
 from xpud.standby import Standby
 from xpud.stats import Stats
+from xpud.uninterrupted import uninterrupted
 from xpud.waitlist import Waiter, Waitlist, kind_of
 from xpud.windows import WindowSpec, whole_needed
 
@@ -61,17 +61,6 @@ log = logging.getLogger("xpud.engine")
 TIDY_INTERVAL_S = 1.0  # isolation upkeep (MIG instances, MPS servers kept idle past their grace)
 QUEUE_BUSY_WAIT_S = 0.5  # the same for a request that may wait in the queue (then it is queued)
 BUSY_WAIT_S = 10.0  # how long a request with no --wait waits for busy cards before it is refused
-
-
-def _uninterrupted(fn):
-    """A state change runs to its end even when its caller goes away (a cancelled gRPC call): what the
-    ledger records, what memory holds and what the hardware holds stay the same."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args, **kw):
-        return await asyncio.shield(fn(*args, **kw))
-
-    return wrapper
 
 
 @dataclass
@@ -1458,7 +1447,7 @@ class Engine:
             self._lease_streams.pop(lease.id, None)
 
     # ------------------------------------------------------------------ operator actions
-    @_uninterrupted
+    @uninterrupted
     async def drain(self, selector: str, reason: str = "") -> CardView:
         c = self.resolve_card(selector)
         reason = reason or "drained by an operator"
@@ -1469,7 +1458,7 @@ class Engine:
         self.event("drain", f"card {c.info.index} drained: {c.drain_reason}", card=c.info.index)
         return self._view(c)
 
-    @_uninterrupted
+    @uninterrupted
     async def undrain(self, selector: str) -> CardView:
         c = self.resolve_card(selector)
         await self.ledger.write(self.ledger.save_card_op(replace(c.record(), drained=False, drain_reason="")))
@@ -1482,7 +1471,7 @@ class Engine:
         self.pump()
         return self._view(c)
 
-    @_uninterrupted
+    @uninterrupted
     async def set_mode(self, selector: str, mode: str) -> CardView:
         c = self.resolve_card(selector)
         i = c.info.index
@@ -1582,7 +1571,7 @@ class Engine:
                 out.append(c.info.index)
         return out
 
-    @_uninterrupted
+    @uninterrupted
     async def to_sliced(self, index: int, reason: str) -> bool:
         """Switch an idle whole card (not pinned) to sliced ahead of demand (forecast pre-provisioning),
         unless the capacity window in force keeps it whole. Returns whether it switched."""
@@ -1600,7 +1589,7 @@ class Engine:
             self._unclaim([index])
         return True
 
-    @_uninterrupted
+    @uninterrupted
     async def to_whole(self, index: int, reason: str) -> bool:
         """Give an idle sliced card (not pinned) back to whole-card work now, as a whole-card grant would;
         the defragmenter does this for the cards it freed. Returns whether it switched."""
@@ -1653,7 +1642,7 @@ class Engine:
         )
         return lease
 
-    @_uninterrupted
+    @uninterrupted
     async def move(
         self,
         lease_id: str,
@@ -1667,7 +1656,7 @@ class Engine:
         Returns the lease as it will be. Raises NoCapacity (nowhere to go) or Conflict."""
         return await self.moves.start(lease_id, reason, avoid=avoid, to=to, timeout_s=timeout_s)
 
-    @_uninterrupted
+    @uninterrupted
     async def ack_move(self, lease_id: str, token: str) -> Lease:
         """The holder stopped its command after a ``move``: commit the new placement and return it."""
         return await self.moves.ack(lease_id, token)

@@ -16,7 +16,7 @@ refused) is ``reserve.Reservations``'s; this module adds the engine, the ledger 
   hook the Launch handler gave ``launching``). Aborting what is unknown or ended answers
   ``dropped=False``.
 - **A caller that goes away** (a Peer call cancelled, a job cancelled while it coordinates here) does not
-  cut Reserve, Commit or Abort short: each runs to its end in a task of its own, so the table and the
+  cut Reserve, Commit or Abort short: each runs to its end (``uninterrupted``), so the table and the
   ledger never disagree; what the caller no longer wants ends by its TTL, or by the abort the
   coordinator sends as it is cancelled (``reserve.coordinate``).
 - **Restart**: ``restore`` takes the rows back; a held one past its TTL is expired at once, a
@@ -47,11 +47,13 @@ from xpud.federation.reserve import Refused, Reservation, Reservations, ResState
 from xpud.federation.room import Room
 from xpud.ledger import LedgerUnavailable, ReservationRecord
 from xpud.model import HealthState, Lease, LeaseState, Mode, Request
+from xpud.uninterrupted import uninterrupted
 
 log = logging.getLogger("xpud.hostjobs")
 
 RESTART = "restart: "  # RankEnded.error of a rank stopped because a card under it failed (item: moves)
 RESERVE_BUSY_WAIT_S = 1.0  # a Reserve waits this long for busy cards (the coordinator waits 5 s per step)
+MAX_REMEMBERED = 10_000  # entries of the reservation table (ended ones are forgotten after KEEP_ENDED_S)
 KEEP_ENDED_S = 600.0  # ended reservations are remembered this long (a retried message gets its answer)
 
 Kill = Callable[[], Awaitable[None]]
@@ -96,10 +98,8 @@ async def _stop_units(job: str) -> None:
         log.warning("stopped the units of job %s started before this daemon restarted (exit %d)", job, rc)
 
 
-def _retrieved(task: asyncio.Task) -> None:
-    """An outcome nobody awaits any more (its caller was cancelled) is not an unretrieved error."""
-    if not task.cancelled():
-        task.exception()
+def _live(r: Reservation) -> bool:
+    return r.state in (ResState.HELD, ResState.COMMITTED)
 
 
 class HostJobs:
@@ -164,10 +164,8 @@ class HostJobs:
             return True
         return member_of(uid, gid, (cfg.daemon.admin_group, *cfg.limits.exempt_groups))
 
+    @uninterrupted
     async def reserve(self, req: pb.ReserveRequest, peer: str | None = None) -> pb.ReserveReply:
-        return await self._whole(self._reserve(req, peer))
-
-    async def _reserve(self, req: pb.ReserveRequest, peer: str | None) -> pb.ReserveReply:
         cluster = getattr(self.daemon.cfg, "cluster", None)
         if peer and peer != self.name and cluster is not None and not cluster.remote_launch:
             raise Forbidden(
@@ -255,10 +253,8 @@ class HostJobs:
             )
             return pb.ReserveReply(cards=res.cards, expires_in_s=req.ttl_s)
 
+    @uninterrupted
     async def commit(self, req: pb.CommitRequest, peer: str | None = None) -> pb.CommitReply:
-        return await self._whole(self._commit(req, peer))
-
-    async def _commit(self, req: pb.CommitRequest, peer: str | None) -> pb.CommitReply:
         async with self._lock(req.job):
             now = self.clock()
             await self._expire_due(now)
@@ -304,13 +300,14 @@ class HostJobs:
     async def abort(self, req: pb.AbortRequest, peer: str | None = None) -> pb.AbortReply:
         return pb.AbortReply(dropped=await self.drop(req.job, req.attempt, f"aborted by {peer or self.name}"))
 
+    @uninterrupted
     async def drop(self, job: str, attempt: int | None, why: str) -> bool:
         """End ``job`` here at whatever stage (``attempt`` None: any). True when something was dropped."""
-        return await self._whole(self._drop(job, attempt, why))
-
-    async def _drop(self, job: str, attempt: int | None, why: str) -> bool:
         async with self._lock(job):
             r = self.table.get(job)
+            if attempt is not None and (r is None or (r.attempt < attempt and not _live(r))):
+                self._overtaken(job, attempt)
+                return False
             if r is None or (attempt is not None and r.attempt != attempt):
                 return False
             if r.state is ResState.HELD:
@@ -320,6 +317,15 @@ class HostJobs:
                 await self._end_committed(r, why)
                 return True
             return False
+
+    def _overtaken(self, job: str, attempt: int) -> None:
+        """An abort that overtook its reserve (the coordinator was cancelled while its Reserve was on the
+        way): remember the attempt as aborted, so that the reserve is refused when it comes rather than
+        holding cards for its whole TTL. Forgotten with the other ended entries; at most
+        ``MAX_REMEMBERED`` entries in all."""
+        if len(self.table) < MAX_REMEMBERED:
+            now = self.clock()
+            self.table.put(Reservation(job, attempt, "", (), now, now, ResState.ABORTED))
 
     # ------------------------------------------------------------------------------ Launch hooks
     def launching(self, job: str, kill: Kill) -> Lease:
@@ -398,20 +404,10 @@ class HostJobs:
                 ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
             yield ev
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def _whole(self, coro):
-        """Run a change of the table and the ledger to its end even when the caller goes away (a Peer call
-        or a job cancelled mid-way): cut short between its ledger write and its table update, the two
-        would disagree (a reservation row held for ever, its lease reclaimed). A caller that left does
-        not hear the outcome: a reservation it no longer wants ends by its TTL or by its abort."""
-        task = self._spawn(coro)
-        task.add_done_callback(_retrieved)
-        return await asyncio.shield(task)
 
     def lease_of(self, job: str) -> Lease | None:
         j = self.jobs.get(job)
@@ -479,12 +475,7 @@ class HostJobs:
             self.engine.hold_closed(lease_id, q)
         r = self.table.get(job)
         j = self.jobs.get(job)
-        if (
-            r is None
-            or j is None
-            or j.lease_id != lease_id
-            or r.state not in (ResState.HELD, ResState.COMMITTED)
-        ):
+        if r is None or j is None or j.lease_id != lease_id or not _live(r):
             return
         kill = j.kill
         if kill is not None:

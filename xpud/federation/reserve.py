@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol
 
+from xpud.uninterrupted import uninterrupted
+
 MIN_TTL_S, MAX_TTL_S = 0.5, 600.0
 MAX_ID = 64  # characters of a job id
 
@@ -66,6 +68,9 @@ class Reservations:
 
     def __init__(self) -> None:
         self._by_job: dict[str, Reservation] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_job)
 
     def held_cards(self) -> set[int]:
         return {c for r in self._by_job.values() if r.state is ResState.HELD for c in r.cards}
@@ -203,7 +208,8 @@ async def coordinate(
                 job, attempt, hosts, link, gpus_per_host, ttl_s, step_timeout_s, excluded, refusals
             )
         except asyncio.CancelledError:  # the job went away: what this attempt holds is let go at once
-            await _let_go(job, attempt, hosts, link, step_timeout_s)
+            with contextlib.suppress(asyncio.CancelledError):
+                await _let_go(job, attempt, hosts, link, step_timeout_s)
             raise
         if outcome is not None:
             return outcome
@@ -268,14 +274,6 @@ async def _abort_all(job: str, attempt: int, hosts: Sequence[str], link, timeout
     await asyncio.gather(*(one(h) for h in hosts))
 
 
-_letting_go: set[asyncio.Task] = set()
-
-
-async def _let_go(job: str, attempt: int, hosts: Sequence[str], link, timeout: float) -> None:
-    """Abort ``hosts`` for a coordinator that is being cancelled (reserves may still be in flight there: an
-    abort that overtakes one leaves it to its TTL). Runs to its end whatever else is cancelled."""
-    task = asyncio.ensure_future(_abort_all(job, attempt, hosts, link, timeout))
-    _letting_go.add(task)
-    task.add_done_callback(_letting_go.discard)
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.shield(task)
+# a coordinator being cancelled aborts the hosts of its attempt (reserves may still be in flight there:
+# an abort that overtakes one is remembered there, and the reserve is refused), whatever else is cancelled
+_let_go = uninterrupted(_abort_all)
