@@ -1440,9 +1440,11 @@ class Engine:
             self.pump()
 
     def _notify(self, lease: Lease, kind: str, message: str) -> None:
-        ev = LeaseEvent(kind, lease, message, self.clock())
-        for q in self._lease_streams.get(lease.id, ()):
-            q.put_nowait(ev)
+        streams = self._lease_streams.get(lease.id)
+        if streams:  # (no Hold stream open, as for most releases: no event to make)
+            ev = LeaseEvent(kind, lease, message, self.clock())
+            for q in streams:
+                q.put_nowait(ev)
         if kind == "released":
             self._lease_streams.pop(lease.id, None)
 

@@ -572,11 +572,8 @@ class Ledger:
             if item is None:
                 break
             batch = [item]
-            while len(batch) < GROUP_MAX:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            while len(batch) < GROUP_MAX and not self._queue.empty():  # (this thread alone takes from it)
+                nxt = self._queue.get_nowait()
                 if nxt is None:
                     stop = True
                     break
