@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 
@@ -49,6 +50,42 @@ def test_lease_round_trip_and_end(tmp_path):
     assert led.active_leases() == []
     assert led.recent_leases()[0].state is LeaseState.RELEASED
     assert led.prune(older_than_days=1, now=200.0 + 2 * 86400) == 1
+
+
+def test_a_token_is_checked_alike_before_and_after_a_restart_and_refused_once_ended(tmp_path):
+    # granted here, the token is compared as it is (no hash per check); restored, by its stored hash
+    led = Ledger(tmp_path / "l.sqlite")
+    led.insert_lease(_lease(), "tok")
+    for _ in range(2):
+        assert led.token_matches("aaaa0001", "tok")
+        assert not led.token_matches("aaaa0001", "tok2") and not led.token_matches("aaaa0001", "")
+        assert not led.token_matches("aaaa0001", "tök")  # not ASCII: refused, not an error
+        assert not led.token_matches("aaaa0002", "tok")
+        led.close()
+        led = Ledger(tmp_path / "l.sqlite")
+    led.end_lease("aaaa0001", LeaseState.RELEASED, "done", when=200.0)
+    assert led.token_matches("aaaa0001", "tok")  # an ended lease's row keeps its hash (AckMove, listings)
+    led.close()
+
+
+def test_a_lease_rows_json_columns_are_the_text_json_dumps_writes(tmp_path):
+    # the row's encoder is built once (not one per json.dumps call); what it writes must not change
+    led = Ledger(tmp_path / "l.sqlite")
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-2", "NOTE": 'é "q"\n\u2028', "EMPTY": ""}
+    s = Slice(2, "vxpu-half", 40 << 30, 30, "MIG-x", placement=4)
+    part = _lease(slices=(s,), env=env)
+    whole = _lease("bbbb0002", mode=Mode.XPU, cards=(3, 4), card_uuids=("GPU-3", "GPU-4"), slices=(), env={})
+    for lease in (part, whole):
+        led.insert_lease(lease, "tok")
+    rows = led.db.execute("SELECT cards, card_uuids, slices, env FROM leases ORDER BY id").fetchall()
+    s_json = {"card_index": 2, "size": "vxpu-half", "memory_bytes": 40 << 30, "compute_pct": 30,
+              "handle": "MIG-x", "placement": 4}  # fmt: skip
+    assert [tuple(r) for r in rows] == [
+        (json.dumps([2]), json.dumps(["GPU-2"]), json.dumps([s_json]), json.dumps(env)),
+        (json.dumps([3, 4]), json.dumps(["GPU-3", "GPU-4"]), "[]", "{}"),
+    ]
+    led.close()
+    assert Ledger(tmp_path / "l.sqlite").active_leases() == [part, whole]
 
 
 def test_card_records_and_events(tmp_path):

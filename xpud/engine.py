@@ -421,9 +421,11 @@ class Engine:
                     f"({lim.max_queued_per_uid}) allows: wait for one to be granted or stop one"
                 )
             return
+        if not lim.max_leases_per_uid:
+            return
         held = sum(1 for lease in self.leases.values() if lease.owner_uid == uid)
         held += self._granting_uids.get(uid, 0)  # grants under way count as held
-        if lim.max_leases_per_uid and held + queued >= lim.max_leases_per_uid:
+        if held + queued >= lim.max_leases_per_uid:
             raise NoCapacity(
                 f"uid {uid} has {held} lease(s) and {queued} queued request(s), the most [limits] "
                 f"max_leases_per_uid ({lim.max_leases_per_uid}) allows: release a lease first"
@@ -483,6 +485,8 @@ class Engine:
         degraded = [i for i, c in self.cards.items() if c.health_state is HealthState.DEGRADED]
         whole, anyfree = self._whole_candidates(True, exclude), self._whole_candidates(False, exclude)
         g_whole = best_group(self.topology, whole, req.gpus, scores, avoid=degraded)
+        if anyfree == whole:  # no idle sliced card could switch back: the same question, the same answer
+            return g_whole
         g_any = best_group(self.topology, anyfree, req.gpus, scores, avoid=degraded)
         if g_whole and (not g_any or self._group_key(g_whole, degraded) <= self._group_key(g_any, degraded)):
             return g_whole  # as good without switching an (empty) sliced card back to whole
@@ -502,15 +506,15 @@ class Engine:
         # Cards holding a pre-created slice of this size serve it first, without creating anything.
         ready = self.standby.ready(spec.name) - exclude - self._busy if self.standby.slices else None
         displaces = []  # sliced cards whose MPS server is kept idle for another uid: last (host.py)
-        # Sliced cards first: when one that is not degraded takes the slice, no whole card is converted
-        # (choose_slice_card), so the whole cards' feasibility is not asked (a backend call per card).
+        # Only the cards that can take it are passed (placement reads nothing of an unusable card). Sliced
+        # cards first: when one that is not degraded takes the slice, no whole card is converted
+        # (choose_slice_card), so the whole cards are not looked at (their feasibility is a backend call).
         sliced_fits = False
         for pass_sliced in (True, False):
+            if sliced_fits:
+                break
             for c in self.cards.values():
-                if (c.mode is CardMode.SLICED) is not pass_sliced:
-                    continue
-                if (ready and c.info.index not in ready) or (sliced_fits and not pass_sliced):
-                    caps.append(self._capacity(c, usable=False))
+                if (c.mode is CardMode.SLICED) is not pass_sliced or (ready and c.info.index not in ready):
                     continue
                 convertible = pass_sliced or (c.idle and not c.pinned and not reserve_whole)
                 feasible = (
@@ -522,16 +526,19 @@ class Engine:
                         c.info, list(c.slices.values()), spec, req.owner_uid
                     )
                 )
-                caps.append(self._capacity(c, usable=bool(feasible)))
-                if feasible and pass_sliced:
+                if not feasible:
+                    continue
+                caps.append(self._capacity(c, usable=True))
+                if pass_sliced:
                     sliced_fits = sliced_fits or c.health_state is not HealthState.DEGRADED
                     if not c.slices:
                         idle = getattr(self._backends[c.info.index], "idle_server", None)
                         if idle is not None and idle() not in (None, req.owner_uid):
                             displaces.append(c.info.index)
         # The backend decided feasibility (MIG geometry, MPS shares); placement only ranks. The whole-card
-        # pool (for the harm a conversion does) includes pinned and reserved idle whole cards.
-        pool = self._whole_candidates(True)
+        # pool (for the harm a conversion does) includes pinned and reserved idle whole cards; it is read
+        # only when a whole card is converted (never when a sliced card fits: no whole card is passed).
+        pool = () if sliced_fits else self._whole_candidates(True)
         rs = self.rightsizer  # ties between sliced cards: co-location on MPS cards (xpud.autosize)
         tie = None if rs is None else rs.colocation(req)
         return choose_slice_card(
@@ -1433,9 +1440,11 @@ class Engine:
             self.pump()
 
     def _notify(self, lease: Lease, kind: str, message: str) -> None:
-        ev = LeaseEvent(kind, lease, message, self.clock())
-        for q in self._lease_streams.get(lease.id, ()):
-            q.put_nowait(ev)
+        streams = self._lease_streams.get(lease.id)
+        if streams:  # (no Hold stream open, as for most releases: no event to make)
+            ev = LeaseEvent(kind, lease, message, self.clock())
+            for q in streams:
+                q.put_nowait(ev)
         if kind == "released":
             self._lease_streams.pop(lease.id, None)
 

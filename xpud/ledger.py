@@ -35,6 +35,7 @@ import concurrent.futures
 import contextlib
 import errno
 import hashlib
+import hmac
 import itertools
 import json
 import logging
@@ -244,6 +245,41 @@ class EventRecord:
     message: str
 
 
+def _encoder():
+    """``json.dumps`` with its defaults, without building a new C encoder at each call (for these small
+    values that is as much work as the encoding): the same text. ``json.dumps`` itself where the C
+    encoder is missing or takes other arguments (another Python)."""
+    try:
+        encode = json.encoder.c_make_encoder(
+            None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+            False, False, True,
+        )  # fmt: skip
+
+        def dumps(value) -> str:
+            return "".join(encode(value, 0))
+
+        sample = [{"a": [1, 2.5, None, True], "é": "x\n"}, -0.0, 1e300, "\u2028"]
+        if dumps(sample) == json.dumps(sample):
+            return dumps
+    except (TypeError, AttributeError):
+        pass
+    return json.dumps
+
+
+_json = _encoder()
+
+
+def _lease_json(lease: Lease) -> tuple[str, str, str, str]:
+    """A lease row's JSON columns: cards, card_uuids, slices, env (in one place, for its insert and its
+    placement's updates)."""
+    return (
+        _json(list(lease.cards)),
+        _json(list(lease.card_uuids)),
+        _json([_slice_to_json(s) for s in lease.slices]),
+        _json(lease.env),
+    )
+
+
 def _slice_to_json(s: Slice) -> dict:
     return {
         "card_index": s.card_index,
@@ -400,6 +436,9 @@ class Ledger:
         the active leases' token hashes in memory."""
         self._ids = {r[0] for r in self.db.execute("SELECT id FROM leases")}
         self._tokens: dict[str, str] = {}
+        # The tokens of the leases granted since the start, in memory only (the ledger keeps their hash):
+        # a check compares with the token, without hashing what the holder sends at each use.
+        self._plain_tokens: dict[str, str] = {}
         for r in self.db.execute("SELECT * FROM leases WHERE state='active'"):
             try:
                 lease = _lease_from_row(r)
@@ -533,11 +572,8 @@ class Ledger:
             if item is None:
                 break
             batch = [item]
-            while len(batch) < GROUP_MAX:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            while len(batch) < GROUP_MAX and not self._queue.empty():  # (this thread alone takes from it)
+                nxt = self._queue.get_nowait()
                 if nxt is None:
                     stop = True
                     break
@@ -670,10 +706,10 @@ class Ledger:
 
     # leases -------------------------------------------------------------------------------------
     def insert_lease_op(self, lease: Lease, token: str) -> Op:
-        token_hash = hash_token(token)
+        token_hash = hash_token(token)  # the only hash of it: checks compare with the token itself
 
         def effect() -> None:
-            self._tokens[lease.id] = token_hash
+            self._plain_tokens[lease.id] = token
 
         self._ids.add(lease.id)  # taken from now on, whether or not the insert commits
         return op(
@@ -684,10 +720,7 @@ class Ledger:
             token_hash,
             lease.mode.value,
             lease.owner_uid,
-            json.dumps(list(lease.cards)),
-            json.dumps(list(lease.card_uuids)),
-            json.dumps([_slice_to_json(s) for s in lease.slices]),
-            json.dumps(lease.env),
+            *_lease_json(lease),
             lease.priority,
             int(lease.restartable),
             lease.holder_pid,
@@ -707,10 +740,7 @@ class Ledger:
             "UPDATE leases SET mode=?, cards=?, card_uuids=?, slices=?, env=?, restart_count=?, mark=? "
             "WHERE id=?",
             str(lease.mode),
-            json.dumps(list(lease.cards)),
-            json.dumps(list(lease.card_uuids)),
-            json.dumps([_slice_to_json(s) for s in lease.slices]),
-            json.dumps(lease.env),
+            *_lease_json(lease),
             lease.restart_count,
             lease.mark,
             lease.id,
@@ -731,6 +761,7 @@ class Ledger:
 
         def effect() -> None:
             self._tokens.pop(lease_id, None)
+            self._plain_tokens.pop(lease_id, None)
 
         end = end or CommandEnd()
         return op(
@@ -790,6 +821,9 @@ class Ledger:
         ]
 
     def token_matches(self, lease_id: str, token: str) -> bool:
+        plain = self._plain_tokens.get(lease_id)
+        if plain is not None:  # granted by this process: no hash to compute
+            return hmac.compare_digest(plain.encode(), token.encode())
         stored = self._tokens.get(lease_id)
         if stored is None:
             row = self.db.execute("SELECT token_hash FROM leases WHERE id=?", (lease_id,)).fetchone()

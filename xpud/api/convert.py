@@ -85,6 +85,22 @@ def lease_pb(lease: Lease, show_env: bool, held: bool = False) -> pb.Lease:
     )
 
 
+# What ending a lease changes in it (the engine's ``_ended``: a copy of the active lease with these)
+_END_FIELDS = ("state", "mark", "ended", "end_reason", "started", "exit_code", "exit_signal")
+
+
+def end_lease_pb(msg: pb.Lease, ended: Lease) -> None:
+    """Make ``msg``, ``lease_pb`` of a lease while it was active, the message of ``ended``, the copy
+    ``_ended`` made of it: only the fields an end changes are set (a copy of a message and these cost a
+    fifth of ``lease_pb``)."""
+    for name in _END_FIELDS:
+        value = getattr(ended, name)
+        if value is None:
+            msg.ClearField(name)
+        else:
+            setattr(msg, name, value.value if name == "state" else value)
+
+
 def queue_pb(q: QueuedRequest) -> pb.QueueEntry:
     r = q.request
     return pb.QueueEntry(

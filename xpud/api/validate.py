@@ -209,50 +209,65 @@ def tolerant(cls: Any):
 
 
 def check(request: Any) -> None:
-    """Raise BadRequest if ``request`` breaks a limit; cut over-long label fields in place."""
+    """Raise BadRequest if ``request`` breaks a limit; cut over-long label fields in place.
+
+    Only the fields the message carries are read (``ListFields``, in C): a field left at its default
+    passes its limit, which ``_plan`` checked once per message type; the fields for which that is not so
+    (no limit, or a default outside it) are read every time."""
     if isinstance(request, Undecodable):
         raise BadRequest(f"not a valid xpud.v1.{request.name} message ({request.error}): use the xpud client")
-    plan = _PLANS.get(request.DESCRIPTOR.full_name)
+    plan = _PLANS.get(type(request))
     if plan is None:
-        plan = _PLANS[request.DESCRIPTOR.full_name] = _plan(request.DESCRIPTOR)
-    for name, where, kind, lim, presence, scalar in plan:
-        if lim is None:  # a field added to the proto without a limit: refuse rather than trust it
-            raise BadRequest(f"{where}: this daemon has no limit for the field (a bug: report it)")
-        value = getattr(request, name)
-        if kind is _MAP:
-            if len(value) > lim.items:
-                raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
-            for k, v in value.items():
-                if len(k) > lim.chars or len(v) > lim.chars:
-                    raise BadRequest(f"{where} {clip(k)!r}: longer than {lim.chars} characters")
-        elif kind is _MESSAGES:
-            if len(value) > lim.items:
-                raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
-            for v in value:
-                check(v)
-        elif kind is _MESSAGE:
-            if request.HasField(name):
-                check(value)
-        elif kind is _SCALARS:
-            if len(value) > lim.items:
-                raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
-            for v in value:
-                scalar(where, lim, v)
-        elif presence and not request.HasField(name):
-            continue  # an optional field left out: nothing to check
-        elif lim.truncate and len(value) > lim.chars:
-            setattr(request, name, value[: lim.chars - 1] + "…")
-        else:
-            scalar(where, lim, value)
+        plan = _PLANS[type(request)] = _plan(request.DESCRIPTOR)
+    always, when_set = plan
+    for step in always:
+        _field(request, step, getattr(request, step[0]))
+    for fd, value in request.ListFields():
+        step = when_set.get(fd)
+        if step is not None:
+            _field(request, step, value)
 
 
-_PLANS: dict[str, list] = {}  # message name -> (field name, "Message.field", kind, limit, presence, check)
+def _field(request: Any, step: tuple, value: Any) -> None:
+    """Check one field of ``request`` (set, or one of ``_plan``'s always-read fields) holding ``value``."""
+    name, where, kind, lim, scalar = step
+    if lim is None:  # a field added to the proto without a limit: refuse rather than trust it
+        raise BadRequest(f"{where}: this daemon has no limit for the field (a bug: report it)")
+    if kind is _MAP:
+        if len(value) > lim.items:
+            raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
+        for k, v in value.items():
+            if len(k) > lim.chars or len(v) > lim.chars:
+                raise BadRequest(f"{where} {clip(k)!r}: longer than {lim.chars} characters")
+    elif kind is _MESSAGES:
+        if len(value) > lim.items:
+            raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
+        for v in value:
+            check(v)
+    elif kind is _MESSAGE:
+        check(value)
+    elif kind is _SCALARS:
+        if len(value) > lim.items:
+            raise BadRequest(f"{where}: {len(value)} entries; at most {lim.items}")
+        for v in value:
+            scalar(where, lim, v)
+    elif lim.truncate and len(value) > lim.chars:
+        setattr(request, name, value[: lim.chars - 1] + "…")
+    else:
+        scalar(where, lim, value)
+
+
+# message class -> (steps read every time, {field descriptor: step} read when set); a step is (field
+# name, "Message.field", kind, limit, scalar check)
+_PLANS: dict[type, tuple[list[tuple], dict[Any, tuple]]] = {}
 _MAP, _MESSAGES, _MESSAGE, _SCALARS, _SCALAR = "map", "messages", "message", "scalars", "scalar"
 
 
-def _plan(desc) -> list:
-    """How ``check`` reads each field of ``desc``, decided once per message type."""
-    plan = []
+def _plan(desc) -> tuple[list[tuple], dict[Any, tuple]]:
+    """How ``check`` reads each field of ``desc``, decided once per message type. A field whose absence
+    (its default, for a field without presence) would pass its check is read only when set; an empty
+    repeated field, map or message, and an absent optional scalar, always pass."""
+    always, when_set = [], {}
     for fd in desc.fields:
         if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
             kind = _MAP
@@ -261,8 +276,22 @@ def _plan(desc) -> list:
         else:
             kind = _SCALARS if fd.is_repeated else _SCALAR
         where, scalar = f"{desc.name}.{fd.name}", _SCALAR_CHECKS.get(fd.type, _integer)
-        plan.append((fd.name, where, kind, LIMITS.get(where), fd.has_presence, scalar))
-    return plan
+        step = (fd.name, where, kind, LIMITS.get(where), scalar)
+        default_fails = kind is _SCALAR and not fd.has_presence and not _passes(step, fd.default_value)
+        if step[3] is None or default_fails:
+            always.append(step)
+        else:
+            when_set[fd] = step
+    return always, when_set
+
+
+def _passes(step: tuple, value: Any) -> bool:
+    """Whether a scalar field holding ``value`` passes its check."""
+    try:
+        step[4](step[1], step[3], value)
+    except BadRequest:
+        return False
+    return True
 
 
 def _text(where: str, lim: Limit, value: Any) -> None:
