@@ -53,7 +53,7 @@ def test_lease_round_trip_and_end(tmp_path):
 
 
 def test_a_token_is_checked_alike_before_and_after_a_restart_and_refused_once_ended(tmp_path):
-    # granted here, the token is compared as it is (no hash per check); restored, by its stored hash
+    # granted here or restored after a restart, the token is compared by its hash (only the hash is kept)
     led = Ledger(tmp_path / "l.sqlite")
     led.insert_lease(_lease(), "tok")
     for _ in range(2):

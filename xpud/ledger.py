@@ -35,7 +35,6 @@ import concurrent.futures
 import contextlib
 import errno
 import hashlib
-import hmac
 import itertools
 import json
 import logging
@@ -436,9 +435,6 @@ class Ledger:
         the active leases' token hashes in memory."""
         self._ids = {r[0] for r in self.db.execute("SELECT id FROM leases")}
         self._tokens: dict[str, str] = {}
-        # The tokens of the leases granted since the start, in memory only (the ledger keeps their hash):
-        # a check compares with the token, without hashing what the holder sends at each use.
-        self._plain_tokens: dict[str, str] = {}
         for r in self.db.execute("SELECT * FROM leases WHERE state='active'"):
             try:
                 lease = _lease_from_row(r)
@@ -706,10 +702,10 @@ class Ledger:
 
     # leases -------------------------------------------------------------------------------------
     def insert_lease_op(self, lease: Lease, token: str) -> Op:
-        token_hash = hash_token(token)  # the only hash of it: checks compare with the token itself
+        token_hash = hash_token(token)
 
         def effect() -> None:
-            self._plain_tokens[lease.id] = token
+            self._tokens[lease.id] = token_hash
 
         self._ids.add(lease.id)  # taken from now on, whether or not the insert commits
         return op(
@@ -761,7 +757,6 @@ class Ledger:
 
         def effect() -> None:
             self._tokens.pop(lease_id, None)
-            self._plain_tokens.pop(lease_id, None)
 
         end = end or CommandEnd()
         return op(
@@ -821,9 +816,6 @@ class Ledger:
         ]
 
     def token_matches(self, lease_id: str, token: str) -> bool:
-        plain = self._plain_tokens.get(lease_id)
-        if plain is not None:  # granted by this process: no hash to compute
-            return hmac.compare_digest(plain.encode(), token.encode())
         stored = self._tokens.get(lease_id)
         if stored is None:
             row = self.db.execute("SELECT token_hash FROM leases WHERE id=?", (lease_id,)).fetchone()
