@@ -32,6 +32,8 @@ def _install(root: Path) -> None:
         env={k: v for k, v in os.environ.items() if not k.startswith("XPUD_")},
     )
     assert r.returncode == 0, r.stderr
+    (root / "usr/bin").mkdir(parents=True, exist_ok=True)
+    (root / "usr/bin/setpriv").symlink_to(shutil.which("setpriv"))
     if shutil.which("systemd-sysusers"):
         subprocess.run(["systemd-sysusers", f"--root={root}"], check=True, capture_output=True, timeout=60)
     else:
@@ -80,6 +82,7 @@ def test_a_healthy_host_passes_every_check(host_dir):
         "persistence": "ok",
         "mps": "ok",
         "admin group": "ok",
+        "user switch": "ok",
         "sockets": "ok",
         "state dir": "ok",
         "unit": "ok",
@@ -97,7 +100,7 @@ def test_a_healthy_host_passes_every_check(host_dir):
     )
     assert text.returncode == 0
     assert text.stdout.splitlines()[0].startswith("ok    driver: NVIDIA driver 550.90.07")
-    assert text.stdout.strip().endswith("0 failed, 0 warning(s), 11 check(s)")
+    assert text.stdout.strip().endswith("0 failed, 0 warning(s), 12 check(s)")
 
 
 def _cfg(cfg_file: Path, **changes) -> config.Config:
@@ -163,6 +166,13 @@ def _unit_gone(host):
     saved = unit.read_bytes()
     unit.unlink()
     return lambda: unit.write_bytes(saved)
+
+
+def _setpriv_gone(host):
+    tool = host.root / "usr/bin/setpriv"
+    target = tool.readlink()
+    tool.unlink()
+    return lambda: tool.symlink_to(target)
 
 
 def _exec_gone(host):
@@ -236,6 +246,12 @@ CASES = {
         {"daemon": {"admin_group": "xpud-no-such-group"}},
         None,
         {"admin group": ("fail", "groupadd --system xpud-no-such-group")},
+    ),
+    "no setpriv": (
+        "workstation-2x",
+        {},
+        _setpriv_gone,
+        {"user switch": ("warn", "install util-linux")},
     ),
     "no unit": (
         "workstation-2x",

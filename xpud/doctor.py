@@ -2,10 +2,10 @@
 
 Each check gives one line, ``ok``, ``warn``, ``fail`` or ``skip``, and for warn and fail the fix. The exit
 status is 1 when a check fails, else 0. Checks: the driver and NVML, MIG capability and mode per card,
-persistence mode, ``nvidia-cuda-mps-control`` where MPS will serve slices, the admin group, the daemon's
-sockets and state directory, the installed unit (its ExecStart and its device access against the
-``/dev/nvidia*`` nodes), and with ``[cluster]``: the peer certificate, each peer reached over mutual
-TLS, and the clock skew against them.
+persistence mode, ``nvidia-cuda-mps-control`` where MPS will serve slices, the admin group, ``setpriv``
+(the user switch of warm commands and ranks), the daemon's sockets and state directory, the installed unit
+(its ExecStart and its device access against the ``/dev/nvidia*`` nodes), and with ``[cluster]``: the peer
+certificate, each peer reached over mutual TLS, and the clock skew against them.
 
 With ``--simulate MACHINE`` the driver is the fake (``xpud.hw.fakenvml``), the NVIDIA tools the simulated
 ones, and the device nodes those the NVIDIA driver makes for that machine.
@@ -138,6 +138,7 @@ def run_checks(cfg: config.Config, host: Host) -> list[Check]:
     checks: list[Check] = []
     checks += _gpu_checks(cfg, host)
     checks.append(_admin_group(cfg, host))
+    checks.append(_user_switch(host))
     checks += _daemon_dirs(cfg)
     checks += _unit(host)
     checks += _cluster(cfg)
@@ -323,6 +324,20 @@ def _admin_group(cfg: config.Config, host: Host) -> Check:
             f"xpud install-service (systemd-sysusers makes it), or groupadd --system {name}",
         )
     return Check("admin group", OK, f"group {name!r} exists (gid {gid})")
+
+
+def _user_switch(host: Host) -> Check:
+    """``setpriv`` starts warm commands, and ranks outside systemd, as their users (xpud.switch_user)."""
+    for d in ("usr/bin", "bin", "usr/sbin", "sbin"):
+        p = host.root / d / "setpriv"
+        if p.is_file() and os.access(p, os.X_OK):
+            return Check("user switch", OK, f"setpriv at /{d}/setpriv")
+    return Check(
+        "user switch",
+        WARN,
+        "setpriv not found: warm commands, and multi-host ranks outside systemd, cannot start as their users",
+        "install util-linux (it has setpriv)",
+    )
 
 
 def _mode(path: Path) -> int | None:
