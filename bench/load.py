@@ -241,6 +241,18 @@ def cycle_worker(spec: dict) -> None:
     print(json.dumps(out), flush=True)
 
 
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of ``pid``: thread id -> (its name, CPU seconds so far), from /proc."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)  # utime, stime
+    return out
+
+
 def measure_cycles(spec: dict, clients: int, seconds: float, daemon_pid: int | None = None) -> dict:
     """Run ``clients`` clients (in up to 4 processes) for ``seconds``; cycles/s and acquire p50/p99."""
     import psutil
@@ -264,11 +276,13 @@ def measure_cycles(spec: dict, clients: int, seconds: float, daemon_pid: int | N
         window = json.dumps({"start": start, "stop": start + seconds})
         daemon = psutil.Process(daemon_pid) if daemon_pid else None
         cpu0 = sum(daemon.cpu_times()[:2]) if daemon else 0.0
+        threads0 = thread_cpu(daemon_pid) if daemon_pid else {}
         for w in workers:
             w.stdin.write(window + "\n")
             w.stdin.flush()
         time.sleep(max(0.0, start + seconds - time.monotonic()))
         cpu1 = sum(daemon.cpu_times()[:2]) if daemon else 0.0
+        threads1 = thread_cpu(daemon_pid) if daemon_pid else {}
         outs = [json.loads(w.stdout.readline()) for w in workers]
     finally:
         for w in workers:
@@ -290,6 +304,13 @@ def measure_cycles(spec: dict, clients: int, seconds: float, daemon_pid: int | N
     if daemon:
         res["daemon_cpu_pct"] = round(100 * (cpu1 - cpu0) / seconds, 1)
         res["daemon_cpu_ms_per_cycle"] = round(1e3 * (cpu1 - cpu0) / max(cycles, 1), 3)
+        # by thread: the event loop (the main thread), the others of Python (the ledger's writer, the
+        # hardware executor) and gRPC's own (event_engine, ...): % of one core over the window
+        groups: dict[str, float] = {}
+        for tid, (name, cpu) in threads1.items():
+            group = "loop" if tid == daemon_pid else "python" if name == threads1[daemon_pid][0] else "grpc"
+            groups[group] = groups.get(group, 0.0) + cpu - threads0.get(tid, (name, 0.0))[1]
+        res["daemon_threads_pct"] = {g: round(100 * v / seconds, 1) for g, v in sorted(groups.items())}
     if res["errors"]:
         res["first_error"] = next(o["error"] for o in outs if o["error"])
     return res
@@ -340,7 +361,8 @@ def grants(
                     row["ratio_to_bare"] = round(row["cycles_per_s"] / bare_rate, 3)
                 say(
                     f"  {row['cycles_per_s']}/s, acquire p99 {row['acquire_p99_ms']} ms, CPU ms/cycle: "
-                    f"clients {row['clients_cpu_ms_per_cycle']}, server {row.get('daemon_cpu_ms_per_cycle')}"
+                    f"clients {row['clients_cpu_ms_per_cycle']}, server {row.get('daemon_cpu_ms_per_cycle')} "
+                    f"(threads, % of a core: {row.get('daemon_threads_pct')})"
                 )
                 every.setdefault((name, n), []).append(row)
     if rounds == 1:

@@ -28,6 +28,7 @@ def test_load_quick_measures_every_part(tmp_path):
     for g in res["grants"]:
         assert g["cycles_per_s"] > 0 and g["errors"] == 0, g
         assert g["kind"] == "bare" or g["ratio_to_bare"] > 0
+        assert g["daemon_threads_pct"]["loop"] > 0, g  # the server's main thread (its event loop) worked
     assert res["xpu_run"]["xpu_run_ms"] > 0 and res["xpu_run"]["ratio"] > 0
     w = res["waiters"]
     assert w["queue"]["queued"] == w["queue_length_seen"] == 100
