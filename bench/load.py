@@ -13,7 +13,9 @@ Everything runs against a real simulated daemon (``xpud --simulate pcie-8x-l40s`
 - **The ceiling.** A bare grpc-python aio server, in its own process on a Unix socket, with one
   server-stream and one unary method that do no work; the same clients, the same processes, the same
   cycle. ``ratio`` = grants per second / bare cycles per second at the same number of clients: the figure
-  that travels between machines (absolute rates move with the machine and its load).
+  that travels between machines (absolute rates move with the machine and its load). With
+  ``--bare-durable``, also the same bare server committing one SQLite row (a writer thread, WAL,
+  ``synchronous=NORMAL``, group commit) before each answer: the floor of any ledger-first server here.
 - **xpu run.** Median wall time of ``xpu run -m vxpu-quarter -- true`` against ``python -c "import grpc"``
   (the same interpreter), alternated, ``--runs`` each; and the same run through Typer (``xpu_cli.main``,
   the path before ``xpu_cli.entry``) for comparison. Bytecode is cached (in the temp directory) for
@@ -73,19 +75,30 @@ def ms(x: float | None) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------- bare server
-def bare_server(path: str, loop: str = "asyncio") -> None:
+def bare_server(path: str, loop: str = "asyncio", durable: str | None = None) -> None:
     """A grpc-python aio server with one server-stream and one unary method that do nothing (the grant
     cycle's ceiling), and a stream that waits forever after one message beside a unary ``Info`` (the
-    waiters' floor: what grpc.aio alone costs when thousands of streams are cancelled at once)."""
+    waiters' floor: what grpc.aio alone costs when thousands of streams are cancelled at once).
+
+    With ``durable`` (an SQLite file), each Acquire and Release first commits one row there and answers
+    once it is committed, as a ledger-first server must: a writer thread, group commit, WAL with
+    ``synchronous=NORMAL``, the answer handed back to the loop (xpud's ledger does the same, with real
+    rows). The floor of any server that changes durable state before it answers, on this transport."""
     import asyncio
 
     import grpc
     from grpc import aio
 
+    commit = _durable_commit(durable) if durable else None
+
     async def acquire(request, context):
+        if commit:
+            await commit("acquire")
         yield b"granted"
 
     async def release(request, context):
+        if commit:
+            await commit("release")
         return b""
 
     async def wait(request, context):
@@ -121,6 +134,50 @@ def bare_server(path: str, loop: str = "asyncio") -> None:
         factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(serve())
+
+
+def _durable_commit(db_path: str):
+    """An ``async commit(text)`` that returns once a row holding ``text`` is committed to ``db_path`` by
+    a writer thread (a batch of whatever is waiting per transaction), answered on the caller's loop."""
+    import asyncio
+    import queue
+    import sqlite3
+
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+
+    def answer(futures: list) -> None:
+        for f in futures:
+            if not f.done():
+                f.set_result(None)
+
+    def writer() -> None:
+        db = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("CREATE TABLE IF NOT EXISTS rows (id INTEGER PRIMARY KEY, what TEXT, at REAL)")
+        while True:
+            batch = [todo.get()]
+            while not todo.empty():
+                batch.append(todo.get_nowait())
+            db.execute("BEGIN IMMEDIATE")
+            for what, _, _ in batch:
+                db.execute("INSERT INTO rows (what, at) VALUES (?, ?)", (what, time.time()))
+            db.execute("COMMIT")
+            by_loop: dict = {}
+            for _, fut, loop in batch:
+                by_loop.setdefault(loop, []).append(fut)
+            for loop, futures in by_loop.items():
+                loop.call_soon_threadsafe(answer, futures)
+
+    threading.Thread(target=writer, daemon=True).start()
+
+    async def commit(what: str) -> None:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        todo.put((what, fut, loop))
+        await fut
+
+    return commit
 
 
 def bare_sync_server(path: str) -> None:
@@ -324,7 +381,7 @@ def grants(
     clients: list[int],
     seconds: float,
     rounds: int = 1,
-    bare_sync: tuple[Path, int] | None = None,
+    extra_bare: tuple[tuple[str, Path, int], ...] = (),
 ) -> list[dict]:
     """At each client count: the bare ceiling, then slices, then whole cards (at most 8: the cards),
     back to back so that the ratios compare runs under the same background load. With ``rounds`` > 1
@@ -332,11 +389,7 @@ def grants(
     of the per-round ratios), with every round's rows kept under ``rounds``."""
     kinds = [
         ("bare", {"target": "bare", "socket": str(bare_sock)}, bare_pid, 10**6),
-        *(
-            [("bare_sync", {"target": "bare", "socket": str(bare_sync[0])}, bare_sync[1], 10**6)]
-            if bare_sync
-            else []
-        ),
+        *((name, {"target": "bare", "socket": str(sock)}, pid, 10**6) for name, sock, pid in extra_bare),
         ("slice", {"target": "xpud", "mode": "vxpu-quarter", "gpus": 1}, daemon_pid, 32),
         ("whole", {"target": "xpud", "mode": "xpu", "gpus": 1}, daemon_pid, 8),
     ]
@@ -357,7 +410,7 @@ def grants(
                 }
                 if name == "bare":
                     bare_rate = row["cycles_per_s"]
-                elif bare_rate:  # bare_sync too: its rate against the aio server's
+                elif bare_rate:  # the other bare servers too: their rates against the plain one's
                     row["ratio_to_bare"] = round(row["cycles_per_s"] / bare_rate, 3)
                 say(
                     f"  {row['cycles_per_s']}/s, acquire p99 {row['acquire_p99_ms']} ms, CPU ms/cycle: "
@@ -697,6 +750,12 @@ def main() -> None:
         "--bare-sync", action="store_true", help="also measure the bare methods on grpc's sync server"
     )
     ap.add_argument(
+        "--bare-durable",
+        action="store_true",
+        help="also measure the bare methods with one SQLite commit each before answering (a writer thread)",
+    )
+    ap.add_argument("--durable", help=argparse.SUPPRESS)
+    ap.add_argument(
         "--event-loop",
         choices=("auto", "asyncio", "uvloop"),
         help="the daemon's [daemon] event_loop (default: not set, the daemon's default)",
@@ -710,7 +769,7 @@ def main() -> None:
     if args.waiters_worker:
         return waiters_worker(json.loads(args.waiters_worker))
     if args.bare_server:
-        return bare_server(args.bare_server, args.bare_loop)
+        return bare_server(args.bare_server, args.bare_loop, args.durable)
     if args.bare_sync_server:
         return bare_sync_server(args.bare_sync_server)
     if args.quick:
@@ -756,21 +815,32 @@ def main() -> None:
             bare_sock = base / "bare" / "bare.sock"
             bare = start_bare("--bare-server", bare_sock, "--bare-loop", args.bare_loop)
         if "grants" not in skip:
-            sync = None
-            if args.bare_sync:
-                sync_sock = base / "bare" / "sync.sock"
-                sync = start_bare("--bare-sync-server", sync_sock)
+            extra: list[tuple[str, Path, subprocess.Popen]] = []
             try:
+                if args.bare_sync:
+                    sock = base / "bare" / "sync.sock"
+                    extra.append(("bare_sync", sock, start_bare("--bare-sync-server", sock)))
+                if args.bare_durable:
+                    sock, db = base / "bare" / "durable.sock", base / "bare" / "durable.sqlite"
+                    server = start_bare(
+                        "--bare-server", sock, "--bare-loop", args.bare_loop, "--durable", str(db)
+                    )
+                    extra.append(("bare_durable", sock, server))
                 part(
                     "grants",
                     grants,
                     *(runtime, bare_sock, bare.pid, daemon.pid, clients, args.seconds, args.rounds),
-                    bare_sync=(sync_sock, sync.pid) if sync else None,
+                    extra_bare=tuple((name, sock, p.pid) for name, sock, p in extra),
                 )
             finally:
-                if sync is not None:
-                    sync.terminate()
-                    sync.wait()
+                for _, _, p in extra:
+                    p.terminate()
+                    p.wait()
+            if args.bare_durable:  # what its answers waited for was really written
+                import sqlite3
+
+                with contextlib.closing(sqlite3.connect(base / "bare" / "durable.sqlite")) as db:
+                    out["bare_durable_rows"] = db.execute("SELECT count(*) FROM rows").fetchone()[0]
         if "xpu_run" not in skip:
             say(f"xpu run -- true against python -c 'import grpc', {args.runs} runs each")
             part("xpu_run", xpu_run_overhead, runtime, args.runs)

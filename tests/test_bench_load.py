@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_load_quick_measures_every_part(tmp_path):
     out = tmp_path / "load.json"
     r = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "load.py"), "--quick", "--out", str(out)],
+        [sys.executable, str(ROOT / "bench" / "load.py"), "--quick", "--bare-durable", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -24,11 +24,13 @@ def test_load_quick_measures_every_part(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     kinds = {(g["kind"], g["clients"]) for g in res["grants"]}
-    assert kinds == {(k, n) for k in ("bare", "slice", "whole") for n in (1, 4)}
+    assert kinds == {(k, n) for k in ("bare", "bare_durable", "slice", "whole") for n in (1, 4)}
     for g in res["grants"]:
         assert g["cycles_per_s"] > 0 and g["errors"] == 0, g
         assert g["kind"] == "bare" or g["ratio_to_bare"] > 0
         assert g["daemon_threads_pct"]["loop"] > 0, g  # the server's main thread (its event loop) worked
+    durable = [g for g in res["grants"] if g["kind"] == "bare_durable"]  # 2 rows per cycle, and warm-ups
+    assert res["bare_durable_rows"] >= 2 * sum(g["cycles_per_s"] * res["seconds"] for g in durable) > 0
     assert res["xpu_run"]["xpu_run_ms"] > 0 and res["xpu_run"]["ratio"] > 0
     w = res["waiters"]
     assert w["queue"]["queued"] == w["queue_length_seen"] == 100
