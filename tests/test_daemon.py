@@ -463,3 +463,17 @@ def test_running_job_survives_a_daemon_restart(daemon_factory, short_tmp):
     assert p.returncode == 0, err
     assert out.strip() == f"finished {lease.id}"
     assert active_leases(d) == []
+
+
+def test_the_start_ups_objects_are_kept_out_of_garbage_collection(daemon_factory):
+    """Once serving, what the start made is frozen out of the collector's generations (a full collection
+    walked all of it: ~45 ms pauses of the loop under load); the daemon then serves as before."""
+    import re
+
+    d = daemon_factory(args=("--log-level", "debug"))
+    kept = r"kept (\d+) start-up objects out of garbage"
+    found = wait_until(lambda: re.search(kept, d.log.read_text()), 30)
+    assert int(found.group(1)) > 10_000  # modules, protobuf descriptors, the engine's state
+    with d.client() as c:
+        g = c.acquire_lease("vxpu-quarter", wait_s=10.0, command="after")
+        assert c.release(g.lease.id, g.token).state == "released"
