@@ -3,6 +3,7 @@ figure that the load of a shared machine does not move (timings there move 2x be
 
     .venv/bin/python bench/instructions.py [--clients 2] [--seconds 30] [--mode vxpu-quarter]
     .venv/bin/python bench/instructions.py --bare        # the bare grpc-python server of bench/load.py
+    .venv/bin/python bench/instructions.py --bare --durable   # the same, one SQLite commit per call
     PYTHONPATH=/path/to/other/tree .venv/bin/python bench/instructions.py   # another xpud/, to compare
     .venv/bin/python bench/instructions.py --keep cycles.callgrind   # then callgrind_annotate it
 
@@ -37,6 +38,9 @@ def main() -> None:
     ap.add_argument("--mode", default="vxpu-quarter")
     ap.add_argument("--machine", default="pcie-8x-l40s")
     ap.add_argument("--bare", action="store_true", help="the bare gRPC server instead of xpud")
+    ap.add_argument(
+        "--durable", action="store_true", help="with --bare: its methods commit a row first (load.py's floor)"
+    )
     ap.add_argument("--keep", help="copy the cycling window's callgrind dump here (callgrind_annotate)")
     ap.add_argument("--threads", action="store_true", help="also instructions per cycle in each thread")
     ap.add_argument("--bare-loop", choices=("asyncio", "uvloop"), default="asyncio", help="with --bare")
@@ -58,6 +62,8 @@ def main() -> None:
     if args.bare:
         sock = base / "bare.sock"
         cmd += [str(Path(load.__file__)), "--bare-server", str(sock), "--bare-loop", args.bare_loop]
+        if args.durable:
+            cmd += ["--durable", str(base / "durable.sqlite")]
         spec = {"target": "bare", "socket": str(sock)}
     else:
         (base / "xpud.toml").write_text(load.DAEMON_CONFIG)
@@ -127,7 +133,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "server": "bare" if args.bare else f"xpud {args.mode}",
+                "server": ("bare durable" if args.durable else "bare") if args.bare else f"xpud {args.mode}",
                 "clients": args.clients,
                 "cycles": cycles,
                 "idle_minstr_per_s": round(rate / 1e6, 2),
