@@ -56,8 +56,8 @@ import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
-from xpud.api.v1 import xpu_pb2 as pb
 from xpud import switch_user
+from xpud.api.v1 import xpu_pb2 as pb
 from xpud.federation import sysunit
 
 log = logging.getLogger("xpud.federation")
@@ -199,7 +199,7 @@ class Rank:
         attempt: int = 0,
         kill_grace_s: float = KILL_GRACE_S,
         stop_grace_s: float = STOP_GRACE_S,
-        units: sysunit.Units | None | str = "detect",
+        units: sysunit.Units | str | None = "detect",
     ):
         self.spec, self.on_end, self.on_start = spec, on_end, on_start
         self.attempt = attempt  # the job's attempt on this host (in the unit's name)
@@ -377,7 +377,9 @@ class Rank:
                         spec.job, spec.rank, ", ".join(sorted(dropped))[:500])  # fmt: skip
         self.unit = unit
         names = set(spec.env) - set(dropped)
-        line = sysunit.run_argv(unit, argv, spec.uid, spec.gid, spec.cwd, self._env_file, self.stop_grace_s, names)
+        line = sysunit.run_argv(
+            unit, argv, spec.uid, spec.gid, spec.cwd, self._env_file, self.stop_grace_s, names
+        )
         return [self.units.systemd_run, *line[1:]]
 
     async def _forget_env(self) -> None:
