@@ -27,6 +27,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from xpud.config import Config
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound
@@ -55,6 +56,9 @@ from xpud.stats import Stats
 from xpud.uninterrupted import uninterrupted
 from xpud.waitlist import Waiter, Waitlist, kind_of
 from xpud.windows import WindowSpec, whole_needed
+
+if TYPE_CHECKING:
+    from xpud.autosize import Rightsizer
 
 log = logging.getLogger("xpud.engine")
 
@@ -125,7 +129,7 @@ class Engine:
         self._lease_streams: dict[str, set[asyncio.Queue]] = {}
         self._watchers: set[asyncio.Queue] = set()
         self.moves = Moves(self)
-        self.rightsizer = None  # xpud.autosize.Rightsizer, set by the daemon
+        self.rightsizer: Rightsizer | None = None  # set by the daemon
         self._busy: set[int] = set()  # cards with backend work in flight
         self._freed: list[asyncio.Future] = []  # woken when a busy card is free again
         self._ending: set[str] = set()  # leases whose end is being committed
@@ -205,9 +209,11 @@ class Engine:
             except Exception as e:  # one card's trouble must not stop the daemon: say so and go on
                 log.exception("reconciling card %d failed", i)
                 self.event("error", f"card {i}: reconciling its isolation failed: {e}", card=i)
-                continue
+                found = None
             finally:
                 self._unclaim([i])
+            if found is None:
+                continue
             for note in found.notes:
                 self.event("reconcile", note, card=i)
             for lid in found.lost:
@@ -814,7 +820,7 @@ class Engine:
             self._granted(req.owner_uid)
             if error is not None:
                 undo = self._spawn(self._unplace(lease_id, cards, slices, []), f"undoing lease {lease_id}")
-                undo.add_done_callback(lambda _: out.done() or out.set_exception(error))
+                undo.add_done_callback(lambda _: None if out.done() else out.set_exception(error))
                 return
             self.standby.forget(spent)
             self._grant_done(lease, events, t0)

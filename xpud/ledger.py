@@ -333,7 +333,7 @@ class Op:
     """Statements of one write; ``effect`` runs (in the writer thread) once they are committed."""
 
     statements: tuple[tuple[str, tuple], ...]
-    effect: object = None  # Callable[[], None] | None
+    effect: Callable[[], None] | None = None
 
 
 def op(sql: str, *args, effect=None) -> Op:
@@ -364,7 +364,7 @@ class _Again(Exception):
     """A write of a batch failed on its own: the batch is done again, a savepoint per write."""
 
 
-def _primary(e: sqlite3.Error) -> int:
+def _primary(e: BaseException) -> int:
     return (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
 
 
@@ -645,6 +645,7 @@ class Ledger:
                 else:
                     w.future.set_exception(err)
             elif w.then is not None:
+                assert w.loop is not None  # submit_then always names its loop
                 answers.setdefault(w.loop, []).append((w.then, err))
         for loop, calls in answers.items():
             with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits for the answers
@@ -1008,7 +1009,8 @@ class Ledger:
             for e in list(self._pending_events.values())
             if (card is None or e.card == card) and e.lease_id.startswith(lease_id)
         ]
-        where, args = [], []
+        where: list[str] = []
+        args: list[object] = []
         if card is not None:
             where, args = ["card=?"], [card]
         if lease_id:

@@ -223,9 +223,9 @@ def check(request: Any) -> None:
     for step in always:
         _field(request, step, getattr(request, step[0]))
     for fd, value in request.ListFields():
-        step = when_set.get(fd)
-        if step is not None:
-            _field(request, step, value)
+        found = when_set.get(fd)
+        if found is not None:
+            _field(request, found, value)
 
 
 def _field(request: Any, step: tuple, value: Any) -> None:

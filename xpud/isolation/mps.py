@@ -287,7 +287,7 @@ class MpsIsolation:
         Every CHECK_INTERVAL_S, while the card is sliced: a control daemon that stopped answering is
         started again (the slices' next clients need it)."""
         notes = []
-        if self._idle_expired(now):
+        if self._idle_expired(now) and self._idle is not None:
             uid = self._idle[0]
             try:
                 self._shutdown_servers()

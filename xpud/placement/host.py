@@ -253,7 +253,7 @@ def _dendrogram(order: _LinkOrder, free: Sequence[int]) -> list[_Cluster]:
     sim = order.rank[np.ix_(free, free)].astype(np.int32)
     np.fill_diagonal(sim, -1)
     slots: list[_Cluster | None] = [_Cluster((c,), order.top) for c in free]
-    nodes: list[_Cluster] = list(slots)
+    nodes: list[_Cluster] = [c for c in slots if c is not None]
     size = np.ones(m, dtype=np.int32)
     for _ in range(m - 1):
         best = sim.max()
@@ -262,6 +262,7 @@ def _dendrogram(order: _LinkOrder, free: Sequence[int]) -> list[_Cluster]:
         k = np.lexsort((jj, ii, size[ii] + size[jj]))[0]
         i, j = int(ii[k]), int(jj[k])
         a, b = slots[i], slots[j]
+        assert a is not None and b is not None  # a merged slot is never picked again (its row is -1)
         merged = _Cluster(tuple(sorted(a.members + b.members)), int(best), (a, b))
         nodes.append(merged)
         slots[i], slots[j] = merged, None
@@ -390,9 +391,9 @@ def cluster_group(
     nodes = _dendrogram(order, free)
     tree = _tree(nodes)
     fmask = sum(1 << c for c in free)
-    cands = {g for node in nodes if len(node.members) >= n for g in _fills(node, n)}
-    cands = sorted(cands, key=lambda g: _link_stats(order, g), reverse=True)
-    cands = set(cands) | {_improve(order, g, free) for g in cands[:_POLISHED_CANDIDATES]}
+    found = {g for node in nodes if len(node.members) >= n for g in _fills(node, n)}
+    ranked = sorted(found, key=lambda g: _link_stats(order, g), reverse=True)
+    cands = found | {_improve(order, g, free) for g in ranked[:_POLISHED_CANDIDATES]}
 
     def key(g: tuple[int, ...]) -> tuple:
         health = [scores.get(c, 100) for c in g]
