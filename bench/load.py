@@ -298,15 +298,15 @@ def cycle_worker(spec: dict) -> None:
     print(json.dumps(out), flush=True)
 
 
-def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """Each thread of ``pid``: thread id -> (its name, CPU seconds so far), from /proc."""
+def thread_cpu(pid: int) -> dict[int, tuple[str, float, float]]:
+    """Each thread of ``pid``: thread id -> (its name, user and system CPU seconds so far), from /proc."""
     out = {}
     tick = os.sysconf("SC_CLK_TCK")
     for tid in os.listdir(f"/proc/{pid}/task"):
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
             name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
             fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)  # utime, stime
+            out[int(tid)] = (name, int(fields[11]) / tick, int(fields[12]) / tick)  # utime, stime
     return out
 
 
@@ -363,11 +363,22 @@ def measure_cycles(spec: dict, clients: int, seconds: float, daemon_pid: int | N
         res["daemon_cpu_ms_per_cycle"] = round(1e3 * (cpu1 - cpu0) / max(cycles, 1), 3)
         # by thread: the event loop (the main thread), the others of Python (the ledger's writer, the
         # hardware executor) and gRPC's own (event_engine, ...): % of one core over the window
-        groups: dict[str, float] = {}
-        for tid, (name, cpu) in threads1.items():
+        # and each group's user and system CPU per cycle (ms)
+        groups: dict[str, list[float]] = {}
+        for tid, (name, user, system) in threads1.items():
             group = "loop" if tid == daemon_pid else "python" if name == threads1[daemon_pid][0] else "grpc"
-            groups[group] = groups.get(group, 0.0) + cpu - threads0.get(tid, (name, 0.0))[1]
-        res["daemon_threads_pct"] = {g: round(100 * v / seconds, 1) for g, v in sorted(groups.items())}
+            _, user0, system0 = threads0.get(tid, (name, 0.0, 0.0))
+            g = groups.setdefault(group, [0.0, 0.0])
+            g[0] += user - user0
+            g[1] += system - system0
+        res["daemon_threads_pct"] = {g: round(100 * sum(v) / seconds, 1) for g, v in sorted(groups.items())}
+        res["daemon_threads_ms_per_cycle"] = {
+            g: {
+                "user": round(1e3 * v[0] / max(cycles, 1), 3),
+                "system": round(1e3 * v[1] / max(cycles, 1), 3),
+            }
+            for g, v in sorted(groups.items())
+        }
     if res["errors"]:
         res["first_error"] = next(o["error"] for o in outs if o["error"])
     return res

@@ -29,6 +29,8 @@ def test_load_quick_measures_every_part(tmp_path):
         assert g["cycles_per_s"] > 0 and g["errors"] == 0, g
         assert g["kind"] == "bare" or g["ratio_to_bare"] > 0
         assert g["daemon_threads_pct"]["loop"] > 0, g  # the server's main thread (its event loop) worked
+        loop = g["daemon_threads_ms_per_cycle"]["loop"]
+        assert loop["user"] > 0 and loop["system"] >= 0, g
     durable = [g for g in res["grants"] if g["kind"] == "bare_durable"]  # 2 rows per cycle, and warm-ups
     assert res["bare_durable_rows"] >= 2 * sum(g["cycles_per_s"] * res["seconds"] for g in durable) > 0
     assert res["xpu_run"]["xpu_run_ms"] > 0 and res["xpu_run"]["ratio"] > 0
