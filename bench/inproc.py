@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/inproc.py [--cycles 3000] [--mode vxpu-quarter|xpu] [--json]
     .venv/bin/python bench/inproc.py --profile prof.out   # cProfile of the cycles, then pstats
+    .venv/bin/python bench/inproc.py --engine   # the engine alone: Engine.grant_or_queue and release
     valgrind --tool=callgrind --separate-threads=yes .venv/bin/python bench/inproc.py --cycles N  # twice
         (N and N + 1000; the difference / 1000 is instructions per cycle, per thread)
 
@@ -43,10 +44,13 @@ class _Context:
         raise RuntimeError(f"{code.name}: {details}")
 
 
-async def measure(daemon, mode: str, cycles: int, profile: str | None = None) -> dict:
+async def measure(
+    daemon, mode: str, cycles: int, profile: str | None = None, engine_only: bool = False
+) -> dict:
     from xpud.api.v1 import xpu_pb2 as pb
     from xpud.auth import METADATA_KEY
     from xpud.daemon import keep_out_of_collections
+    from xpud.model import CommandEnd, Mode, Request
     from xpud.service import NodeService
 
     await daemon.start()
@@ -60,6 +64,19 @@ async def measure(daemon, mode: str, cycles: int, profile: str | None = None) ->
             updates = [u async for u in node.Acquire(request, ctx)]
             g = updates[-1].granted
             await node.Release(pb.ReleaseRequest(lease_id=g.lease.id, token=g.token, exit_code=0), ctx)
+
+        engine, caller = daemon.engine, daemon.context.caller(ctx)
+
+        async def engine_cycle() -> None:  # the engine alone: no request message, no reply message
+            req = Request(
+                mode=Mode(mode), gpus=1, wait_s=60.0, owner_uid=caller.uid, holder_pid=caller.pid,
+                command="bench: inproc",
+            )  # fmt: skip
+            lease, token = await engine.grant_or_queue(req)
+            await engine.release(lease.id, caller, token, CommandEnd(exit_code=0))
+
+        if engine_only:
+            cycle = engine_cycle
 
         for _ in range(WARM_CYCLES):
             await cycle()
@@ -81,6 +98,7 @@ async def measure(daemon, mode: str, cycles: int, profile: str | None = None) ->
     per = 1e6 / cycles
     return {
         "mode": mode,
+        "engine_only": engine_only,
         "cycles": cycles,
         "cpu_us_per_cycle": round(cpu * per, 1),
         "loop_thread_cpu_us_per_cycle": round(thread * per, 1),
@@ -97,6 +115,9 @@ def main() -> None:
     ap.add_argument("--machine", default="pcie-8x-l40s")
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the measured cycles here")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    ap.add_argument(
+        "--engine", action="store_true", help="the engine alone (grant_or_queue, release): no servicer"
+    )
     args = ap.parse_args()
     if args.cycles < 1:
         raise SystemExit("--cycles: at least 1")
@@ -115,12 +136,13 @@ def main() -> None:
     cfg = config.checked(cfg, "daemon", "runtime_dir", str(base / "run"), "--runtime-dir")
     cfg = config.checked(cfg, "daemon", "state_dir", str(base / "state"), "--state-dir")
     hw, fake = open_hardware(cfg)
-    out = asyncio.run(measure(Daemon(cfg, hw, fake), args.mode, args.cycles, args.profile))
+    out = asyncio.run(measure(Daemon(cfg, hw, fake), args.mode, args.cycles, args.profile, args.engine))
     if args.json:
         print(json.dumps(out))
     else:
+        what = f"{out['mode']}{' (engine alone)' if args.engine else ''}"
         print(
-            f"{out['mode']}: {out['cycles']} cycles; CPU {out['cpu_us_per_cycle']} us per cycle (the loop's "
+            f"{what}: {out['cycles']} cycles; CPU {out['cpu_us_per_cycle']} us per cycle (the loop's "
             f"thread {out['loop_thread_cpu_us_per_cycle']}), wall {out['wall_us_per_cycle']} us"
             + (" (under cProfile)" if args.profile else "")
         )
