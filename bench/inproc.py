@@ -21,6 +21,7 @@ import asyncio
 import cProfile
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -75,18 +76,16 @@ async def measure(
             lease, token = await engine.grant_or_queue(req)
             await engine.release(lease.id, caller, token, CommandEnd(exit_code=0))
 
-        if engine_only:
-            cycle = engine_cycle
-
+        run = engine_cycle if engine_only else cycle
         for _ in range(WARM_CYCLES):
-            await cycle()
+            await run()
         keep_out_of_collections()  # as the daemon does once it serves
         prof = cProfile.Profile() if profile else None
         cpu0, thread0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
         if prof:
             prof.enable()
         for _ in range(cycles):
-            await cycle()
+            await run()
         if prof:
             prof.disable()
             prof.dump_stats(profile)
@@ -135,8 +134,11 @@ def main() -> None:
     )
     cfg = config.checked(cfg, "daemon", "runtime_dir", str(base / "run"), "--runtime-dir")
     cfg = config.checked(cfg, "daemon", "state_dir", str(base / "state"), "--state-dir")
-    hw, fake = open_hardware(cfg)
-    out = asyncio.run(measure(Daemon(cfg, hw, fake), args.mode, args.cycles, args.profile, args.engine))
+    try:
+        hw, fake = open_hardware(cfg)
+        out = asyncio.run(measure(Daemon(cfg, hw, fake), args.mode, args.cycles, args.profile, args.engine))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     if args.json:
         print(json.dumps(out))
     else:
