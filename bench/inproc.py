@@ -124,18 +124,17 @@ def main() -> None:
     import load
 
     from xpud import config
-    from xpud.daemon import Daemon, open_hardware
+    from xpud.daemon import Daemon, StartupError, open_hardware
 
     base = Path(tempfile.mkdtemp(prefix="xpu-inproc-", dir="/tmp"))
-    (base / "xpud.toml").write_text(load.DAEMON_CONFIG)
-    cfg = config.load(base / "xpud.toml")
-    cfg = config.checked(cfg, "devices", "machine", args.machine, "--simulate").replace(
-        "devices", backend="simulated"
-    )
-    cfg = config.checked(cfg, "daemon", "runtime_dir", str(base / "run"), "--runtime-dir")
-    cfg = config.checked(cfg, "daemon", "state_dir", str(base / "state"), "--state-dir")
+    cfg = config.parse(load.DAEMON_CONFIG, str(base / "xpud.toml"))  # as tests/inproc.py builds it
+    cfg = cfg.replace("devices", backend="simulated", machine=args.machine)
+    cfg = cfg.replace("daemon", runtime_dir=str(base / "run"), state_dir=str(base / "state"))
     try:
-        hw, fake = open_hardware(cfg)
+        try:
+            hw, fake = open_hardware(cfg)
+        except StartupError as e:
+            raise SystemExit(f"--machine {args.machine}: {e}") from None
         out = asyncio.run(measure(Daemon(cfg, hw, fake), args.mode, args.cycles, args.profile, args.engine))
     finally:
         shutil.rmtree(base, ignore_errors=True)
