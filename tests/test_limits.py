@@ -12,17 +12,14 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from tests.otheruser import PRELUDE
 from xpud.auth import member_of
 
 NOBODY = 65534
 
-# Import everything first: after setuid the interpreter's own files (under /root) may be unreadable.
-CLIENT = """
-import json, os, sys
-import grpc
-from xpud.api.client import Client
-from xpud.errors import XpudError
-os.setgroups([]); os.setgid({uid}); os.setuid({uid})
+CLIENT = (
+    PRELUDE
+    + """
 out = []
 with Client(sys.argv[1]) as c:
     for mode, priority in json.loads(sys.argv[2]):
@@ -33,6 +30,7 @@ with Client(sys.argv[1]) as c:
             out.append([type(e).__name__, str(e)])
 print(json.dumps(out))
 """
+)
 
 
 def as_user(uid: int, runtime_dir, asks: list[tuple[str, int]]) -> list[list]:

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
+from tests.otheruser import PRELUDE
 from xpud.bridges import slurm
 from xpud.bridges.slurm import JobCheck, NodeState, SlurmError
 
@@ -177,11 +178,9 @@ def test_pinned_anchored_leases_outlive_the_hold_grace_and_a_restart(daemon_fact
 
 
 NOBODY = 65534
-AS_NOBODY = """
-import json, os, sys
-from xpud.api.client import Client
-from xpud.errors import XpudError
-os.setgroups([]); os.setgid(65534); os.setuid(65534)
+AS_NOBODY = (
+    PRELUDE.format(uid=NOBODY)
+    + """
 out = []
 with Client(sys.argv[1]) as c:
     for kw in json.loads(sys.argv[2]):
@@ -191,6 +190,7 @@ with Client(sys.argv[1]) as c:
             out.append([type(e).__name__, str(e)])
 print(json.dumps(out))
 """
+)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
