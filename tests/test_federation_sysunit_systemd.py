@@ -246,7 +246,8 @@ print(json.dumps([json.loads(MessageToJson(e)) for e in collect(call)]))
 
 def shipped_unit() -> str:
     """systemd/xpud.service with its sandbox as shipped; only what it runs and where its state lives
-    (/run/xpud: this systemd's /run is a tmpfs, nothing is written to the host's /var/lib) differ."""
+    (/run/xpud: this systemd's /run is a tmpfs, nothing is written to the host's /var/lib) differ, and a
+    checkout under /tmp is bound into its private /tmp."""
     unit = (Path(__file__).parents[1] / "systemd" / "xpud.service").read_text()
     start = (f"ExecStart={Path(sys.executable).parent}/xpud --config /run/xpud/xpud.toml --simulate "
              "pcie-4x-h100 --runtime-dir /run/xpud --state-dir /run/xpud/state")  # fmt: skip
@@ -255,6 +256,12 @@ def shipped_unit() -> str:
     )
     unit = re.sub(r"(?m)^(After|Wants|StateDirectory|StateDirectoryMode)=.*$", "", unit)
     unit = re.sub(r"(?ms)^\[Install\].*", "", unit)
+    # A checkout or venv under /tmp (a clone in `mktemp -d`) is hidden by PrivateTmp: bound in, read-only
+    hidden = sorted(
+        {str(p) for p in (Path(sys.prefix), Path(__file__).parents[1]) if p.is_relative_to("/tmp")}
+    )
+    if hidden:
+        unit = unit.replace("[Service]", "[Service]\nBindReadOnlyPaths=" + " ".join(hidden), 1)
     return unit.replace("[Unit]", "[Unit]\nDefaultDependencies=no", 1)
 
 
