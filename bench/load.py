@@ -1,7 +1,7 @@
 """Load: grant throughput and latency beside the bare-gRPC ceiling, `xpu run` start-up against
 `python -c "import grpc"`, a 5,000-waiter queue and its cancellation, and the daemon's idle CPU and RSS.
 
-    .venv/bin/python bench/load.py --out bench/load.json        # the full run, ~3 minutes
+    .venv/bin/python bench/load.py --out bench/load.json        # the full run, ~10 minutes
     .venv/bin/python bench/load.py --quick                      # a smoke test, ~20 s
 
 Everything runs against a real simulated daemon (``xpud --simulate pcie-8x-l40s``) on temp sockets.
