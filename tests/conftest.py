@@ -20,6 +20,19 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+def _default_signal_dispositions() -> None:
+    """The terminating signals back to their defaults where this run inherited them ignored (under
+    ``nohup``, or as a background job of a script: SIGHUP, or SIGINT and SIGQUIT): every process the tests
+    start inherits what this one has, and `xpu run` rightly keeps a signal its caller ignores ignored, so
+    the tests of signals passed on to a command failed there. A test that wants one ignored says so."""
+    for s in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        if signal.getsignal(s) is signal.SIG_IGN:
+            signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+
+
+_default_signal_dispositions()
+
+
 def xpu_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
     # COLUMNS/LINES out too: tables fit a width only where one is set (tests that want one set it)
     env = {

@@ -72,6 +72,20 @@ def test_death_by_a_signal_is_passed_on_as_death_by_that_signal(runtime, sig):
     assert not list(runtime.base.glob("core*")) and not os.path.exists("core")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT])
+def test_a_signal_the_caller_ignores_stays_ignored_in_the_command(runtime, sig):
+    """`nohup xpu run -- CMD` (or a background job of a script: SIGINT and SIGQUIT) as `nohup CMD`: the
+    command inherits the signal ignored, so the one sent to it does nothing."""
+    name = sig.name.removeprefix("SIG")
+
+    def ignore():
+        signal.signal(sig, signal.SIG_IGN)
+
+    direct, wrapped = both(runtime, ["sh", "-c", f"kill -{name} $$; echo survived"], preexec_fn=ignore)
+    assert direct.stdout == wrapped.stdout == b"survived\n"
+    assert direct.returncode == wrapped.returncode == 0
+
+
 def test_stdin_to_stdout_binary_and_large(runtime):
     data = os.urandom(3 << 20)
     direct, wrapped = both(runtime, ["cat"], input=data)
