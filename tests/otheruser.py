@@ -4,6 +4,8 @@ directory, a Python under /root), so nothing may be imported from then on."""
 
 from __future__ import annotations
 
+NOBODY = 65534  # the uid (and gid) the tests act as when they need someone who is not root
+
 # grpc imports _channel, _interceptor and _utilities at first use (insecure_channel, ...): imported here.
 PRELUDE = """
 import json, os, sys

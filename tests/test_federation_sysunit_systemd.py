@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until
+from tests.otheruser import NOBODY
 from tests.systemd_ns import Systemd
 from tests.test_federation_rankproc import Inputs, spec
 from tests.test_federation_sysunit import run
@@ -32,7 +33,6 @@ pytestmark = [
     pytest.mark.skipif(bool(Systemd.unavailable()), reason=f"no real systemd: {Systemd.unavailable()}"),
 ]
 
-NOBODY = 65534
 SYSTEM_PY = "/usr/bin/python3"  # one user nobody may run (this test's own may be under /root)
 
 

@@ -12,10 +12,8 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tests.otheruser import PRELUDE
+from tests.otheruser import NOBODY, PRELUDE
 from xpud.auth import member_of
-
-NOBODY = 65534
 
 CLIENT = (
     PRELUDE

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.otheruser import PRELUDE
+from tests.otheruser import NOBODY, PRELUDE
 from xpud.bridges import slurm
 from xpud.bridges.slurm import JobCheck, NodeState, SlurmError
 
@@ -177,7 +177,6 @@ def test_pinned_anchored_leases_outlive_the_hold_grace_and_a_restart(daemon_fact
     assert {le["state"] for le in ended if le["anchor"]} == {"reclaimed"}
 
 
-NOBODY = 65534
 AS_NOBODY = (
     PRELUDE.format(uid=NOBODY)
     + """
