@@ -62,6 +62,24 @@ def test_dgx_h100_inventory():
     assert c0.architecture == "hopper" and c0.serial and c0.serial.isdigit()
 
 
+def test_minor_numbers_are_the_drivers_not_the_index():
+    # REFERENCE.md "Real-driver behaviour": /dev/nvidia<minor> need not follow the NVML index. dgx-a100 ships
+    # an order other than NVML's, so anything that takes the index for the minor shows up there.
+    _, nvml = adapter("dgx-a100")
+    assert [c.minor_number for c in nvml.cards()] == [2, 3, 0, 1, 6, 7, 4, 5]
+    _, nvml = adapter("dgx-h100")
+    assert [c.minor_number for c in nvml.cards()] == list(range(8))
+
+
+def test_a_mig_device_has_no_minor_of_its_own():
+    fake, _ = adapter("dgx-a100")
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    assert fake.nvmlDeviceGetMinorNumber(h) == 2
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        fake.nvmlDeviceGetMinorNumber(object())
+
+
 @pytest.mark.parametrize(
     ("machine", "name", "gib", "mig", "links", "numa"),
     [

@@ -400,3 +400,19 @@ def test_a_monitoring_agent_on_every_card_refuses_mig_slices_clearly_and_leaves_
         c.release(whole.lease.id, whole.token)
     for i in range(8):
         fake.remove_client(i, "dcgm")
+
+
+def test_a_card_renumbered_by_its_mig_switch_is_listed_with_its_new_device_node(inproc):
+    # REFERENCE.md: minors "may change with a MIG mode change"; whatever hands out /dev/nvidia<minor> reads the
+    # card's listing, so the listing must follow the driver.
+    d = inproc("dgx-a100", CONFIG.format(keep=0.0))
+    for i in range(8):
+        d.fake.renumber_on_reset(i, 20 + i)
+    with Client(d.runtime_dir) as c:
+        before = {card.index: card.minor_number for card in c.cards().cards}
+        assert before == {0: 2, 1: 3, 2: 0, 3: 1, 4: 6, 5: 7, 6: 4, 7: 5}
+        g = c.acquire_lease("vxpu-half")
+        (i,) = g.lease.cards
+        after = {card.index: card.minor_number for card in c.cards().cards}
+        assert after == {**before, i: 20 + i}
+        c.release(g.lease.id, g.token)

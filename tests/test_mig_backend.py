@@ -68,6 +68,16 @@ def test_entering_sliced_mode_switches_mig_on_where_the_driver_resets_the_card_i
     assert nvml.mig_mode(0) == (0, 0)
 
 
+def test_a_mig_switch_reads_the_cards_minor_again_where_the_driver_renumbered_it():
+    b, card, fake, nvml, _tools, _ = backend()
+    assert card.minor_number == 0
+    fake.renumber_on_reset(0, 5)
+    fresh = b.enter_sliced(card)
+    assert fresh is not None and fresh.minor_number == 5
+    assert b.enter_sliced(card) is None  # already on: nothing changed, nothing to read
+    assert b.leave_sliced(card).minor_number == 5
+
+
 def test_in_a_vm_the_switch_resets_the_card_through_the_runner():
     fake = FakeNvml("dgx-h100", passthrough=True)
     nvml = Nvml(fake)

@@ -660,9 +660,10 @@ class Engine:
                 c = self.cards[i]
                 if c.mode is not want:  # idle: MIG on/off, MPS started/stopped
                     backend = self._backends[i]
-                    await self._hw(
+                    fresh = await self._hw(
                         backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info
                     )
+                    self._renumbered(c, fresh)
                     c.mode = want
                     c.switched_at = self.clock()
                     switched.append(i)
@@ -709,9 +710,10 @@ class Engine:
             back = CardMode.WHOLE if c.mode is CardMode.SLICED else CardMode.SLICED
             backend = self._backends[i]
             try:
-                await self._hw(
+                fresh = await self._hw(
                     backend.enter_sliced if back is CardMode.SLICED else backend.leave_sliced, c.info
                 )
+                self._renumbered(c, fresh)
                 c.mode = back
             except Exception as e:
                 log.error("card %d: switching back to %s %s failed: %s", i, back, why, e)
@@ -1498,6 +1500,17 @@ class Engine:
         self.pump()
         return self._view(c)
 
+    def _renumbered(self, c: CardState, fresh: CardInfo | None) -> None:
+        """Take a card's device-node minor as the driver reads it after a MIG mode change."""
+        if fresh is not None and fresh.minor_number is not None and fresh.minor_number != c.info.minor_number:
+            self.event(
+                "mode",
+                f"card {c.info.index}: the driver renumbered its device node /dev/nvidia{c.info.minor_number}"
+                f" -> /dev/nvidia{fresh.minor_number}",
+                card=c.info.index,
+            )
+            c.info = replace(c.info, minor_number=fresh.minor_number)
+
     async def _switch(self, c: CardState, want: CardMode, pinned: bool, why: str) -> None:
         """Switch a claimed card to ``want`` on the hardware, then commit (undone if the commit fails)."""
         i = c.info.index
@@ -1513,7 +1526,10 @@ class Engine:
         backend = self._backends[i]
         switched = c.mode is not want
         if switched:
-            await self._hw(backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info)
+            fresh = await self._hw(
+                backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info
+            )
+            self._renumbered(c, fresh)
             c.mode = want
             c.switched_at = self.clock()
         spent = self.standby.spent([i])  # pre-created slices a switch to whole destroyed

@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
+# The highest minor number a card's /dev/nvidia<minor> can have: under major 195 the driver gives 254 to
+# /dev/nvidia-modeset and 255 to /dev/nvidiactl.
+MAX_CARD_MINOR = 253
+
 # A slice size's name: what [slices.<name>] in xpud.toml may be called, and what a request may name.
 SLICE_NAME = re.compile(r"vxpu-[a-z0-9][a-z0-9-]{0,39}")
 
@@ -82,6 +86,10 @@ class CardInfo:
     nvlink_active_links: int = 0
     serial: str | None = None
     architecture: str | None = None
+    # The minor number of the card's device node, /dev/nvidia<minor> (nvmlDeviceGetMinorNumber). It need not
+    # follow the NVML index (DGX/HGX hosts) and may change with a MIG mode change; device nodes, cgroup rules
+    # and gres File= use it, never the index. None: the driver did not say (then nothing is derived from it).
+    minor_number: int | None = None
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ def card_pb(v: CardView, isolation: str = "") -> pb.Card:
         isolation=isolation,
         cpu_affinity=list(i.cpu_affinity),
         nvlink_active_links=i.nvlink_active_links,
+        minor_number=i.minor_number,
     )
 
 

@@ -217,8 +217,8 @@ def _print_report(report: dict, problems: list[str], out: TextIO) -> None:
         p(f"  GPU{c.index}  {c.name}  {_gib(c.memory_total_bytes)}  {c.pci_bus_id}  {c.uuid}")
         numa = _opt(c.numa_node)
         p(
-            f"        arch {c.architecture or '-'}  serial {c.serial or '-'}  NUMA {numa}  {mig}  "
-            f"NVLink {c.nvlink_active_links} active"
+            f"        /dev/nvidia{_opt(c.minor_number)}  arch {c.architecture or '-'}  "
+            f"serial {c.serial or '-'}  NUMA {numa}  {mig}  NVLink {c.nvlink_active_links} active"
         )
     topo: Topology | None = report["topology"]
     if topo is not None:
@@ -338,6 +338,8 @@ def _description(report: dict) -> dict:
             table["numa"] = c.numa_node
         if c.serial:
             table["serial"] = c.serial
+        if c.minor_number is not None:
+            table["minor"] = c.minor_number
         if mode is not None and mode[0]:
             table["mig_enabled"] = True
         switch = [lk for lk in links if lk.remote == "switch" and lk.active]

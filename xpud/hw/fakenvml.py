@@ -156,6 +156,8 @@ class _Card:
         self.compute_mode = N.NVML_COMPUTEMODE_DEFAULT
         self.persistence = N.NVML_FEATURE_ENABLED  # as on hosts that run nvidia-persistenced
         self.mig = self.mig_pending = int(spec.mig_enabled)
+        self.minor = spec.minor  # /dev/nvidia<minor>
+        self.minor_after_reset: int | None = None  # what a reset renumbers it to (``renumber_on_reset``)
         self.gis: dict[int, _Gi] = {}
         self.mig_devices: dict[int, _Ci] = {}
         self.procs: dict[int, _Proc] = {}
@@ -390,6 +392,11 @@ class FakeNvml:
     @_api
     def nvmlDeviceGetSerial(self, handle) -> str:
         return self._dev(handle).spec.serial
+
+    @_api
+    def nvmlDeviceGetMinorNumber(self, handle) -> int:
+        # A card's own node only: a MIG device handle has no /dev/nvidia<minor> of its own (INVALID_ARGUMENT).
+        return self._dev(handle).minor
 
     @_api
     def nvmlDeviceGetArchitecture(self, handle) -> int:
@@ -856,6 +863,8 @@ class FakeNvml:
 
     def _reset_card(self, card: _Card) -> None:
         card.mig = card.mig_pending
+        if card.minor_after_reset is not None:
+            card.minor, card.minor_after_reset = card.minor_after_reset, None
         card.clear_faults()
         card.inforom_corrupt = False
 
@@ -1254,6 +1263,12 @@ class FakeNvml:
             card = self._cards[index]
             card.clear_faults()
             card.inforom_corrupt = False
+
+    def renumber_on_reset(self, index: int, minor: int) -> None:
+        """The card's next reset (a MIG mode change resets it) gives its device node another minor, as the
+        driver may (REFERENCE.md: "Minor numbers ... may change with a MIG mode change")."""
+        with self._lock:
+            self._cards[index].minor_after_reset = minor
 
     def reset(self, index: int) -> None:
         """A GPU reset (``nvidia-smi -r``): refused while anything holds the card (processes, other NVML

@@ -55,6 +55,8 @@ Format (``etc/machines/dgx-h100.toml`` is a commented example)::
     nvlink_switch_links = 18          # links to NVSwitch (all pairs of such cards are connected)
     nvlink_peers = [1, 1, 2]          # or: one entry per direct link, naming the card at its far end
     mig_enabled = false               # MIG mode at start
+    minor = 0                         # /dev/nvidia<minor> (nvmlDeviceGetMinorNumber); default: the index.
+                                      # Real DGX/HGX hosts number their nodes in another order than NVML.
     uuid = "GPU-..."                  # default: derived from machine name and index
     serial = "..."
 
@@ -80,6 +82,7 @@ from pathlib import Path
 from typing import Any
 
 from xpud.hw.topology import HOSTBRIDGE, INTERNAL, MULTIPLE, NODE, SINGLE, SYSTEM
+from xpud.model import MAX_CARD_MINOR
 
 ARCHITECTURES = ("kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
 MEMORY_ERRORS = ("remap", "retire", "none")
@@ -150,6 +153,7 @@ class CardSpec:
     nvlink_switch_links: int = 0
     nvlink_peers: tuple[int, ...] = ()
     mig_enabled: bool = False
+    minor: int = 0  # /dev/nvidia<minor>; need not follow the index (nvmlDeviceGetMinorNumber)
 
     @property
     def nvlink_count(self) -> int:
@@ -456,6 +460,7 @@ def _parse_card(index: int, data: dict, models: dict[str, CardModel], machine: s
         nvlink_switch_links=t.get("nvlink_switch_links", int, 0, span=(0, 64)),
         nvlink_peers=t.ints("nvlink_peers", span=(0, MAX_CARDS - 1)),
         mig_enabled=t.get("mig_enabled", bool, False),
+        minor=t.get("minor", int, index, span=(0, MAX_CARD_MINOR)),
     )
     t.done()
     if card.mig_enabled and not card.model.mig_capable:
@@ -499,6 +504,9 @@ def _check_consistency(m: Machine, source: str) -> None:
         for sw in c.switches:
             if seen.setdefault(sw, c.host_bridge) != c.host_bridge:
                 raise MachineError(f"{source}: cards[{c.index}].switches: {sw!r} sits under two host bridges")
+    minors = [c.minor for c in m.cards]
+    if len(set(minors)) != n:
+        raise MachineError(f"{source}: cards: two cards share a minor number")
     bus_ids = [c.bus_id.upper() for c in m.cards]
     if len(set(bus_ids)) != n:
         raise MachineError(f"{source}: cards: two cards share a bus_id")

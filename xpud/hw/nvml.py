@@ -44,7 +44,7 @@ from xpud.hw.types import (
     NvmlNotSupported,
     NvmlUnavailable,
 )
-from xpud.model import CardInfo, CardSample
+from xpud.model import MAX_CARD_MINOR, CardInfo, CardSample
 
 __all__ = [
     "EventWaiter",
@@ -416,11 +416,17 @@ class Nvml:
                 nvlink_active_links=sum(s == pynvml.NVML_FEATURE_ENABLED for s in states),
                 serial=self._call("nvmlDeviceGetSerial", h, card=index),
                 architecture=None if arch is None else ARCHITECTURES.get(arch, "unknown"),
+                minor_number=self._minor(index, h),
             )
         except NvmlGpuLost:
             return self._info.get(index) or CardInfo(index, "", "(lost)", 0, "")
         self._info[index] = info
         return info
+
+    def _minor(self, index: int, h) -> int | None:
+        # Re-read with the rest of the inventory (after every MIG mode change too): the driver may renumber.
+        minor = self._call("nvmlDeviceGetMinorNumber", h, card=index)
+        return minor if isinstance(minor, int) and 0 <= minor <= MAX_CARD_MINOR else None
 
     def _cpu_affinity(self, index: int, h) -> tuple[int, ...]:
         # ceil(ncpu/64) words; ask for at least 1024 CPUs' worth: a container or a simulated machine may

@@ -60,11 +60,12 @@ class Isolation(Protocol):
     def teardown(self, card: CardInfo, s: Slice) -> None:
         """Undo ``prepare``. Must succeed (or raise) quickly; called before the release is acknowledged."""
 
-    def enter_sliced(self, card: CardInfo) -> None:
-        """The card switches from whole to sliced mode."""
+    def enter_sliced(self, card: CardInfo) -> CardInfo | None:
+        """The card switches from whole to sliced mode. Returns the card's inventory read again when the
+        switch may have changed it (a MIG mode change may renumber its minor), else None."""
 
-    def leave_sliced(self, card: CardInfo) -> None:
-        """The card switches back to whole mode (no slices remain)."""
+    def leave_sliced(self, card: CardInfo) -> CardInfo | None:
+        """The card switches back to whole mode (no slices remain). Returns as ``enter_sliced`` does."""
 
     def switch_blocker(self, card: CardInfo, sliced: bool) -> str:
         """Why the idle card cannot switch to sliced (``sliced``) or whole mode now; "" when it can."""

@@ -364,17 +364,18 @@ class MigIsolation:
             )
         return ""
 
-    def enter_sliced(self, card) -> None:
+    def enter_sliced(self, card) -> CardInfo | None:
         if self.mig_on():
-            return
+            return None
         blocker = self.switch_blocker(card, True)
         if blocker:
             raise Conflict(blocker)
         self._set_mig(True)
+        return self.hw.card_info(self.index)  # the driver may renumber the card's minor on a MIG change
 
-    def leave_sliced(self, card) -> None:
+    def leave_sliced(self, card) -> CardInfo | None:
         if not self.mig_on():
-            return
+            return None
         blocker = self.switch_blocker(card, False)
         if blocker:
             raise Conflict(blocker)
@@ -387,6 +388,7 @@ class MigIsolation:
         if self._gis:
             raise Conflict(f"card {self.index}: MIG instances remain ({self._summary()}); MIG stays on")
         self._set_mig(False)
+        return self.hw.card_info(self.index)
 
     def _set_mig(self, enabled: bool) -> None:
         """Switch MIG on or off, or leave the card as it was (nothing pending) and raise Conflict."""

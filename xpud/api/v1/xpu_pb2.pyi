@@ -134,7 +134,7 @@ class Sample(_message.Message):
     def __init__(self, timestamp: _Optional[float] = ..., lost: _Optional[bool] = ..., utilization_gpu_pct: _Optional[int] = ..., utilization_memory_pct: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., temperature_c: _Optional[int] = ..., temperature_slowdown_c: _Optional[int] = ..., temperature_shutdown_c: _Optional[int] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., performance_state: _Optional[int] = ..., fan_pct: _Optional[int] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remapped_rows_corrected: _Optional[int] = ..., remapped_rows_uncorrected: _Optional[int] = ..., remapped_rows_pending: _Optional[bool] = ..., remapped_rows_failure: _Optional[bool] = ..., clock_event_reasons: _Optional[int] = ..., pcie_replay_counter: _Optional[int] = ..., nvlink_replay_errors: _Optional[int] = ..., nvlink_recovery_errors: _Optional[int] = ..., nvlink_crc_flit_errors: _Optional[int] = ..., nvlink_crc_data_errors: _Optional[int] = ..., nvlink_links_down: _Optional[int] = ..., inforom_valid: _Optional[bool] = ...) -> None: ...
 
 class Card(_message.Message):
-    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "pci_bus_id", "numa_node", "mig_capable", "mig_enabled", "mode", "mode_pinned", "drained", "drain_reason", "health_state", "health_score", "whole_lease", "slices", "free_memory_fraction", "free_compute_pct", "sample", "isolation", "cpu_affinity", "nvlink_active_links")
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "pci_bus_id", "numa_node", "mig_capable", "mig_enabled", "mode", "mode_pinned", "drained", "drain_reason", "health_state", "health_score", "whole_lease", "slices", "free_memory_fraction", "free_compute_pct", "sample", "isolation", "cpu_affinity", "nvlink_active_links", "minor_number")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,7 @@ class Card(_message.Message):
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
     CPU_AFFINITY_FIELD_NUMBER: _ClassVar[int]
     NVLINK_ACTIVE_LINKS_FIELD_NUMBER: _ClassVar[int]
+    MINOR_NUMBER_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -179,7 +180,8 @@ class Card(_message.Message):
     isolation: str
     cpu_affinity: _containers.RepeatedScalarFieldContainer[int]
     nvlink_active_links: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., numa_node: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., mode_pinned: _Optional[bool] = ..., drained: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., health_state: _Optional[str] = ..., health_score: _Optional[int] = ..., whole_lease: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., free_memory_fraction: _Optional[float] = ..., free_compute_pct: _Optional[int] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., isolation: _Optional[str] = ..., cpu_affinity: _Optional[_Iterable[int]] = ..., nvlink_active_links: _Optional[int] = ...) -> None: ...
+    minor_number: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., numa_node: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., mode_pinned: _Optional[bool] = ..., drained: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., health_state: _Optional[str] = ..., health_score: _Optional[int] = ..., whole_lease: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., free_memory_fraction: _Optional[float] = ..., free_compute_pct: _Optional[int] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., isolation: _Optional[str] = ..., cpu_affinity: _Optional[_Iterable[int]] = ..., nvlink_active_links: _Optional[int] = ..., minor_number: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("id", "mode", "owner_uid", "cards", "card_uuids", "slices", "env", "priority", "restartable", "holder_pid", "command", "created", "state", "restart_count", "mark", "held", "exit_code", "exit_signal", "started", "ended", "end_reason", "name", "anchor")
