@@ -403,8 +403,8 @@ def test_a_monitoring_agent_on_every_card_refuses_mig_slices_clearly_and_leaves_
 
 
 def test_a_card_renumbered_by_its_mig_switch_is_listed_with_its_new_device_node(inproc):
-    # REFERENCE.md: minors "may change with a MIG mode change"; whatever hands out /dev/nvidia<minor> reads the
-    # card's listing, so the listing must follow the driver.
+    # REFERENCE.md: minors "may change with a MIG mode change"; whatever hands out /dev/nvidia<minor> reads
+    # the card's listing, so the listing must follow the driver.
     d = inproc("dgx-a100", CONFIG.format(keep=0.0))
     for i in range(8):
         d.fake.renumber_on_reset(i, 20 + i)

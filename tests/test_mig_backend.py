@@ -69,7 +69,7 @@ def test_entering_sliced_mode_switches_mig_on_where_the_driver_resets_the_card_i
 
 
 def test_a_mig_switch_reads_the_cards_minor_again_where_the_driver_renumbered_it():
-    b, card, fake, nvml, _tools, _ = backend()
+    b, card, fake, _nvml, _tools, _ = backend()
     assert card.minor_number == 0
     fake.renumber_on_reset(0, 5)
     fresh = b.enter_sliced(card)
