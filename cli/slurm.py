@@ -7,6 +7,8 @@ The CLI's main module adds the commands with ``register(app)``.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from typing import Annotated
 
 import typer
@@ -39,19 +41,12 @@ def prolog(
     wait: Annotated[
         float, typer.Option(help="Seconds to wait for the cards when xpud users hold them.", min=0, max=86400)
     ] = 0.0,
-    shards: Annotated[
-        int,
-        typer.Option(
-            help="Shards per card in gres.conf (`xpu slurm gres --shards N`): a --gres=shard:K job gets the "
-            "smallest slice covering K/N of its card (0: shards are not used).",
-            min=0,
-            max=1024,
-        ),
-    ] = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """slurm.conf Prolog (root): lease the job's GPUs in xpud for the job's lifetime, owned by its user.
-    A failure exits 1 with the reason, and Slurm drains the node and requeues the job."""
+    """slurm.conf Prolog (root): lease the job's GPUs in xpud for the job's lifetime, owned by its user;
+    a slice when the job's constraint names a size. Only slurmd's environment is read (a Prolog must
+    not call Slurm commands). A failure exits 1 with the reason, and Slurm drains the node and requeues
+    the job."""
     env = os.environ
     try:
         job, uid = slurm.job_id(env), slurm.job_uid(env)
@@ -63,9 +58,6 @@ def prolog(
             gpus = slurm.job_gpus(env, [x.uuid for x in cards])
             sizes = {s.name: s.memory_fraction for s in c.info().slice_sizes}
             size = slurm.slice_size(env, list(sizes))
-            held = slurm.job_shards(slurm.job_detail(job)) if shards and gpus and size is None else 0
-            if held:
-                size = slurm.size_for_shards(held, shards, sizes)
             if size is None and not gpus:
                 if as_json:
                     output.print_json({"job": job, "lease": None})
@@ -160,15 +152,88 @@ def gres(
     node: Annotated[str | None, typer.Option(help="NodeName= (default: the hostname).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """gres.conf lines for this host from xpud's inventory (AutoDetect=off; GPUs in xpud's index order)."""
+    """gres.conf lines for this host from xpud's inventory, for a site that writes the file itself
+    (AutoDetect=nvml finds the same: prefer it). GPUs in xpud's index order; File= the card's minor
+    number (/dev/nvidia<minor>); Cores= from this host's CPU topology; Links= the NVLink counts."""
     try:
         with Client(_runtime()) as c:
-            cards = [(x.index, x.name) for x in c.cards().cards]
+            topo = c.topology()
     except XpudError as e:
         output.fail(str(e))
-    lines = slurm.gres_lines(node or slurm.node_name(os.environ), cards, dev_dir.rstrip("/") or "/", shards)
+    cards = [
+        slurm.GresCard(
+            x.index,
+            x.name,
+            x.minor_number if x.HasField("minor_number") else None,
+            tuple(x.cpu_affinity),
+            x.mig_enabled,
+        )
+        for x in topo.cards
+    ]
+    n = topo.size
+    nvlinks = (
+        [list(topo.nvlinks[i * n : (i + 1) * n]) for i in range(n)] if len(topo.nvlinks) == n * n else None
+    )
+    try:
+        lines = slurm.gres_lines(
+            node or slurm.node_name(os.environ),
+            cards,
+            dev_dir.rstrip("/") or "/",
+            shards,
+            nvlinks=nvlinks,
+            topology=slurm.cpu_topology(),
+        )
+    except slurm.SlurmError as e:
+        output.fail(str(e))
     if as_json:
         return output.print_json({"lines": lines, "gpus": len(cards)})
+    print("\n".join(lines))
+
+
+def _this_xpu() -> str:
+    """The absolute path of the xpu running now (the hooks run exactly this one)."""
+    here = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if os.path.basename(here) == "xpu" and os.access(here, os.X_OK):
+        return os.path.abspath(sys.argv[0])
+    beside = os.path.join(os.path.dirname(sys.executable), "xpu")
+    return beside if os.access(beside, os.X_OK) else shutil.which("xpu") or beside
+
+
+@slurm_app.command("install-hooks")
+def install_hooks(
+    prefix: Annotated[
+        str,
+        typer.Option(help="The directory to write prolog.sh, epilog.sh, taskprolog.sh, healthcheck.sh to."),
+    ] = "/etc/slurm/xpud",
+    slurm_conf: Annotated[
+        str, typer.Option(help="slurm.conf's path, for the health check's sinfo/scontrol.")
+    ] = "/etc/slurm/slurm.conf",
+    log: Annotated[
+        str, typer.Option(help="Append the hooks' errors to this file ('' : slurmd drops them).")
+    ] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Write the four hook scripts slurm.conf points at, each running this xpu by its absolute path, and
+    print the slurm.conf lines that name them."""
+    from xpu_cli.main import state
+
+    try:
+        scripts = slurm.hook_scripts(_this_xpu(), state.runtime_dir or "", slurm_conf, log)
+        if not os.path.isabs(prefix):
+            raise slurm.SlurmError(f"--prefix {prefix}: give an absolute path")
+        os.makedirs(prefix, mode=0o755, exist_ok=True)
+        for name, text in scripts.items():
+            path = os.path.join(prefix, name)
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, path)
+    except (OSError, slurm.SlurmError) as e:
+        output.fail(f"install-hooks: {e}")
+    lines = slurm.conf_lines(os.path.normpath(prefix))
+    if as_json:
+        return output.print_json({"prefix": prefix, "files": sorted(scripts), "slurm_conf": lines})
     print("\n".join(lines))
 
 

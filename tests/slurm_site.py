@@ -58,8 +58,9 @@ class SlurmSite:
     ``shards`` shards."""
 
     def __init__(
-        self, base: Path, runtime_dir: Path, gpus: int = 8, health_interval_s: int = 2, shards: int = 4
-    ):
+        self, base: Path, runtime_dir: Path, gpus: int = 8, health_interval_s: int = 2, shards: int = 4,
+        minors: list[int] | None = None,
+    ):  # fmt: skip
         self.base = base
         self.node = os.uname().nodename.split(".")[0]
         self.conf = base / "slurm.conf"
@@ -69,20 +70,21 @@ class SlurmSite:
         for d in ("state", "spool", "dev", "out"):
             (base / d).mkdir()
         (base / "out").chmod(0o777)
-        for i in range(gpus):  # Slurm wants character devices: /dev/null stands in for /dev/nvidiaN
+        for i in minors or range(gpus):  # Slurm wants character devices: /dev/null stands in for /dev/nvidiaN
             (base / "dev" / f"nvidia{i}").symlink_to("/dev/null")
         key = base / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        for hook in ("prolog", "epilog", "taskprolog", "healthcheck"):
-            args = f" --shards {shards}" if hook == "prolog" else ""
-            script = base / f"{hook}.sh"
-            script.write_text(
-                # slurmd gives the health check no SLURM_CONF: a site's is /etc/slurm/slurm.conf
-                f"#!/bin/sh\nexport XPUD_RUNTIME_DIR={runtime_dir} SLURM_CONF={self.conf}\n"
-                f"exec {BIN}/xpu slurm {hook}{args} 2>>{base}/hooks.log\n"
-            )
-            script.chmod(0o755)
+        # the hook scripts as a site gets them: `xpu slurm install-hooks` (slurmd gives the health check
+        # no SLURM_CONF: a site's is /etc/slurm/slurm.conf, ours is in the temp directory)
+        hooks = subprocess.run(
+            [str(BIN / "xpu"), "--runtime-dir", str(runtime_dir), "slurm", "install-hooks", "--prefix",
+             str(base / "hooks"), "--slurm-conf", str(self.conf), "--log", str(base / "hooks.log")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        if hooks.returncode != 0:
+            raise RuntimeError(f"xpu slurm install-hooks failed: {hooks.stderr.strip()}")
+        self.conf_hooks = hooks.stdout.strip()
         self.gres_conf = base / "gres.conf"
         gres = f"gpu:{gpus},shard:{gpus * shards}"
         self.conf.write_text(
@@ -110,15 +112,13 @@ MailProg=/bin/true
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu,shard
-Prolog={base}/prolog.sh
-Epilog={base}/epilog.sh
-TaskProlog={base}/taskprolog.sh
+{self.conf_hooks}
 PrologFlags=Alloc
-HealthCheckProgram={base}/healthcheck.sh
 HealthCheckInterval={health_interval_s}
 HealthCheckNodeState=ANY
 ReturnToService=2
 MinJobAge=2
+SlurmdDebug=debug
 NodeName={self.node} CPUs={os.cpu_count() or 2} Gres={gres} Features=vxpu-half,vxpu-quarter State=UNKNOWN
 PartitionName=main Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """

@@ -76,7 +76,7 @@ def test_gres_conf_comes_from_the_inventory_and_slurmd_takes_it(site):
     d, slurm = site
     lines = slurm.gres_conf.read_text().splitlines()
     assert lines[0] == "AutoDetect=off"
-    assert lines[1:9] == [
+    assert [x.split(" Cores=")[0] for x in lines[1:9]] == [
         f"NodeName={slurm.node} Name=gpu Type=l40s File={slurm.base}/dev/nvidia{i}" for i in range(8)
     ]
     assert lines[9:] == [
@@ -135,10 +135,13 @@ def test_srun_with_a_slice_constraint_gets_an_enforced_slice(site):
     assert ended["mode"] == "vxpu-half" and ended["cards"] == [int(task["SLURM_STEP_GPUS"])]
 
 
-def test_shards_become_slices_of_their_share(site):
+def test_shard_jobs_get_the_slice_their_constraint_names(site):
+    # Slurm 22.05 gives a Prolog no shard count (its environment has SLURM_JOB_GPUS and
+    # SLURM_JOB_CONSTRAINTS, nothing of --gres=shard:K), and a Prolog must not ask slurmctld: a shard job
+    # names its slice, as README "Slurm" says.
     d, slurm = site
     for shards, size in (("1", "vxpu-quarter"), ("2", "vxpu-half")):
-        p = slurm.run("srun", f"--gres=shard:{shards}", "env")
+        p = slurm.run("srun", f"--gres=shard:{shards}", f"--constraint={size}", "env")
         assert p.returncode == 0, p.stderr + slurm.logs()
         task = env_of(p.stdout)
         assert task["XPU_MODE"] == size and task["SLURM_SHARDS_ON_NODE"] == shards
@@ -156,12 +159,23 @@ def hook(d, slurm, name: str, **env: str):
 
 def test_a_lease_whose_epilog_never_came_is_reclaimed_once_slurm_has_no_such_job(site):
     d, slurm = site
-    p = hook(d, slurm, "prolog", SLURM_JOB_ID="424242", SLURM_JOB_UID="0", SLURM_JOB_GPUS="5")
-    assert p.returncode == 0, p.stderr
-    assert "card(s) 5 for slurm:424242" in p.stdout
-    wait_until(lambda: not job_leases(d, "424242"), timeout=15)
-    (ended,) = job_leases(d, "424242", all_=True)
-    assert ended["state"] == "reclaimed"
+    go = slurm.base / "out" / "go-reap"
+    running = slurm.sbatch(
+        "--gres=gpu:1", "-o", "/dev/null", "--wrap", f"while [ ! -e {go} ]; do sleep 0.1; done"
+    )
+    wait_until(lambda: job_leases(d, running), timeout=30)
+    # two leases of jobs Slurm never knew, beside a running job's: one squeue for all three each interval
+    for job, card in (("424242", "5"), ("424243", "6")):
+        p = hook(d, slurm, "prolog", SLURM_JOB_ID=job, SLURM_JOB_UID="0", SLURM_JOB_GPUS=card)
+        assert p.returncode == 0, p.stderr
+        assert f"card(s) {card} for slurm:{job}" in p.stdout
+    wait_until(lambda: not job_leases(d, "424242") and not job_leases(d, "424243"), timeout=15)
+    for job in ("424242", "424243"):
+        (ended,) = job_leases(d, job, all_=True)
+        assert ended["state"] == "reclaimed"
+    assert job_leases(d, running)  # its job runs: kept
+    go.touch()
+    wait_until(lambda: not job_leases(d, running), timeout=30)
 
 
 def test_a_prolog_cannot_take_a_card_a_bare_metal_lease_holds(site):
@@ -205,3 +219,49 @@ def test_an_unhealthy_card_drains_the_node_with_xpuds_reason_and_recovery_resume
     assert d.xpu("fault", "clear", "2").returncode == 0
     slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume")
     wait_until(lambda: slurm.node_state()[0] == "idle", timeout=25 + CLEAR_S)
+
+
+def test_gres_conf_on_a_dgx_a100_names_each_cards_minor_and_slurm_numbers_gpus_as_xpud(tmp_path_factory):
+    """dgx-a100's device minors are not in NVML order ([2, 3, 0, 1, 6, 7, 4, 5]): gres.conf's File= must be
+    /dev/nvidia<minor> (gres.conf(5): File, Links). slurmd takes the lines in their order, so the GPU
+    Slurm calls 0 (SLURM_JOB_GPUS) is xpud's card 0, whose device is /dev/nvidia2."""
+    if install() or os.geteuid() != 0:
+        pytest.skip("needs Slurm, run as root")
+    base = Path(tempfile.mkdtemp(prefix="xs-", dir="/tmp"))
+    slurm = d = None
+    try:
+        (base / "x").mkdir()
+        (base / "s").mkdir()
+        d = DaemonProc(base / "x", "dgx-a100", "[leases]\ngrace_s = 30.0\n").start()
+        cards = json.loads(d.xpu("ls", "--json").stdout)
+        rows = cards["cards"] if isinstance(cards, dict) else cards
+        minors = [c["minor_number"] for c in sorted(rows, key=lambda c: c["index"])]
+        assert minors == [2, 3, 0, 1, 6, 7, 4, 5]
+        slurm = SlurmSite(base / "s", d.runtime_dir, minors=minors)
+        gres = d.xpu("slurm", "gres", "--dev-dir", str(base / "s" / "dev"), "--node", slurm.node)
+        assert gres.returncode == 0, gres.stderr
+        lines = gres.stdout.splitlines()
+        files = [x.split(" File=")[1].split()[0] for x in lines[1:]]
+        assert files == [f"{slurm.base}/dev/nvidia{m}" for m in minors]
+        links = [x.split(" Links=")[1].split()[0].split(",") for x in lines[1:]]
+        assert all(row[i] == "-1" and len(row) == 8 for i, row in enumerate(links))
+        assert all(int(v) > 0 for i, row in enumerate(links) for j, v in enumerate(row) if i != j)  # NVSwitch
+        slurm.write_gres(lines)
+        slurm.start()
+        assert slurm.run("sinfo", "-h", "-N", "-o", "%G").stdout.strip().startswith("gpu:8")
+        # slurmd's own reading of the file: its GPUs in the file's order, each with its Links
+        log = (slurm.base / "slurmd.log").read_text()
+        final = log[log.rindex("Final gres.conf list") :]
+        seen = [x.split("File:")[1].split()[0] for x in final.splitlines() if "GRES[gpu]" in x]
+        assert seen == files, log[-3000:]
+        p = slurm.run("srun", "--gres=gpu:1", "env")
+        assert p.returncode == 0, p.stderr + slurm.logs()
+        task = env_of(p.stdout)
+        ended = wait_until(lambda: job_leases(d, task["SLURM_JOB_ID"], all_=True), timeout=30)
+        assert ended[0]["cards"] == [int(task["SLURM_STEP_GPUS"])] == [0]
+    finally:
+        if slurm is not None:
+            slurm.stop()
+        if d is not None:
+            d.kill()
+        shutil.rmtree(base, ignore_errors=True)

@@ -50,12 +50,6 @@ def test_a_constraint_naming_a_slice_size_picks_it():
 
 
 def test_shards_map_to_the_smallest_slice_that_covers_them():
-    detail = (
-        "JobId=7 JobName=env UserId=root(0) JOB_GRES=shard:2 Nodes=vm CPU_IDs=0 Mem=0 GRES=shard:2(IDX:0)"
-    )
-    assert slurm.job_shards(detail) == 2
-    assert slurm.job_shards("JobId=7 JOB_GRES=gpu:l40s:1,shard:l40s:3 Nodes=vm") == 3
-    assert slurm.job_shards("JobId=7 JOB_GRES=gpu:2 Nodes=vm GRES=gpu:2(IDX:0-1)") == 0
     sizes = {"vxpu-half": 0.5, "vxpu-quarter": 0.25}
     assert slurm.size_for_shards(1, 4, sizes) == "vxpu-quarter"
     assert slurm.size_for_shards(2, 4, sizes) == "vxpu-half"
@@ -93,16 +87,63 @@ def test_health_action(state, reason, bad, want):
     assert slurm.health_action(NodeState(state, reason), bad) == want
 
 
-def test_gres_lines_follow_xpuds_index_order():
-    lines = slurm.gres_lines("n1", [(1, "NVIDIA L40S"), (0, "NVIDIA H100 80GB HBM3")], "/dev", shards=2)
-    assert lines == [
-        "AutoDetect=off",
-        "NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia0",
-        "NodeName=n1 Name=gpu Type=l40s File=/dev/nvidia1",
-        "NodeName=n1 Name=shard Count=2 File=/dev/nvidia0",
-        "NodeName=n1 Name=shard Count=2 File=/dev/nvidia1",
-    ]
+# gres.conf(5), Slurm 22.05 (Debian slurm-wlm: /usr/share/man/man5/gres.conf.5.gz): File= "Fully qualified
+# pathname of the device files"; for GPUs "the minor number assigned by the OS and used in the device file
+# (i.e. the X in /dev/nvidiaX) is not necessarily the same as the device number/index" (Links). Links= "A
+# comma-delimited list of numbers identifying the number of connections between this device and other
+# devices ... A -1 indicates the device itself and a 0 indicates no connection", one device per line.
+# Cores= "the core index numbers for the specific cores which can use this resource", "0,1,2,3" or "0-3".
+DGX_A100_MINORS = [2, 3, 0, 1, 6, 7, 4, 5]  # etc/machines/dgx-a100.toml
+
+
+def test_gres_lines_name_each_cards_minor_in_xpuds_index_order():
+    cards = [slurm.GresCard(i, "NVIDIA A100-SXM4-80GB", m) for i, m in enumerate(DGX_A100_MINORS)]
+    lines = slurm.gres_lines("n1", list(reversed(cards)), "/dev", shards=2)
+    assert lines[0] == "AutoDetect=off"
+    assert lines[1:9] == [f"NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia{m}" for m in DGX_A100_MINORS]
+    assert lines[9:] == [f"NodeName=n1 Name=shard Count=2 File=/dev/nvidia{m}" for m in DGX_A100_MINORS]
     assert slurm.gpu_type("Tesla V100-SXM2-32GB") == "v100" and slurm.gpu_type("") == "gpu"
+    with pytest.raises(SlurmError, match="no minor number for card\\(s\\) 1"):
+        slurm.gres_lines("n1", [slurm.GresCard(0, "x", 0), slurm.GresCard(1, "x", None)])
+
+
+def test_gres_links_and_cores(tmp_path):
+    cards = [
+        slurm.GresCard(0, "NVIDIA H100", 0, (0, 1, 4, 5)),
+        slurm.GresCard(1, "NVIDIA H100", 1, (2, 3, 6, 7)),
+    ]
+    # 2 sockets x 2 cores x 2 threads, Linux numbering: cpu n and n+4 are one core's threads
+    topo = {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1), 4: (0, 0), 5: (0, 1), 6: (1, 0), 7: (1, 1)}
+    lines = slurm.gres_lines("n1", cards, nvlinks=[[0, 4], [4, 0]], topology=topo)
+    assert lines[1] == "NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia0 Cores=0-1 Links=-1,4"
+    assert lines[2] == "NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia1 Cores=2-3 Links=4,-1"
+    # no NVLink at all: no Links=; a CPU this host does not have (a simulated card): no Cores=
+    plain = slurm.gres_lines("n1", cards, nvlinks=[[0, 0], [0, 0]], topology={0: (0, 0)})
+    assert plain[1] == "NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia0"
+    assert slurm.ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and slurm.ranges([3]) == "3"
+    sys_cpu = tmp_path / "cpu"
+    for cpu, (pkg, core) in {0: (0, 0), 1: (1, 0)}.items():
+        (sys_cpu / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (sys_cpu / f"cpu{cpu}" / "topology" / "physical_package_id").write_text(f"{pkg}\n")
+        (sys_cpu / f"cpu{cpu}" / "topology" / "core_id").write_text(f"{core}\n")
+    (sys_cpu / "cpufreq").mkdir()
+    assert slurm.cpu_topology(str(sys_cpu)) == {0: (0, 0), 1: (1, 0)}
+
+
+def test_hook_scripts_run_this_xpu_by_its_absolute_path(tmp_path):
+    scripts = slurm.hook_scripts("/opt/xpud/bin/xpu", "/run/xpud", "/etc/slurm/slurm.conf", "/var/log/x.log")
+    assert sorted(scripts) == ["epilog.sh", "healthcheck.sh", "prolog.sh", "taskprolog.sh"]
+    assert scripts["prolog.sh"].splitlines()[-1] == "exec /opt/xpud/bin/xpu slurm prolog 2>>/var/log/x.log"
+    assert "export XPUD_RUNTIME_DIR=/run/xpud SLURM_CONF=/etc/slurm/slurm.conf" in scripts["healthcheck.sh"]
+    assert slurm.conf_lines("/etc/slurm/xpud")[0] == "Prolog=/etc/slurm/xpud/prolog.sh"
+    with pytest.raises(SlurmError, match="absolute"):
+        slurm.hook_scripts("xpu")
+    with pytest.raises(SlurmError, match="--log"):
+        slurm.hook_scripts("/x/xpu", log_file="/tmp/a b; rm -rf /")
+    # the scripts are what sh runs: checked by sh itself
+    for name, text in scripts.items():
+        (tmp_path / name).write_text(text)
+        assert subprocess.run(["sh", "-n", str(tmp_path / name)]).returncode == 0
 
 
 def test_export_lines_leave_out_what_slurm_cannot_take():
@@ -119,9 +160,9 @@ def fake_squeue(tmp_path, body: str) -> str:
 @pytest.mark.parametrize(
     ("body", "gone"),
     [
-        ("echo RUNNING", {}),
-        ("echo COMPLETING", {}),
-        ("echo COMPLETED", {"5": "the job is COMPLETED (its epilog never came)"}),
+        ("echo '5|RUNNING'", {}),
+        ("echo '5|COMPLETING'", {}),
+        ("echo '5|COMPLETED'", {"5": "the job is COMPLETED (its epilog never came)"}),
         ("true", {"5": "Slurm no longer knows the job (its epilog never came)"}),
         (
             'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1',
@@ -139,12 +180,24 @@ def test_the_reapers_squeue_check(tmp_path, body, gone):
         assert got[k].startswith(v)
 
 
+def test_the_reaper_asks_squeue_once_for_all_of_a_hosts_jobs(tmp_path):
+    # squeue(1): -j takes "a comma separated list of job IDs"; -o %i is the job id, %T its state
+    log = tmp_path / "calls"
+    squeue = fake_squeue(tmp_path, f'echo "$@" >> {log}; printf "5|RUNNING\\n7_1|COMPLETED\\n"')
+    got = asyncio.run(JobCheck(squeue)({"5", "6", "7_1"}))
+    assert got == {
+        "6": "Slurm no longer knows the job (its epilog never came)",
+        "7_1": "the job is COMPLETED (its epilog never came)",
+    }
+    assert log.read_text().splitlines() == ["-h -j 5,6,7_1 --states=all -o %i|%T"]
+
+
 def test_a_missing_squeue_keeps_the_lease(tmp_path):
     assert asyncio.run(JobCheck(str(tmp_path / "nope"))({"5"})) == {}
 
 
 def test_pinned_anchored_leases_outlive_the_hold_grace_and_a_restart(daemon_factory, tmp_path):
-    squeue = fake_squeue(tmp_path, f"cat {tmp_path}/state 2>/dev/null || echo RUNNING")
+    squeue = fake_squeue(tmp_path, f"cat {tmp_path}/state 2>/dev/null || printf '9|RUNNING\\n10|RUNNING\\n'")
     config = (
         "[leases]\ngrace_s = 0.3\nrestore_grace_s = 0.3\n"
         f'[slurm]\ncheck_interval_s = 1.0\nsqueue = "{squeue}"\n'
@@ -169,7 +222,7 @@ def test_pinned_anchored_leases_outlive_the_hold_grace_and_a_restart(daemon_fact
             c.acquire_lease("xpu", gpus=1, cards=(5,), anchor="slurm:11")
         with pytest.raises(Exception, match="card 9: no such card"):
             c.acquire_lease("xpu", gpus=1, cards=(9,))
-    (tmp_path / "state").write_text("COMPLETED\n")  # the epilog never comes: the reaper ends both
+    (tmp_path / "state").write_text("9|COMPLETED\n10|COMPLETED\n")  # no epilog: the reaper ends both
     from tests.conftest import wait_until
 
     wait_until(lambda: not json.loads(d.xpu("leases", "--json").stdout)["leases"], timeout=10)
