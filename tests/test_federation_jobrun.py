@@ -74,7 +74,9 @@ def text(events, fd=1):
 
 def test_a_one_host_job_runs_with_the_torchrun_environment_and_its_exit_code(inproc):
     d = inproc(MACHINE)
-    script = "echo $RANK/$WORLD_SIZE $NODE_RANK $MASTER_ADDR:$MASTER_PORT $CUDA_VISIBLE_DEVICES $KEEP; exit 3"
+    script = (
+        "echo $NODE_RANK/$PET_NNODES $NODE_RANK $MASTER_ADDR:$MASTER_PORT $CUDA_VISIBLE_DEVICES $KEEP; exit 3"
+    )
     _, call = run_job(d.runtime_dir, spec(["sh", "-c", script]))
     events = collect(call)
     kinds = [e.WhichOneof("what") for e in events]

@@ -73,7 +73,7 @@ def by_name(hosts, name) -> Host:
 
 def test_a_two_host_job_runs_with_each_ranks_environment_and_the_first_failing_exit_code(cluster):
     hold = threading.Event()
-    script = 'echo "$RANK $WORLD_SIZE $NODE_RANK $MASTER_ADDR $XPU_HOSTS"; [ "$RANK" = 1 ] && exit 7; exit 0'
+    script = 'echo "$NODE_RANK $PET_NNODES $NODE_RANK $MASTER_ADDR $XPU_HOSTS"; [ "$NODE_RANK" = 1 ] && exit 7; exit 0'  # noqa: E501
     call = start_job(cluster[0], job(["sh", "-c", script]), hold)
     try:
         events = list(call)
@@ -145,7 +145,7 @@ def test_killing_the_coordinator_mid_job_stops_the_remote_ranks_and_frees_cards(
             admin.drain(card, "test: keep the job off the coordinator")
     wait_until(lambda: not [o for o in h1.cluster()["hosts"] if o["name"] == "h1" and o["free_whole"]], 15)
     hold = threading.Event()
-    call = start_job(h1, job(["sh", "-c", f"echo $$ > {tmp_path}/$RANK.pid; exec sleep 120"]), hold)
+    call = start_job(h1, job(["sh", "-c", f"echo $$ > {tmp_path}/$NODE_RANK.pid; exec sleep 120"]), hold)
     it = iter(call)
     placed = next(it).placed
     assert sorted(r.host for r in placed.ranks) == ["h2", "h3"]
@@ -215,8 +215,9 @@ def test_ctrl_c_is_no_bad_exit_each_rank_handles_its_own_sigint(cluster):
     """Rank 0 dies at once on the user's SIGINT (130); rank 1 traps it and cleans up for 1.5 s. Before the
     fix rank 0's 130 counted as a bad exit and the coordinator SIGTERMed rank 1 in its clean-up."""
     script = (
-        "trap 'echo term $RANK' TERM; "
-        "trap 'if [ $RANK = 1 ]; then sleep 1.5 || echo cut $RANK; fi; echo clean $RANK; exit 130' INT; "
+        "trap 'echo term $NODE_RANK' TERM; "
+        "trap 'if [ $NODE_RANK = 1 ]; then sleep 1.5 || echo cut $NODE_RANK; fi; "
+        "echo clean $NODE_RANK; exit 130' INT; "
         "echo up; while :; do sleep 0.1; done"
     )
     hold, started = threading.Event(), threading.Event()

@@ -2,28 +2,76 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
+from tests.torch_needed import need_torch
 from xpud.federation.launch import first_failure, label, rank_envs
 
+WORKER_LEVEL = ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
 
-def test_each_rank_gets_the_torchrun_contract_its_cards_and_the_submitters_environment():
+
+def test_each_host_gets_torchruns_options_its_cards_and_the_submitters_environment():
     hosts = [("node-a", "127.0.0.2:7443"), ("node-b", "127.0.0.3:7443")]
     leases = {
         "node-a": {"CUDA_VISIBLE_DEVICES": "GPU-a0,GPU-a1"},
-        "node-b": {"CUDA_VISIBLE_DEVICES": "GPU-b3"},
+        "node-b": {"CUDA_VISIBLE_DEVICES": "GPU-b3,GPU-b4"},
     }
-    submitter = {"PATH": "/usr/bin", "HOME": "/home/u", "CUDA_VISIBLE_DEVICES": "0", "RANK": "9"}
+    submitter = {
+        "PATH": "/usr/bin",
+        "HOME": "/home/u",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "RANK": "9",
+        "PET_NNODES": "7",
+    }
     ranks = rank_envs("job1", hosts, 29500, leases, submitter, procs_per_node=2)
     a, b = (r.env for r in ranks)
-    for env in (a, b):
-        assert env["MASTER_ADDR"] == "127.0.0.2" and env["MASTER_PORT"] == "29500"
-        assert env["WORLD_SIZE"] == "4" and env["LOCAL_WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "0"
+    for node_rank, env in enumerate((a, b)):
+        assert env["PET_MASTER_ADDR"] == env["MASTER_ADDR"] == "127.0.0.2"
+        assert env["PET_MASTER_PORT"] == env["MASTER_PORT"] == "29500"
+        assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"]) == ("2", "2")
+        assert env["PET_NODE_RANK"] == env["NODE_RANK"] == str(node_rank)
+        assert env["PET_RDZV_ID"] == env["TORCHELASTIC_RUN_ID"] == "job1"
+        # a node launcher has no worker-level variable (Lightning would take it for a torchrun worker)
+        assert not set(WORKER_LEVEL) & set(env)
         assert (
             env["PATH"] == "/usr/bin" and env["XPU_JOB_ID"] == "job1" and env["XPU_HOSTS"] == "node-a,node-b"
         )
-    assert (a["RANK"], a["NODE_RANK"], b["RANK"], b["NODE_RANK"]) == ("0", "0", "2", "1")
-    assert a["CUDA_VISIBLE_DEVICES"] == "GPU-a0,GPU-a1" and b["CUDA_VISIBLE_DEVICES"] == "GPU-b3"
+    assert a["CUDA_VISIBLE_DEVICES"] == "GPU-a0,GPU-a1" and b["CUDA_VISIBLE_DEVICES"] == "GPU-b3,GPU-b4"
+
+
+PARSE = """
+import json, sys
+from torch.distributed.run import config_from_args, get_args_parser
+args = get_args_parser().parse_args(["train.py", "--lr", "0.1"])
+config, entry, cmd_args = config_from_args(args)
+print(json.dumps({"nnodes": args.nnodes, "node_rank": args.node_rank, "nproc": args.nproc_per_node,
+    "master": [args.master_addr, args.master_port], "rdzv_id": args.rdzv_id,
+    "min_max": [config.min_nodes, config.max_nodes], "nproc_cfg": config.nproc_per_node,
+    "run_id": config.run_id, "rank": config.rdzv_configs.get("rank"), "script": [entry, cmd_args]}))
+"""
+
+
+def test_torchruns_own_argument_parser_reads_a_two_node_rendezvous_from_each_hosts_environment():
+    """torch.distributed.run's parser (torch/distributed/run.py: get_args_parser, its options `env` actions
+    from torch/distributed/argparse_util.py) and config_from_args, run in each host's environment."""
+    need_torch()
+    hosts = [("node-a", "127.0.0.2:7443"), ("node-b", "127.0.0.3:7443")]
+    ranks = rank_envs("job7", hosts, 29511, {}, {"PATH": os.environ["PATH"]}, procs_per_node=4)
+    for r in ranks:
+        p = subprocess.run(
+            [sys.executable, "-c", PARSE], env=r.env, capture_output=True, text=True, timeout=120
+        )
+        assert p.returncode == 0, p.stderr
+        got = json.loads(p.stdout)
+        assert got["nnodes"] == "2" and got["min_max"] == [2, 2]
+        assert int(got["node_rank"]) == r.rank and got["nproc"] == "4" and got["nproc_cfg"] == 4
+        assert got["master"] == ["127.0.0.2", 29511] and got["rdzv_id"] == got["run_id"] == "job7"
+        assert got["script"][1][-3:] == ["-u", "train.py", "--lr", "0.1"][-3:]  # python train.py --lr 0.1
 
 
 def test_bad_arguments_and_exit_codes():

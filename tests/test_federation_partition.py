@@ -129,7 +129,7 @@ def test_a_partition_mid_job_stops_the_cut_off_rank_and_frees_its_cards_there(ne
         mode="xpu",
         nodes=2,
         gpus_per_node=2,
-        argv=["sh", "-c", f"echo $$ > {tmp_path}/$RANK.pid; exec sleep 120"],
+        argv=["sh", "-c", f"echo $$ > {tmp_path}/$NODE_RANK.pid; exec sleep 120"],
         cwd="/",
         env={"PATH": os.environ["PATH"]},
         kill_on_bad_exit=True,

@@ -46,7 +46,9 @@ def test_a_failed_card_under_one_rank_restarts_the_whole_job_on_other_hosts(
     restarts on h2 + h3. Sent to h1, the failed card is the coordinator's own; sent to h3, a peer's."""
     hosts = {h.name: h for h in healthy_three}
     cards = {"h1": 2, "h2": 4, "h3": 2}
-    script = f'echo $$ > {tmp_path}/$XPU_RESTART_COUNT.$RANK; echo "start $XPU_RESTART_COUNT"; exec sleep 60'
+    script = (
+        f'echo $$ > {tmp_path}/$XPU_RESTART_COUNT.$NODE_RANK; echo "start $XPU_RESTART_COUNT"; exec sleep 60'
+    )
     hold = threading.Event()
     call = start_job(hosts[coordinator], job(["sh", "-c", script], gpus=2, restartable=True), hold)
     it = iter(call)

@@ -16,10 +16,13 @@ import pytest
 from tests.conftest import BIN, alive, wait_until, xpu_env
 from tests.test_federation_daemons import site, three  # noqa: F401 (fixtures)
 from tests.test_federation_jobs_daemons import cluster, leases, live_reservations  # noqa: F401
+from tests.torch_needed import need_torch
 
 pytestmark = pytest.mark.timeout(180)
 
-TORCHRUN = ["RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+TORCHRUN = ["PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR", "PET_MASTER_PORT",
+            "PET_RDZV_ID", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "GROUP_RANK",
+            "LOCAL_WORLD_SIZE", "WORLD_SIZE"]  # fmt: skip
 XPU = ["CUDA_VISIBLE_DEVICES", "XPU_JOB_ID", "XPU_NODES", "XPU_NODE_RANK", "XPU_HOSTS"]
 ENV_KEYS = [*TORCHRUN, *XPU, "MARK"]
 
@@ -33,7 +36,7 @@ def test_a_two_host_job_through_the_cli_has_each_ranks_environment_stdin_and_exi
     h1 = cluster[0]
     show = "; ".join(f'echo "{k}=${k}"' for k in ENV_KEYS)
     rank0 = 'read -r line; echo "in=$line"; exit 0'
-    script = f'{show}; echo "cwd=$(pwd)"; if [ "$RANK" = 0 ]; then {rank0}; fi; exit 5'
+    script = f'{show}; echo "cwd=$(pwd)"; if [ "$NODE_RANK" = 0 ]; then {rank0}; fi; exit 5'
     p = xpu(h1, "run", "--nodes", "2", "--gpus-per-node", "2", "--label", "--json", "--no-kill-on-bad-exit",
             "--", "sh", "-c", script,
             stdin=subprocess.PIPE, cwd=tmp_path)  # fmt: skip
@@ -51,9 +54,11 @@ def test_a_two_host_job_through_the_cli_has_each_ranks_environment_stdin_and_exi
     ips = {h.name: h.ip for h in cluster}
     for r in (0, 1):
         e = envs[r]
-        assert (e["RANK"], e["NODE_RANK"], e["WORLD_SIZE"]) == (str(r), str(r), "2")
-        assert (e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) == ("0", "1")
-        assert e["MASTER_ADDR"] == ips[hosts[0]] and 0 < int(e["MASTER_PORT"]) < 65536
+        # a node launcher: torchrun's options (PET_*), no worker-level variable
+        assert (e["PET_NODE_RANK"], e["NODE_RANK"], e["PET_NNODES"]) == (str(r), str(r), "2")
+        assert e["PET_NPROC_PER_NODE"] == "2" and e["PET_RDZV_ID"] == summary["job"]
+        assert all(e[k] == "" for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"))
+        assert e["MASTER_ADDR"] == e["PET_MASTER_ADDR"] == ips[hosts[0]] and 0 < int(e["MASTER_PORT"]) < 65536
         assert e["XPU_HOSTS"] == ",".join(hosts) and e["XPU_NODES"] == "2" and e["XPU_NODE_RANK"] == str(r)
         assert len(e["CUDA_VISIBLE_DEVICES"].split(",")) == 2  # the host's two leased cards
         assert e["MARK"] == "sub" and e["cwd"] == str(tmp_path) and e["XPU_JOB_ID"] == summary["job"]
@@ -69,7 +74,7 @@ def test_ctrl_c_on_the_cli_stops_both_ranks_and_frees_every_host(cluster, tmp_pa
     h1 = cluster[0]
     os.chmod(tmp_path, 0o755)
     script = (
-        f'echo $$ > {tmp_path}/$RANK.pid; trap "" TERM; trap "echo got INT; exit 130" INT; echo up; '
+        f'echo $$ > {tmp_path}/$NODE_RANK.pid; trap "" TERM; trap "echo got INT; exit 130" INT; echo up; '
         "while :; do sleep 0.1; done"
     )
     p = xpu(h1, "run", "--nodes", "2", "--label", "--", "sh", "-c", script, stdin=subprocess.DEVNULL)
@@ -91,3 +96,33 @@ def test_ctrl_c_on_the_cli_stops_both_ranks_and_frees_every_host(cluster, tmp_pa
         wait_until(lambda pid=pid: not alive(pid), timeout=15)
     for h in cluster:
         wait_until(lambda h=h: not leases(h) and live_reservations(h) == 0, timeout=15)
+
+
+TRAIN = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+run = os.environ["TORCHELASTIC_RUN_ID"]
+print(f"rank={dist.get_rank()} world={dist.get_world_size()} sum={int(t.item())} run={run}")
+dist.destroy_process_group()
+"""
+
+
+def test_a_bare_torchrun_on_two_hosts_is_one_rendezvous(cluster, tmp_path):  # noqa: F811
+    """`xpu run --nodes 2 --gpus-per-node 2 -- torchrun train.py`, no torchrun flags: the real torchrun
+    (torch's CPU build, gloo) on two daemons makes one rendezvous of 2 hosts x 2 workers (a card each)."""
+    need_torch()
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / "train.py").write_text(TRAIN)
+    torchrun = str(BIN / "torchrun")
+    p = xpu(cluster[0], "run", "--nodes", "2", "--gpus-per-node", "2", "--json", "--", torchrun, "train.py",
+            stdin=subprocess.DEVNULL, cwd=tmp_path)  # fmt: skip
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err.decode()[-3000:]
+    lines = out.decode().splitlines()
+    job = json.loads(lines[-1])["job"]
+    got = sorted(x for x in lines[:-1] if x.startswith("rank="))
+    assert got == [f"rank={r} world=4 sum=10 run={job}" for r in range(4)], (
+        out.decode() + err.decode()[-2000:]
+    )

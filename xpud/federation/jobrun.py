@@ -391,6 +391,7 @@ class JobRun:
             rank0.free_port,
             {h: {**c.env, "XPU_RESTART_COUNT": str(self.restarts)} for h, c in self.commits.items()},
             dict(self.spec.env),
+            procs_per_node=self.per_host,  # torchrun's workers per host: one per card
         )
         for r, spec_env in zip(self.ranks, envs, strict=True):
             spec = pb.LaunchSpec(

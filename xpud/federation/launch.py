@@ -1,9 +1,14 @@
-"""The environment of each rank of a multi-host job, as torchrun and srun give it. Pure.
+"""The environment of each rank of a multi-host job. Pure.
 
-xpud starts one process per host (a *node* in torchrun's terms); that process may start its own local
-workers. ``WORLD_SIZE`` counts processes (nodes x ``procs_per_node``); the process xpud starts on node
-``n`` has ``RANK`` = ``n`` x ``LOCAL_WORLD_SIZE`` and ``LOCAL_RANK`` 0. ``MASTER_ADDR``/``MASTER_PORT`` point
-at rank 0's host and a port free there.
+xpud starts one process per host: a *node launcher* in torchrun's terms. It gets torchrun's own options
+as ``PET_<DEST>`` variables (``torch.distributed.run``'s ``env`` actions, torch/distributed/argparse_util.py:
+an option's default is read from ``PET_`` + its dest upper-cased), so a bare ``torchrun train.py`` joins one
+rendezvous of ``PET_NNODES`` hosts with ``PET_NPROC_PER_NODE`` workers each (the host's cards), node rank
+``PET_NODE_RANK``, at ``PET_MASTER_ADDR:PET_MASTER_PORT`` (rank 0's host, a port free there), run id
+``PET_RDZV_ID`` = ``TORCHELASTIC_RUN_ID`` = the job id. The worker-level variables (``RANK``,
+``LOCAL_RANK``, ``GROUP_RANK``, ``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``) are torchrun's to set for its workers:
+a node launcher that has them is taken for a worker (Lightning's TorchElasticEnvironment), so it gets none.
+``MASTER_ADDR``/``MASTER_PORT``/``NODE_RANK`` are set too, for launchers that read those.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ NOT_INHERITED = frozenset(
         "LOCAL_WORLD_SIZE",
         "HOSTNAME",
         "XPU_LEASE_ID",
+        "TORCHELASTIC_RUN_ID",
+        *(f"PET_{name}" for name in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")),
+        "PET_RDZV_ID",
     }
 )
 
@@ -49,10 +57,10 @@ def rank_envs(
         str, Mapping[str, str]
     ],  # host name -> the env its lease gives (CUDA_VISIBLE_DEVICES...)
     submitter_env: Mapping[str, str],
-    procs_per_node: int = 1,
+    procs_per_node: int = 1,  # torchrun's --nproc-per-node: the host's cards
 ) -> list[RankSpec]:
-    """Each rank's environment: the submitter's (less what each host sets), then the host's lease env,
-    then the torchrun contract and xpud's own ``XPU_*`` variables."""
+    """Each host's environment: the submitter's (less what each host sets), then the host's lease env,
+    then torchrun's ``PET_*`` options, ``MASTER_*``/``NODE_RANK`` and xpud's own ``XPU_*`` variables."""
     if not hosts:
         raise ValueError("a job needs at least one host")
     if not 1 <= master_port <= 65535:
@@ -67,14 +75,16 @@ def rank_envs(
         env = {
             **base,
             **lease_env.get(name, {}),
+            "PET_NNODES": str(nodes),
+            "PET_NODE_RANK": str(node_rank),
+            "PET_NPROC_PER_NODE": str(procs_per_node),
+            "PET_MASTER_ADDR": master,
+            "PET_MASTER_PORT": str(master_port),
+            "PET_RDZV_ID": job,
+            "TORCHELASTIC_RUN_ID": job,
             "MASTER_ADDR": master,
             "MASTER_PORT": str(master_port),
-            "WORLD_SIZE": str(nodes * procs_per_node),
-            "RANK": str(node_rank * procs_per_node),
-            "LOCAL_RANK": "0",
             "NODE_RANK": str(node_rank),
-            "GROUP_RANK": str(node_rank),
-            "LOCAL_WORLD_SIZE": str(procs_per_node),
             "XPU_JOB_ID": job,
             "XPU_NODES": str(nodes),
             "XPU_NODE_RANK": str(node_rank),
