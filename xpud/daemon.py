@@ -205,7 +205,7 @@ class Daemon:
                 "started": self.started,
                 "user_socket": str(self.user_socket),
                 "admin_socket": str(self.admin_socket),
-                "config_path": self.cfg.path,
+                "config_path": str(Path(self.cfg.path).absolute()) if self.cfg.path else "",
             },
         )
         ctx.extras["daemon"] = self  # Node.RunJob coordinates multi-host jobs through it
