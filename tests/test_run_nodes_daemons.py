@@ -91,3 +91,13 @@ def test_ctrl_c_on_the_cli_stops_both_ranks_and_frees_every_host(cluster, tmp_pa
         wait_until(lambda pid=pid: not alive(pid), timeout=15)
     for h in cluster:
         wait_until(lambda h=h: not leases(h) and live_reservations(h) == 0, timeout=15)
+
+
+def test_more_hosts_than_the_cluster_has_fail_at_once_without_suggesting_wait(cluster):  # noqa: F811
+    """#28 item 10: on a 3-host cluster `--nodes 4` can never fit: say so, even with --wait, at once."""
+    p = xpu(cluster[0], "run", "--nodes", "4", "--gpus-per-node", "1", "--wait", "10m", "--", "true")
+    _, err = p.communicate(timeout=30)
+    text = err.decode()
+    assert p.returncode != 0 and text.count("\n") == 1, text
+    assert "4 hosts asked; the cluster has 3 (`xpu cluster`): waiting cannot help" in text, text
+    assert "add --wait" not in text
