@@ -22,6 +22,7 @@ from typing import Annotated
 
 import typer
 from grpc import aio
+from typer.core import TyperGroup
 
 from xpud import __version__, config
 from xpud.auth import CredentialIssuer
@@ -398,10 +399,39 @@ def _setup_logging(level: str) -> None:
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
+_METAVARS = {
+    "config_path": "PATH",
+    "runtime_dir": "DIR",
+    "state_dir": "DIR",
+    "root": "DIR",
+    "prefix": "DIR",
+    "seed": "N",
+    "log_level": "LEVEL",
+    "listen": "HOST:PORT",
+    "cluster": "RUNTIME_DIR",
+    "node": "NAME=RUNTIME_DIR",
+}
+
+
+class _Group(TyperGroup):
+    """Help as `xpu --help` shows it: plain text ("[kubelet] enabled" stays), -h too, and each option's
+    value named as a word (``DIR``) rather than Typer's ``<str>``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for command in (self, *self.commands.values()):
+            for param in command.params:
+                if not getattr(param, "is_flag", False) and param.name and not param.metavar:
+                    param.metavar = _METAVARS.get(param.name, param.name.upper())
+
+
 app = typer.Typer(
+    cls=_Group,
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="xpud: the dual-mode GPU scheduler daemon.",
 )
 
