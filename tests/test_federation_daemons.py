@@ -20,6 +20,7 @@ import pytest
 from xpu_cli.output import to_dict
 
 from tests.conftest import BIN, DaemonProc, wait_until, xpu_env
+from xpud import config
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.federation.certs import init_ca, issue
@@ -301,6 +302,18 @@ def test_without_cluster_the_daemon_has_no_peer_traffic(daemon):
     assert r.returncode == 1 and "federation is off" in r.stderr
     with daemon.client() as c:
         assert not c.cluster().enabled
+
+
+def test_doctor_on_a_host_whose_only_seed_is_itself_does_not_say_no_seeds(site):
+    """#28 item 12: a first host often lists itself among the seeds (one config for every host). (The
+    cluster checks alone: the whole doctor also reads the simulated cards.)"""
+    from xpud import doctor
+
+    h = make_host(site, 1, [], start=False)
+    h.daemon.config.write_text(h.daemon.config.read_text().replace("seeds = []", f"seeds = [{h.addr!r}]"))
+    checks = {c.name: c for c in doctor._cluster(config.load(h.daemon.config))}
+    assert checks["peer certificate"].status == doctor.OK
+    assert checks["peers"].message.startswith(f"the only seed is this host ({h.addr})"), checks["peers"]
 
 
 def test_doctor_reaches_the_peers_and_measures_the_clock_skew(site):
