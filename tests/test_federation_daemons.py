@@ -205,6 +205,9 @@ def test_a_clean_stop_is_a_leave_not_a_death(three):
     wait_until(lambda: converged(three), timeout=30, step=0.3)
     three[1].daemon.kill(signal.SIGTERM)
     wait_until(lambda: three[0].states().get("h2") == "left", timeout=5, step=0.2)
+    rows = {line.split()[0]: line.split() for line in three[0].daemon.xpu("cluster").stdout.splitlines()}
+    assert rows["h2"][2] == "left" and rows["h2"][5:] == ["-"] * 4, rows  # no free cards shown (#28 item 12)
+    assert rows["h3"][5] == "2/2", rows
 
 
 def _stub(host: Host, creds: grpc.ChannelCredentials):
