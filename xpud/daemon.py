@@ -135,6 +135,7 @@ class Daemon:
         self.metrics = None  # xpud.metrics.MetricsServer when [metrics] listen is set
         self.kubelet: KubeletBridge | None = None  # the device plugin, when [kubelet] enabled
         self.started = time.time()
+        self.serving = False  # start() finished: only then does stopping leave leases behind
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
     @property
@@ -239,6 +240,7 @@ class Daemon:
             except OSError as e:
                 raise StartupError(str(e)) from None
         self.engine.serving()  # restored leases' holders can reconnect from now: their grace starts
+        self.serving = True
         self.anchors = AnchorReaper(self.engine)
         slurm = self.cfg.slurm
         self.anchors.add("slurm", JobCheck(slurm.squeue, slurm.conf), slurm.check_interval_s)
@@ -337,7 +339,10 @@ class Daemon:
             await asyncio.to_thread(self.hw.close)
         except Exception as e:  # stopping goes on whatever NVML says
             log.warning("closing NVML: %s", e)
-        log.info("xpud stopped; active leases stay in the ledger and are restored at the next start")
+        if self.serving:
+            log.info("xpud stopped; active leases stay in the ledger and are restored at the next start")
+        else:
+            log.info("xpud did not start; what it had begun is undone")
 
 
 def loop_factory(choice: str):
