@@ -63,7 +63,9 @@ def _list(as_json: bool) -> None:
     rows = []
     for h in reply.hosts:
         mark = "*" if h.self else ""
-        if h.summary_valid:
+        if h.state != "alive":  # its last summary is not capacity anyone can use (placement skips it)
+            cap = ("-", "-", "-", "-")
+        elif h.summary_valid:
             cap = (f"{h.free_whole}/{h.cards}", _slices(h), h.health, h.queue)
         else:
             cap = ("?", "?", "?", "?")

@@ -1,10 +1,15 @@
 """`xpu config show|get|set`: read and edit xpud.toml, then ask the daemon to reload (SIGHUP).
 
+The file is the one the running daemon reads (``xpu info``'s config_path: its socket is in the runtime
+directory, ``--runtime-dir`` or ``$XPUD_RUNTIME_DIR``); with no daemon answering, ``$XPUD_CONFIG`` or
+/etc/xpud/xpud.toml; ``--config`` names another.
+
 ``set`` parses VALUE as a TOML value (``30``, ``0.5``, ``true``, ``[1, 2]``; anything else is a string),
-writes it into the file's own tables (the keys the file did not give stay defaults), validates the whole
-new file with the daemon's own checks before writing anything, keeps the old file as ``xpud.toml.bak``,
-replaces the file atomically, and signals the daemon named by ``xpud.pid`` in the runtime directory (what
-``systemctl reload xpud`` does). tomli-w writes the file: comments are not kept (the backup has them).
+sets it in the file's text in place (``xpud.configedit``: comments, order and ``[[windows]]`` stay; the keys
+the file did not give stay defaults), validates the whole new file with the daemon's own checks before
+writing anything, keeps the old file as ``xpud.toml.bak``, replaces the file atomically, signals the daemon
+named by ``xpud.pid`` in the runtime directory (what ``systemctl reload xpud`` does), and says when the key
+needs a restart instead (``xpud.reload``: the running value stays until then).
 """
 
 from __future__ import annotations
@@ -19,13 +24,13 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
-import tomli_w
 import typer
 from xpu_cli.output import handled
 
-from xpud import config
+from xpud import config, configedit, reload
+from xpud.api.client import Client
 from xpud.api.client import runtime_dir as resolve_runtime
-from xpud.errors import BadRequest, ConfigError
+from xpud.errors import BadRequest, ConfigError, XpudError
 
 config_app = typer.Typer(no_args_is_help=True, help="Show and change xpud.toml; the daemon reloads it.")
 
@@ -37,12 +42,56 @@ def register(app: typer.Typer) -> None:
 
 ConfigOpt = Annotated[
     str | None,
-    typer.Option("--config", "-c", help="The file (default $XPUD_CONFIG or /etc/xpud/xpud.toml)."),
+    typer.Option(
+        "--config",
+        "-c",
+        help="The file (default: the one the running xpud reads, as `xpu info` shows; with no xpud "
+        "answering, $XPUD_CONFIG or /etc/xpud/xpud.toml).",
+    ),
 ]
 
 
-def _path(given: str | None) -> Path:
-    return Path(given or os.environ.get("XPUD_CONFIG") or config.DEFAULT_PATH)
+def _runtime() -> str | None:
+    """``xpu --runtime-dir`` (accepted after the command too: ``xpu_cli.grammar`` moves it to the group)."""
+    from xpu_cli.main import state
+
+    return state.runtime_dir
+
+
+def running_config(runtime: str | None) -> str | None:
+    """The config file of the daemon whose socket is in ``runtime`` (its ``info``, absolute), "" where it
+    runs on defaults, None where no daemon answers there."""
+    directory = resolve_runtime(runtime)
+    if not (directory / "xpud.sock").exists():
+        return None
+    try:
+        with Client(directory, timeout=5.0) as c:
+            path = c.info().config_path
+    except XpudError:
+        return None
+    return path and str(Path(path).absolute())
+
+
+def target(given: str | None, runtime: str | None) -> tuple[Path | None, str | None]:
+    """The file to read or edit and the running daemon's own (as ``running_config``): ``--config``, else the
+    daemon's file, else ``$XPUD_CONFIG`` or the default path. The first is None where the daemon runs on
+    defaults and no file was named."""
+    running = running_config(runtime)
+    if given:
+        return Path(given), running
+    if running is not None:
+        return (Path(running) if running else None), running
+    return Path(os.environ.get("XPUD_CONFIG") or config.DEFAULT_PATH), None
+
+
+def load_running(given: str | None, runtime: str | None) -> config.Config:
+    """The configuration ``target`` names: the running daemon's file (its defaults where it has none)."""
+    path, running = target(given, runtime)
+    if given or running:
+        return config.load(path)
+    if running == "":
+        return config.load(environ={})  # the daemon runs on defaults: that is its configuration
+    return config.load()  # no daemon answers: $XPUD_CONFIG, or /etc/xpud/xpud.toml where it exists
 
 
 def _walk(data: dict, key: str) -> Any:
@@ -81,6 +130,21 @@ def edited(raw: dict, key: str, value: Any) -> dict:
     return out
 
 
+def restart_note(old_text: str, new_text: str, path: Path) -> str | None:
+    """A line naming the changed keys that apply only at a restart (``xpud.reload.merge``), or None."""
+    try:
+        old = config.parse(old_text, str(path))
+    except XpudError:
+        return None  # the old file did not load: the daemon runs on what it had; its reload says the rest
+    _, _, restart = reload.merge(old, config.parse(new_text, str(path)))
+    if not restart:
+        return None
+    return (
+        f"{', '.join(restart)} needs a restart to apply (`systemctl restart xpud`); a reload keeps the "
+        "running value"
+    )
+
+
 def signal_daemon(runtime_dir: Path) -> str:
     """SIGHUP to the daemon named by ``xpud.pid``; returns what happened, as a line for the user."""
     pid_file = runtime_dir / "xpud.pid"
@@ -97,10 +161,7 @@ def signal_daemon(runtime_dir: Path) -> str:
         return f"cannot signal xpud (pid {pid}): run as root, or `sudo systemctl reload xpud`"
     except ProcessLookupError:
         return "xpud is not running: the change applies at its next start"
-    return (
-        f"asked xpud (pid {pid}) to reload; its log (and `xpu top`'s events) says what changed and what "
-        "needs a restart"
-    )
+    return f"asked xpud (pid {pid}) to reload; its log (and `xpu events`) says what it changed"
 
 
 @config_app.command("show")
@@ -110,7 +171,7 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of TOML.")] = False,
 ) -> None:
     """The effective configuration: the file's values over the defaults (every key)."""
-    cfg = config.load(config_path)
+    cfg = load_running(config_path, _runtime())
     data = config.to_dict(cfg)
     typer.echo(json.dumps(data, indent=2) if as_json else config.dumps(cfg).rstrip())
 
@@ -123,7 +184,7 @@ def get(
     as_json: Annotated[bool, typer.Option("--json", help="Print the value as JSON.")] = False,
 ) -> None:
     """One key's effective value."""
-    value = _walk(config.to_dict(config.load(config_path)), key)
+    value = _walk(config.to_dict(load_running(config_path, _runtime())), key)
     typer.echo(json.dumps(value) if as_json or not isinstance(value, str) else value)
 
 
@@ -133,48 +194,90 @@ def set_(
     key: Annotated[str, typer.Argument(help="section.key, e.g. bursts.hold_s")],
     value: Annotated[str, typer.Argument(help="A TOML value: 30, 0.5, true, [1, 2] or text.")],
     config_path: ConfigOpt = None,
-    runtime_dir: Annotated[
-        str | None, typer.Option(envvar="XPUD_RUNTIME_DIR", help="Where the daemon's xpud.pid is.")
-    ] = None,
     no_reload: Annotated[bool, typer.Option("--no-reload", help="Write the file; signal nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print what was done as JSON.")] = False,
 ) -> None:
     """Set one key in the file (validated whole first, old file kept as .bak), then reload the daemon."""
-    path = _path(config_path)
+    runtime = _runtime()
+    path, running = target(config_path, runtime)
+    if path is None:  # the daemon runs on defaults: the file it would read at its next start
+        path = Path(os.environ.get("XPUD_CONFIG") or config.DEFAULT_PATH)
     try:
         text = config.read_text(path)
     except FileNotFoundError:
         text = ""
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+        raise ConfigError(f"{path}: cannot read: {e.strerror}{_HOW}") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}; fix it by hand first") from None
-    new_text = tomli_w.dumps(edited(raw, key, parse_value(value)))
+    parsed = parse_value(value)
+    wanted = edited(raw, key, parsed)
+    *table, name = key.split(".")
+    new_text = configedit.set_key(text, table, name, parsed, wanted)
+    if new_text is None:
+        raise ConfigError(
+            f"{path}: [{'.'.join(table)}] is written in a form `xpu config set` does not edit in place "
+            f"(dotted keys, an inline table or a value over several lines): set {name} there by hand"
+        )
     config.parse(new_text, str(path))  # the whole new file, as the daemon will read it
     backup = path.with_name(path.name + ".bak")
-    if path.exists():
-        shutil.copy2(path, backup)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(new_text)
-        if path.exists():
-            shutil.copymode(path, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    said = "not signalled (--no-reload)" if no_reload else signal_daemon(resolve_runtime(runtime_dir))
+    _write(path, new_text, backup)
+    restart = restart_note(text, new_text, path)
+    if no_reload:
+        said = "not signalled (--no-reload)"
+    elif running == "":
+        said = (
+            f"the running xpud reads no config file (it runs on defaults): it reads {path} at its next "
+            "start if started without --config (`systemctl restart xpud`)"
+        )
+        restart = None
+    elif running is not None and running != str(path.absolute()):
+        said = f"the running xpud reads {running}, not {path}: not signalled"
+        restart = None
+    else:
+        said = signal_daemon(resolve_runtime(runtime))
     new_value = _walk(config.to_dict(config.parse(new_text, str(path))), key)
     if as_json:
-        typer.echo(
-            json.dumps(
-                {"file": str(path), "backup": str(backup), "key": key, "value": new_value, "reload": said}
-            )
-        )
+        record = {"file": str(path), "backup": str(backup), "key": key, "value": new_value, "reload": said}
+        typer.echo(json.dumps(record | {"restart": restart}))
         return
     typer.echo(f"{path}: {key} = {json.dumps(new_value)} (old file: {backup})")
     typer.echo(said)
+    if restart:
+        typer.echo(restart)
+
+
+_HOW = "; run it as root (sudo xpu config set ...), or give --config a file you may write"
+
+
+def _write(path: Path, text: str, backup: Path) -> None:
+    """``text`` into ``path`` atomically (a temporary file renamed over it, with the old file's mode), the old
+    file copied to ``backup`` first; a file system's refusal is one line."""
+    if not path.parent.is_dir():
+        raise ConfigError(
+            f"{path}: cannot write: no directory {path.parent}; create it (mkdir -p {path.parent}) or give "
+            "--config another file"
+        )
+    tmp = None
+    try:
+        if path.exists():
+            shutil.copy2(path, backup)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        if path.exists():
+            shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        where = e.filename or path
+        raise ConfigError(f"{where}: cannot write: {e.strerror}{_HOW}") from None
+    except BaseException:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise

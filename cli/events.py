@@ -8,7 +8,7 @@ import time
 from typing import Annotated
 
 import typer
-from xpu_cli import output
+from xpu_cli import output, vocab
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -19,7 +19,8 @@ def when(ts: float) -> str:
 
 def line(ev) -> str:
     card = f"card {ev.card}" if ev.card >= 0 else "-"
-    return f"{when(ev.timestamp)}  {ev.kind:<8} {card:<7} {ev.lease_id or '-':<8}  {ev.message}"
+    message = vocab.with_user_names(ev.message)  # owners by name, as the tables show them
+    return f"{when(ev.timestamp)}  {ev.kind:<8} {card:<7} {ev.lease_id or '-':<8}  {message}"
 
 
 def _keep(ev, card: int | None, lease: str) -> bool:

@@ -488,7 +488,10 @@ def windows(
     config_path: Annotated[
         str | None,
         typer.Option(
-            "--config", "-c", help="The daemon's config (default $XPUD_CONFIG or /etc/xpud/xpud.toml)."
+            "--config",
+            "-c",
+            help="The config (default: the one the running xpud reads, as `xpu info` shows; with no xpud "
+            "answering, $XPUD_CONFIG or /etc/xpud/xpud.toml).",
         ),
     ] = None,
 ) -> None:
@@ -496,10 +499,11 @@ def windows(
     share of usable cards it keeps whole."""
     from datetime import datetime
 
-    from xpud import config
+    from xpu_cli.configure import load_running
+
     from xpud import windows as win
 
-    cfg = config.load(config_path)
+    cfg = load_running(config_path, state.runtime_dir)
     now = datetime.now().astimezone()
     states = win.states(cfg.windows, now)
     cur = next((s for s in states if s.current), None)

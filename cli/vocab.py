@@ -13,6 +13,7 @@ dashboard (``xpu_tui``) all say "held by", "free", memory and owners the same wa
 from __future__ import annotations
 
 import pwd
+import re
 from functools import lru_cache
 
 
@@ -23,6 +24,15 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
+
+
+_UID = re.compile(r"\buid (\d+)\b")
+
+
+def with_user_names(text: str) -> str:
+    """``text`` (an event's message) with each ``uid N`` the machine knows as its user name, as the tables
+    show owners: ``released by uid 0`` -> ``released by root``."""
+    return _UID.sub(lambda m: user_name(int(m.group(1))), text)
 
 
 def size_word(size: str) -> str:

@@ -61,6 +61,23 @@ def test_every_help_page_answers_h_with_plain_metavars():
             assert noise not in r.stdout.split("\n\n", 1)[0] + _options(r.stdout), (page, noise, r.stdout)
 
 
+def test_xpud_help_looks_like_xpus_and_keeps_bracketed_text():
+    """#28 item 12: xpud's help is plain text as xpu's (Rich markup ate "[kubelet]"), -h too."""
+    from xpud.daemon import app as daemon_app
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"COLUMNS": "100"}
+    pages = [(), *_commands(typer.main.get_command(daemon_app))]
+    assert ("doctor",) in pages
+    for page in pages:
+        r = subprocess.run([BIN / "xpud", *page, "-h"], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0 and r.stdout.startswith("Usage: xpud"), (page, r.stdout, r.stderr)
+        assert "╭" not in r.stdout, page  # no Rich panels
+        for noise in ("<str>", "<int", "<bool>"):
+            assert noise not in _options(r.stdout), (page, noise, r.stdout)
+    top = subprocess.run([BIN / "xpud", "--help"], capture_output=True, text=True, env=env, timeout=60).stdout
+    assert "([kubelet]" in top and "-c, --config PATH" in top, top
+
+
 def _options(help_text: str) -> str:
     """The Arguments and Options sections (a command's own description may use braces)."""
     start = help_text.find("Arguments:") if "Arguments:" in help_text else help_text.find("Options:")

@@ -58,6 +58,9 @@ def test_events_filters_json_and_follow(daemon):
         c.release(a.lease.id, a.token)
     mine = daemon.xpu("events", "--lease", a.lease.id).stdout.splitlines()
     assert len(mine) == 2 and "grant" in mine[0] and "release" in mine[1]
+    assert mine[1].endswith("released by root") and "uid 0" not in mine[0], (
+        mine
+    )  # as tables say (#28 item 12)
     assert all(a.lease.id in line for line in mine) and f" {time.strftime('%Z')} " in mine[0]
     card = b.lease.cards[0]
     on_card = json.loads(daemon.xpu("events", "--card", str(card), "--json").stdout)

@@ -378,6 +378,7 @@ def test_two_daemons_side_by_side_and_a_second_on_the_same_socket_is_refused(dae
         env=xpu_env(a.runtime_dir),
     )
     assert r.returncode == 1 and "another xpud answers" in r.stderr
+    assert "xpud stopped; active leases" not in r.stderr and "xpud did not start" in r.stderr  # #28 item 12
     assert a.xpu("ls").returncode == 0  # the refused daemon cleaned up only what it made: a serves on
 
 

@@ -20,6 +20,7 @@ import pytest
 from xpu_cli.output import to_dict
 
 from tests.conftest import BIN, DaemonProc, wait_until, xpu_env
+from xpud import config
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.federation.certs import init_ca, issue
@@ -204,6 +205,9 @@ def test_a_clean_stop_is_a_leave_not_a_death(three):
     wait_until(lambda: converged(three), timeout=30, step=0.3)
     three[1].daemon.kill(signal.SIGTERM)
     wait_until(lambda: three[0].states().get("h2") == "left", timeout=5, step=0.2)
+    rows = {line.split()[0]: line.split() for line in three[0].daemon.xpu("cluster").stdout.splitlines()}
+    assert rows["h2"][2] == "left" and rows["h2"][5:] == ["-"] * 4, rows  # no free cards shown (#28 item 12)
+    assert rows["h3"][5] == "2/2", rows
 
 
 def _stub(host: Host, creds: grpc.ChannelCredentials):
@@ -301,6 +305,18 @@ def test_without_cluster_the_daemon_has_no_peer_traffic(daemon):
     assert r.returncode == 1 and "federation is off" in r.stderr
     with daemon.client() as c:
         assert not c.cluster().enabled
+
+
+def test_doctor_on_a_host_whose_only_seed_is_itself_does_not_say_no_seeds(site):
+    """#28 item 12: a first host often lists itself among the seeds (one config for every host). (The
+    cluster checks alone: the whole doctor also reads the simulated cards.)"""
+    from xpud import doctor
+
+    h = make_host(site, 1, [], start=False)
+    h.daemon.config.write_text(h.daemon.config.read_text().replace("seeds = []", f"seeds = [{h.addr!r}]"))
+    checks = {c.name: c for c in doctor._cluster(config.load(h.daemon.config))}
+    assert checks["peer certificate"].status == doctor.OK
+    assert checks["peers"].message.startswith(f"the only seed is this host ({h.addr})"), checks["peers"]
 
 
 def test_doctor_reaches_the_peers_and_measures_the_clock_skew(site):

@@ -131,8 +131,10 @@ def test_bad_specs_are_refused_with_one_line_and_no_room_says_why(inproc):
         collect(run_job(d.runtime_dir, spec(["true"], gpus_per_node=0))[1])
     with pytest.raises(BadRequest, match="--spread"):
         collect(run_job(d.runtime_dir, spec(["true"], mode="vxpu-half", nodes=0, replicas=1))[1])
-    with pytest.raises(NoCapacity, match="federation is off"):
-        collect(run_job(d.runtime_dir, spec(["true"], nodes=2))[1])
+    for wait in (0, 600):  # waiting cannot help: refused at once, and no --wait suggested (#28 item 10)
+        with pytest.raises(NoCapacity, match="federation is off") as refused:
+            collect(run_job(d.runtime_dir, spec(["true"], nodes=2, wait_s=wait), timeout=10)[1])
+        assert "--wait" not in str(refused.value)
     with pytest.raises(NoCapacity, match="--wait"):
         collect(run_job(d.runtime_dir, spec(["true"], gpus_per_node=5))[1])
     hold = threading.Event()

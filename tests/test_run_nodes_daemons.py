@@ -126,3 +126,13 @@ def test_a_bare_torchrun_on_two_hosts_is_one_rendezvous(cluster, tmp_path):  # n
     assert got == [f"rank={r} world=4 sum=10 run={job}" for r in range(4)], (
         out.decode() + err.decode()[-2000:]
     )
+
+
+def test_more_hosts_than_the_cluster_has_fail_at_once_without_suggesting_wait(cluster):  # noqa: F811
+    """#28 item 10: on a 3-host cluster `--nodes 4` can never fit: say so, even with --wait, at once."""
+    p = xpu(cluster[0], "run", "--nodes", "4", "--gpus-per-node", "1", "--wait", "10m", "--", "true")
+    _, err = p.communicate(timeout=30)
+    text = err.decode()
+    assert p.returncode != 0 and text.count("\n") == 1, text
+    assert "4 hosts asked; the cluster has 3 (`xpu cluster`): waiting cannot help" in text, text
+    assert "add --wait" not in text

@@ -15,7 +15,7 @@ from tests.syncengine import sync_engine
 from tests.test_cli_json import check
 from tests.test_engine import Clock, cards, pcie_box, req
 from xpud import carbon, config, windows
-from xpud.errors import ConfigError
+from xpud.errors import ConfigError, NoCapacity
 from xpud.ledger import Ledger
 from xpud.model import Caller, CardMode
 
@@ -138,6 +138,12 @@ def test_a_window_keeps_its_share_whole_and_never_evicts(engine):
     halves = [engine.try_grant(req("vxpu-half"))[0] for _ in range(2)]
     assert len(_sliced(engine)) == 1 and halves[0].cards == halves[1].cards
     assert engine.try_grant(req("vxpu-half")) is None  # would slice a second card: the window says no
+    with pytest.raises(NoCapacity) as refused:  # #28 item 10: the refusal names the window, not "no room"
+        engine.grant_or_queue(req("vxpu-half", wait_s=0))
+    assert str(refused.value).startswith(
+        "capacity window 'day' keeps 80% of the usable cards whole (7 of 8, see `xpu windows`) and no "
+        "sliced card has room for a vxpu-half slice"
+    ), refused.value
     big = engine.try_grant(req("xpu", 7))  # whole-card work is not held back
     assert big is not None
 

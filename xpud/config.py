@@ -970,8 +970,10 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def dumps(cfg: Config) -> str:
-    """The config as TOML text (tomli-w)."""
-    return tomli_w.dumps(to_dict(cfg))
+    """The config as TOML text (tomli-w), ``[[windows]]`` as tables, as xpud.toml writes them."""
+    data = to_dict(cfg)
+    windows = data.pop("windows", [])
+    return tomli_w.dumps(data) + "".join("\n[[windows]]\n" + tomli_w.dumps(w) for w in windows)
 
 
 def _toml_value(v: Any) -> Any:

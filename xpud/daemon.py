@@ -22,6 +22,7 @@ from typing import Annotated
 
 import typer
 from grpc import aio
+from typer.core import TyperGroup
 
 from xpud import __version__, config
 from xpud.auth import CredentialIssuer
@@ -134,6 +135,7 @@ class Daemon:
         self.metrics = None  # xpud.metrics.MetricsServer when [metrics] listen is set
         self.kubelet: KubeletBridge | None = None  # the device plugin, when [kubelet] enabled
         self.started = time.time()
+        self.serving = False  # start() finished: only then does stopping leave leases behind
         self.tools = self._tools()  # runs nvidia-cuda-mps-control and nvidia-smi (simulated with the fake)
 
     @property
@@ -205,7 +207,7 @@ class Daemon:
                 "started": self.started,
                 "user_socket": str(self.user_socket),
                 "admin_socket": str(self.admin_socket),
-                "config_path": self.cfg.path,
+                "config_path": str(Path(self.cfg.path).absolute()) if self.cfg.path else "",
             },
         )
         ctx.extras["daemon"] = self  # Node.RunJob coordinates multi-host jobs through it
@@ -238,6 +240,7 @@ class Daemon:
             except OSError as e:
                 raise StartupError(str(e)) from None
         self.engine.serving()  # restored leases' holders can reconnect from now: their grace starts
+        self.serving = True
         self.anchors = AnchorReaper(self.engine)
         slurm = self.cfg.slurm
         self.anchors.add("slurm", JobCheck(slurm.squeue, slurm.conf), slurm.check_interval_s)
@@ -336,7 +339,10 @@ class Daemon:
             await asyncio.to_thread(self.hw.close)
         except Exception as e:  # stopping goes on whatever NVML says
             log.warning("closing NVML: %s", e)
-        log.info("xpud stopped; active leases stay in the ledger and are restored at the next start")
+        if self.serving:
+            log.info("xpud stopped; active leases stay in the ledger and are restored at the next start")
+        else:
+            log.info("xpud did not start; what it had begun is undone")
 
 
 def loop_factory(choice: str):
@@ -398,10 +404,39 @@ def _setup_logging(level: str) -> None:
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
+_METAVARS = {
+    "config_path": "PATH",
+    "runtime_dir": "DIR",
+    "state_dir": "DIR",
+    "root": "DIR",
+    "prefix": "DIR",
+    "seed": "N",
+    "log_level": "LEVEL",
+    "listen": "HOST:PORT",
+    "cluster": "RUNTIME_DIR",
+    "node": "NAME=RUNTIME_DIR",
+}
+
+
+class _Group(TyperGroup):
+    """Help as `xpu --help` shows it: plain text ("[kubelet] enabled" stays), -h too, and each option's
+    value named as a word (``DIR``) rather than Typer's ``<str>``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for command in (self, *self.commands.values()):
+            for param in command.params:
+                if not getattr(param, "is_flag", False) and param.name and not param.metavar:
+                    param.metavar = _METAVARS.get(param.name, param.name.upper())
+
+
 app = typer.Typer(
+    cls=_Group,
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="xpud: the dual-mode GPU scheduler daemon.",
 )
 

@@ -558,7 +558,12 @@ def _cluster(cfg: config.Config) -> list[Check]:
     checks = [Check("peer certificate", OK, f"{c.cert} is this site's certificate for {name}")]
     results = probe.probe_all(creds, name, c.listen, [*c.seeds, *_known_peers(cfg, name)])
     if not results:
-        checks.append(Check("peers", SKIP, "no seeds and no members known: a first host has nobody to reach"))
+        why = (
+            f"the only seed is this host ({c.listen}) and no other member is known"
+            if c.seeds
+            else "no seeds and no members known"
+        )
+        checks.append(Check("peers", SKIP, f"{why}: a first host has nobody to reach"))
         return [*checks, Check("clock skew", SKIP, "no peers to compare clocks with")]
     down = [p for p in results if not p.ok]
     if down:

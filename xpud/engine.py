@@ -1098,6 +1098,17 @@ class Engine:
             if why and why not in reasons:
                 reasons.append(why)
         detail = f"; {'; '.join(reasons[:3])}" if reasons else ""
+        w = self.window
+        if (
+            w is not None
+            and self.whole_short(1) > 0
+            and any(c.mode is CardMode.WHOLE and c.idle for c in usable)
+        ):
+            return (  # an idle whole card would take it: the window in force holds it back
+                f"capacity window {w.name!r} keeps {w.whole_share:.0%} of the usable cards whole "
+                f"({whole_needed(w.whole_share, len(usable))} of {len(usable)}, see `xpu windows`) and no "
+                f"sliced card has room for a {req.mode} slice{detail}"
+            )
         return f"no card has room for a {req.mode} slice ({len(usable)} usable card(s), see `xpu ls`){detail}"
 
     def _pump_soon(self) -> None:

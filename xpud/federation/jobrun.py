@@ -211,10 +211,16 @@ class JobRun:
     def _plan(self, excluded: set[str]) -> list[str]:
         if self.federation is None:  # federation off: this host is the whole cluster
             if self.count > 1:
-                raise multihost.NoPlacement(
+                raise multihost.ClusterTooSmall(
                     f"{self.count} hosts asked, and federation is off here ([cluster] listen): one host"
                 )
             return [] if self.me in excluded else [self.me]
+        known = len({e.name for e in self.federation.members()} | {self.me})  # dead ones may come back
+        if self.count > known:
+            raise multihost.ClusterTooSmall(
+                f"{self.count} hosts asked; the cluster has {known} (`xpu cluster`): waiting cannot help, "
+                f"ask for {known} at most"
+            )
         offers = self._offers()
         skip = sorted(excluded)
         if self.mode is Mode.XPU:
@@ -280,6 +286,8 @@ class JobRun:
                     break
                 except (multihost.NoPlacement, reserve.Refused) as e:  # coordinate aborted what it held
                     self.attempts += MAX_ATTEMPTS
+                    if isinstance(e, multihost.ClusterTooSmall):
+                        raise NoCapacity(f"job cannot be placed: {e}") from None
                     if time.monotonic() >= deadline:
                         hint = "" if self.spec.wait_s else "; add --wait SECONDS to queue for it"
                         raise NoCapacity(f"job cannot be placed: {e}{hint}") from None

@@ -64,6 +64,10 @@ class NoPlacement(Exception):
     """No set of hosts fits; the message says what is short."""
 
 
+class ClusterTooSmall(NoPlacement):
+    """More hosts asked than the cluster has: waiting cannot help."""
+
+
 def _key(o: HostOffer, gpus: int) -> tuple:
     """Sort key of one host for a gang (best first)."""
     return (-o.gbps(gpus), -o.health, o.free_whole - gpus, o.queue, o.name)
