@@ -497,7 +497,8 @@ class KubeletSection:
 
     enabled: bool = _key(False, "Serve kubelet's device-plugin API (also: xpud --kubelet).")
     socket_dir: str = _key(
-        "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory (kubelet.sock, the checkpoint)."
+        "/var/lib/kubelet/device-plugins",
+        "kubelet's device-plugin directory (kubelet.sock, the plugins' sockets).",
     )
     resources: tuple[str, ...] = _key(
         ("xpu.dev/gpu", "xpu.dev/vxpu-half", "xpu.dev/vxpu-quarter"),
@@ -505,10 +506,28 @@ class KubeletSection:
     )
     pod_gone_grace_s: float = _key(
         60.0,
-        "Seconds a pod's lease may be missing from kubelet's checkpoint before it is reclaimed.",
+        "Seconds a pod's lease may be missing from kubelet's PodResources List before it is reclaimed.",
         min=1.0,
         max=86400.0,
     )
+    pod_resources_socket: str = _key(
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "kubelet's PodResources API socket (which pods hold which devices now).",
+    )
+    device_list_strategy: str = _key(
+        "envvar",
+        "How a container is told its cards: envvar (NVIDIA_VISIBLE_DEVICES), cdi (cdi_devices), or both.",
+        choices=("envvar", "cdi", "both"),
+    )
+    cdi_vendor: str = _key("nvidia.com", "The CDI vendor whose spec names the cards (<vendor>/gpu=<uuid>).")
+    mps_shm_dir: str = _key(
+        "/run/xpud/mps/shm",
+        "Host tmpfs that MPS control daemons use as /dev/shm; mounted as /dev/shm in MPS client pods.",
+    )
+    dev_root: str = _key(
+        "/dev", "Where xpud sees the host's /dev (device nodes; MIG capability nodes made here)."
+    )
+    proc_root: str = _key("/proc", "Where xpud sees the host's /proc (driver/nvidia/capabilities, devices).")
 
 
 @dataclass(frozen=True)
