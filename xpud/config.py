@@ -639,6 +639,11 @@ ENVIRONMENT = {
     "XPUD_LOG_LEVEL": ("daemon", "log_level"),
     "XPUD_EVENT_LOOP": ("daemon", "event_loop"),
     "XPUD_SIMULATE": ("devices", "machine"),
+    # per host where one file serves many (a Kubernetes DaemonSet's ConfigMap, from the downward API)
+    "XPUD_CLUSTER_NAME": ("cluster", "name"),
+    "XPUD_CLUSTER_LISTEN": ("cluster", "listen"),
+    "XPUD_CLUSTER_CERT": ("cluster", "cert"),
+    "XPUD_CLUSTER_KEY": ("cluster", "key"),
 }
 
 
@@ -819,8 +824,10 @@ def _nth_line(text: str, header: str, n: int) -> int | None:
     return None
 
 
-def parse(text: str, path: str = "<string>") -> Config:
-    """Validate TOML text into a Config. Raises ConfigError naming the file, line and key."""
+def parse(text: str, path: str = "<string>", environ: typing.Mapping[str, str] | None = None) -> Config:
+    """Validate TOML text into a Config, with ``environ``'s ``XPUD_*`` overrides (``ENVIRONMENT``) applied
+    before the checks across keys (a DaemonSet's ConfigMap names seeds, each node's environment its
+    listen address). Raises ConfigError naming the file, line and key (or the variable)."""
     src = _Source(path, text)
     try:
         data = tomllib.loads(text)
@@ -838,7 +845,7 @@ def parse(text: str, path: str = "<string>") -> Config:
             kwargs[table] = _section(src, table, SECTIONS[table], value)
         else:
             raise src.error(table, None, f"unknown table{_hint(table, [*SECTIONS, 'slices', 'windows'])}")
-    cfg = Config(**kwargs)
+    cfg = _environment(Config(**kwargs), environ or {})
     if cfg.leases.default_wait_s > cfg.leases.max_wait_s:
         raise src.error(
             "leases",
@@ -951,15 +958,19 @@ def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | Non
     if explicit:
         p = Path(explicit)
         try:
-            cfg = parse(read_text(p), str(p))
+            cfg = parse(read_text(p), str(p), environ)
         except OSError as e:
             raise ConfigError(
                 f"{p}: cannot read the config file: {e.strerror}; pass --config with a readable file"
             ) from None
     elif DEFAULT_PATH.is_file():
-        cfg = parse(read_text(DEFAULT_PATH), str(DEFAULT_PATH))
+        cfg = parse(read_text(DEFAULT_PATH), str(DEFAULT_PATH), environ)
     else:
-        cfg = Config()
+        cfg = parse("", "<defaults>", environ)
+    return cfg
+
+
+def _environment(cfg: Config, environ: typing.Mapping[str, str]) -> Config:
     for name, (section, key) in ENVIRONMENT.items():
         if environ.get(name):
             cfg = checked(cfg, section, key, environ[name], f"environment variable {name}")
