@@ -1,8 +1,11 @@
-"""A stand-in kubelet: the real Registration service on ``kubelet.sock`` and a real DevicePlugin client per
-registered plugin (xpud/bridges/v1beta1/api.proto over Unix sockets), with kubelet's habits that matter to
-a plugin: it opens ListAndWatch right after Register, records allocations in
-``kubelet_internal_checkpoint`` (the JSON layout kubelet >= 1.20 writes), and on restart deletes every
-socket in its directory before serving again."""
+"""A stand-in kubelet: the Registration service on ``kubelet.sock``, a DevicePlugin client per registered
+plugin (xpud/bridges/v1beta1/api.proto, after kubernetes/kubelet: pkg/apis/deviceplugin/v1beta1/api.proto),
+and the PodResourcesLister service on its own socket (xpud/bridges/podresources/v1/api.proto, after
+kubernetes/kubelet: pkg/apis/podresources/v1/api.proto), over Unix sockets, with kubelet's habits that
+matter to a plugin: it opens ListAndWatch right after Register; PodResources List names the devices of
+the pods that run now; ``kubelet_internal_checkpoint`` (the JSON layout kubelet >= 1.20 writes) is written
+at admission and rewritten lazily, so a deleted pod stays in it; on restart it deletes every socket in
+its directory before serving again. It proves only that xpud agrees with these definitions."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from pathlib import Path
 import grpc
 
 from tests.conftest import wait_until
+from xpud.bridges.podresources.v1 import api_pb2 as pr
+from xpud.bridges.podresources.v1 import api_pb2_grpc as pr_grpc
 from xpud.bridges.v1beta1 import api_pb2 as dp
 from xpud.bridges.v1beta1 import api_pb2_grpc as dpg
 
@@ -47,9 +52,30 @@ class Registered:
         self.channel.close()
 
 
+class PodResources(pr_grpc.PodResourcesListerServicer):
+    def __init__(self, kubelet: StandInKubelet):
+        self.kubelet = kubelet
+
+    def List(self, request, context):
+        pods = []
+        for pod, entries in list(self.kubelet.pods.items()):
+            containers = [
+                pr.ContainerResources(
+                    name=e["ContainerName"],
+                    devices=[
+                        pr.ContainerDevices(resource_name=e["ResourceName"], device_ids=e["DeviceIDs"]["0"])
+                    ],
+                )
+                for e in entries
+            ]
+            pods.append(pr.PodResources(name=pod, namespace="default", containers=containers))
+        return pr.ListPodResourcesResponse(pod_resources=pods)
+
+
 class StandInKubelet(dpg.RegistrationServicer):
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, pod_resources: Path | None = None):
         self.dir = directory
+        self.pod_resources = pod_resources  # the PodResources socket, when served
         self.plugins: dict[str, Registered] = {}
         self.registrations: list[dp.RegisterRequest] = []
         self.pods: dict[str, list[dict]] = {}  # pod uid -> checkpoint entries
@@ -70,6 +96,9 @@ class StandInKubelet(dpg.RegistrationServicer):
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         dpg.add_RegistrationServicer_to_server(self, self.server)
         self.server.add_insecure_port(f"unix:{self.dir / 'kubelet.sock'}")
+        if self.pod_resources is not None:
+            pr_grpc.add_PodResourcesListerServicer_to_server(PodResources(self), self.server)
+            self.server.add_insecure_port(f"unix:{self.pod_resources}")
         self.server.start()
         return self
 
@@ -118,8 +147,9 @@ class StandInKubelet(dpg.RegistrationServicer):
         return reply.container_responses[0]
 
     def delete_pod(self, pod: str) -> None:
+        """The pod ends: PodResources stops listing it at once; the checkpoint is rewritten only at the
+        next admission (kubelet's lazy habit)."""
         self.pods.pop(pod, None)
-        self.write_checkpoint()
 
     def write_checkpoint(self) -> None:
         entries = [e for es in self.pods.values() for e in es]

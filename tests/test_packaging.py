@@ -136,7 +136,10 @@ def test_wheel_installs_and_runs(wheel, tmp_path):
     assert {row["policy"] for row in rows} == {"xpud"} and max(row["alloc_pct"] for row in rows) > 50
 
 
-@pytest.mark.parametrize("proto", ["xpud/api/v1/xpu.proto", "xpud/bridges/v1beta1/api.proto"])
+@pytest.mark.parametrize(
+    "proto",
+    ["xpud/api/v1/xpu.proto", "xpud/bridges/v1beta1/api.proto", "xpud/bridges/podresources/v1/api.proto"],
+)
 def test_generated_grpc_code_matches_the_proto(tmp_path, proto):
     folder = Path(proto).parent
     shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("*_pb2*", "__pycache__"))

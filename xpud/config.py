@@ -497,7 +497,8 @@ class KubeletSection:
 
     enabled: bool = _key(False, "Serve kubelet's device-plugin API (also: xpud --kubelet).")
     socket_dir: str = _key(
-        "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory (kubelet.sock, the checkpoint)."
+        "/var/lib/kubelet/device-plugins",
+        "kubelet's device-plugin directory (kubelet.sock, the plugins' sockets).",
     )
     resources: tuple[str, ...] = _key(
         ("xpu.dev/gpu", "xpu.dev/vxpu-half", "xpu.dev/vxpu-quarter"),
@@ -505,10 +506,28 @@ class KubeletSection:
     )
     pod_gone_grace_s: float = _key(
         60.0,
-        "Seconds a pod's lease may be missing from kubelet's checkpoint before it is reclaimed.",
+        "Seconds a pod's lease may be missing from kubelet's PodResources List before it is reclaimed.",
         min=1.0,
         max=86400.0,
     )
+    pod_resources_socket: str = _key(
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "kubelet's PodResources API socket (which pods hold which devices now).",
+    )
+    device_list_strategy: str = _key(
+        "envvar",
+        "How a container is told its cards: envvar (NVIDIA_VISIBLE_DEVICES), cdi (cdi_devices), or both.",
+        choices=("envvar", "cdi", "both"),
+    )
+    cdi_vendor: str = _key("nvidia.com", "The CDI vendor whose spec names the cards (<vendor>/gpu=<uuid>).")
+    mps_shm_dir: str = _key(
+        "/run/xpud/mps/shm",
+        "Host tmpfs that MPS control daemons use as /dev/shm; mounted as /dev/shm in MPS client pods.",
+    )
+    dev_root: str = _key(
+        "/dev", "Where xpud sees the host's /dev (device nodes; MIG capability nodes made here)."
+    )
+    proc_root: str = _key("/proc", "Where xpud sees the host's /proc (driver/nvidia/capabilities, devices).")
 
 
 @dataclass(frozen=True)
@@ -620,6 +639,11 @@ ENVIRONMENT = {
     "XPUD_LOG_LEVEL": ("daemon", "log_level"),
     "XPUD_EVENT_LOOP": ("daemon", "event_loop"),
     "XPUD_SIMULATE": ("devices", "machine"),
+    # per host where one file serves many (a Kubernetes DaemonSet's ConfigMap, from the downward API)
+    "XPUD_CLUSTER_NAME": ("cluster", "name"),
+    "XPUD_CLUSTER_LISTEN": ("cluster", "listen"),
+    "XPUD_CLUSTER_CERT": ("cluster", "cert"),
+    "XPUD_CLUSTER_KEY": ("cluster", "key"),
 }
 
 
@@ -800,8 +824,10 @@ def _nth_line(text: str, header: str, n: int) -> int | None:
     return None
 
 
-def parse(text: str, path: str = "<string>") -> Config:
-    """Validate TOML text into a Config. Raises ConfigError naming the file, line and key."""
+def parse(text: str, path: str = "<string>", environ: typing.Mapping[str, str] | None = None) -> Config:
+    """Validate TOML text into a Config, with ``environ``'s ``XPUD_*`` overrides (``ENVIRONMENT``) applied
+    before the checks across keys (a DaemonSet's ConfigMap names seeds, each node's environment its
+    listen address). Raises ConfigError naming the file, line and key (or the variable)."""
     src = _Source(path, text)
     try:
         data = tomllib.loads(text)
@@ -819,7 +845,7 @@ def parse(text: str, path: str = "<string>") -> Config:
             kwargs[table] = _section(src, table, SECTIONS[table], value)
         else:
             raise src.error(table, None, f"unknown table{_hint(table, [*SECTIONS, 'slices', 'windows'])}")
-    cfg = Config(**kwargs)
+    cfg = _environment(Config(**kwargs), environ or {})
     if cfg.leases.default_wait_s > cfg.leases.max_wait_s:
         raise src.error(
             "leases",
@@ -932,15 +958,19 @@ def load(path: str | Path | None = None, environ: typing.Mapping[str, str] | Non
     if explicit:
         p = Path(explicit)
         try:
-            cfg = parse(read_text(p), str(p))
+            cfg = parse(read_text(p), str(p), environ)
         except OSError as e:
             raise ConfigError(
                 f"{p}: cannot read the config file: {e.strerror}; pass --config with a readable file"
             ) from None
     elif DEFAULT_PATH.is_file():
-        cfg = parse(read_text(DEFAULT_PATH), str(DEFAULT_PATH))
+        cfg = parse(read_text(DEFAULT_PATH), str(DEFAULT_PATH), environ)
     else:
-        cfg = Config()
+        cfg = parse("", "<defaults>", environ)
+    return cfg
+
+
+def _environment(cfg: Config, environ: typing.Mapping[str, str]) -> Config:
     for name, (section, key) in ENVIRONMENT.items():
         if environ.get(name):
             cfg = checked(cfg, section, key, environ[name], f"environment variable {name}")

@@ -27,13 +27,14 @@ from typer.core import TyperGroup
 from xpud import __version__, config
 from xpud.auth import CredentialIssuer
 from xpud.bridges.anchors import AnchorReaper
-from xpud.bridges.kubelet import CHECKPOINT, KubeletBridge, PodCheck
+from xpud.bridges.kubelet import Delivery, KubeletBridge, PodCheck
 from xpud.bridges.slurm import JobCheck
 from xpud.carbon import Signal
 from xpud.defrag import Defragmenter
 from xpud.engine import Engine
 from xpud.errors import XpudError
 from xpud.federation.hostjobs import HostJobs
+from xpud.hw.devnodes import DevTree
 from xpud.jobs import OPTS, Jobs
 from xpud.ledger import Ledger, LedgerDamaged
 from xpud.monitor import HealthMonitor
@@ -42,7 +43,7 @@ from xpud.service import AdminService, Context, NodeService, add_to_server
 log = logging.getLogger("xpud")
 
 USER_SOCKET, ADMIN_SOCKET, CRED_SOCKET = "xpud.sock", "admin.sock", "cred.sock"
-POD_CHECK_INTERVAL_S = 5.0  # how often kubelet's checkpoint is read for pods that are gone
+POD_CHECK_INTERVAL_S = 5.0  # how often kubelet's PodResources API is asked for pods that are gone
 LEDGER_DAMAGED_EXIT = 3  # systemd/xpud.service: RestartPreventExitStatus=3
 
 # gRPC core cancels incoming calls that wait for the Python server to pick them up once more than
@@ -246,11 +247,13 @@ class Daemon:
         self.anchors.add("slurm", JobCheck(slurm.squeue, slurm.conf), slurm.check_interval_s)
         if self.cfg.kubelet.enabled:
             kube = self.cfg.kubelet
-            self.kubelet = KubeletBridge(self.engine, kube.socket_dir, kube.resources)
+            proc = Path(kube.proc_root)
+            tree = DevTree(Path(kube.dev_root), proc / "driver/nvidia/capabilities", proc / "devices")
+            how = Delivery(kube.device_list_strategy, kube.cdi_vendor, kube.mps_shm_dir, tree)
+            self.kubelet = KubeletBridge(self.engine, kube.socket_dir, kube.resources, how)
             await self.kubelet.start()
-            checkpoint = Path(kube.socket_dir) / CHECKPOINT
             interval = min(POD_CHECK_INTERVAL_S, kube.pod_gone_grace_s)
-            self.anchors.add("pod", PodCheck(checkpoint, kube.pod_gone_grace_s), interval)
+            self.anchors.add("pod", PodCheck(kube.pod_resources_socket, kube.pod_gone_grace_s), interval)
         self.jobs = Jobs(
             self.engine,
             self.hw,

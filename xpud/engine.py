@@ -335,6 +335,13 @@ class Engine:
     def isolation_name(self, index: int) -> str:
         return self._backends[index].name
 
+    def mig_device_ids(self, index: int, uuid: str) -> tuple[int, int] | None:
+        """(GPU instance id, compute instance id) of MIG device ``uuid`` on card ``index``, from the
+        isolation backend's records (no NVML call); None when it is not a MIG device there. The bridges
+        name a MIG slice's capability nodes with them (``hw/devnodes.py``)."""
+        ids = getattr(self._backends[index], "device_ids", None)
+        return ids(uuid) if ids is not None else None
+
     def lease_list(self) -> list[Lease]:
         return sorted(self.leases.values(), key=lambda lease: lease.created)
 

@@ -1,23 +1,27 @@
 """The Kubernetes scheduler extender: kube-scheduler's ``filter`` and ``prioritize`` verbs over xpud's
 view of the cluster, as ``placement.multihost.HostOffer`` snapshots (one per node).
 
-JSON shapes are kube-scheduler's (k8s.io/kube-scheduler/extender/v1, types.go): it POSTs
-``ExtenderArgs`` {``pod``, ``nodes`` (a NodeList) or ``nodenames``}; ``filter`` answers
-``ExtenderFilterResult`` {``nodes`` or ``nodenames``, ``failedNodes``, ``error``}; ``prioritize``
-answers a ``HostPriorityList`` [{``host``, ``score``}] with scores 0..10.
+JSON shapes are kube-scheduler's (``kubernetes/kube-scheduler: extender/v1/types.go``). Those types have
+no json tags, so Go writes the field names as declared and reads keys case-insensitively: it POSTs
+``ExtenderArgs`` {``Pod``, ``Nodes`` (a NodeList, or null) , ``NodeNames`` (or null)}; ``filter``
+answers ``ExtenderFilterResult`` {``Nodes``, ``NodeNames``, ``FailedNodes``,
+``FailedAndUnresolvableNodes``, ``Error``}; ``prioritize`` answers a ``HostPriorityList``
+[{``Host``, ``Score``}] with scores 0..10. The Pod and NodeList inside are API objects with their
+usual lower-case keys. Keys are read as Go's decoder reads them (any case); answers use Go's names.
 
 What a pod asks: the sum over its containers of ``<domain>/gpu`` (whole cards) and
 ``<domain>/<slice size>`` (slices) in limits (else requests); optionally the annotation
 ``xpu.dev/min-group-gbps``: the modelled all-reduce bus bandwidth its cards need (GB/s).
 
 Filter: a node passes when it has that many free whole cards whose best group reaches the bandwidth
-asked, and that many free slices of each size. Prioritize (the policy xpud places with): for whole cards,
-the node's best group bandwidth for the count (the ring runs at its slowest link), then the tightest fit
-(a pod that fills a node leaves bigger nodes whole); for slices, the node whose slices already break the
-fewest whole cards (room on cards that are sliced already), then the tightest fit.
+asked, and that many free slices of each size; a node without an answering xpud is failed as
+unresolvable (preempting pods there changes nothing). Prioritize (the policy xpud places with): for
+whole cards, the node's best group bandwidth for the count (the ring runs at its slowest link), then the
+tightest fit (a pod that fills a node leaves bigger nodes whole); for slices, the node whose slices
+already break the fewest whole cards (room on cards that are sliced already), then the tightest fit.
 
 Offers come from a source (any callable returning ``{node: HostOffer}``): the daemons' sockets
-(``SocketOffers``) until the federation view serves them.
+(``SocketOffers``) or one federated daemon's cluster view (``ClusterOffers``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,18 @@ class BadArgs(ValueError):
     """The request is not an ExtenderArgs this extender can read; one line."""
 
 
+def field(obj, name: str):
+    """Struct field ``name`` of a JSON object as Go's encoding/json fills it: the key matches in any case
+    (``Pod``, ``pod``, ``POD``); of several keys that match, the last one wins. None when absent."""
+    if not isinstance(obj, Mapping):
+        return None
+    want, found = name.casefold(), None
+    for key, value in obj.items():
+        if isinstance(key, str) and key.casefold() == want:
+            found = value
+    return found
+
+
 def _quantity(v) -> int:
     """A Kubernetes quantity for an extended resource (whole numbers only: "4", 4)."""
     text = str(v).strip()
@@ -56,12 +72,12 @@ def pod_asks(pod: Mapping, domain: str = "xpu.dev") -> dict[str, int]:
     """``{"gpu": 4}``, ``{"vxpu-half": 1}``: what the pod's containers ask of ``domain``'s resources."""
     if not isinstance(pod, Mapping):
         raise BadArgs("pod: expected an object (a v1.Pod)")
-    containers = (pod.get("spec") or {}).get("containers") or []
+    containers = field(field(pod, "spec"), "containers") or []
     asks: dict[str, int] = {}
     for c in containers if isinstance(containers, list) else ():
-        res = (c or {}).get("resources") or {}
-        wanted = res.get("limits") or res.get("requests") or {}
-        for name, v in wanted.items() if isinstance(wanted, Mapping) else ():
+        res = field(c, "resources")
+        wanted = field(res, "limits") or field(res, "requests") or {}
+        for name, v in wanted.items() if isinstance(wanted, Mapping) else ():  # a map: keys as they are
             d, _, kind = str(name).partition("/")
             if d == domain and kind:
                 asks[kind] = asks.get(kind, 0) + _quantity(v)
@@ -69,7 +85,8 @@ def pod_asks(pod: Mapping, domain: str = "xpu.dev") -> dict[str, int]:
 
 
 def min_gbps(pod: Mapping) -> float:
-    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(MIN_GBPS_ANNOTATION)
+    annotations = field(field(pod, "metadata"), "annotations")
+    text = annotations.get(MIN_GBPS_ANNOTATION) if isinstance(annotations, Mapping) else None
     if text is None:
         return 0.0
     try:
@@ -83,16 +100,17 @@ def min_gbps(pod: Mapping) -> float:
 
 def candidates(args: Mapping) -> tuple[list[str], list[dict] | None]:
     """Node names in the request, and the Node objects when it sent a NodeList."""
-    if not isinstance(args, Mapping) or not isinstance(args.get("pod"), Mapping):
-        raise BadArgs("expected ExtenderArgs {pod, nodes | nodenames}")
-    nodes = args.get("nodes")
+    if not isinstance(field(args, "Pod"), Mapping):
+        raise BadArgs("expected ExtenderArgs {Pod, Nodes | NodeNames} (kube-scheduler extender/v1)")
+    nodes = field(args, "Nodes")
     if isinstance(nodes, Mapping):
-        items = [n for n in nodes.get("items") or [] if isinstance(n, Mapping)]
-        return [str((n.get("metadata") or {}).get("name", "")) for n in items], items
-    names = args.get("nodenames")
+        items = field(nodes, "items")
+        items = [n for n in items if isinstance(n, Mapping)] if isinstance(items, list) else []
+        return [str(field(field(n, "metadata"), "name") or "") for n in items], items
+    names = field(args, "NodeNames")
     if isinstance(names, list):
         return [str(n) for n in names], None
-    raise BadArgs("ExtenderArgs has neither nodes nor nodenames")
+    raise BadArgs("ExtenderArgs has neither Nodes nor NodeNames")
 
 
 def why_not(offer: HostOffer | None, asks: Mapping[str, int], gbps: float) -> str:
@@ -113,37 +131,62 @@ def why_not(offer: HostOffer | None, asks: Mapping[str, int], gbps: float) -> st
     return ""
 
 
+def unresolvable(offer: HostOffer | None) -> bool:
+    """No answering xpud on the node: preempting its pods would change nothing."""
+    return offer is None or not offer.alive
+
+
+def filter_result(error: str = "") -> dict:
+    """An ExtenderFilterResult as Go marshals it: every field, nil ones as null."""
+    return {
+        "Nodes": None,
+        "NodeNames": None,
+        "FailedNodes": None,
+        "FailedAndUnresolvableNodes": None,
+        "Error": error,
+    }
+
+
 def filter_nodes(args: Mapping, offers: Mapping[str, HostOffer], domain: str = "xpu.dev") -> dict:
-    """kube-scheduler's ``filter``: an ExtenderFilterResult as JSON-ready data."""
+    """kube-scheduler's ``filter``: an ExtenderFilterResult as JSON-ready data. It answers in the form it
+    was asked: Nodes for a NodeList (nodeCacheCapable: false), NodeNames for names."""
     try:
         names, items = candidates(args)
-        asks, gbps = pod_asks(args["pod"], domain), min_gbps(args["pod"])
+        pod = field(args, "Pod")
+        asks, gbps = pod_asks(pod, domain), min_gbps(pod)
     except BadArgs as e:
-        return {"error": str(e)}
-    failed = {}
+        return filter_result(str(e))
+    failed, hopeless = {}, {}
     for name in names:
-        why = why_not(offers.get(name), asks, gbps) if asks else ""
+        offer = offers.get(name)
+        why = why_not(offer, asks, gbps) if asks else ""
         if why:
-            failed[name] = why
-    result: dict = {"failedNodes": failed}
+            (hopeless if unresolvable(offer) else failed)[name] = why
+    result = filter_result()
+    result["FailedNodes"], result["FailedAndUnresolvableNodes"] = failed, hopeless
+    passed = [n for n in names if n not in failed and n not in hopeless]
     if items is not None:
-        result["nodes"] = {"items": [n for n, name in zip(items, names, strict=True) if name not in failed]}
+        keep = set(passed)
+        result["Nodes"] = {
+            "metadata": {},
+            "items": [n for n, name in zip(items, names, strict=True) if name in keep],
+        }
     else:
-        result["nodenames"] = [n for n in names if n not in failed]
+        result["NodeNames"] = passed
     return result
 
 
 def prioritize(args: Mapping, offers: Mapping[str, HostOffer], domain: str = "xpu.dev") -> list[dict]:
     """kube-scheduler's ``prioritize``: a HostPriorityList (scores 0..10) as JSON-ready data."""
     names, _ = candidates(args)
-    asks = pod_asks(args["pod"], domain)
+    asks = pod_asks(field(args, "Pod"), domain)
     raw = {name: _merit(offers.get(name), asks) for name in names}
     top = max((v for v in raw.values() if v is not None), default=None)
     out = []
     for name in names:
         v = raw[name]
         score = 0 if v is None or not top else round(MAX_PRIORITY * v / top)
-        out.append({"host": name, "score": max(0, min(MAX_PRIORITY, score))})
+        out.append({"Host": name, "Score": max(0, min(MAX_PRIORITY, score))})
     return out
 
 
@@ -272,21 +315,34 @@ class Extender:
             def do_POST(self):
                 verb = self.path.rstrip("/").rsplit("/", 1)[-1]
                 if verb not in ("filter", "prioritize"):
-                    return self._send(404, {"error": f"no verb {verb[:40]!r}: use filter or prioritize"})
-                length = int(self.headers.get("Content-Length") or 0)
+                    return self._send(404, {"Error": f"no verb {verb[:40]!r}: use filter or prioritize"})
+                text = self.headers.get("Content-Length") or "0"
+                length = int(text) if text.isdigit() and len(text) < 12 else -1
                 if not 0 < length <= MAX_BODY_BYTES:
-                    return self._send(413 if length else 400, {"error": f"body of {length} bytes"})
+                    code = 413 if length > MAX_BODY_BYTES else 400
+                    return self._send(
+                        code, {"Error": f"Content-Length {text[:20]!r}: 1..{MAX_BODY_BYTES} bytes"}
+                    )
                 try:
                     args = json.loads(self.rfile.read(length))
                 except ValueError as e:
-                    return self._send(400, {"error": f"not JSON: {str(e)[:80]}"})
-                offers = ext.source()
+                    return self._send(400, {"Error": f"not JSON: {str(e)[:80]}"})
+                try:
+                    offers = ext.source()
+                except Exception as e:  # no offers: kube-scheduler hears why, the extender lives on
+                    log.warning("extender: no offers: %s", e)
+                    why = f"xpud offers unavailable: {str(e)[:200]}"
+                    return (
+                        self._send(200, filter_result(why))
+                        if verb == "filter"
+                        else self._send(503, {"Error": why})
+                    )
                 if verb == "filter":
                     return self._send(200, filter_nodes(args, offers, ext.domain))
                 try:
                     return self._send(200, prioritize(args, offers, ext.domain))
-                except BadArgs as e:
-                    return self._send(400, {"error": str(e)})
+                except BadArgs as e:  # kube-scheduler reads any status but 200 as the extender's error
+                    return self._send(400, {"Error": str(e)})
 
             def _send(self, code: int, body) -> None:
                 data = json.dumps(body).encode()

@@ -8,40 +8,42 @@ whole are withdrawn; devices pods hold stay listed (kubelet counts them as alloc
 and its pods' slots are ``Unhealthy``; a card an operator drained is withdrawn.
 
 Allocate makes an ordinary lease anchored to the pod's first device (``pod:<device id>``), owned by root,
-and answers with the lease's environment, the device nodes and the MPS pipe directory. kubelet records the
-allocation in its checkpoint; once the checkpoint no longer lists the device for ``pod_gone_grace_s``, the
-reaper reclaims the lease. kubelet deletes the plugin sockets when it restarts: the bridge notices and
-serves and registers again.
+and answers with the lease's environment, NVIDIA_VISIBLE_DEVICES and/or CDI names, the device nodes by
+minor number (``hw/devnodes.py``; a MIG slice: its parent and its two capability nodes, never all of
+/dev/nvidia-caps) and, for MPS, the pipe directory and the MPS /dev/shm. Once kubelet's PodResources API
+no longer lists the device for ``pod_gone_grace_s``, the reaper reclaims the lease. kubelet deletes the
+plugin sockets when it restarts: the bridge notices and serves and registers again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 from grpc import aio
 
 from xpud.bridges.anchors import split
+from xpud.bridges.podresources.v1 import api_pb2 as pr
+from xpud.bridges.podresources.v1 import api_pb2_grpc as pr_grpc
 from xpud.bridges.v1beta1 import api_pb2 as dp
 from xpud.bridges.v1beta1 import api_pb2_grpc as dpg
 from xpud.errors import XpudError
+from xpud.hw.devnodes import DevNodeError, DevTree
 from xpud.model import HealthState, Mode, Request
 
 log = logging.getLogger("xpud.bridges")
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-CHECKPOINT = "kubelet_internal_checkpoint"
 WATCH_INTERVAL_S = 0.5  # how often the sockets are looked at (kubelet restarts) and devices refreshed
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 def slot_id(uuid: str, size: str, k: int) -> str:
@@ -115,8 +117,9 @@ class Devices:
 class Plugin(dpg.DevicePluginServicer):
     """The DevicePlugin service for one resource name."""
 
-    def __init__(self, engine, resource: str, stopping: asyncio.Event):
+    def __init__(self, engine, resource: str, stopping: asyncio.Event, delivery: Delivery | None = None):
         self.engine = engine
+        self.delivery = delivery or Delivery()
         self.resource = resource
         self.kind = kind_of(resource)
         self.devices = Devices(engine, self.kind)
@@ -172,8 +175,9 @@ class Plugin(dpg.DevicePluginServicer):
             for r in request.container_requests:
                 lease = await self._lease(list(r.devices_ids))
                 made.append(lease)
-                responses.append(container_response(lease, self.engine))
-        except XpudError as e:
+                h = handout(lease, self.engine)
+                responses.append(await asyncio.to_thread(container_response, h, self.delivery))
+        except (XpudError, DevNodeError) as e:
             for lease in made:  # all or nothing: kubelet fails the pod
                 await self.engine.reclaim(lease.id, "the rest of the pod's allocation failed")
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.resource}: {e}")
@@ -215,51 +219,110 @@ class Plugin(dpg.DevicePluginServicer):
         return dp.PreStartContainerResponse()
 
 
-def container_response(lease, engine) -> dp.ContainerAllocateResponse:
-    """What `xpu run` gives its child, for a container: the lease's environment, the device nodes of its
-    cards (and the control nodes), and the MPS pipe directory when the slice is MPS."""
-    env = dict(lease.env)
-    nodes = [*CONTROL_DEVICES, *(f"/dev/nvidia{i}" for i in lease.cards)]  # minor number = index
-    if any(s.handle.startswith("MIG-") for s in lease.slices):
-        nodes.append("/dev/nvidia-caps")
-    devices = [dp.DeviceSpec(container_path=p, host_path=p, permissions="rw") for p in nodes]
+@dataclass(frozen=True)
+class Delivery:
+    """How Allocate hands a lease to the container runtime (``[kubelet]`` keys)."""
+
+    strategy: str = "envvar"  # envvar | cdi | both (NVIDIA's plugin: envvar, cdi-cri)
+    cdi_vendor: str = "nvidia.com"
+    mps_shm_dir: str = "/run/xpud/mps/shm"
+    tree: DevTree = field(default_factory=DevTree)
+
+
+@dataclass(frozen=True)
+class Handout:
+    """A lease's devices, read from the engine on the event loop: whole cards or MPS slices as (minor,
+    card UUID); MIG slices as (parent minor, GPU instance, compute instance, MIG UUID)."""
+
+    lease_id: str
+    env: dict
+    cards: tuple[tuple[int, str], ...]
+    migs: tuple[tuple[int, int, int, str], ...]
+
+
+def handout(lease, engine) -> Handout:
+    """What the lease gives, by minor number; raises XpudError when a card's minor or a MIG instance is
+    unknown (a node picked by NVML index could be another card's)."""
+    by_index = {c.info.index: c.info for c in engine.cards.values()}
+
+    def minor(i: int) -> int:
+        m = by_index[i].minor_number if i in by_index else None
+        if m is None:
+            raise XpudError(f"card {i} has no minor number (nvmlDeviceGetMinorNumber): cannot name its node")
+        return m
+
+    migs, mig_cards = [], set()
+    for s in lease.slices:
+        if s.handle.startswith("MIG-"):
+            ids = engine.mig_device_ids(s.card_index, s.handle)
+            if ids is None:
+                raise XpudError(f"card {s.card_index}: MIG device {s.handle} is not known to its backend")
+            migs.append((minor(s.card_index), *ids, s.handle))
+            mig_cards.add(s.card_index)
+    cards = tuple((minor(i), by_index[i].uuid) for i in lease.cards if i not in mig_cards)
+    return Handout(lease.id, dict(lease.env), cards, tuple(migs))
+
+
+def container_response(h: Handout, how: Delivery) -> dp.ContainerAllocateResponse:
+    """What `xpu run` gives its child, for a container (NVIDIA/k8s-device-plugin: internal/plugin/server.go,
+    getAllocateResponse): the lease's environment; NVIDIA_VISIBLE_DEVICES and/or CDI names of its card or
+    MIG UUIDs; the device nodes by minor number (control nodes that exist, each card, and for a MIG slice
+    its parent and its two capability nodes, made when missing); for an MPS slice the pipe directory and
+    the MPS /dev/shm. Runs off the event loop (it reads the driver's files and may mknod)."""
+    env, tree = dict(h.env), how.tree
+    names = [n for n in tree.control() if os.path.exists(tree.host(n))]  # optional, as NVIDIA's plugin has it
+    visible = []
+    for minor, uuid in h.cards:
+        names.append(tree.card(minor))
+        visible.append(uuid)
+    for parent, gi, ci, uuid in h.migs:
+        names += [n for n in tree.mig_nodes(parent, gi, ci) if n not in names]
+        visible.append(uuid)
+    if how.strategy in ("envvar", "both"):
+        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(visible)
+    cdi = []
+    if how.strategy in ("cdi", "both"):  # NVIDIA's plugin names MIG devices in the gpu class too
+        cdi = [dp.CDIDevice(name=f"{how.cdi_vendor}/gpu={u}") for u in visible]
+    devices = [
+        dp.DeviceSpec(container_path=f"/dev/{n}", host_path=tree.host(n), permissions="rw") for n in names
+    ]
     mounts = []
     pipe = env.get("CUDA_MPS_PIPE_DIRECTORY")
-    if pipe:
+    if pipe:  # MPS clients reach their server through the pipes and memory it shares in /dev/shm
         mounts.append(dp.Mount(container_path=pipe, host_path=pipe, read_only=False))
-    annotations = {"xpu.dev/lease": lease.id}
-    return dp.ContainerAllocateResponse(envs=env, devices=devices, mounts=mounts, annotations=annotations)
+        mounts.append(dp.Mount(container_path="/dev/shm", host_path=how.mps_shm_dir, read_only=False))
+    annotations = {"xpu.dev/lease": h.lease_id}
+    return dp.ContainerAllocateResponse(
+        envs=env, devices=devices, mounts=mounts, annotations=annotations, cdi_devices=cdi
+    )
 
 
-# ------------------------------------------------------------------------------------------- checkpoint
-def checkpoint_devices(path: Path) -> set[str] | None:
-    """Every device id kubelet's checkpoint says a pod holds (None: no readable checkpoint)."""
+# ------------------------------------------------------------------------------------------- pods gone
+async def pod_resource_devices(socket: str | os.PathLike, timeout: float = 5) -> set[str] | None:
+    """Every device id kubelet's PodResources API (v1 ``List``) says a running pod's container holds now
+    (None: kubelet does not answer)."""
     try:
-        data = json.loads(path.read_text())
-        entries = data["Data"]["PodDeviceEntries"] or []
-    except (OSError, ValueError, KeyError, TypeError):
+        async with aio.insecure_channel(f"unix:{socket}") as channel:
+            reply = await pr_grpc.PodResourcesListerStub(channel).List(
+                pr.ListPodResourcesRequest(), timeout=timeout
+            )
+    except grpc.RpcError as e:
+        log.warning("kubelet's PodResources API at %s: %s", socket, e.details() or e.code())
         return None
-    out: set[str] = set()
-    for entry in entries:
-        ids = entry.get("DeviceIDs") if isinstance(entry, dict) else None
-        if isinstance(ids, dict):  # by NUMA node (kubelet >= 1.20)
-            for v in ids.values():
-                out.update(x for x in v or () if isinstance(x, str))
-        elif isinstance(ids, list):
-            out.update(x for x in ids if isinstance(x, str))
-    return out
+    return {d for p in reply.pod_resources for c in p.containers for dev in c.devices for d in dev.device_ids}
 
 
 class PodCheck:
     """The reaper's question to kubelet: which pods are gone? A pod is gone once its device has been
-    missing from the checkpoint for ``grace_s`` (kubelet writes it just after Allocate)."""
+    missing from kubelet's PodResources List for ``grace_s`` (kubelet lists a container's devices from
+    its admission on; the grace covers the moment between Allocate and that)."""
 
-    def __init__(self, path: Path, grace_s: float, clock=time.monotonic):
-        self.path, self.grace_s, self.clock = path, grace_s, clock
+    def __init__(self, socket: str | os.PathLike, grace_s: float, clock=time.monotonic):
+        self.socket, self.grace_s, self.clock = socket, grace_s, clock
         self.missing_since: dict[str, float] = {}
 
     async def __call__(self, ids: set[str]) -> dict[str, str]:
-        present = await asyncio.to_thread(checkpoint_devices, self.path)
+        present = await pod_resource_devices(self.socket)
         if present is None:
             return {}
         now, gone = self.clock(), {}
@@ -269,7 +332,7 @@ class PodCheck:
                 continue
             since = self.missing_since.setdefault(ident, now)
             if now - since >= self.grace_s:
-                gone[ident] = f"kubelet's checkpoint has not listed it for {now - since:.0f} s"
+                gone[ident] = f"kubelet's PodResources API has not listed it for {now - since:.0f} s"
         for ident in set(self.missing_since) - ids:
             del self.missing_since[ident]
         return gone
@@ -288,8 +351,15 @@ class KubeletBridge:
     """Serves each resource on its socket in kubelet's directory and registers it; serves and registers
     again when kubelet restarts (its socket re-created, ours deleted)."""
 
-    def __init__(self, engine, socket_dir: str | os.PathLike, resources: Iterable[str]):
+    def __init__(
+        self,
+        engine,
+        socket_dir: str | os.PathLike,
+        resources: Iterable[str],
+        delivery: Delivery | None = None,
+    ):
         self.engine = engine
+        self.delivery = delivery or Delivery()
         self.dir = Path(socket_dir)
         self.resources = list(resources)
         self.stopping = asyncio.Event()
@@ -340,7 +410,9 @@ class KubeletBridge:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         server = aio.server()
-        dpg.add_DevicePluginServicer_to_server(Plugin(self.engine, resource, self.stopping), server)
+        dpg.add_DevicePluginServicer_to_server(
+            Plugin(self.engine, resource, self.stopping, self.delivery), server
+        )
         server.add_insecure_port(f"unix:{path}")
         await server.start()
         self.servers[resource] = (server, _identity(path))

@@ -147,6 +147,13 @@ class MigIsolation:
             for gi, g in self._gis.items()
         }
 
+    def device_ids(self, uuid: str) -> tuple[int, int] | None:
+        """(GPU instance id, compute instance id) of MIG device ``uuid`` on this card, or None."""
+        for gi, g in list(self._gis.items()):
+            if uuid in g.info.device_uuids:
+                return gi, g.info.compute_instance_ids[g.info.device_uuids.index(uuid)]
+        return None
+
     # ------------------------------------------------------------------------------- fitting
     def fits(self, card: CardInfo, held: Sequence[Slice], spec: SliceSpec, owner_uid: int = -1) -> bool:
         return not self.why_not(card, held, spec, owner_uid, room=True)
