@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -438,3 +439,26 @@ def test_a_cards_capacity_is_kept_until_what_it_depends_on_changes(engine):
     kept = e._capacity(card)
     e._capacities.clear()
     assert e._capacity(card) == kept == held
+
+
+@pytest.mark.parametrize("wait_s", [0.0, 30.0])
+def test_max_leases_per_uid_holds_against_racing_requests(tmp_path, wait_s):
+    """issue #28 item 3: 20 acquires at once by one uid, limit 2, on a fresh host (the first grant switches
+    a card's mode, the others wait for it): 7 were granted. The limit counts requests on their way to a
+    grant and is checked again at the grant. The one that waited for the switching card also slept its
+    whole BUSY_WAIT_S (10 s): the card was freed before its wait began to listen."""
+    cfg = Config().replace("limits", max_leases_per_uid=2)
+    engine = sync_engine(cards(), pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), clock=Clock())
+
+    async def scenario():
+        asks = [engine.acquire(req("vxpu-quarter", wait_s=wait_s)) for _ in range(20)]
+        t0 = time.monotonic()
+        got = await asyncio.gather(*asks, return_exceptions=True)
+        assert time.monotonic() - t0 < 5.0
+        granted = [g for g in got if isinstance(g, tuple)]
+        refused = [g for g in got if isinstance(g, NoCapacity)]
+        assert len(granted) == 2 and len(refused) == 18, got
+        assert all("max_leases_per_uid (2)" in str(e) for e in refused)
+
+    asyncio.run(scenario())
+    assert len(engine.leases) == 2

@@ -177,6 +177,40 @@ def test_a_slice_replica_is_reserved_and_committed(inproc):
     assert lease.mode == "vxpu-half" and list(c.cards) == list(r.cards) == list(lease.cards)
 
 
+def test_slices_of_different_jobs_share_a_card(inproc):
+    """issue #28 item 4: the second job's slice lease was granted on the first one's card and its row
+    written "held", then the table refused the card as taken: "internal error in Reserve", the lease
+    untracked until grace_s and the row held until a restart."""
+    d = inproc(MACHINE, "[leases]\ngrace_s = 1.0\n")
+    hj = d.daemon.hostjobs
+    a = d.call(hj.reserve, res(job="j1", mode="vxpu-quarter", count=1))
+    b = d.call(hj.reserve, res(job="j2", mode="vxpu-quarter", count=1))
+    assert list(a.cards) == list(b.cards)  # packed on one card
+    assert [r["state"] for r in rows(d, "j2")] == ["held"] and len(d.engine.leases) == 2
+    for job in ("j1", "j2"):
+        c = d.call(hj.commit, pb.CommitRequest(job=job, attempt=0))
+        assert d.engine.leases[c.lease_id].mode == "vxpu-quarter"
+    time.sleep(1.6)  # the reaper (grace 1 s) leaves both leases alone: the host holds them
+    assert len(d.engine.leases) == 2
+
+
+def test_a_reservation_the_table_refuses_undoes_its_lease_and_row(inproc, monkeypatch):
+    """A refusal after the grant (here the table's) ends the lease and the row it wrote, in one line."""
+    from xpud.federation import reserve
+
+    d = inproc(MACHINE)
+    hj = d.daemon.hostjobs
+
+    def refuse(*a, **kw):
+        raise reserve.Refused("card(s) 0 not free here")
+
+    monkeypatch.setattr(hj.table, "reserve", refuse)
+    with pytest.raises(Conflict, match="not free here"):
+        d.call(hj.reserve, res(job="j1", mode="vxpu-quarter", count=1))
+    assert not d.engine.leases
+    assert [r["state"] for r in rows(d, "j1")] == ["aborted"]
+
+
 def test_an_evicted_job_lease_ends_the_reservation(inproc):
     d = inproc(MACHINE)
     hj = d.daemon.hostjobs

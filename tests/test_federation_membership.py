@@ -8,7 +8,10 @@ import statistics
 import pytest
 
 from xpud.federation.membership import (
+    AHEAD_MS,
+    MAX_INCARNATION,
     Ack,
+    Gossip,
     Ping,
     State,
     Swim,
@@ -159,3 +162,28 @@ def test_push_pull_comes_less_often_in_a_large_cluster():
     assert swim.push_pull_interval_s() == swim.cfg.push_pull_interval_s
     swim = next(iter(large.hosts.values()))
     assert swim.push_pull_interval_s() == 3 * swim.cfg.push_pull_interval_s  # 100 live members
+
+
+@pytest.mark.parametrize("lie", ["top", "ceiling"])
+def test_one_gossip_with_a_huge_incarnation_cannot_evict_a_host(lie):
+    """issue #28 item 2: "node-a DEAD at 2**63 - 1" in one GOSSIP was taken, node-a's refutation (2**63)
+    was dropped everywhere, and node-a stayed dead, across restarts too. A fact far ahead of the clock is
+    now ignored; the highest one taken still leaves the victim room to refute, and to rejoin after a
+    restart."""
+    net = SimNet(3, seed=11, cfg=SwimConfig.for_dead_after(6.0))
+    assert first_time(net, net.converged, limit=30) is not None
+    victim = net.hosts["h1"]
+    inc = MAX_INCARNATION if lie == "top" else int(net.now * 1000) + AHEAD_MS
+    lie_msg = Gossip("mallory", "m:1", (Update("h1", victim.addr, inc, State.DEAD),))
+    for name in ("h0", "h2"):
+        net.hosts[name].handle(lie_msg, net.now)
+    assert first_time(net, lambda: net.share("h1", (State.ALIVE,)) == 1.0, limit=10) is not None
+    net.run(20)
+    assert net.share("h1", (State.ALIVE,)) == 1.0
+    net.crash("h1")
+    assert first_time(net, lambda: net.share("h1", (State.DEAD,)) == 1.0, limit=30) is not None
+    net.restart("h1")
+    assert first_time(net, lambda: net.share("h1", (State.ALIVE,)) == 1.0, limit=30) is not None
+    net.run(20)
+    assert net.share("h1", (State.ALIVE,)) == 1.0
+    assert all(h.members["h1"].incarnation < MAX_INCARNATION for h in net.hosts.values())

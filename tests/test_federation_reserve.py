@@ -27,6 +27,17 @@ def test_reserve_is_idempotent_per_job_and_attempt_and_cards_are_never_held_twic
         t.reserve("job1", 0, "h0", [0], 10, now=2, free=free)
 
 
+def test_slices_of_different_jobs_may_share_a_card():
+    t = Reservations()
+    t.reserve("job1", 0, "h0", [2], 10, now=0, free={2}, shared=True)
+    t.reserve("job2", 0, "h0", [2], 10, now=0, free={2}, shared=True)  # issue #28 item 4
+    assert {r.job for r in t.active()} == {"job1", "job2"}
+    with pytest.raises(Refused, match="not free"):
+        t.reserve("job3", 0, "h0", [3], 10, now=0, free={2}, shared=True)  # not granted here
+    with pytest.raises(Refused, match="not free"):
+        t.reserve("job4", 0, "h0", [2], 10, now=0, free={2})  # a whole card is one job's
+
+
 def test_an_uncommitted_reservation_expires_by_itself_and_a_late_commit_is_refused():
     t = Reservations()
     t.reserve("j", 0, "h0", [0], 5, now=0, free={0})

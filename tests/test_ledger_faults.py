@@ -220,7 +220,24 @@ def damage_cases():
         data[:32] = os.urandom(32)
         wal.write_bytes(bytes(data))
 
+    def sql(*statements: str):  # issue #28 item 6: a 53-line traceback and exit 1, or a lease lost silently
+        def damage(ledger: Path) -> None:
+            db = sqlite3.connect(ledger)
+            for stmt in statements:
+                db.execute(stmt)
+            db.commit()
+            db.close()
+
+        return damage
+
     return {
+        "no-events-table": (sql("DROP TABLE events"), "table events is missing"),
+        "no-leases-table": (sql("DROP TABLE leases"), "table leases is missing"),
+        "no-column": (
+            sql("ALTER TABLE reservations DROP COLUMN rank_pid"),
+            "reservations has no column rank_pid",
+        ),
+        "unknown-state": (sql("UPDATE leases SET state='paused' WHERE rowid=1"), "has state 'paused'"),
         "truncated": (truncate, "damaged"),
         "garbage": (garbage, "damaged"),
         "bad-row": (bad_row, "is unreadable"),

@@ -140,6 +140,7 @@ class Engine:
         self._pump_timer: asyncio.TimerHandle | None = None  # a pump asked for later (bursts)
         self._next_tidy = 0.0
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
+        self._arriving_uids: dict[int, int] = {}  # uid -> requests in try_grant, not yet granted or queued
         self._capacities: dict[int, tuple[tuple, CardCapacity]] = {}  # card -> (what it depends on, it)
         self.stats = Stats()  # counters and latencies for /metrics (xpud.metrics)
         self.window: WindowSpec | None = None  # the capacity window in force (xpud.windows), if any
@@ -256,11 +257,13 @@ class Engine:
                 f.set_result(None)
         self._pump_soon()
 
-    async def _card_freed(self) -> None:
-        """Wait until some busy card is free again."""
+    def _card_freed(self) -> asyncio.Future:
+        """A future done when some busy card is free again, listening from this call on (a coroutine
+        that registered only when first run missed a card freed before that: under ``wait_for`` on
+        Python 3.11 a request waiting for a switching card then slept its whole wait)."""
         f = asyncio.get_running_loop().create_future()
         self._freed.append(f)
-        await f
+        return f
 
     async def _wait_claim(self, cards: Iterable[int]) -> None:
         """Wait until none of ``cards`` is busy, then claim them."""
@@ -438,6 +441,7 @@ class Engine:
             return
         held = sum(1 for lease in self.leases.values() if lease.owner_uid == uid)
         held += self._granting_uids.get(uid, 0)  # grants under way count as held
+        held += self._arriving_uids.get(uid, 0)  # and requests on their way to a grant (or the queue)
         if held + queued >= lim.max_leases_per_uid:
             raise NoCapacity(
                 f"uid {uid} has {held} lease(s) and {queued} queued request(s), the most [limits] "
@@ -956,24 +960,41 @@ class Engine:
         hysteresis stay as they are when requests come one at a time)."""
         self.validate(req)
         deadline = time.monotonic() + wait_busy_s
-        while True:
-            blocked_whole = self.waitlist.whole_waiting_at(req.priority)
-            cards = self._fit(req, reserve_whole=blocked_whole)
-            left = deadline - time.monotonic()
-            if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
-                self._claim_for(req, cards)
-                grant = self._grant(req, cards)
-                if not isinstance(grant, asyncio.Task):
-                    return await grant  # cancelled: the grant ends the lease it makes (see _grant)
-                try:
-                    return await asyncio.shield(grant)
-                except asyncio.CancelledError:  # the requester went away: the grant runs to its end
-                    grant.add_done_callback(self._orphaned)
-                    raise
-            if not self._busy or left <= 0:
-                return None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._card_freed(), left)
+        uid = req.owner_uid
+        self._arriving_uids[uid] = self._arriving_uids.get(uid, 0) + 1  # counts against [limits] meanwhile
+        arriving = True
+        try:
+            while True:
+                blocked_whole = self.waitlist.whole_waiting_at(req.priority)
+                cards = self._fit(req, reserve_whole=blocked_whole)
+                left = deadline - time.monotonic()
+                if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
+                    arriving = self._arrived(uid)
+                    self._check_limits(req, queueing=False)  # again at the grant: others came meanwhile
+                    self._claim_for(req, cards)
+                    grant = self._grant(req, cards)
+                    if not isinstance(grant, asyncio.Task):
+                        return await grant  # cancelled: the grant ends the lease it makes (see _grant)
+                    try:
+                        return await asyncio.shield(grant)
+                    except asyncio.CancelledError:  # the requester went away: the grant runs to its end
+                        grant.add_done_callback(self._orphaned)
+                        raise
+                if not self._busy or left <= 0:
+                    return None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._card_freed(), left)
+        finally:
+            if arriving:  # not granted: its caller queues it (no await before) or refuses it
+                self._arrived(uid)
+
+    def _arrived(self, uid: int) -> bool:
+        """A request of ``uid`` in ``try_grant`` is granted, or leaves it: it no longer counts as on its
+        way (the grant counts in ``_granting_uids``, a queued request in the waitlist). Returns False."""
+        n = self._arriving_uids.pop(uid, 0) - 1
+        if n > 0:
+            self._arriving_uids[uid] = n
+        return False
 
     def _orphaned(self, grant: asyncio.Future) -> None:
         """A grant whose requester went away: end the lease it made."""

@@ -34,6 +34,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import errno
+import functools
 import hashlib
 import itertools
 import json
@@ -180,6 +181,24 @@ MIGRATIONS: list[str] = [
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@functools.cache
+def _schema() -> dict[str, frozenset[str]]:
+    """The tables and columns the migrations make (built once in memory)."""
+    db = sqlite3.connect(":memory:")
+    try:
+        for m in MIGRATIONS:
+            for stmt in _statements(m):
+                db.execute(stmt)
+        tables = [
+            r[0]
+            for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            if not r[0].startswith("sqlite_")
+        ]
+        return {t: frozenset(r[1] for r in db.execute(f"PRAGMA table_info({t})")) for t in tables}
+    finally:
+        db.close()
 
 
 def hash_token(token: str) -> str:
@@ -388,15 +407,18 @@ class Ledger:
             self.db = self._connect(check_same_thread=False)
             self._check()
             self._migrate()
+            self._check_schema()
             self._load()
+            self._next_event = itertools.count(self._max_id("events") + 1)
+            self._next_health = itertools.count(self._max_id("health_changes") + 1)
         except sqlite3.Error as e:
             code = _primary(e)
             if code in (11, 26):  # CORRUPT, NOTADB
                 raise self._damaged(str(e)) from None
+            if code == 1 and str(e).startswith(("no such table", "no such column")):  # e.g. migrating
+                raise self._damaged(str(e)) from None
             raise self._unavailable(e) from None
         self.db.execute(f"PRAGMA busy_timeout={READ_BUSY_TIMEOUT_MS}")  # reads run on the loop
-        self._next_event = itertools.count(self._max_id("events") + 1)
-        self._next_health = itertools.count(self._max_id("health_changes") + 1)
         self._pending_events: dict[int, EventRecord] = {}
         self._pending_health: dict[int, HealthChangeRecord] = {}
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
@@ -430,9 +452,25 @@ class Ledger:
         if rows != ["ok"]:
             raise self._damaged(f"integrity check failed: {'; '.join(rows)}")
 
+    def _check_schema(self) -> None:
+        """Every table and column of the schema is there (a table dropped by hand is damage, not a
+        traceback at the first query that needs it)."""
+        for table, columns in _schema().items():
+            have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            if not have:
+                raise self._damaged(f"table {table} is missing")
+            missing = sorted(columns - have)
+            if missing:
+                raise self._damaged(f"table {table} has no column {', '.join(missing)}")
+
     def _load(self) -> None:
         """Read every active lease and card row back (a bad row refuses the start); keep the ids in use and
         the active leases' token hashes in memory."""
+        states = tuple(s.value for s in LeaseState)
+        marks = ",".join("?" * len(states))
+        sql = f"SELECT id, state FROM leases WHERE state NOT IN ({marks}) LIMIT 1"
+        for r in self.db.execute(sql, states):  # else dropped silently: neither restored nor listed
+            raise self._damaged(f"lease row {r['id']!r} has state {r['state']!r} ({', '.join(states)})")
         self._ids = {r[0] for r in self.db.execute("SELECT id FROM leases")}
         self._tokens: dict[str, str] = {}
         for r in self.db.execute("SELECT * FROM leases WHERE state='active'"):

@@ -21,6 +21,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from xpud.errors import BadRequest
+from xpud.federation.membership import MAX_INCARNATION
 
 log = logging.getLogger("xpud.service")
 
@@ -142,7 +143,7 @@ LIMITS: dict[str, Limit] = {
     "SwimMessage.updates": Limit(items=10_000),
     "SwimUpdate.name": Limit(chars=253, pattern=_NAME),
     "SwimUpdate.addr": Limit(chars=300),
-    "SwimUpdate.incarnation": Limit(lo=0, hi=2**63),
+    "SwimUpdate.incarnation": Limit(lo=0, hi=MAX_INCARNATION),  # Swim bounds it further by its clock
     "SwimUpdate.state": Limit(lo=0, hi=3),
     "SwimUpdate.meta": Limit(chars=1024),
     "ReserveRequest.job": Limit(chars=64, pattern=_ID),

@@ -236,10 +236,25 @@ class HostJobs:
             except BaseException:
                 await self.engine.reclaim(lease.id, f"job {req.job}: recording its reservation failed")
                 raise
+            try:  # slices of different jobs share a card: the engine granted this one its own
+                res = self.table.reserve(
+                    req.job,
+                    req.attempt,
+                    rec.coordinator,
+                    lease.cards,
+                    req.ttl_s,
+                    now,
+                    set(lease.cards),
+                    shared=mode is not Mode.XPU,
+                )
+            except Refused as e:  # undo what was written: the row and the lease, together
+                end = self.ledger.end_reservation_op(
+                    req.job, req.attempt, ResState.ABORTED.value, self.clock()
+                )
+                if await self.engine.reclaim(lease.id, f"job {req.job}: {e}", also=(end,)) is None:
+                    await self.ledger.write(end)
+                raise Conflict(f"host {self.name}: job {req.job}: {e}") from None
             self.restarting.pop(req.job, None)  # a new attempt: whatever stopped the last one is over
-            res = self.table.reserve(
-                req.job, req.attempt, rec.coordinator, lease.cards, req.ttl_s, now, set(lease.cards)
-            )
             self._track(req.job, lease.id, req.ttl_s)
             self.engine.mark(
                 lease.id, f"reserved for job {req.job} by {rec.coordinator} (user {pwd_entry.pw_name})"

@@ -18,6 +18,11 @@ The protocol (after SWIM, Das et al. 2002, and HashiCorp memberlist's Lifeguard 
   in a cluster of more than 32 members (``push_pull_scale``: 6x at 1,000);
 - precedence: a higher incarnation wins; at the same incarnation dead/left > suspect > alive. A host
   starts with an incarnation taken from the clock in milliseconds, so a restarted host's old state loses.
+- incarnations are bounded by the clock: a fact whose incarnation is more than ``AHEAD_MS`` ahead of this
+  host's clock (its starting incarnation plus the milliseconds since) is a lie and is ignored, about this
+  host or another. So no peer can push a host's incarnation where the host cannot refute it (one
+  above), nor anywhere near ``MAX_INCARNATION`` (what the wire carries): a host wrongly declared dead,
+  or restarted, always rejoins (the ceiling moves up a thousand a second, faster than a host counts).
 
 Each member carries ``meta``: a short string (at most ``MAX_META`` bytes) that the owner sets, e.g. its
 network location and the version of its capacity summary; changing it bumps the owner's incarnation.
@@ -35,6 +40,8 @@ from enum import IntEnum
 MAX_META = 1024  # bytes of a member's meta string
 MAX_UPDATES = 24  # facts piggy-backed on one message
 MAX_MEMBERS = 10_000  # members (and tombstones) a table holds; facts about more are ignored
+MAX_INCARNATION = 2**63 - 1  # the most an incarnation may be on the wire (api.validate uses it)
+AHEAD_MS = 30 * 86_400_000  # how far an incarnation may be ahead of this host's clock: a month of ms
 
 
 class State(IntEnum):
@@ -208,6 +215,8 @@ class Swim:
         if self.incarnation < 0:
             self.incarnation = int(self.now * 1000)
         _check_meta(self.meta)
+        # the clock in ms as incarnations count it (``now`` may be monotonic: this is immune to steps)
+        self._clock_base_ms = self.incarnation - int(self.now * 1000)
         self.members: dict[str, Member] = {
             self.name: Member(
                 self.name, self.addr, self.incarnation, State.ALIVE, self.meta, self.now, self.now
@@ -465,8 +474,12 @@ class Swim:
                 u = replace(u, state=State.SUSPECT)
             self._apply(u)
 
+    def ceiling(self) -> int:
+        """The highest incarnation a fact may carry here now (``AHEAD_MS`` beyond this host's clock)."""
+        return min(int(self.now * 1000) + self._clock_base_ms + AHEAD_MS, MAX_INCARNATION - 1)
+
     def _apply(self, u: Update) -> None:
-        if not _valid(u):
+        if not _valid(u) or u.incarnation > self.ceiling():
             return
         if u.name == self.name:
             self._about_me(u)
@@ -518,7 +531,7 @@ def _valid(u: Update) -> bool:
     return (
         0 < len(u.name) <= 253
         and 0 < len(u.addr) <= 300
-        and 0 <= u.incarnation < 2**63
+        and 0 <= u.incarnation <= MAX_INCARNATION
         and isinstance(u.state, State)
         and len(u.meta) <= MAX_META
     )

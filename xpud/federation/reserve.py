@@ -97,10 +97,12 @@ class Reservations:
         ttl_s: float,
         now: float,
         free: set[int],
+        shared: bool = False,
     ) -> Reservation:
         """Hold ``cards`` for ``job``/``attempt``. Idempotent: the same job and attempt again returns what
         is held (a retried message); a newer attempt replaces an older one still held; an older attempt
-        than the one known is refused."""
+        than the one known is refused. ``shared``: other jobs may hold the cards too (each its own slice,
+        granted by the engine, the authority on room)."""
         check_request(job, attempt, ttl_s)
         self.expire(now)
         old = self._by_job.get(job)
@@ -114,7 +116,8 @@ class Reservations:
             if old.state is ResState.COMMITTED:
                 raise Refused(f"job {job} is committed here already (attempt {old.attempt})")
         mine = set(old.cards) if old is not None and old.state is ResState.HELD else set()
-        taken = (self.held_cards() - mine) | (set(cards) - free - mine)
+        held = set() if shared else self.held_cards() - mine
+        taken = held | (set(cards) - free - mine)
         clash = sorted(set(cards) & taken)
         if clash:
             raise Refused(f"card(s) {', '.join(map(str, clash))} not free here")
