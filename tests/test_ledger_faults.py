@@ -288,3 +288,31 @@ def test_the_ledger_and_its_wal_are_private_whatever_the_umask(daemon_factory):
     for name in ("ledger.sqlite", "ledger.sqlite-wal", "ledger.sqlite-shm"):
         mode = (d.state_dir / name).stat().st_mode & 0o777
         assert mode == 0o600, f"{name} is {mode:o}"
+
+
+def test_a_slice_grant_on_a_full_runtime_directory_is_one_line_and_grants_nothing(
+    daemon_factory, small_tmpfs
+):
+    """#28 item 5: the MPS control daemon of a first slice writes into the runtime directory; a full one
+    answered "internal error in Acquire". Now: one line that says what is full, nothing granted, the card
+    left whole, and the same slice granted once there is room."""
+    d = daemon_factory("pcie-8x-l40s", start=False)
+    d.runtime_dir = small_tmpfs / "run"
+    d.start()
+    filler = fill(small_tmpfs)
+    try:
+        with d.client() as c:
+            with pytest.raises(Unavailable) as err:
+                c.acquire_lease("vxpu-half")
+            text = str(err.value)
+            assert "no space left" in text and "nothing granted" in text and "\n" not in text, text
+            assert list(c.leases().leases) == []
+            assert all(card.mode == "whole" and not card.slices for card in c.cards().cards)
+    finally:
+        filler.unlink()
+    with d.client() as c:
+        g = c.acquire_lease("vxpu-half")
+        assert g.lease.env["CUDA_MPS_PIPE_DIRECTORY"].startswith(str(small_tmpfs))
+        c.release(g.lease.id, g.token)
+    assert d.alive()
+    assert "Traceback" not in d.log.read_text()

@@ -22,15 +22,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xpud.config import Config
-from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound
+from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound, Unavailable
 from xpud.hw.topology import Topology
 from xpud.isolation.base import STANDBY, Accounting, Held, Isolation, usable_memory, used_shares
 from xpud.ledger import CardRecord, EventRecord, Ledger, LedgerUnavailable, Op
@@ -275,9 +277,19 @@ class Engine:
     async def _hw(self, fn: Callable, *args, inline: bool = False):
         """Run a backend call off the loop (the caller holds the card's claim); bookkeeping-only backends,
         and calls the caller knows to be bookkeeping (``inline``), run on the loop."""
-        if inline or isinstance(getattr(fn, "__self__", None), Accounting):
-            return fn(*args)
-        return await asyncio.to_thread(fn, *args)
+        try:
+            if inline or isinstance(getattr(fn, "__self__", None), Accounting):
+                return fn(*args)
+            return await asyncio.to_thread(fn, *args)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # As the ledger's "full": one line that says what is full; the caller undoes what it began.
+            where = f" in {Path(e.filename).parent}" if e.filename else ""
+            raise Unavailable(
+                f"disk full: no space left{where} ({getattr(fn, '__name__', 'hardware')}); "
+                "nothing granted or changed: free space there and retry"
+            ) from None
 
     def _bookkeeping(self, index: int, op: str, lease_id: str, owner_uid: int = -1) -> bool:
         """Whether card ``index``'s backend says ``op`` ("prepare", "teardown") for ``lease_id`` (of

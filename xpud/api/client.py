@@ -64,7 +64,8 @@ def _request(cls, **fields):
 def to_error(e: grpc.RpcError, where: str) -> XpudError:
     code = e.code() if hasattr(e, "code") else None
     detail = (e.details() if hasattr(e, "details") else "") or ""
-    daemon_said = detail.startswith("ledger ")  # the daemon's own UNAVAILABLE (ledger busy or full): retry
+    # The daemon's own UNAVAILABLE (ledger busy or full, a full disk under a backend): retry, not unreachable.
+    daemon_said = detail.startswith(("ledger ", "disk full:"))
     if code in (grpc.StatusCode.UNAVAILABLE, None) and "Socket closed" not in detail and not daemon_said:
         return Unavailable(
             f"cannot reach xpud at {where}: is the daemon running? (systemctl status xpud; "
