@@ -190,3 +190,35 @@ def test_the_handover_refuses_an_environment_no_process_could_have():
         with pytest.raises(ValueError):
             switch_user.env_bytes(bad)
     assert switch_user.env_bytes({"A": "1", "B": "x=y"}) == b"A=1\0B=x=y\0"
+
+
+@pytest.mark.parametrize("factory", event_loops())
+def test_no_descriptor_of_the_daemon_reaches_a_rank_on_any_loop(factory):
+    """uvloop has no ``close_fds``: an fd the daemon holds without close-on-exec (inherited from whoever
+    started it, or opened so by a library) reached the user's rank there; asyncio closes them."""
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    code = "import os; print(' '.join(sorted(os.listdir('/proc/self/fd'), key=int)))"
+    s = spec([switch_user.PYTHON, "-I", "-S", "-c", code], uid=NOBODY.pw_uid, gid=NOBODY.pw_gid)
+
+    async def main():
+        ins = Inputs()
+        ins.end()
+        return await collect(run_rank(s, ins, lambda _: None))
+
+    try:
+        events = on(factory, main())
+    finally:
+        os.close(r)
+        os.close(w)
+    assert events[-1].ended.exit_code == 0, outputs(events, 2)
+    assert outputs(events, 1).decode().split() == ["0", "1", "2", "3"]  # 3: listdir's own
+
+
+def test_the_handover_runs_on_a_python_every_user_may_run(tmp_path):
+    """The handover runs as the user: a Python under /root (pyenv's, a venv's base) is not theirs to run."""
+    assert switch_user._reachable(switch_user.PYTHON)
+    closed = tmp_path / "closed"
+    (closed / "bin").mkdir(parents=True)
+    os.chmod(closed, 0o700)
+    assert not switch_user._reachable(str(closed / "bin"))

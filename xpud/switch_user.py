@@ -10,7 +10,9 @@ dynamic loader honours ``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``GCONV_PATH`` ... o
 set-uid: handed the user's environment, setpriv would load the user's library as root. So setpriv gets
 ``CLEAN_ENV`` only, and the user's environment travels in a memory file (``env_file``, an inherited fd, never
 argv: argv is world-readable in /proc) to ``handover_argv``'s small Python program, which runs after the
-switch (as the user), reads it, closes the fd, and execs the command with exactly that environment.
+switch (as the user), reads it, closes every fd above 2 (uvloop's subprocesses have no ``close_fds``: an
+fd the daemon holds without close-on-exec would otherwise reach the user) and execs the command with
+exactly that environment.
 """
 
 from __future__ import annotations
@@ -18,20 +20,45 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import sysconfig
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}  # what a root helper starts with
-# The interpreter itself, not a venv's link to it (a venv may sit where the user cannot enter); -I -S: no
-# PYTHON* variables, no site, no user directory, so nothing of the caller's is imported.
-PYTHON = os.path.realpath(sys.executable)
+
+
+def _reachable(path: str) -> bool:
+    """Whether any user may reach ``path``: it and every directory above it open to others (o+x)."""
+    p = Path(path)
+    try:
+        return all(q.stat().st_mode & 0o001 for q in (p, *p.parents))
+    except OSError:
+        return False
+
+
+def _interpreter() -> str:
+    """The Python that runs ``HANDOVER`` as the user: this daemon's own (not a venv's link to it), where
+    every user may run it and read its library; else the system's ``python3`` (e.g. a Python under /root)."""
+    own = os.path.realpath(sys.executable)
+    if _reachable(own) and _reachable(sysconfig.get_paths()["stdlib"]):
+        return own
+    return next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if _reachable(p)), own)
+
+
+# -I -S: no PYTHON* variables, no site, no user directory: nothing of the caller's is imported. Python 3.6+.
+PYTHON = _interpreter()
+
 HANDOVER = """\
 import os, sys
 fd, off, parts = int(sys.argv[1]), 0, []
-while chunk := os.pread(fd, 1 << 16, off):
+while True:
+    chunk = os.pread(fd, 1 << 16, off)
+    if not chunk:
+        break
     parts.append(chunk)
     off += len(chunk)
-os.close(fd)
+os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the env file, and what uvloop let through (no close_fds)
 env = dict(e.split(b"=", 1) for e in b"".join(parts).split(b"\\0") if b"=" in e)
 try:
     os.execve(sys.argv[2], sys.argv[2:], env)
