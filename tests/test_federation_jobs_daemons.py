@@ -326,3 +326,19 @@ def test_a_site_certificate_buys_no_root_and_no_other_hosts_job(site):  # noqa: 
         wait_until(lambda: not leases(host) and live_reservations(host) == 0, timeout=10)
     finally:
         host.daemon.kill(signal.SIGTERM)
+
+
+def test_a_root_job_over_hosts_that_take_no_root_jobs_says_why_in_one_line(site):  # noqa: F811
+    """Root's `xpu run --nodes 2` where no other host allows root jobs: refused with the hosts' reason."""
+    hosts = [make_host(site, 1, [], cluster={"allow_root_jobs": False})]
+    try:
+        hosts.append(make_host(site, 2, [hosts[0].addr], cluster={"allow_root_jobs": False}))
+        wait_until(lambda: converged(hosts), timeout=40, step=0.3)
+        r = hosts[0].daemon.xpu("run", "--nodes", "2", "--", "true", timeout=60)
+        assert r.returncode != 0
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "allow_root_jobs" in lines[0], r.stderr
+        assert all(not leases(h) and live_reservations(h) == 0 for h in hosts)
+    finally:
+        for h in hosts:
+            h.daemon.kill(signal.SIGTERM)
