@@ -92,16 +92,20 @@ def make_host(
     ip: str = "",
     prefix: tuple[str, ...] = (),
     extra: str = "",
+    cluster: dict | None = None,
 ) -> Host:
     """Host ``h<i>`` at 127.0.0.<i+1> (or ``ip``, port 7443, in the network namespace ``prefix`` runs in);
-    ``extra``: more of its config (other sections than ``[leases]`` and ``[cluster]``)."""
+    ``extra``: more of its config (other sections than ``[leases]`` and ``[cluster]``); ``cluster``: more
+    ``[cluster]`` keys. The tests run as root and submit multi-host jobs as root: ``allow_root_jobs`` is
+    true unless ``cluster`` says otherwise."""
     name, ip = f"h{i}", ip or f"127.0.0.{i + 1}"
     d = site / name
     issue(name, site / "ca", d, ips=[ip])
     port = 7443 if prefix else free_port(ip)
     base = site / f"d{i}"
     base.mkdir()
-    cfg = cluster_config(name, f"{ip}:{port}", seeds, d, domain=f"rack-{1 + (i > 2)}")
+    keys = {"allow_root_jobs": True, **(cluster or {})}
+    cfg = cluster_config(name, f"{ip}:{port}", seeds, d, domain=f"rack-{1 + (i > 2)}", **keys)
     daemon = DaemonProc(base, MACHINES[i - 1], extra + "[leases]\ngrace_s = 30.0\n" + cfg, prefix=prefix)
     host = Host(name, ip, port, d, daemon)
     if start:

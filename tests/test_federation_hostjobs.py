@@ -436,3 +436,99 @@ def test_an_abort_that_overtakes_its_reserve_makes_the_reserve_refused(inproc):
     assert len(d.call(hj.reserve, res(attempt=4, ttl=30.0)).cards) == 2  # the next attempt is a new one
     assert not d.call(hj.abort, pb.AbortRequest(job="j1", attempt=5)).dropped  # a newer one: not ours to end
     assert [r["state"] for r in rows(d, "j1")] == ["held"] and len(d.engine.leases) == 1
+
+
+# ------------------------------------------------------------------------------ what a certificate buys
+def test_a_root_job_from_another_host_is_refused_unless_this_host_allows_root_jobs(inproc):
+    import pwd
+
+    d = inproc(MACHINE, '[cluster]\nname = "h1"\n')
+    hj = d.daemon.hostjobs
+    with pytest.raises(Forbidden) as err:
+        d.call(hj.reserve, res(uid=0), "h2")
+    assert str(err.value).count("\n") == 0 and "allow_root_jobs = false" in str(err.value)
+    assert not d.engine.leases and rows(d, "j1") == []  # nothing held, nothing written
+    launch = pb.LaunchSpec(job="j1", argv=["id"], cwd="/", uid=0, gid=0)
+    with pytest.raises(Forbidden, match="no root"):
+        d.call(_first_event, hj.launch(_once(pb.LaunchInput(start=launch)), "h2"))
+    # a user's job from that host, and this host's own root job, are taken
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert len(d.call(hj.reserve, res(job="j2", count=1, uid=nobody), "h2").cards) == 1
+    assert len(d.call(hj.reserve, res(job="j3", count=1, uid=0), None).cards) == 1
+    # and with allow_root_jobs = true, root's from other hosts too
+    d2 = inproc(MACHINE, '[cluster]\nname = "h1"\nallow_root_jobs = true\n')
+    assert len(d2.call(d2.daemon.hostjobs.reserve, res(uid=0), "h2").cards) == 2
+
+
+async def _once(msg):
+    yield msg
+
+
+async def _first_event(gen):
+    return await anext(gen)
+
+
+def test_only_the_host_that_reserved_a_job_may_commit_launch_abort_or_replace_it(inproc, tmp_path):
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    d = inproc(MACHINE, '[cluster]\nname = "h1"\n')
+    hj = d.daemon.hostjobs
+    d.call(hj.reserve, res(count=1, uid=nobody.pw_uid), "h2")  # h2 coordinates j1
+    lease = next(iter(d.engine.leases))
+
+    def refused(call, *args) -> str:
+        with pytest.raises(Forbidden) as err:
+            d.call(call, *args)
+        said = str(err.value)
+        assert "\n" not in said and "reserved by host h2: host h3 may not" in said, said
+        return said
+
+    refused(hj.commit, pb.CommitRequest(job="j1", attempt=0), "h3")
+    refused(hj.abort, pb.AbortRequest(job="j1", attempt=0), "h3")
+    refused(hj.abort, pb.AbortRequest(job="j1", attempt=1), "h3")  # an abort "overtaking" a newer attempt
+    refused(hj.reserve, res(attempt=1, count=1, uid=nobody.pw_uid), "h3")  # would replace h2's
+    with pytest.raises(Forbidden, match="reserved by host h2: host h1 may not abort"):
+        d.call(hj.abort, pb.AbortRequest(job="j1", attempt=0), None)  # nor this host's own coordinator
+    # nothing lost: h2's reservation holds; h2 commits it, and a launch from h3 is refused
+    assert [r["state"] for r in rows(d, "j1")] == ["held"] and list(d.engine.leases) == [lease]
+    assert d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0), "h2").lease_id == lease
+    spec = pb.LaunchSpec(job="j1", argv=["sh", "-c", f"touch {tmp_path}/ran"], cwd="/",
+                         env={"PATH": os.environ["PATH"]}, uid=nobody.pw_uid, gid=nobody.pw_gid)  # fmt: skip
+    said = refused(_first_event, hj.launch(_once(pb.LaunchInput(start=spec)), "h3"))
+    assert "may not launch" in said and not (tmp_path / "ran").exists()
+    assert [r["state"] for r in rows(d, "j1")] == ["committed"] and list(d.engine.leases) == [lease]
+    assert d.call(hj.abort, pb.AbortRequest(job="j1", attempt=0), "h2").dropped  # its coordinator may
+    assert not d.engine.leases
+
+
+def test_an_abort_from_another_host_that_comes_first_does_not_block_the_coordinators_reserve(inproc):
+    d = inproc(MACHINE, '[cluster]\nname = "h1"\nallow_root_jobs = true\n')
+    hj = d.daemon.hostjobs
+    assert not d.call(hj.abort, pb.AbortRequest(job="j1", attempt=0), "h3").dropped
+    assert len(d.call(hj.reserve, res(), "h2").cards) == 2  # h3's abort is not h2's
+    # h2's own abort that came first still refuses h2's reserve of that attempt
+    assert not d.call(hj.abort, pb.AbortRequest(job="j9", attempt=0), "h2").dropped
+    with pytest.raises(Conflict, match="attempt 0 is aborted"):
+        d.call(hj.reserve, res(job="j9", count=1), "h2")
+
+
+def test_a_callers_gid_buys_no_exemption_from_this_hosts_limits(inproc):
+    """[limits] exempt_groups is checked against the user's groups here, not the gid a peer sends."""
+    import grp
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    root_group = grp.getgrgid(0).gr_name
+    d = inproc(
+        MACHINE,
+        f'[cluster]\nname = "h1"\n[limits]\nmax_leases_per_uid = 1\nexempt_groups = ["{root_group}"]\n',
+    )
+    hj = d.daemon.hostjobs
+    asked = dict(count=1, uid=nobody.pw_uid)
+    d.call(hj.reserve, pb.ReserveRequest(job="j1", attempt=0, mode="xpu", ttl_s=30.0, gid=0, **asked), "h2")
+    with pytest.raises(NoCapacity, match="max_leases_per_uid"):
+        d.call(
+            hj.reserve, pb.ReserveRequest(job="j2", attempt=0, mode="xpu", ttl_s=30.0, gid=0, **asked), "h2"
+        )
+    assert len(d.engine.leases) == 1

@@ -15,7 +15,8 @@ import grpc
 import pytest
 
 from tests.conftest import poll, wait_until
-from tests.test_federation_daemons import Host, converged, site, three  # noqa: F401 (fixtures)
+from tests.otheruser import NOBODY
+from tests.test_federation_daemons import Host, converged, make_host, site, three  # noqa: F401 (fixtures)
 from xpud.api.client import to_error
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
@@ -112,8 +113,9 @@ def peer_stub(site, host: Host, name="h9"):  # noqa: F811
     return pbg.PeerStub(grpc.secure_channel(host.addr, creds))
 
 
-def reserve(stub, job_id, ttl, count=1):
-    req = pb.ReserveRequest(job=job_id, attempt=0, mode="xpu", count=count, ttl_s=ttl, uid=os.getuid())
+def reserve(stub, job_id, ttl, count=1, uid=None):
+    uid = os.getuid() if uid is None else uid
+    req = pb.ReserveRequest(job=job_id, attempt=0, mode="xpu", count=count, ttl_s=ttl, uid=uid)
     return stub.Reserve(req, timeout=10)
 
 
@@ -292,3 +294,52 @@ def test_a_queued_two_host_job_starts_promptly_when_a_peers_lease_is_released(cl
         c.release(blockers["h1"].lease.id, blockers["h1"].token)
     for h in cluster:
         wait_until(lambda h=h: not leases(h) and live_reservations(h) == 0, timeout=15)
+
+
+def test_a_site_certificate_buys_no_root_and_no_other_hosts_job(site):  # noqa: F811
+    """Over real mutual TLS, as the issue's attack did: a host key (h8's, h9's) cannot reserve as root on a
+    host that does not allow root jobs, nor commit, launch or abort a job another host reserved; each
+    refusal is one line and the job loses nothing."""
+    host = make_host(site, 1, [], cluster={"allow_root_jobs": False})
+    try:
+        h9, h8 = peer_stub(site, host, "h9"), peer_stub(site, host, "h8")
+
+        def denied(call) -> str:
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            said = err.value.details()
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "\n" not in said, said
+            return said
+
+        assert "allow_root_jobs = false" in denied(lambda: reserve(h9, "rootjob", 30.0, uid=0))
+        assert not leases(host) and live_reservations(host) == 0
+        assert len(reserve(h9, "j1", 30.0, uid=NOBODY).cards) == 1
+        spec = pb.LaunchSpec(job="j1", argv=["true"], cwd="/", uid=NOBODY, gid=0)
+        for call in (
+            lambda: h8.Commit(pb.CommitRequest(job="j1", attempt=0), timeout=10),
+            lambda: h8.Abort(pb.AbortRequest(job="j1", attempt=0), timeout=10),
+            lambda: list(h8.Launch(iter([pb.LaunchInput(start=spec)]), timeout=10)),
+        ):
+            assert "reserved by host h9: host h8 may not" in denied(call)
+        assert live_reservations(host) == 1 and len(leases(host)) == 1  # nothing lost
+        assert h9.Commit(pb.CommitRequest(job="j1", attempt=0), timeout=10).lease_id == leases(host)[0].id
+        assert h9.Abort(pb.AbortRequest(job="j1", attempt=0), timeout=10).dropped
+        wait_until(lambda: not leases(host) and live_reservations(host) == 0, timeout=10)
+    finally:
+        host.daemon.kill(signal.SIGTERM)
+
+
+def test_a_root_job_over_hosts_that_take_no_root_jobs_says_why_in_one_line(site):  # noqa: F811
+    """Root's `xpu run --nodes 2` where no other host allows root jobs: refused with the hosts' reason."""
+    hosts = [make_host(site, 1, [], cluster={"allow_root_jobs": False})]
+    try:
+        hosts.append(make_host(site, 2, [hosts[0].addr], cluster={"allow_root_jobs": False}))
+        wait_until(lambda: converged(hosts), timeout=40, step=0.3)
+        r = hosts[0].daemon.xpu("run", "--nodes", "2", "--", "true", timeout=60)
+        assert r.returncode != 0
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "allow_root_jobs" in lines[0], r.stderr
+        assert all(not leases(h) and live_reservations(h) == 0 for h in hosts)
+    finally:
+        for h in hosts:
+            h.daemon.kill(signal.SIGTERM)

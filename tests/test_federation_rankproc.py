@@ -359,6 +359,19 @@ def test_as_root_the_rank_runs_as_the_submitters_uid_gid_and_groups():
         assert end.exit_code != 0 and b"Permission denied" in outputs(events, 2)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+def test_the_gid_and_groups_come_from_this_hosts_user_database_never_from_the_caller():
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    assert 0 not in os.getgrouplist("nobody", nobody.pw_gid)
+    # a peer asks for gid 0 (root's group) for a user who is not in it here: the user's own group it is
+    events, end = run(["sh", "-c", "id -g; id -G"], uid=nobody.pw_uid, gid=0)
+    gid, groups = outputs(events, 1).decode().splitlines()
+    assert int(gid) == nobody.pw_gid and 0 not in map(int, groups.split()), outputs(events, 2)
+    assert end.exit_code == 0
+
+
 # ------------------------------------------------------------------------------ over a real gRPC stream
 class _Peer(pbg.PeerServicer):
     def __init__(self, ends):

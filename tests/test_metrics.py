@@ -9,6 +9,7 @@ import re
 import shutil
 import socket
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -169,6 +170,40 @@ def test_listen_is_checked(listen, ok):
     else:
         with pytest.raises(ConfigError, match=r"<string>:2: \[metrics\] listen: "):
             config.parse(text)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_only_the_metrics_path_answers_every_other_path_is_404(daemon_factory):
+    port = free_port()
+    d = daemon_factory(config=f'[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    d.client().acquire_lease("xpu", gpus=1)
+    base = f"http://127.0.0.1:{port}"
+    status, text = get(f"{base}/metrics")
+    assert status == 200 and "xpud_leases_by_owner" in text
+    for path in ("/", "/debug", "/metrics/", "/metricsx", "/favicon.ico", "/x/metrics", "/../metrics"):
+        status, text = get(base + path)
+        assert (status, text) == (404, "not found: xpud serves /metrics only\n"), path
+    assert get(f"{base}/metrics?name[]=xpud_leases_by_owner")[0] == 200  # prometheus' own query still works
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 here")
+def test_an_ipv6_listen_address_is_served(daemon_factory):
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+            port = s.getsockname()[1]
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    daemon_factory(config=f'[metrics]\nlisten = "[::1]:{port}"\n')
+    assert get(f"http://[::1]:{port}/metrics")[0] == 200
+    assert get(f"http://[::1]:{port}/")[0] == 404
 
 
 def test_a_taken_port_stops_the_start_with_one_line(daemon_factory):

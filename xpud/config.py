@@ -355,6 +355,7 @@ class ClusterSection:
         10.0, "Seconds after which a crashed peer is declared dead.", min=2.0, max=3600.0
     )
     remote_launch: bool = _key(True, "Peers may start ranks of multi-host jobs on this host.")
+    allow_root_jobs: bool = _key(False, "Peers may reserve and start jobs of uid 0 (root) on this host.")
 
     @property
     def enabled(self) -> bool:

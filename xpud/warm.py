@@ -3,9 +3,9 @@ slice's environment and a time limit; the outcome is one line for a "forecast" e
 
 The command runs with /bin/sh in ``/``, in a session of its own (a timeout kills the whole session, not
 only the shell), with a small environment: PATH and LANG from the daemon, HOME/USER/LOGNAME of the user,
-and the slice's variables. It never runs as root unless ``warm_user`` says root: the default is the
-unprivileged ``nobody``. A daemon that is not root cannot switch users: it runs the command as itself and
-the outcome says so.
+and the slice's variables, handed over after the user switch (``switch_user``). It never runs as root
+unless ``warm_user`` says root: the default is the unprivileged ``nobody``. A daemon that is not root cannot
+switch users: it runs the command as itself and the outcome says so.
 """
 
 from __future__ import annotations
@@ -56,24 +56,30 @@ async def run(command: str, user: str, env: dict[str, str], timeout_s: float) ->
         "LOGNAME": who.name,
         **env,
     }
-    switch = [] if who.uid == os.geteuid() else switch_user.argv(who.uid, who.gid, ())
     tag = f" ({who.note})" if who.note else ""
+    argv, extra, env_fd = ["/bin/sh", "-c", command], {}, None
     try:
+        if who.uid != os.geteuid():  # setpriv runs as root: a clean environment; the command's after it
+            env_fd = switch_user.env_file(full)
+            switch = switch_user.argv(who.uid, who.gid, ())
+            argv = [*switch, *switch_user.handover_argv(env_fd, argv[0]), *argv[1:]]
+            full, extra = dict(switch_user.CLEAN_ENV), {"pass_fds": (env_fd,)}
         proc = await asyncio.create_subprocess_exec(
-            *switch,
-            "/bin/sh",
-            "-c",
-            command,
+            *argv,
             env=full,
             cwd="/",
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            **extra,
         )
     except (OSError, ValueError) as e:
         why = switch_user.INSTALL if switch_user.missing(e) else e
         return f"warm_command could not start{tag}: {why}"
+    finally:
+        if env_fd is not None:
+            os.close(env_fd)
     try:
         _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except (TimeoutError, asyncio.CancelledError) as e:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.auth import member_of
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
+from xpud.federation import trust
 from xpud.federation.reserve import Refused, Reservation, Reservations, ResState, check_request
 from xpud.federation.room import Room
 from xpud.ledger import LedgerUnavailable, ReservationRecord
@@ -171,6 +172,7 @@ class HostJobs:
             raise Forbidden(
                 f"host {self.name} takes no jobs from other hosts ([cluster] remote_launch = false there)"
             )
+        trust.check_uid(req.uid, peer, self.name, cluster)
         mode = self._mode(req.mode)
         count = req.count or 1
         if mode is not Mode.XPU and count != 1:
@@ -182,11 +184,16 @@ class HostJobs:
                 f"uid {req.uid}{f' ({req.user})' if req.user else ''} does not exist on host {self.name}: "
                 "create the user there (same uid) or run the job on other hosts"
             ) from None
-        exempt = await asyncio.to_thread(self.exempt, req.uid, req.gid)
+        exempt = await asyncio.to_thread(self.exempt, req.uid, pwd_entry.pw_gid)  # this host's groups
         async with self._lock(req.job):
             now = self.clock()
             self.table.expire(now)
             old = self.table.get(req.job)
+            if old is not None and old.coordinator not in ("", trust.caller(peer, self.name)):
+                if _live(old):
+                    trust.check_coordinator(req.job, old.coordinator, peer, self.name, "reserve")
+                self.table.remove(req.job)  # ended, another host's (an abort that came first): not this one's
+                old = None
             if old is not None:
                 if req.attempt < old.attempt:
                     raise Conflict(
@@ -275,6 +282,8 @@ class HostJobs:
             await self._expire_due(now)
             try:
                 before = self.table.get(req.job)
+                if before is not None:
+                    trust.check_coordinator(req.job, before.coordinator, peer, self.name, "commit")
                 was = before.state if before is not None else None
                 res = self.table.commit(req.job, req.attempt, now)
             except Refused as e:
@@ -313,15 +322,20 @@ class HostJobs:
             )
 
     async def abort(self, req: pb.AbortRequest, peer: str | None = None) -> pb.AbortReply:
-        return pb.AbortReply(dropped=await self.drop(req.job, req.attempt, f"aborted by {peer or self.name}"))
+        dropped = await self.drop(req.job, req.attempt, f"aborted by {peer or self.name}", peer or self.name)
+        return pb.AbortReply(dropped=dropped)
 
     @uninterrupted
-    async def drop(self, job: str, attempt: int | None, why: str) -> bool:
-        """End ``job`` here at whatever stage (``attempt`` None: any). True when something was dropped."""
+    async def drop(self, job: str, attempt: int | None, why: str, by: str = "") -> bool:
+        """End ``job`` here at whatever stage (``attempt`` None: any). True when something was dropped.
+        ``by``: the host that asks (an abort): it must be the job's coordinator here, and an abort that
+        overtook its reserve is remembered as that host's."""
         async with self._lock(job):
             r = self.table.get(job)
+            if by and r is not None:
+                trust.check_coordinator(job, r.coordinator, by, self.name, "abort")
             if attempt is not None and (r is None or (r.attempt < attempt and not _live(r))):
-                self._overtaken(job, attempt)
+                self._overtaken(job, attempt, by)
                 return False
             if r is None or (attempt is not None and r.attempt != attempt):
                 return False
@@ -333,14 +347,14 @@ class HostJobs:
                 return True
             return False
 
-    def _overtaken(self, job: str, attempt: int) -> None:
+    def _overtaken(self, job: str, attempt: int, by: str = "") -> None:
         """An abort that overtook its reserve (the coordinator was cancelled while its Reserve was on the
         way): remember the attempt as aborted, so that the reserve is refused when it comes rather than
         holding cards for its whole TTL. Forgotten with the other ended entries; at most
         ``MAX_REMEMBERED`` entries in all."""
         if len(self.table) < MAX_REMEMBERED:
             now = self.clock()
-            self.table.put(Reservation(job, attempt, "", (), now, now, ResState.ABORTED))
+            self.table.put(Reservation(job, attempt, by, (), now, now, ResState.ABORTED))
 
     # ------------------------------------------------------------------------------ Launch hooks
     def launching(self, job: str, kill: Kill) -> Lease:
@@ -379,6 +393,11 @@ class HostJobs:
         if first is None or first.WhichOneof("what") != "start":
             raise BadRequest("Launch: the first message must be start (a LaunchSpec)")
         spec = first.start
+        cluster = getattr(self.daemon.cfg, "cluster", None)
+        trust.check_uid(spec.uid, peer, self.name, cluster)
+        held = self.table.get(spec.job)
+        if held is not None:
+            trust.check_coordinator(spec.job, held.coordinator, peer, self.name, "launch")
         lease = self.lease_of(spec.job)
         if lease is not None and spec.uid != lease.owner_uid:
             raise Forbidden(f"job {spec.job}: uid {spec.uid} does not own its lease on host {self.name}")
@@ -395,7 +414,6 @@ class HostJobs:
             why = ended.error or f"its rank ended (exit {ended.exit_code})"
             self._spawn(self.launch_ended(spec.job, why))
 
-        cluster = getattr(self.daemon.cfg, "cluster", None)
         allowed = not peer or peer == self.name or cluster is None or cluster.remote_launch
 
         async def on_start(pid: int) -> None:

@@ -16,7 +16,8 @@ Every request is checked by ``xpud.api.validate`` like the local services' reque
           -> AsyncIterator[pb.LaunchEvent]
 
   ``launch`` receives the inputs already validated one by one. Errors are ``xpud.errors`` classes, which
-  become status codes as in the local services.
+  become status codes as in the local services. What a certificate buys there (no root unless allowed,
+  a job only for the host that reserved it) is ``trust``'s, checked by ``hostjobs`` with ``peer``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """One rank of a multi-host job on this host: the process the daemon starts for ``Peer.Launch``.
 
-``run_rank(spec, inputs, on_end)`` starts ``spec.argv`` as the submitter (``spec.uid``/``spec.gid`` and
-that user's supplementary groups on this host), in ``spec.cwd``, with exactly ``spec.env``, in a process
+``run_rank(spec, inputs, on_end)`` starts ``spec.argv`` as the submitter (``spec.uid``, and the gid and
+supplementary groups this host's user database gives that user: ``spec.gid`` only where the user is in that
+group here), in ``spec.cwd``, with exactly ``spec.env``, in a process
 group (and session) of its own, and yields ``LaunchEvent``s: ``started``, then the output as it comes
 (``RankOutput`` chunks of at most ``CHUNK_BYTES``, each stream in order), then one ``ended``. ``inputs``
 (the rest of the Launch stream) carries stdin bytes, stdin's end and signals for the group.
@@ -28,9 +29,11 @@ group (and session) of its own, and yields ``LaunchEvent``s: ``started``, then t
 - Refusals (``RankEnded.error``, one line): remote launch disabled here, a uid unknown here, a uid this
   daemon cannot switch to (it is not root), a missing working directory, a command not found.
 
-No Python code runs between fork and exec (the daemon has gRPC threads): the uid, groups, session and
-directory are set by ``subprocess`` itself. Run as root for another user, the directory is entered after
-the switch (``env --chdir``) so the user gets no directory root alone may enter.
+No Python code runs between fork and exec (the daemon has gRPC threads): the session is set by
+``subprocess`` itself, the uid and groups by ``setpriv`` (``switch_user``). Run as root, setpriv starts with a
+clean, fixed environment and the rank's environment is handed over only after the switch (a user's
+``LD_PRELOAD`` never loads into a root process); the directory is entered after the switch too (``env
+--chdir``) so the user gets no directory root alone may enter.
 
 **Under systemd** (``sysunit.Units.detect()``: xpud is a service and runs as root) the rank is a transient
 unit of its own instead, outside xpud.service's sandbox: the daemon starts ``systemd-run --pipe --wait``
@@ -105,9 +108,14 @@ def _host() -> str:
     return socket.gethostname()
 
 
-def _argv_and_creds(spec: pb.LaunchSpec, gate: list[str] = (), paths: bool = True) -> tuple[list[str], dict]:
-    """The argv to exec (as root: ``switch_user``'s prefix, then ``gate``) and the keyword arguments of the
-    process's start (its directory) for ``spec``; raises Refused.
+def _argv_and_creds(
+    spec: pb.LaunchSpec, gate: list[str] = (), paths: bool = True
+) -> tuple[list[str], list[str], dict]:
+    """``(switch, command, creds)`` for ``spec``: as root, ``switch`` is ``switch_user``'s prefix (uid, and
+    gid and groups from this host's user database) and ``command`` (``env --chdir``, ``gate``, the argv) gets
+    the spec's environment through switch_user's handover, after the switch; not root, ``switch`` is []
+    and ``command`` runs as this daemon with the environment as it is. ``creds``: the keyword arguments of
+    the process's start (its directory). Raises Refused.
     ``paths``: check the directory and the command here (not when the rank is a unit: the daemon's own
     view of the file system is its sandbox's, e.g. a private /tmp, and ``env --chdir`` in the unit says
     what is missing)."""
@@ -142,12 +150,21 @@ def _argv_and_creds(spec: pb.LaunchSpec, gate: list[str] = (), paths: bool = Tru
                 f"this daemon runs as uid {euid}, not root: it can start ranks only as itself, "
                 f"not as uid {spec.uid} gid {spec.gid}"
             )
-        return [*gate, *argv], {"cwd": cwd}
-    groups = os.getgrouplist(pw.pw_name, spec.gid)
-    if spec.uid == 0:
-        return [*switch_user.argv(None, spec.gid, groups), *gate, *argv], {"cwd": cwd}
-    switch = switch_user.argv(spec.uid, spec.gid, groups)
-    return [*switch, ENV, f"--chdir={cwd}", "--", *gate, *argv], {"cwd": "/"}
+        return [], [*gate, *argv], {"cwd": cwd}
+    gid, groups = host_groups(pw, spec.gid)
+    if gid != spec.gid:
+        log.warning("rank of job %s: gid %d asked for uid %d, not one of its groups here: gid %d instead",
+                    spec.job, spec.gid, spec.uid, gid)  # fmt: skip
+    switch = switch_user.argv(None if spec.uid == 0 else spec.uid, gid, groups)
+    return switch, [ENV, f"--chdir={cwd}", "--", *gate, *argv], {"cwd": "/"}
+
+
+def host_groups(pw: pwd.struct_passwd, asked: int) -> tuple[int, list[int]]:
+    """The gid and the supplementary groups of ``pw``'s user by this host's user database: ``asked`` (the
+    submitter's gid) when the user is in that group here, else the user's primary group. Never the
+    caller's word alone: a peer's certificate buys no group."""
+    groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
+    return (asked if asked in groups else pw.pw_gid), groups
 
 
 def _kill_started(starting: asyncio.Future) -> None:
@@ -377,9 +394,8 @@ class Rank:
                         spec.job, spec.rank, ", ".join(sorted(dropped))[:500])  # fmt: skip
         self.unit = unit
         names = set(spec.env) - set(dropped)
-        line = sysunit.run_argv(
-            unit, argv, spec.uid, spec.gid, spec.cwd, self._env_file, self.stop_grace_s, names
-        )
+        gid = host_groups(pwd.getpwuid(spec.uid), spec.gid)[0]  # the uid exists: _argv_and_creds checked
+        line = sysunit.run_argv(unit, argv, spec.uid, gid, spec.cwd, self._env_file, self.stop_grace_s, names)
         return [self.units.systemd_run, *line[1:]]
 
     async def _forget_env(self) -> None:
@@ -442,15 +458,24 @@ class Rank:
                 f"remote launch is disabled on {_host()} ([cluster] remote_launch = false in its xpud.toml)"
             )
         gate = [SH, "-c", GATE, "xpu-rank"] if self.on_start is not None else []
-        argv, creds = _argv_and_creds(self.spec, gate, paths=self.units is None)
-        env = dict(self.spec.env)
+        switch, argv, creds = _argv_and_creds(self.spec, gate, paths=self.units is None)
+        env, env_fd = dict(self.spec.env), None
         if self.units is not None:  # systemd switches the user and enters the directory
             argv = await asyncio.to_thread(self._unit_argv, [*gate, *self.spec.argv])  # writes the env file
             creds, env = {"cwd": "/"}, dict(sysunit.CLEAN_ENV)
+        elif switch:  # setpriv runs as root: a clean environment; the user's after the switch
+            try:
+                env_fd = switch_user.env_file(env)
+            except (OSError, ValueError) as e:
+                raise Refused(f"{self.spec.argv[0]}: cannot start on {_host()}: {e}") from None
+            argv = [*switch, *switch_user.handover_argv(env_fd, argv[0]), *argv[1:]]
+            creds, env = {**creds, "pass_fds": (env_fd,)}, dict(switch_user.CLEAN_ENV)
         loop = asyncio.get_running_loop()
         starting = asyncio.ensure_future(
             loop.subprocess_exec(lambda: _Pipes(self), *argv, env=env, start_new_session=True, **creds)
         )
+        if env_fd is not None:  # closed once the process has it (not before: its number could be reused)
+            starting.add_done_callback(lambda _: os.close(env_fd))
         try:
             # shielded: asyncio's own clean-up of a cancelled start waits for the whole group's pipes
             transport, _ = await asyncio.shield(starting)

@@ -85,6 +85,10 @@ class Reservations:
         """Set a job's entry as it is elsewhere (restored from a ledger, or undone after a failed write)."""
         self._by_job[r.job] = r
 
+    def remove(self, job: str) -> None:
+        """Drop a job's entry (an ended one another coordinator left, e.g. an abort that came first)."""
+        self._by_job.pop(job, None)
+
     def active(self) -> list[Reservation]:
         return [r for r in self._by_job.values() if r.state is ResState.HELD]
 
