@@ -14,10 +14,12 @@ Beyond the pynvml surface (all thread-safe; none needs nvmlInit):
 - link power: ``nvlink_sleep`` (links in their low-power state: not a fault);
 - PCIe: ``add_pcie_replays`` (the replay counter rises);
 - faults: ``inject_xid``, ``inject_ecc_sbe``, ``inject_ecc_dbe``, ``set_overheat``, ``nvlink_down``,
-  ``lose``, ``corrupt_inforom``, ``clear`` (faults gone, volatile counters reset), ``reset`` (a GPU
-  reset, ``nvidia-smi -r``: also applies a pending MIG mode; refused while the card is held);
+  ``lose``, ``corrupt_inforom``, ``set_fabric`` (NVSwitch fabric not trained, or failed), ``clear``
+  (faults gone, volatile counters reset), ``reset`` (a GPU reset, ``nvidia-smi -r``: also applies a
+  pending MIG mode; refused while the card is held);
 - tests: ``fail(name, code, index)`` makes one call fail, ``hide(name)`` makes it missing as in an old
-  binding, ``calls`` counts calls by name, ``mig_layout(index)`` shows the MIG instances.
+  binding, ``invalid_profiles`` (profile enums answered INVALID_ARGUMENT), ``calls`` counts calls by
+  name, ``mig_layout(index)`` shows the MIG instances.
 """
 
 from __future__ import annotations
