@@ -8,8 +8,13 @@
 # and topo; a whole-card `xpu run` whose child sees exactly its card (CUDA's device count and UUID, and
 # nvidia-smi -L listing it); the health poll's CPU cost (bench/health_poll.py, and the daemon's own CPU);
 # and the cards' settings before and after (MIG mode, compute mode, persistence, application clocks, power
-# limit), which must not have changed. It never sets a MIG mode, a compute mode, clocks or a power limit,
-# never resets a card and starts no MPS daemon.
+# limit), which must not have changed. On real cards it then records what the driver answers where the
+# fake had to assume (scripts/device_probe.py and the lines below): minor numbers against indices and
+# /proc/devices, every MIG profile enum's return code, the NVSwitch fabric state, each health call's
+# support, the recovery-action field, NVLink versions and counters, CUDA_VISIBLE_DEVICES by UUID as CUDA
+# sees it, a 60 s CUDA load (PyTorch: power against the limit, clock-event bits, process utilisation) and an
+# MPS client as nobody over its memory limit (its own control daemon in a private pipe directory, quit
+# afterwards). It never sets a MIG mode, a compute mode, clocks or a power limit and never resets a card.
 #
 # --simulate MACHINE (or XPUD_DEVICE_CHECK_SIMULATE=MACHINE) runs the same steps over a simulated machine
 # (no GPU, no nvidia-smi: the child checks its CUDA_VISIBLE_DEVICES instead), so the script is tested in CI.
@@ -26,7 +31,7 @@ while [[ $# -gt 0 ]]; do
     --simulate) simulate=${2:?--simulate needs a machine name}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --poll-seconds) poll_seconds=${2:?--poll-seconds needs a number}; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "device-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -60,9 +65,14 @@ trap cleanup EXIT
 
 summary=()
 failed=0
+skipped=0
 record() {  # record NAME STATUS DETAIL
   summary+=("$(printf '%-4s %-16s %s' "$2" "$1" "$3")")
-  [[ $2 == PASS ]] || failed=$((failed + 1))
+  case $2 in
+    PASS) ;;
+    SKIP) skipped=$((skipped + 1)) ;;
+    *) failed=$((failed + 1)) ;;
+  esac
 }
 # check NAME CMD...: run a check whose stdout's last line is its detail; PASS on exit 0.
 check() {
@@ -140,7 +150,67 @@ else
   else record daemon-log PASS "no traceback"; fi
 fi
 
-# 6. nothing changed on the cards
+# 6. what the driver answers (real cards only; read-only): recorded answers, see bench/device-check.md.
+# answer NAME CMD...: like check, but exit 3 means there was nothing to probe here (SKIP, not a failure).
+answer() {
+  local name=$1; shift
+  local log=$out/$name.log rc=0
+  "$@" >"$log" 2>&1 || rc=$?
+  case $rc in
+    0) record "$name" PASS "$(tail -n 1 "$log")" ;;
+    3) record "$name" SKIP "$(tail -n 1 "$log")" ;;
+    *) record "$name" FAIL "$(tail -n 1 "$log") (log: $log)" ;;
+  esac
+}
+minors() {  # device nodes, cgroup rules and gres File= use the minor, never the index
+  nvidia-smi --query-gpu=index,minor_number,uuid --format=csv,noheader >"$out/minors.csv" || return 1
+  ls -l /dev/nvidia* /dev/nvidia-caps >"$out/dev-nodes.txt" 2>&1
+  grep -i nvidia /proc/devices >"$out/proc-devices.txt"
+  local differ
+  differ=$(awk -F', *' '$1 != $2 {printf "GPU%s has minor %s; ", $1, $2}' "$out/minors.csv")
+  echo "$(wc -l <"$out/minors.csv") card(s): ${differ:-minor = index on every card; }/proc/devices: $(tr -s ' \n' ' ' <"$out/proc-devices.txt")"
+}
+cvd_uuid() {  # CUDA_VISIBLE_DEVICES by UUID (the last card: not the identity mapping), as CUDA sees it
+  local uuid
+  uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | tail -n 1)
+  CUDA_VISIBLE_DEVICES=$uuid "$py" scripts/device_check.py cuda >"$out/cvd-uuid.txt" 2>&1 || return 1
+  if grep -qx "CUDA_COUNT=1" "$out/cvd-uuid.txt" && grep -qx "CUDA_UUID=$uuid" "$out/cvd-uuid.txt"; then
+    echo "CUDA_VISIBLE_DEVICES=$uuid (by UUID): CUDA sees exactly that card"
+  else
+    echo "CUDA_VISIBLE_DEVICES=$uuid: CUDA saw $(grep ^CUDA_ "$out/cvd-uuid.txt" | tr '\n' ' ')"; return 1
+  fi
+}
+mps_limit() {  # an MPS client as nobody over CUDA_MPS_PINNED_DEVICE_MEM_LIMIT must fail its allocation
+  command -v nvidia-cuda-mps-control >/dev/null || { echo "SKIP: no nvidia-cuda-mps-control"; return 3; }
+  "$py" -c 'import torch' 2>/dev/null || { echo "SKIP: no PyTorch for the MPS client"; return 3; }
+  command -v setpriv >/dev/null && id nobody >/dev/null 2>&1 || { echo "SKIP: no setpriv or no user nobody"; return 3; }
+  local as_nobody=(setpriv --reuid="$(id -u nobody)" --regid="$(id -g nobody)" --clear-groups)
+  "${as_nobody[@]}" "$py" -c pass 2>/dev/null || { echo "SKIP: nobody cannot run $py (a venv nobody can read)"; return 3; }
+  local mps=$work/mps uuid rc=0
+  uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)
+  mkdir -p "$mps/pipe" "$mps/log" && chmod 1777 "$mps/pipe" "$mps/log" && chmod 755 "$mps"
+  CUDA_VISIBLE_DEVICES=$uuid CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log \
+    nvidia-cuda-mps-control -d || { echo "the MPS control daemon did not start"; return 1; }
+  "${as_nobody[@]}" env -i PATH=/usr/bin:/bin HOME=/tmp CUDA_VISIBLE_DEVICES="$uuid" \
+    CUDA_MPS_PIPE_DIRECTORY="$mps/pipe" CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1G "$py" -c '
+import torch
+torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+print("ALLOCATED 2 GiB under a 1 GiB limit")' >"$out/mps-client.txt" 2>&1 || rc=$?
+  echo quit | CUDA_MPS_PIPE_DIRECTORY=$mps/pipe nvidia-cuda-mps-control
+  if (( rc == 0 )); then echo "a client as nobody allocated 2 GiB over its 1 GiB MPS limit"; return 1; fi
+  echo "a client as nobody over its 1 GiB MPS limit failed (exit $rc): $(grep -m1 -i 'memory' "$out/mps-client.txt")"
+}
+if [[ -z $simulate ]]; then
+  answer minors minors
+  for what in mig-profiles fabric fields recovery nvlink; do
+    answer "$what" "$py" scripts/device_probe.py "$what" "$out"
+  done
+  answer cvd-uuid cvd_uuid
+  answer cuda-load "$py" scripts/device_probe.py load "$out" 60
+  answer mps-limit mps_limit
+fi
+
+# 7. nothing changed on the cards
 [[ -z $simulate ]] && settings >"$out/settings-after.txt" 2>&1
 if [[ -s $out/settings-before.txt ]] && cmp -s "$out/settings-before.txt" "$out/settings-after.txt"; then
   record settings PASS "unchanged: $(wc -l <"$out/settings-before.txt") card(s)"
@@ -148,6 +218,8 @@ else
   record settings FAIL "changed or unreadable: diff $out/settings-before.txt $out/settings-after.txt"
 fi
 
-echo "device-check ($mode): $(( ${#summary[@]} - failed )) passed, $failed failed; logs in $out"
+extra=""
+(( skipped )) && extra=" ($skipped skipped: nothing to probe)"
+echo "device-check ($mode): $(( ${#summary[@]} - failed - skipped )) passed, $failed failed$extra; logs in $out"
 printf '  %s\n' "${summary[@]}"
 (( failed == 0 ))

@@ -80,7 +80,9 @@ def test_a_healthy_host_passes_every_check(host_dir):
         "mig GPU0": "ok",
         "mig GPU1": "ok",
         "persistence": "ok",
+        "fabric": "skip",
         "mps": "ok",
+        "uvm": "ok",
         "admin group": "ok",
         "user switch": "ok",
         "sockets": "ok",
@@ -100,7 +102,7 @@ def test_a_healthy_host_passes_every_check(host_dir):
     )
     assert text.returncode == 0
     assert text.stdout.splitlines()[0].startswith("ok    driver: NVIDIA driver 550.90.07")
-    assert text.stdout.strip().endswith("0 failed, 0 warning(s), 12 check(s)")
+    assert text.stdout.strip().endswith("0 failed, 0 warning(s), 14 check(s)")
 
 
 def _cfg(cfg_file: Path, **changes) -> config.Config:
@@ -195,6 +197,22 @@ def _lose_card(host):
     host.lib.lose(1)
 
 
+def _no_uvm(host):
+    real = host.devices
+
+    def devices():
+        nodes, groups = real()
+        return [n for n in nodes if not n.path.startswith("/dev/nvidia-uvm")], groups
+
+    host.devices = devices
+    return lambda: setattr(host, "devices", real)
+
+
+def _fabric_training(host):
+    host.lib.set_fabric(3, N.NVML_GPU_FABRIC_STATE_IN_PROGRESS)
+    return lambda: host.lib.set_fabric(3, N.NVML_GPU_FABRIC_STATE_COMPLETED)
+
+
 CASES = {
     "card off the bus": (
         "workstation-2x",
@@ -240,6 +258,18 @@ CASES = {
         {},
         _mig_pending,
         {"mig GPU0": ("warn", "nvidia-smi -i 0 --gpu-reset")},
+    ),
+    "nvidia-uvm not loaded": (
+        "workstation-2x",
+        {},
+        _no_uvm,
+        {"uvm": ("fail", "nvidia-modprobe -u -c=0")},
+    ),
+    "nvswitch fabric not trained": (
+        "dgx-h100",
+        {},
+        _fabric_training,
+        {"fabric": ("fail", "systemctl enable --now nvidia-fabricmanager")},
     ),
     "no admin group": (
         "workstation-2x",

@@ -246,3 +246,51 @@ def test_engine_news_during_a_summary_refresh_waits_for_the_next_refresh(tmp_pat
         await fed.channels.close()
 
     asyncio.run(main())
+
+
+def test_a_second_daemon_on_the_same_peer_address_refuses_to_start(tmp_path):
+    """gRPC core sets SO_REUSEPORT on Linux listeners unless ``grpc.so_reuseport`` is 0 (grpc/grpc:
+    src/core/lib/iomgr/socket_utils_common_posix.cc, ``grpc_set_socket_reuse_port``; the channel arg
+    GRPC_ARG_ALLOW_REUSEPORT in include/grpc/impl/channel_arg_names.h). With it, a second daemon on the same
+    host and port would bind too and the kernel would split the peers' calls between the two."""
+    import asyncio
+    import socket
+
+    import pytest
+
+    from xpud import config
+    from xpud.federation import node, view
+    from xpud.federation.certs import init_ca, issue
+
+    init_ca(tmp_path / "ca")
+    c = issue("h1", tmp_path / "ca", tmp_path / "h1", ips=["127.0.0.1"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = config.ClusterSection(
+        name="h1", listen=f"127.0.0.1:{port}", ca=str(c.ca), cert=str(c.cert), key=str(c.key)
+    )
+
+    class Engine:
+        def watch(self):
+            return asyncio.Queue()
+
+        def unwatch(self, q):
+            pass
+
+    async def summary():
+        return view.HostSummary(cards=0, free_whole=0)
+
+    async def main():
+        first, second = node.Federation(cfg, engine=Engine()), node.Federation(cfg, engine=Engine())
+        first._summary = second._summary = summary
+        await first.start()
+        try:
+            with pytest.raises(OSError, match="the port is in use"):
+                await second.start()
+        finally:
+            await first.stop()
+            await first.channels.close()
+            await second.channels.close()
+
+    asyncio.run(main())

@@ -208,7 +208,9 @@ def _mig_engine(tmp_path, now: float, extra: str = "", fake=None, ledger=None):
             ledger.insert_lease(lease, "t")
             ledger.end_lease(lease.id, LeaseState.RELEASED, "history", when=e)
     clock = Clock(now)
-    iso = backend_for(cfg, nvml, FakeNvidiaTools(fake))
+    from xpud.isolation.mig_book import LedgerBook
+
+    iso = backend_for(cfg, nvml, FakeNvidiaTools(fake), mig_book=LedgerBook(ledger))  # as the daemon does
     engine = sync_engine(nvml.cards(), nvml.topology(), cfg, ledger, isolation=iso, clock=clock)
     engine.restore()
     return engine, clock, fake

@@ -66,12 +66,22 @@ SAMPLE_TABLE = [
     ("dgx-h100", ["nvmlDeviceGetPcieReplayCounter"], ["pcie_replay_counter"]),
     ("dgx-h100", ["nvmlDeviceValidateInforom"], ["inforom_valid"]),
     # NVLink: one field-values call; per-link calls are the fallback, so it takes both to lose a signal.
-    ("dgx-h100", ["nvmlDeviceGetFieldValues"], []),
+    # The recovery action is a field value only.
+    ("dgx-h100", ["nvmlDeviceGetFieldValues"], ["recovery_action"]),
     ("dgx-h100", ["nvmlDeviceGetNvLinkErrorCounter"], []),
     ("dgx-h100", ["nvmlDeviceGetNvLinkState"], []),
-    ("dgx-h100", ["nvmlDeviceGetFieldValues", "nvmlDeviceGetNvLinkErrorCounter"], NVLINK),
+    (
+        "dgx-h100",
+        ["nvmlDeviceGetFieldValues", "nvmlDeviceGetNvLinkErrorCounter"],
+        [*NVLINK, "recovery_action"],
+    ),
     # Neither can count the links: the card reads as one without NVLink.
-    ("dgx-h100", ["nvmlDeviceGetFieldValues", "nvmlDeviceGetNvLinkState"], [*NVLINK, "nvlink_links_down"]),
+    (
+        "dgx-h100",
+        ["nvmlDeviceGetFieldValues", "nvmlDeviceGetNvLinkState"],
+        [*NVLINK, "nvlink_links_down", "recovery_action"],
+    ),
+    ("dgx-h100", ["nvmlDeviceGetGpuFabricInfoV"], ["fabric_state", "fabric_status"]),
 ]
 
 

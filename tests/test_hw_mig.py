@@ -242,7 +242,7 @@ def test_profiles_are_not_listed_while_mig_is_off():
     assert len(nvml.mig_profiles(0)) == 7  # read afresh once MIG is on
 
 
-def test_an_older_driver_knows_fewer_profiles_and_enumeration_stops_quietly(caplog):
+def test_an_older_driver_knows_fewer_profiles_and_enumeration_skips_them_quietly(caplog):
     # dgx-a100 runs driver 535: it answers INVALID_ARGUMENT for the binding's later profile enums.
     fake, nvml = mig_card("dgx-a100")
     fake.nvmlInit()
@@ -255,8 +255,21 @@ def test_an_older_driver_knows_fewer_profiles_and_enumeration_stops_quietly(capl
     nvml.destroy_mig_instance(0, half.gpu_instance_id)
     assert not nvml.errors and "INVALID_ARGUMENT" not in caplog.text
     calls = fake.calls["nvmlDeviceGetGpuInstanceProfileInfo"]
-    # ours above, then the known enums and the first unknown one
-    assert calls == 1 + pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2 + 2
+    # ours above, then every enum the binding knows: an unknown one is skipped, bounded by the COUNT
+    assert calls == 1 + pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+
+
+def test_an_invalid_argument_for_one_profile_skips_that_profile_and_enumeration_goes_on(caplog):
+    """NVIDIA's go-nvlib (pkg/nvlib/device/mig_profile.go, GetMigProfiles) and mig-parted enumerate the
+    GPU-instance profile enums up to the binding's COUNT and ``continue`` on ERROR_NOT_SUPPORTED and
+    ERROR_INVALID_ARGUMENT: one profile the driver refuses does not hide the ones after it."""
+    fake, nvml = mig_card("dgx-h100")
+    fake.invalid_profiles = {pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1}  # the 1g.10gb+me enum (7)
+    names = {p.name for p in nvml.mig_profiles(0)}
+    # 1g.20gb is enum 9 (1_SLICE_REV2), after the refused one
+    assert names == {"1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}
+    assert not nvml.errors and "INVALID_ARGUMENT" not in caplog.text
+    assert fake.calls["nvmlDeviceGetGpuInstanceProfileInfo"] == pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
 
 
 def test_mig_on_hides_utilisation_and_remapped_rows():

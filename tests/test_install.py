@@ -268,3 +268,34 @@ def test_an_unedited_config_follows_the_package_on_upgrade(root):
     assert (root / CONFIG).read_bytes() == TEMPLATE_CONFIG
     assert xpud("uninstall-service", "--root", str(root)).returncode == 0
     assert not (root / CONFIG).exists()
+
+
+def _unit_lines(text: str) -> dict[str, list[str]]:
+    """section -> its ``Key=value`` lines, in order (systemd.syntax(7): repeated keys add up)."""
+    out: dict[str, list[str]] = {}
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            section = line
+        elif line and line[0] not in "#;" and "=" in line:
+            out.setdefault(section, []).append(line)
+    return out
+
+
+def test_the_unit_starts_after_the_fabric_manager_and_loads_nvidia_uvm_first(root):
+    """NVSwitch hosts: CUDA fails until nvidia-fabricmanager.service (NVIDIA's Fabric Manager package ships
+    that unit) has trained the fabric, so xpud wants it and orders itself after it. ProtectKernelModules=yes
+    (systemd.exec(5)) keeps the daemon from loading nvidia-uvm, so the unit loads it before, with full
+    privileges ("+", systemd.service(5)), through nvidia-modprobe (NVIDIA/nvidia-modprobe: -u loads
+    nvidia-uvm and makes its nodes, -c=0 makes /dev/nvidia0); "-": a host without the tool still starts."""
+    assert xpud("install-service", "--root", str(root), "--no-start").returncode == 0
+    unit = _unit_lines((root / UNIT).read_text())
+    wants = " ".join(v.split("=", 1)[1] for v in unit["[Unit]"] if v.startswith("Wants="))
+    after = " ".join(v.split("=", 1)[1] for v in unit["[Unit]"] if v.startswith("After="))
+    assert "nvidia-fabricmanager.service" in wants.split()
+    assert "nvidia-fabricmanager.service" in after.split()
+    service = unit["[Service]"]
+    assert "ProtectKernelModules=yes" in service
+    pre = [v.split("=", 1)[1] for v in service if v.startswith("ExecStartPre=")]
+    assert pre == ["-+/usr/bin/nvidia-modprobe -u -c=0"]

@@ -70,7 +70,10 @@ def check_mig(d, keep: float) -> None:
             owner = next((held_uuids[u] for u in g["uuids"] if u in held_uuids), None)
             state = books[i].get(g["gpu_instance_id"], (None, "unknown"))
             if owner is None:
-                assert keep > 0 and state == (None, "idle"), f"card {i}: leaked instance {g} ({state})"
+                foreign = state[1].startswith("blocked: made by another tool")  # never ours to destroy
+                assert foreign or (keep > 0 and state == (None, "idle")), (
+                    f"card {i}: leaked instance {g} ({state})"
+                )
             else:
                 assert state == (owner, "held")
         mode, slices, _whole = cards[i]
@@ -310,14 +313,16 @@ def test_an_idle_mps_server_is_shut_down_when_its_grace_ends_and_at_once_with_ze
 
 
 def test_restart_adopts_mig_instances_destroys_orphans_and_reclaims_lost_slices(inproc):
-    d1 = inproc("dgx-h100", CONFIG.format(keep=0), name="a")
+    d1 = inproc("dgx-h100", CONFIG.format(keep=600), name="a")
     with Client(d1.runtime_dir) as c:
         kept = [c.acquire_lease("vxpu-half"), c.acquire_lease("vxpu-quarter")]
         doomed = c.acquire_lease("vxpu-half")
+        idle = c.acquire_lease("vxpu-quarter")
+        c.release(idle.lease.id, idle.token)  # its instance stays, idle: made by xpud, held by no lease
     fake = d1.fake
     d1.stop()
-    # While xpud is down: someone leaves an empty instance on card 5, and the doomed lease's instance
-    # vanishes (destroyed by hand).
+    # While xpud is down: someone (mig-parted, an operator) leaves an empty instance on card 5, and the
+    # doomed lease's instance vanishes (destroyed by hand).
     d1.hw.open()
     d1.hw.set_mig_mode(5, True)
     fake.reset(5)
@@ -337,17 +342,22 @@ def test_restart_adopts_mig_instances_destroys_orphans_and_reclaims_lost_slices(
             assert active == {g.lease.id for g in kept}
             ended = {x.id: x.state for x in c.leases(all=True).leases}
             assert ended[doomed.lease.id] == "reclaimed"
-        assert fake.mig_layout(5) == [] and fake.card_state(5).mig == 0  # orphan destroyed, card back whole
+        # Not made by xpud: left alone (MIG stays on, its space blocked), under any mig_switch.
+        assert [(g["name"], g["start"]) for g in fake.mig_layout(5)] == [("2g.20gb", 0)]
+        assert fake.card_state(5).mig == 1
         check_mig(d2, 0)
         events = d2.call(lambda: [e.message for e in d2.engine.ledger.events(limit=50)])
         assert any("adopted MIG 3g.40gb" in m for m in events)
-        assert any("destroyed orphaned MIG 2g.20gb@0" in m for m in events)
+        idle_card = idle.lease.cards[0]
+        assert any(f"card {idle_card}: destroyed orphaned MIG " in m for m in events)
+        assert any("card 5: MIG 2g.20gb@0 was not made by this xpud" in m for m in events)
         assert any(f"the MIG instance of lease {doomed.lease.id} is gone" in m for m in events)
         with Client(d2.runtime_dir) as c:
             for g in kept:
                 c.release(g.lease.id, g.token)
         check_mig(d2, 0)
-        assert all(fake.mig_layout(i) == [] for i in range(8))
+        assert all(fake.mig_layout(i) == [] for i in range(8) if i != 5)
+        assert len(fake.mig_layout(5)) == 1
     finally:
         d2.stop()
 

@@ -233,7 +233,7 @@ def test_reconcile_adopts_destroys_orphans_leaves_busy_ones_and_reports_lost():
     fake.add_process(0, 999, gpu_instance_id=busy_gi)
     gone = Slice(0, "vxpu-quarter", 1, 1, handle="MIG-00000000-0000-0000-0000-000000000000")
     # A new daemon: same card, fresh backend; the ledger knows "kept" and "gone".
-    again = MigIsolation(card, nvml, tools, mig_map.load(), DEFAULT_SLICES, idle_keep_s=0)
+    again = MigIsolation(card, nvml, tools, mig_map.load(), DEFAULT_SLICES, idle_keep_s=0, book=b.book)
     found = again.reconcile(card, CardMode.SLICED, [Held("kept", 1000, kept), Held("gone", 1000, gone)])
     assert found.mode is CardMode.SLICED and found.lost == ["gone"]
     text = "\n".join(found.notes)
@@ -251,7 +251,7 @@ def test_reconcile_adopts_destroys_orphans_leaves_busy_ones_and_reports_lost():
 def test_reconcile_switches_an_empty_mig_card_the_ledger_has_whole_back_off_and_reports_lost_slices():
     b, card, _fake, nvml, tools, _ = backend()
     b.enter_sliced(card)
-    again = MigIsolation(card, nvml, tools, mig_map.load(), DEFAULT_SLICES)
+    again = MigIsolation(card, nvml, tools, mig_map.load(), DEFAULT_SLICES, book=b.book)
     found = again.reconcile(card, CardMode.WHOLE, [])
     assert found.mode is CardMode.WHOLE and nvml.mig_mode(0) == (0, 0)
     assert "switched off" in found.notes[0]
@@ -265,7 +265,7 @@ def test_reconcile_keeps_an_empty_mig_card_sliced_when_a_monitoring_agent_holds_
     b, card, fake, nvml, tools, _ = backend()
     b.enter_sliced(card)
     fake.add_client(0, "dcgm")
-    again = MigIsolation(card, nvml, tools, mig_map.load(), DEFAULT_SLICES)
+    again = MigIsolation(card, nvml, tools, mig_map.load(), DEFAULT_SLICES, book=b.book)
     found = again.reconcile(card, CardMode.WHOLE, [])  # start-up goes on
     assert found.mode is CardMode.SLICED and nvml.mig_mode(0) == (1, 1)
     assert "another NVML client holds the card" in found.notes[0]
@@ -278,6 +278,63 @@ def test_create_conflict_with_an_instance_made_behind_our_back_is_resolved_by_re
     s, _ = b.prepare(card, [], QUARTER, "a", 1000)  # the chooser wanted 0; it re-reads and goes elsewhere
     assert s.placement != 0 and len(fake.mig_layout(0)) == 2
     assert any(state.startswith("blocked: found on the card") for _, state in b.instances().values())
+    # Nothing runs in it, but it is not ours: upkeep never destroys it.
+    b.tidy(1e9)
+    assert ("2g.20gb", 0) in layout(fake)
+
+
+@pytest.mark.parametrize("switch", ["idle", "never"])
+def test_start_up_destroys_only_the_instances_xpud_made_and_leaves_other_tools_ones(switch):
+    """mig-parted (NVIDIA/mig-parted) and the GPU Operator's MIG manager make instances from their own
+    config; a restarted xpud must not take an unheld one of theirs for its own orphan."""
+    b, card, fake, nvml, tools, clock = backend(switch=switch)
+    if switch == "never":
+        fake.nvmlDeviceSetMigMode(fake.nvmlDeviceGetHandleByIndex(0), 1)
+        fake.reset(0)  # the operator switched MIG on
+    b.prepare(card, [], QUARTER, "orphan", 1000)  # ours, its lease gone while xpud was down
+    theirs = nvml.create_mig_instance(0, 9, 4)  # mig-parted's 3g.40gb at 4
+    assert sorted(layout(fake)) == [("2g.20gb", 0), ("3g.40gb", 4)]
+    again = MigIsolation(
+        card, nvml, tools, mig_map.load(), DEFAULT_SLICES, switch=switch, clock=clock, book=b.book
+    )
+    found = again.reconcile(card, CardMode.WHOLE, [])
+    text = "\n".join(found.notes)
+    assert "destroyed orphaned MIG 2g.20gb@0" in text
+    assert "MIG 3g.40gb@4 was not made by this xpud" in text and "left alone" in text
+    assert layout(fake) == [("3g.40gb", 4)]
+    assert found.mode is CardMode.SLICED and nvml.mig_mode(0) == (1, 1)  # not switched off under it
+    assert again.instances()[theirs.gpu_instance_id][1].startswith("blocked: made by another tool")
+    # Upkeep, leaving sliced mode and the chooser leave it too.
+    again.tidy(1e9)
+    with pytest.raises(Conflict, match="made by another tool" if switch == "idle" else "never"):
+        again.leave_sliced(card)
+    s, _ = again.prepare(card, [], HALF, "h", 1000)
+    assert s.placement == 0 and ("3g.40gb", 4) in layout(fake)
+
+
+def test_the_ledger_records_the_instances_xpud_makes_across_a_restart(tmp_path):
+    from xpud.isolation.mig_book import LedgerBook
+    from xpud.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    b, card, fake, nvml, tools, clock = backend()
+    b.book = LedgerBook(ledger)
+    kept, _ = b.prepare(card, [], QUARTER, "kept", 1000)
+    orphan, _ = b.prepare(card, [], QUARTER, "orphan", 1000)
+    rows = ledger.mig_made(card.uuid)
+    assert [(start, uuid) for start, _, uuid in rows] == [(0, kept.handle), (2, orphan.handle)]
+    b.teardown(card, kept)  # idle_keep_s 0: destroyed, and its row with it
+    assert [start for start, _, _ in ledger.mig_made(card.uuid)] == [2]
+    ledger.close()
+    nvml.create_mig_instance(0, 9, 4)  # another tool's
+    reopened = Ledger(tmp_path / "ledger.sqlite")
+    again = MigIsolation(
+        card, nvml, tools, mig_map.load(), DEFAULT_SLICES, clock=clock, book=LedgerBook(reopened)
+    )
+    found = again.reconcile(card, CardMode.SLICED, [])
+    assert "destroyed orphaned MIG 2g.20gb@2" in "\n".join(found.notes)
+    assert layout(fake) == [("3g.40gb", 4)] and reopened.mig_made(card.uuid) == []
+    reopened.close()
 
 
 def test_custom_size_and_derived_mapping_and_bad_map_files(tmp_path):

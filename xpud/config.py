@@ -226,7 +226,14 @@ class HealthSection:
         0, "Warn when the temperature is within this many degrees of the slowdown threshold.", min=0, max=200
     )
     power_warn_ratio: float = _key(
-        1.0, "Warn when the power draw is above this share of the enforced power limit.", min=0.0, max=10.0
+        1.05,
+        "Warn when the power draw is above this share of the enforced power limit (a card at its cap is "
+        "normal under training).",
+        min=0.0,
+        max=10.0,
+    )
+    power_warn_samples: int = _key(
+        3, "Warn only when this many samples in a row are above power_warn_ratio.", min=1, max=1000
     )
     clock_warn_mask: int = _key(
         0xE8,
@@ -277,6 +284,12 @@ class HealthSection:
     )
     xid_fail: tuple[int, ...] = _key(_XID_FAIL, "XIDs that make a card unhealthy.", min=0, max=65535)
     xid_warn: tuple[int, ...] = _key(_XID_WARN, "XIDs that make a card degraded.", min=0, max=65535)
+    xid_reset: tuple[int, ...] = _key(
+        _XID_FAIL,
+        "XIDs that keep a card failed until a GPU reset is seen (they do not clear with time).",
+        min=0,
+        max=65535,
+    )
     xid_unlisted: str = _key(
         "fail", "What an XID in none of the lists does to the card.", choices=("fail", "warn", "ignore")
     )
@@ -290,6 +303,12 @@ class HealthSection:
     weight_inforom: int = _key(20, "Score points for an invalid InfoROM.", min=0, max=100)
     weight_pcie: int = _key(15, "Score points for PCIe replays.", min=0, max=100)
     weight_power: int = _key(10, "Score points for power above the limit.", min=0, max=100)
+    weight_fabric: int = _key(
+        100, "Score points for an NVSwitch fabric that is not trained (CUDA fails then).", min=0, max=100
+    )
+    weight_recovery: int = _key(
+        60, "Score points for a recovery action the driver asks for (a reset, a reboot).", min=0, max=100
+    )
     weight_fragmentation: int = _key(10, "Score points for memory fragmentation.", min=0, max=100)
 
 

@@ -166,8 +166,9 @@ class Daemon:
 
     def _isolation(self):
         from xpud.isolation import backend_for
+        from xpud.isolation.mig_book import LedgerBook
 
-        return backend_for(self.cfg, self.hw, self.tools)
+        return backend_for(self.cfg, self.hw, self.tools, mig_book=LedgerBook(self.ledger))
 
     async def start(self) -> None:
         self.runtime_dir.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,9 @@
 
 Each check gives one line, ``ok``, ``warn``, ``fail`` or ``skip``, and for warn and fail the fix. The exit
 status is 1 when a check fails, else 0. Checks: the driver and NVML, MIG capability and mode per card,
-persistence mode, ``nvidia-cuda-mps-control`` where MPS will serve slices, the admin group, ``setpriv``
+persistence mode, the NVSwitch fabric (trained by the Fabric Manager, where the cards have one),
+``/dev/nvidia-uvm`` (CUDA needs it; the unit's ProtectKernelModules=yes keeps xpud from loading it),
+``nvidia-cuda-mps-control`` where MPS will serve slices, the admin group, ``setpriv``
 (the user switch of warm commands and ranks), the daemon's sockets and state directory, the installed unit
 (its ExecStart and its device access against the ``/dev/nvidia*`` nodes), and with ``[cluster]``: the peer
 certificate, each peer reached over mutual TLS, and the clock skew against them.
@@ -137,6 +139,7 @@ def run_checks(cfg: config.Config, host: Host) -> list[Check]:
     """Every check, in the order an operator reads them."""
     checks: list[Check] = []
     checks += _gpu_checks(cfg, host)
+    checks.append(_uvm(host))
     checks.append(_admin_group(cfg, host))
     checks.append(_user_switch(host))
     checks += _daemon_dirs(cfg)
@@ -162,6 +165,7 @@ def _gpu_checks(cfg: config.Config, host: Host) -> list[Check]:
             ),
             Check("mig", SKIP, "no NVML"),
             Check("persistence", SKIP, "no NVML"),
+            Check("fabric", SKIP, "no NVML"),
             Check("mps", SKIP, "no NVML"),
         ]
     try:
@@ -256,6 +260,8 @@ def _with_nvml(cfg: config.Config, host: Host, nvml) -> list[Check]:
     else:
         checks.append(Check("persistence", OK, f"persistence mode on ({len(cards) - len(unknown)} card(s))"))
 
+    checks.append(_fabric(nvml, cards))
+
     if not mps_cards:
         checks.append(
             Check("mps", SKIP, f'no card will use MPS ([cards] isolation = "{cfg.cards.isolation}")')
@@ -277,6 +283,55 @@ def _with_nvml(cfg: config.Config, host: Host, nvml) -> list[Check]:
                 )
             )
     return checks
+
+
+def _fabric(nvml, cards) -> Check:
+    """NVSwitch systems (HGX/DGX H100, H200): CUDA fails on a card until the Fabric Manager has trained its
+    fabric (nvmlDeviceGetGpuFabricInfoV: state COMPLETED, status SUCCESS)."""
+    import pynvml
+
+    from xpud.hw.nvml import NvmlError
+
+    states = {}
+    for c in cards:
+        try:
+            states[c.index] = nvml.fabric(c.index)
+        except NvmlError:
+            states[c.index] = None  # off the bus since: its own line says so
+    on = {i: st for i, st in states.items() if st is not None}
+    if not on:
+        return Check("fabric", SKIP, "no NVSwitch fabric (the cards report none)")
+    done = (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS)
+    bad = {i: st for i, st in on.items() if st != done}
+    if not bad:
+        return Check("fabric", OK, f"NVSwitch fabric trained on {len(on)} card(s)")
+    words = {1: "not started", 2: "in progress", 3: "failed"}
+    gpus = ", ".join(f"GPU{i} {words.get(st[0], f'state {st[0]}')}" for i, st in sorted(bad.items()))
+    return Check(
+        "fabric",
+        FAIL,
+        f"NVSwitch fabric not trained ({gpus}): CUDA fails on these cards and xpud keeps them out of service",
+        "systemctl enable --now nvidia-fabricmanager (its version must match the driver's); "
+        "see journalctl -u nvidia-fabricmanager",
+    )
+
+
+def _uvm(host: Host) -> Check:
+    """CUDA needs /dev/nvidia-uvm. The unit runs `nvidia-modprobe -u -c=0` before xpud (ProtectKernelModules=
+    yes keeps the daemon, and the CUDA libraries in it, from loading the module themselves)."""
+    nodes, _ = (host.devices or real_devices)()
+    if not nodes:
+        return Check("uvm", SKIP, "no /dev/nvidia* nodes on this host")
+    if any(n.path == "/dev/nvidia-uvm" for n in nodes):
+        return Check("uvm", OK, "/dev/nvidia-uvm is there (nvidia-uvm loaded)")
+    return Check(
+        "uvm",
+        FAIL,
+        "/dev/nvidia-uvm is missing: nvidia-uvm is not loaded, so CUDA cannot start, and the unit's "
+        "ProtectKernelModules=yes keeps xpud from loading it",
+        "nvidia-modprobe -u -c=0 (the unit's ExecStartPre runs it), and load it at boot: "
+        "echo nvidia-uvm > /etc/modules-load.d/nvidia-uvm.conf",
+    )
 
 
 _LOST_FIX = (

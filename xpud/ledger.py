@@ -179,6 +179,19 @@ MIGRATIONS: list[str] = [
         created REAL NOT NULL
     );
     """,
+    # 8: MIG GPU instances this xpud made, so that start-up destroys only its own and leaves those of
+    # other tools (mig-parted, the GPU Operator) alone. Written before the instance is made (the device
+    # UUID once it is), removed once it is destroyed.
+    """
+    CREATE TABLE mig_made (
+        card_uuid TEXT NOT NULL,
+        start INTEGER NOT NULL,       -- placement start slot: one GPU instance per slot at a time
+        profile_id INTEGER NOT NULL,  -- the driver's GPU-instance profile id
+        device_uuid TEXT NOT NULL DEFAULT '',  -- MIG device UUID; '' while it is being made
+        created REAL NOT NULL,
+        PRIMARY KEY (card_uuid, start)
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -989,6 +1002,31 @@ class Ledger:
         """(card uuid, slice, created) of every recorded pre-created slice, oldest first."""
         rows = self.db.execute("SELECT card_uuid, slice, created FROM standby ORDER BY created").fetchall()
         return [(r[0], Slice(**json.loads(r[1])), float(r[2])) for r in rows]
+
+    # MIG instances made by this xpud (xpud.isolation.mig_book) ------------------------------------
+    def mig_made_op(self, card_uuid: str, start: int, profile_id: int, created: float) -> Op:
+        return op(
+            "INSERT OR REPLACE INTO mig_made (card_uuid, start, profile_id, device_uuid, created)"
+            " VALUES (?,?,?,'',?)",
+            card_uuid,
+            start,
+            profile_id,
+            created,
+        )
+
+    def mig_named_op(self, card_uuid: str, start: int, device_uuid: str) -> Op:
+        return op(
+            "UPDATE mig_made SET device_uuid=? WHERE card_uuid=? AND start=?", device_uuid, card_uuid, start
+        )
+
+    def mig_gone_op(self, card_uuid: str, start: int) -> Op:
+        return op("DELETE FROM mig_made WHERE card_uuid=? AND start=?", card_uuid, start)
+
+    def mig_made(self, card_uuid: str) -> list[tuple[int, int, str]]:
+        """(start, profile id, device UUID or '') of each MIG instance recorded as made on the card."""
+        sql = "SELECT start, profile_id, device_uuid FROM mig_made WHERE card_uuid=? ORDER BY start"
+        rows = self.db.execute(sql, (card_uuid,)).fetchall()
+        return [(int(r[0]), int(r[1]), str(r[2])) for r in rows]
 
     # cards --------------------------------------------------------------------------------------
     def save_card_op(self, rec: CardRecord) -> Op:

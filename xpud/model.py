@@ -131,6 +131,13 @@ class CardSample:
     # (no NVLink, or a PCIe board without its bridge, whose links all read inactive by design).
     nvlink_links_down: int | None = None
     inforom_valid: bool | None = None
+    # NVSwitch fabric (HGX/DGX H100, H200): NVML_GPU_FABRIC_STATE_* and the NVML return code of its training;
+    # None where the card has no fabric to train. CUDA fails on the card until (COMPLETED=3, SUCCESS=0).
+    fabric_state: int | None = None
+    fabric_status: int | None = None
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: NVML_GPU_RECOVERY_ACTION_* (0 none, 1 GPU reset, 2 node reboot,
+    # 3 drain P2P, 4 drain and reset, ...); None where the driver has no such field (before R550).
+    recovery_action: int | None = None
 
 
 @dataclass(frozen=True)

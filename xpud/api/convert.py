@@ -9,7 +9,11 @@ from xpud.api.v1 import xpu_pb2 as pb
 from xpud.ledger import EventRecord
 from xpud.model import CardSample, CardView, Lease, QueuedRequest, Slice
 
-_SAMPLE_FIELDS = [f.name for f in dataclasses.fields(CardSample)]
+# The sample's fields the protocol carries; the others (fabric state, recovery action) reach clients as
+# health signals (CardHealth), with their reasons.
+_SAMPLE_FIELDS = [
+    f.name for f in dataclasses.fields(CardSample) if f.name in pb.Sample.DESCRIPTOR.fields_by_name
+]
 
 
 def sample_pb(s: CardSample | None) -> pb.Sample | None:

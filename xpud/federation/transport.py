@@ -47,6 +47,9 @@ SERVER_OPTIONS = (
     ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_S * 1000 // 2),
     ("grpc.http2.max_ping_strikes", 0),
     ("grpc.http2.max_pings_without_data", 0),
+    # gRPC sets SO_REUSEPORT on Linux by default: a second daemon on this address would bind as well and
+    # the kernel would share the peers' calls between the two. Without it the second one refuses to start.
+    ("grpc.so_reuseport", 0),
 )
 
 

@@ -14,10 +14,12 @@ Beyond the pynvml surface (all thread-safe; none needs nvmlInit):
 - link power: ``nvlink_sleep`` (links in their low-power state: not a fault);
 - PCIe: ``add_pcie_replays`` (the replay counter rises);
 - faults: ``inject_xid``, ``inject_ecc_sbe``, ``inject_ecc_dbe``, ``set_overheat``, ``nvlink_down``,
-  ``lose``, ``corrupt_inforom``, ``clear`` (faults gone, volatile counters reset), ``reset`` (a GPU
-  reset, ``nvidia-smi -r``: also applies a pending MIG mode; refused while the card is held);
+  ``lose``, ``corrupt_inforom``, ``set_fabric`` (NVSwitch fabric not trained, or failed), ``clear``
+  (faults gone, volatile counters reset), ``reset`` (a GPU reset, ``nvidia-smi -r``: also applies a
+  pending MIG mode; refused while the card is held);
 - tests: ``fail(name, code, index)`` makes one call fail, ``hide(name)`` makes it missing as in an old
-  binding, ``calls`` counts calls by name, ``mig_layout(index)`` shows the MIG instances.
+  binding, ``invalid_profiles`` (profile enums answered INVALID_ARGUMENT), ``calls`` counts calls by
+  name, ``mig_layout(index)`` shows the MIG instances.
 """
 
 from __future__ import annotations
@@ -53,6 +55,17 @@ from xpud.hw.machines import CardSpec, Machine, MigProfileSpec, load_machine
 #   Freeing a set while another thread waits on it, or shutting NVML down then, is undefined in NVML: the
 #   fake raises RuntimeError so that a test finds the misuse. Simpler: no per-process event limits, no
 #   nvmlEventSetWait_v3 contexts.
+# - NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV, R550 and later; older drivers lack the symbol): Hopper
+#   and later cards wired to NVSwitch chips answer the Fabric Manager's training state, COMPLETED with
+#   status SUCCESS once trained (``set_fabric`` sets another); Hopper cards without NVSwitch answer SUCCESS
+#   with state NOT_SUPPORTED; older cards NOT_SUPPORTED. The struct's version must be v2 or v3
+#   (ARGUMENT_VERSION_MISMATCH otherwise). Simpler: a reset does not send the card through training again.
+# - Recovery action (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, R550 and later; older drivers answer the
+#   field NOT_SUPPORTED): a fail-class XID (``_RESET_XIDS``) or a pending row remap asks for a GPU reset
+#   (NVML_GPU_RECOVERY_ACTION_GPU_RESET) until ``reset``; nothing clears it by time.
+# - Profile enumeration: ``invalid_profiles`` (GPU-instance profile enums) answer INVALID_ARGUMENT in the
+#   middle of the enumeration, as some drivers do for a profile the board does not offer (go-nvlib and
+#   mig-parted skip them).
 # - Values that move are smooth noise, not physics; NVLink, clocks and power are out of this list's scope.
 
 MIB = 1 << 20
@@ -79,6 +92,10 @@ _ECC_EVENTS = N.nvmlEventTypeSingleBitEccError | N.nvmlEventTypeDoubleBitEccErro
 # compute-instance enums up to 1_SLICE_REV1; asked about a later enum it answers INVALID_ARGUMENT.
 _OLD_DRIVER_GI_PROFILES = N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2 + 1
 _OLD_DRIVER_CI_PROFILES = N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1 + 1
+# XIDs after which the driver asks for a GPU reset (NVIDIA's XID catalogue: uncontained and unrecovered
+# ECC, GSP errors, a remap that could not be recorded, NVLink errors, double-bit ECC).
+_RESET_XIDS = frozenset({48, 64, 74, 95, 119, 120, 140})
+_FABRIC_ARCH = ("hopper", "blackwell")  # cards whose fabric state NVML reports
 _LINK_COUNTERS = 4  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
 _FIELD_TOTALS = {  # field id -> per-link counter it sums
     N.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: N.NVML_NVLINK_ERROR_DL_REPLAY,
@@ -163,6 +180,9 @@ class _Card:
         self.procs: dict[int, _Proc] = {}
         self.clients: set[str] = set()  # other NVML clients holding the card (e.g. "dcgm")
         self.handle: object = None
+        # NVSwitch fabric (state, status): trained where the card is wired to NVSwitch chips
+        self.fabric = (N.NVML_GPU_FABRIC_STATE_COMPLETED, N.NVML_SUCCESS)
+        self.recovery_action = N.NVML_GPU_RECOVERY_ACTION_NONE
 
     def clear_faults(self) -> None:
         """What a GPU reset puts right: faults gone, volatile counters back to zero."""
@@ -173,6 +193,7 @@ class _Card:
         self.pcie_replays = 0
         self.retired_pending = False
         self.rows[2] = 0  # the pending remap is applied by the reset
+        self.recovery_action = N.NVML_GPU_RECOVERY_ACTION_NONE
 
 
 @dataclass
@@ -263,6 +284,8 @@ class FakeNvml:
         self.passthrough = passthrough  # a VM: the driver cannot reset a card to apply a MIG mode
         major = self.machine.driver_version.split(".")[0]
         old = major.isdigit() and int(major) < 570
+        self.driver_major = int(major) if major.isdigit() else 0
+        self.invalid_profiles: set[int] = set()  # GPU-instance profile enums answered INVALID_ARGUMENT
         self.gi_profile_count = _OLD_DRIVER_GI_PROFILES if old else N.NVML_GPU_INSTANCE_PROFILE_COUNT
         self.ci_profile_count = _OLD_DRIVER_CI_PROFILES if old else N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT
         self._lock = threading.RLock()
@@ -565,9 +588,38 @@ class FakeNvml:
             elif v.fieldId == N.NVML_FI_DEV_NVLINK_GET_STATE and 0 <= v.scopeId < n:
                 state = self._link_state(card, v.scopeId)
                 v.valueType, v.value.uiVal = N.NVML_VALUE_TYPE_UNSIGNED_INT, state
+            elif v.fieldId == N.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and self.driver_major >= 550:
+                v.valueType, v.value.uiVal = N.NVML_VALUE_TYPE_UNSIGNED_INT, card.recovery_action
             else:
                 v.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
         return values
+
+    # ---------------------------------------------------------------------------- NVSwitch fabric
+
+    @_api
+    def nvmlDeviceGetGpuFabricInfoV(self, device, gpuFabricInfo) -> int:
+        """Fills a ``c_nvmlGpuFabricInfoV_t`` (v2) or ``c_nvmlGpuFabricInfo_v3_t`` passed by reference."""
+        card = self._dev(device)
+        if self.driver_major < 550:
+            raise _err(N.NVML_ERROR_FUNCTION_NOT_FOUND)  # the symbol is not in this driver's library
+        if card.model.architecture not in _FABRIC_ARCH:
+            raise _err(N.NVML_ERROR_NOT_SUPPORTED)
+        info = self._in(gpuFabricInfo)
+        version = getattr(info, "version", None)
+        if version not in (N.nvmlGpuFabricInfo_v2, N.nvmlGpuFabricInfo_v3):
+            raise _err(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if card.spec.nvlink_switch_links:
+            state, status = card.fabric
+        else:
+            state, status = N.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, N.NVML_SUCCESS
+        info.state, info.status, info.cliqueId, info.healthMask = state, status, 0, 0
+        if version == N.nvmlGpuFabricInfo_v3:
+            info.healthSummary = (
+                N.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+                if state == N.NVML_GPU_FABRIC_STATE_COMPLETED and status == N.NVML_SUCCESS
+                else N.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
+            )
+        return N.NVML_SUCCESS
 
     # ----------------------------------------------------------------------------- live values
 
@@ -909,7 +961,7 @@ class FakeNvml:
     @_api
     def nvmlDeviceGetGpuInstanceProfileInfo(self, device, profile: int, version: int = 2):
         card = self._mig_card(device)
-        if not 0 <= profile < self.gi_profile_count:
+        if not 0 <= profile < self.gi_profile_count or profile in self.invalid_profiles:
             raise _err(N.NVML_ERROR_INVALID_ARGUMENT)  # an enum this driver does not know
         if not card.mig:
             raise _err(N.NVML_ERROR_NOT_SUPPORTED)
@@ -1189,6 +1241,8 @@ class FakeNvml:
         with self._lock:
             card = self._cards[index]
             self._post(card, N.nvmlEventTypeXidCriticalError, xid, gpu_instance_id, compute_instance_id)
+            if xid in _RESET_XIDS:
+                card.recovery_action = N.NVML_GPU_RECOVERY_ACTION_GPU_RESET
             if xid == 79:
                 card.lost = True
 
@@ -1217,6 +1271,7 @@ class FakeNvml:
                 card.retired_pending = True
             self._post(card, N.nvmlEventTypeDoubleBitEccError, 1)
             self._post(card, N.nvmlEventTypeXidCriticalError, 48)
+            card.recovery_action = N.NVML_GPU_RECOVERY_ACTION_GPU_RESET  # XID 48
 
     def set_overheat(self, index: int, on: bool = True) -> None:
         """Temperature above the slowdown threshold, thermal clock-event reasons set."""
@@ -1252,6 +1307,14 @@ class FakeNvml:
         with self._lock:
             self._cards[index].lost = True
             self._cond.notify_all()  # an event wait on the card answers GPU_IS_LOST
+
+    def set_fabric(
+        self, index: int, state: int = N.NVML_GPU_FABRIC_STATE_IN_PROGRESS, status: int = N.NVML_SUCCESS
+    ) -> None:
+        """The card's NVSwitch fabric state as the Fabric Manager leaves it (NVML_GPU_FABRIC_STATE_*, and
+        an NVML return code for how training went): IN_PROGRESS while it trains, NOT_STARTED before."""
+        with self._lock:
+            self._cards[index].fabric = (int(state), int(status))
 
     def corrupt_inforom(self, index: int) -> None:
         with self._lock:

@@ -49,6 +49,8 @@ WEIGHT_OF = {
     "nvlink_crc": "weight_nvlink",
     "inforom": "weight_inforom",
     "memory_fragmentation": "weight_fragmentation",
+    "fabric": "weight_fabric",
+    "recovery_action": "weight_recovery",
 }
 
 

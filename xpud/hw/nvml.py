@@ -130,7 +130,7 @@ _ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 _NONE = object()  # "not supported", where the caller must tell it from a failed read
 _LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 _TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
-_END = object()  # a profile enum the driver does not know: the enumeration is over
+_SKIP = (pynvml.NVML_ERROR_INVALID_ARGUMENT,)  # a profile enum the driver does not offer: the next one
 
 
 def _error(name: str, card: int | None, e: pynvml.NVMLError) -> NvmlError:
@@ -605,6 +605,7 @@ class Nvml:
         dbe_pages = q("nvmlDeviceGetRetiredPages", h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
         pages_pending = q("nvmlDeviceGetRetiredPagesPendingStatus", h)
         rows = q("nvmlDeviceGetRemappedRows", h) or (None, None, None, None)
+        fabric = self._fabric(index, h)
         return CardSample(
             timestamp=now,
             utilization_gpu_pct=None if util is None else int(util.gpu),
@@ -634,8 +635,34 @@ class Nvml:
             ),
             pcie_replay_counter=q("nvmlDeviceGetPcieReplayCounter", h),
             inforom_valid=self._inforom_valid(index, h),
+            fabric_state=None if fabric is None else fabric[0],
+            fabric_status=None if fabric is None else fabric[1],
+            recovery_action=self._recovery_action(index, h),
             **self._nvlink_health(index, h),
         )
+
+    def fabric(self, index: int) -> tuple[int, int] | None:
+        """The card's NVSwitch fabric: (NVML_GPU_FABRIC_STATE_*, the NVML return code of its training),
+        e.g. (COMPLETED, SUCCESS) once the Fabric Manager trained it; None where there is no fabric to
+        train (no NVSwitch, a card before Hopper, or a driver without nvmlDeviceGetGpuFabricInfoV)."""
+        return self._fabric(index, self._handle(index))
+
+    def _fabric(self, index: int, h) -> tuple[int, int] | None:
+        info = pynvml.c_nvmlGpuFabricInfoV_t()  # its constructor sets the version (v2) NVML checks
+        if self._call("nvmlDeviceGetGpuFabricInfoV", h, ctypes.byref(info), card=index) is None:
+            return None
+        if info.state == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+            return None
+        return int(info.state), int(info.status)
+
+    def _recovery_action(self, index: int, h) -> int | None:
+        """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (NVML_GPU_RECOVERY_ACTION_*: what the driver says the card
+        needs, e.g. a GPU reset after a fail-class XID); None where the driver has no such field."""
+        fv = self._call(
+            "nvmlDeviceGetFieldValues", h, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION], card=index
+        )
+        value = _field(fv[0]) if fv is not None else None
+        return None if value is None else int(value)
 
     def _inforom_valid(self, index: int, h) -> bool | None:
         try:
@@ -789,9 +816,10 @@ class Nvml:
         return None if mode is None else (int(mode[0]), int(mode[1]))
 
     def _profile_info(self, name: str, index: int, *args):
-        """One profile enum's info, as nvml.h describes the enumeration: None when the card does not offer
-        it (NOT_SUPPORTED: go on), ``_END`` when the driver does not know the enum (INVALID_ARGUMENT: an
-        older driver than the binding; no later enum is known either)."""
+        """One profile enum's info, or None when the card does not offer it: NOT_SUPPORTED, or
+        INVALID_ARGUMENT (an enum this driver does not know, or one it refuses for this board: not
+        necessarily the last). Either skips this enum and goes on, as NVIDIA's go-nvlib and mig-parted do
+        (``continue``); the enumeration is bounded by the binding's profile COUNT, never ended early."""
         try:
             return self._call(name, *args, card=index, strict=True)
         except NvmlNotSupported:
@@ -799,9 +827,8 @@ class Nvml:
         except NvmlGpuLost:
             raise
         except NvmlError as e:
-            if e.code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
-                return _END
-            self._record(e, name, index)
+            if e.code not in _SKIP:
+                self._record(e, name, index)
             return None
 
     def mig_profiles(self, index: int) -> list[MigProfile]:
@@ -813,8 +840,6 @@ class Nvml:
         out = []
         for enum in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
             info = self._profile_info("nvmlDeviceGetGpuInstanceProfileInfo", index, h, enum)
-            if info is _END:
-                break
             if info is None:
                 continue
             count = ctypes.c_uint(0)
@@ -965,8 +990,6 @@ class Nvml:
         """Driver id of the compute-instance profile that spans the whole GPU instance."""
         for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             info = self._ci_profile_info(index, gi, enum)
-            if info is _END:
-                break
             if info is not None and info.sliceCount == slices:
                 return int(info.id)
         raise NvmlNotSupported(f"card {index}: no compute-instance profile spans {slices} slices")
@@ -978,8 +1001,6 @@ class Nvml:
         gi = self._call("nvmlDeviceGetGpuInstanceById", h, gpu_instance_id, card=index, strict=True)
         for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             info = self._ci_profile_info(index, gi, enum)
-            if info is _END:
-                break
             if info is None:
                 continue
             count = ctypes.c_uint(0)

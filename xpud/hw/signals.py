@@ -9,6 +9,16 @@ Thresholds are ``[health]`` config, drawn from DCGM's where it has one (REFERENC
 Counters that only rise (XIDs, double-bit ECC, remapped rows, retired DBE pages, NVLink replay/recovery,
 NVLink CRC rate) are events: a rise keeps its signal raised for ``event_window_s``. A counter that drops
 (a GPU reset) is a new baseline, not an event. Nothing here reads the hardware or the clock.
+
+Some faults do not pass with time. An XID of ``[health] xid_reset`` (uncontained ECC, GSP errors, off the
+bus, ...) keeps the ``xid`` signal failed until a reset is seen: the card answering again after it was
+lost, volatile ECC counters or a pending row remap cleared, or the driver's recovery action
+(``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``) back to none after it asked for one. The recovery action is a
+signal of its own; so is the NVSwitch fabric (``fabric``: CUDA fails on a card until the Fabric Manager
+has trained it). A pending row remap fails the card: it needs a reset, so no new work goes there.
+
+Power: a card at its power cap is normal under training; the signal warns only after
+``power_warn_samples`` samples in a row above ``power_warn_ratio`` of the limit.
 """
 
 from __future__ import annotations
@@ -36,6 +46,21 @@ CLOCK_REASONS = {
     0x100: "display clock setting",
 }
 _CLOCK_NORMAL = 0x1 | 0x2 | 0x10 | 0x100  # reasons that say nothing about the card's health
+
+# NVML_GPU_RECOVERY_ACTION_* (nvml.h): what the driver says a card needs.
+RECOVERY_ACTIONS = {
+    0: "nothing",
+    1: "a GPU reset (nvidia-smi -r)",
+    2: "a node reboot",
+    3: "its peer-to-peer (NVLink) traffic drained",
+    4: "to be drained, then reset",
+    5: "its IMEX domain recovered",
+    6: "a bus reset",
+    7: "a system reboot",
+}
+# NVML_GPU_FABRIC_STATE_*
+FABRIC_STATES = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
+_FABRIC_COMPLETED = 3
 
 # What XIDs mean, after NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors), for reasons people can
 # act on. DCGM names some differently (38 "PCIe Bus Error", 39 "PCIe Fabric Error", 42 "PCIe Replay
@@ -196,6 +221,9 @@ class SignalMemory:
     _crc_rate: float | None = None
     _crc_high_rate: float = 0.0
     _pcie: deque = field(default_factory=deque)  # (time, counter) over the last minute
+    _power_over: int = 0  # samples in a row above power_warn_ratio of the limit
+    _need_reset: dict[int, float] = field(default_factory=dict)  # xid_reset XIDs seen -> when (last)
+    _asked_reset: bool = False  # the driver's recovery action asked for something since the last reset
 
     def observe_sample(self, sample: CardSample, fragmentation: float | None = None) -> None:
         """A polled sample. Updates counters (rises become events) and rates."""
@@ -218,14 +246,44 @@ class SignalMemory:
             self._pcie.append((now, sample.pcie_replay_counter))
             while len(self._pcie) > 1 and self._pcie[1][0] <= now - 60.0:
                 self._pcie.popleft()
+        if not sample.lost:
+            if sample.power_w is not None and sample.power_limit_w is not None:
+                over = sample.power_w > sample.power_limit_w * self.cfg.power_warn_ratio
+                self._power_over = self._power_over + 1 if over else 0
+            if self._was_reset(prev, sample):
+                self.observe_reset()
+            if sample.recovery_action:
+                self._asked_reset = True
         self.sample = sample  # a lost sample has no values: the counters above keep their baselines
         self.fragmentation = fragmentation
+
+    def _was_reset(self, prev: CardSample | None, s: CardSample) -> bool:
+        """Whether ``s`` shows that the card was reset since ``prev``."""
+        if prev is None:
+            return False
+        if prev.lost:
+            return True  # it answers again: a reset (or a reboot) brought it back
+        if self._asked_reset and s.recovery_action == 0:
+            return True  # the driver asked for a recovery action and asks for none now
+        if prev.remapped_rows_pending and s.remapped_rows_pending is False:
+            return True  # only a reset applies a pending remap
+        return any(
+            (a := getattr(prev, k)) is not None and (b := getattr(s, k)) is not None and b < a
+            for k in ("ecc_sbe_volatile", "ecc_dbe_volatile")
+        )
+
+    def observe_reset(self) -> None:
+        """The card was reset: XIDs that wait for a reset no longer hold it."""
+        self._need_reset.clear()
+        self._asked_reset = False
 
     def observe_xid(self, xid: int, now: float) -> str:
         """A card-level XID event. Returns its class; application XIDs are not held against the card."""
         cls = xid_class(xid, self.cfg)
         if cls in (FAIL, WARN):
             self._xids.append((now, xid, cls))
+        if cls != "application" and xid in self.cfg.xid_reset:
+            self._need_reset[xid] = now
         return cls
 
     def observe_application_xid(self, xid: int, now: float, leases: Sequence[str]) -> None:
@@ -247,6 +305,8 @@ class SignalMemory:
         w = self.cfg.event_window_s
         at: float | None = None
         if sg.name == "xid":
+            if self._need_reset:
+                return sg  # held until a reset, not by a window
             at = max((t for t, _, _ in self._xids if now - t < w), default=None)
         elif sg.name == "ecc_dbe_volatile" and not sg.value:  # no counter raised: the event alone
             at = self._dbe_event_at
@@ -305,7 +365,8 @@ class SignalMemory:
             out.append(Signal("power", s.power_w, None, "W", ABSENT))
         else:
             limit = s.power_limit_w * c.power_warn_ratio
-            over = s.power_w > limit
+            over = self._power_over >= c.power_warn_samples
+            n = c.power_warn_samples
             out.append(
                 Signal(
                     "power",
@@ -313,7 +374,10 @@ class SignalMemory:
                     round(limit, 1),
                     "W",
                     WARN if over else OK,
-                    f"power {s.power_w:.0f} W above {limit:.0f} W" if over else "",
+                    f"power {s.power_w:.0f} W above {limit:.0f} W ({c.power_warn_ratio:g} x the "
+                    f"{s.power_limit_w:.0f} W limit) for {n} sample(s) in a row"
+                    if over
+                    else "",
                 )
             )
 
@@ -389,7 +453,7 @@ class SignalMemory:
             elif self._rose("remapped_rows_uncorrected", now):
                 status, reason = FAIL, f"rows remapped for uncorrectable errors rose to {n}"
             elif s.remapped_rows_pending:
-                status, reason = WARN, "a row remap is pending: reset the card to apply it"
+                status, reason = FAIL, "a row remap is pending: no new work until a reset applies it"
             elif n or s.remapped_rows_corrected:
                 status = INFO
                 fixed = s.remapped_rows_corrected or 0
@@ -472,6 +536,45 @@ class SignalMemory:
                 )
             )
 
+        # NVSwitch fabric: CUDA fails on the card until the Fabric Manager has trained it
+        if s.fabric_state is None:
+            out.append(Signal("fabric", None, _FABRIC_COMPLETED, "state", ABSENT))
+        else:
+            trained = s.fabric_state == _FABRIC_COMPLETED and not s.fabric_status
+            state = FABRIC_STATES.get(s.fabric_state, f"state {s.fabric_state}")
+            if trained:
+                reason = ""
+            elif s.fabric_state == _FABRIC_COMPLETED:
+                reason = (
+                    f"NVSwitch fabric training failed (NVML status {s.fabric_status}): see the "
+                    "nvidia-fabricmanager log; the card stays out of service until it is trained"
+                )
+            else:
+                reason = (
+                    f"NVSwitch fabric not trained yet ({state}): CUDA fails on the card until "
+                    "nvidia-fabricmanager has trained it (systemctl status nvidia-fabricmanager)"
+                )
+            out.append(
+                Signal("fabric", s.fabric_state, _FABRIC_COMPLETED, "state", OK if trained else FAIL, reason)
+            )
+
+        # what the driver says the card needs (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
+        if s.recovery_action is None:
+            out.append(Signal("recovery_action", None, 0, "action", ABSENT))
+        else:
+            a = s.recovery_action
+            what = RECOVERY_ACTIONS.get(a, f"recovery action {a}")
+            out.append(
+                Signal(
+                    "recovery_action",
+                    a,
+                    0,
+                    "action",
+                    FAIL if a else OK,
+                    f"the driver says the card needs {what}" if a else "",
+                )
+            )
+
         # InfoROM
         if s.inforom_valid is None:
             out.append(Signal("inforom", None, None, "", ABSENT))
@@ -539,6 +642,23 @@ class SignalMemory:
         )
 
     def _xid_signal(self, now: float) -> Signal:
+        if self._need_reset:
+            x = max(self._need_reset, key=lambda k: self._need_reset[k])
+            more = (
+                f" (and {', '.join(map(str, sorted(set(self._need_reset) - {x})))})"
+                if len(self._need_reset) > 1
+                else ""
+            )
+            worst = FAIL if any(xid_class(k, self.cfg) == FAIL for k in self._need_reset) else WARN
+            return Signal(
+                "xid",
+                x,
+                None,
+                "",
+                worst,
+                f"{xid_text(x)}{more}: the card needs a GPU reset (nvidia-smi -r) or a reboot; "
+                "it does not clear with time",
+            )
         recent = [(t, x, cls) for t, x, cls in self._xids if now - t < self.cfg.event_window_s]
         if not recent:  # XIDs that came before the card stopped reporting (e.g. lost) still count
             return Signal("xid", 0 if self.xid_events else None, None, "", OK if self.xid_events else ABSENT)

@@ -14,6 +14,7 @@ from xpud.config import Config
 from xpud.isolation import mig_map
 from xpud.isolation.base import Accounting, Isolation
 from xpud.isolation.mig import MigIsolation
+from xpud.isolation.mig_book import MemoryBook, MigBook
 from xpud.isolation.mps import MpsIsolation
 from xpud.isolation.runner import CommandRunner, Runner
 from xpud.model import CardInfo
@@ -32,13 +33,17 @@ def kind_for(cfg: Config, hw, card: CardInfo) -> str:
     return "mig" if cfg.cards.mig_switch == "idle" or mode[0] == 1 else "mps"
 
 
-def backend_for(cfg: Config, hw, runner: Runner | None = None) -> Callable[[CardInfo], Isolation]:
+def backend_for(
+    cfg: Config, hw, runner: Runner | None = None, mig_book: MigBook | None = None
+) -> Callable[[CardInfo], Isolation]:
     """The isolation backend for each card, from ``[cards] isolation``. ``runner`` runs the NVIDIA tools
-    (default: the real ones)."""
+    (default: the real ones); ``mig_book`` records the MIG instances xpud makes (the daemon's: the
+    ledger; default: in memory, so that a restart destroys no instance it finds unheld)."""
     runner = runner or CommandRunner()
     reserved = cfg.cards.reserved_memory_mib << 20
     shared = Accounting(reserved)
     table: mig_map.ProfileMap | None = None
+    book = MemoryBook() if mig_book is None else mig_book
 
     def make(card: CardInfo) -> Isolation:
         nonlocal table
@@ -56,6 +61,7 @@ def backend_for(cfg: Config, hw, runner: Runner | None = None) -> Callable[[Card
                 cfg.slices,
                 switch=cfg.cards.mig_switch,
                 idle_keep_s=cfg.cards.mig_idle_keep_s,
+                book=book,
             )
         if kind == "mps":
             return MpsIsolation(

@@ -30,8 +30,11 @@ destroys those kept too long; all go when the card leaves sliced mode. An instan
 still run after its release is never reused: it is destroyed once they are gone.
 
 Start-up (``reconcile``): instances the ledger's leases hold are adopted; instances nobody holds are
-destroyed when no process runs in them and left alone (their space blocked, retried by ``tidy``) when
-processes do; leases whose instance is gone are reported lost (the engine reclaims them).
+destroyed when this xpud made them (``mig_book``: the ledger records each instance it makes) and no
+process runs in them, and left alone (their space blocked, retried by ``tidy``) when processes do.
+Instances xpud did not make (mig-parted, the GPU Operator, an operator) are never destroyed, under any
+``mig_switch``: their space stays blocked and MIG stays on. Leases whose instance is gone are reported
+lost (the engine reclaims them).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 from xpud.errors import Conflict, NoCapacity
 from xpud.hw.types import MigInstance, NvmlError, NvmlInsufficientResources, NvmlInUse, NvmlNotFound
 from xpud.isolation.base import STANDBY, Reconciled
+from xpud.isolation.mig_book import MemoryBook, MigBook, ours
 from xpud.isolation.mig_map import ProfileMap, geometry, profiles_for
 from xpud.isolation.runner import Runner
 from xpud.model import CardInfo, CardMode, Slice, SliceSpec
@@ -70,6 +74,7 @@ class _Gi:
     blocked: str = ""  # why it is neither held nor free: processes run in it
     standby: str = ""  # the slice size it was pre-created for (xpud.standby), held by no lease yet
     warming: bool = False  # a pre-created instance whose warm_command runs: not handed out meanwhile
+    foreign: bool = False  # made by another tool (not in the book): never destroyed by xpud
 
     @property
     def busy(self) -> bool:
@@ -92,8 +97,10 @@ class MigIsolation:
         switch: str = "idle",
         idle_keep_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        book: MigBook | None = None,
     ):
         self.card = card
+        self.book: MigBook = MemoryBook() if book is None else book  # the instances this xpud made
         self.index = card.index
         self.hw = hw
         self.runner = runner
@@ -247,12 +254,22 @@ class MigIsolation:
             self._destroy(d.key)
         if plan.reuse is not None:
             return self._gis[plan.reuse.key].info
-        inst = self.hw.create_mig_instance(self.index, plan.profile, plan.start)
+        uuid = self.card.uuid
+        self.book.record(uuid, plan.start, plan.profile)  # durable first: a crash leaves it ours
+        try:
+            inst = self.hw.create_mig_instance(self.index, plan.profile, plan.start)
+        except BaseException:
+            self.book.forget(uuid, plan.start)
+            raise
+        self.book.name(uuid, inst.start, inst.uuid or "")
         self._gis[inst.gpu_instance_id] = _Gi(inst)
         log.info("card %d: created MIG %s at %d (%s)", self.index, inst.name, inst.start, inst.uuid)
         return inst
 
     def _destroy(self, gi: int) -> None:
+        g = self._gis.get(gi)
+        if g is not None and g.foreign:
+            raise Conflict(f"card {self.index}: GPU instance {gi} was not made by xpud: left alone")
         try:
             self.hw.destroy_mig_instance(self.index, gi)
         except NvmlNotFound:
@@ -262,6 +279,8 @@ class MigIsolation:
             self._gis[gi].idle_since = None
             raise
         self._gis.pop(gi, None)
+        if g is not None:
+            self.book.forget(self.card.uuid, g.info.start)
 
     def _by_uuid(self, uuid: str) -> int | None:
         return next((gi for gi, g in self._gis.items() if uuid in g.info.device_uuids), None)
@@ -333,7 +352,7 @@ class MigIsolation:
         if recheck:
             self._next_recheck = now + RECHECK_S
         for gi, g in list(self._gis.items()):
-            if g.lease is not None:
+            if g.lease is not None or g.foreign:
                 continue
             expired = g.idle_since is not None and now - g.idle_since >= self.idle_keep_s
             freed = bool(g.blocked) and recheck and self._processes(gi) == []
@@ -359,6 +378,12 @@ class MigIsolation:
             )
         if self._refused is not None and self.clock() - self._refused[0] < SWITCH_RETRY_S:
             return f"{self._refused[1]} (tried {self.clock() - self._refused[0]:.0f} s ago)"
+        foreign = [gi for gi, g in self._gis.items() if g.foreign]
+        if foreign:
+            return (
+                f"card {self.index}: MIG instances {', '.join(map(str, foreign))} were made by another tool "
+                "(mig-parted, the GPU Operator, an operator): xpud leaves them and MIG alone"
+            )
         busy = [gi for gi, g in self._gis.items() if g.busy]
         if busy:
             return f"card {self.index}: MIG instances {', '.join(map(str, busy))} are in use"
@@ -465,14 +490,19 @@ class MigIsolation:
         for gi, m in found.items():
             if gi in self._gis:
                 self._gis[gi].info = m
+            elif ours(self.book, self.card.uuid, m):
+                self._gis[gi] = _Gi(m, idle_since=self.clock())
             else:
-                self._gis[gi] = _Gi(m, blocked="found on the card, not made by this xpud")
+                self._gis[gi] = _Gi(m, blocked="found on the card, not made by this xpud", foreign=True)
 
     # ----------------------------------------------------------------------------- start-up
     def reconcile(self, card, mode: CardMode, held) -> Reconciled:
         self._gis.clear()
         notes: list[str] = []
+        uuid = self.card.uuid
         if not self.mig_on():
+            for start, _, _ in self.book.made(uuid):
+                self.book.forget(uuid, start)  # MIG off: no instance is left
             lost = [h.lease_id for h in held]
             notes += [f"card {self.index}: MIG is off; the MIG slice of lease {lid} is gone" for lid in lost]
             return Reconciled(CardMode.WHOLE, lost, notes)
@@ -484,7 +514,12 @@ class MigIsolation:
             notes.append(f"card {self.index}: cannot read processes per MIG instance ({e}); touching none")
         held_by_uuid = {h.slice.handle: h for h in held}
         seen = set()
-        for m in self.hw.mig_instances(self.index):
+        found = self.hw.mig_instances(self.index)
+        starts = {m.start for m in found}
+        for start, _, _ in self.book.made(uuid):
+            if start not in starts:
+                self.book.forget(uuid, start)  # gone while xpud was down
+        for m in found:
             h = next((held_by_uuid[u] for u in m.device_uuids if u in held_by_uuid), None)
             if h is not None and h.lease_id.startswith(STANDBY):
                 self._gis[m.gpu_instance_id] = _Gi(m, standby=h.slice.size)
@@ -496,6 +531,16 @@ class MigIsolation:
                 self._gis[m.gpu_instance_id] = _Gi(m, lease=h.lease_id)
                 seen.add(h.lease_id)
                 notes.append(f"card {self.index}: adopted MIG {m.name}@{m.start} of lease {h.lease_id}")
+            elif not ours(self.book, uuid, m):
+                self._gis[m.gpu_instance_id] = _Gi(
+                    m, blocked="made by another tool, not by this xpud", foreign=True
+                )
+                notes.append(
+                    f"card {self.index}: MIG {m.name}@{m.start} was not made by this xpud (mig-parted, the "
+                    "GPU Operator, an operator?): left alone, its space blocked; destroy it yourself "
+                    f"(nvidia-smi mig -i {self.index} -dci -gi {m.gpu_instance_id}; "
+                    f"nvidia-smi mig -i {self.index} -dgi -gi {m.gpu_instance_id}) if nothing needs it"
+                )
             elif procs is None or procs.get(m.gpu_instance_id):
                 pids = ", ".join(map(str, (procs or {}).get(m.gpu_instance_id, []))) or "unknown"
                 self._gis[m.gpu_instance_id] = _Gi(m, blocked=f"found at start-up with processes ({pids})")
@@ -506,6 +551,7 @@ class MigIsolation:
             else:
                 try:
                     self.hw.destroy_mig_instance(self.index, m.gpu_instance_id)
+                    self.book.forget(uuid, m.start)
                     notes.append(f"card {self.index}: destroyed orphaned MIG {m.name}@{m.start}")
                 except NvmlError as e:
                     self._gis[m.gpu_instance_id] = _Gi(m, blocked=f"orphan that could not be destroyed: {e}")
