@@ -44,7 +44,7 @@ def top(
         ),
     ] = None,
     interval: Annotated[
-        float, typer.Option("--interval", "-n", min=0.1, max=60.0, help="Refresh every this many seconds.")
+        float, typer.Option("--interval", min=0.1, max=60.0, help="Refresh every this many seconds.")
     ] = 1.0,
     admin: Annotated[
         bool | None,
