@@ -99,3 +99,37 @@ async def test_events_open_at_the_newest_and_filter_as_you_type():
         await pilot.press("escape")
         await pilot.pause(0.1)
         assert log.row_count == len(app.state.events) and time.monotonic()
+
+
+@in_asyncio
+async def test_the_view_digits_switch_views_from_the_events_and_cluster_views():
+    """#28 item 11: in the event and cluster views every key went to the filter box, so 1-4 could not
+    switch views. On the list the digits switch; in the box every key types (`card 3`, `rack-2`), and
+    Enter or Esc (even on an empty box) goes back to the list, where the digits switch again."""
+    app = dashboard(cluster=demo.cluster(40))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settled("3")(pilot)
+        log = app.query_one(EventLog)
+        await until(pilot, lambda: log.has_focus, what="the log focused")
+        await pilot.press("2")
+        await until(pilot, lambda: app.tabs.active == "leases", what="2 on the event log: the leases")
+        await pilot.press("3")
+        await until(pilot, lambda: log.has_focus, what="back on the log")
+        await pilot.press("c", "a", "r", "d", "space", "3")  # a digit in the box types
+        box = app.query_one("#event-filter")
+        assert box.value == "card 3" and app.tabs.active == "events"
+        await pilot.press("enter", "1")
+        await until(pilot, lambda: app.tabs.active == "host", what="Enter, then 1: the host view")
+        assert log.words == ["card", "3"]  # the filter stays
+
+        await pilot.press("4")
+        table = app.cluster_view.query_one("#cluster-table")
+        await until(pilot, lambda: table.has_focus, what="the cluster table focused")
+        await pilot.press("slash")
+        cbox = app.query_one("#cluster-filter")
+        assert cbox.has_focus
+        await pilot.press("escape")  # an empty box: Esc goes back to the table
+        assert table.has_focus
+        await pilot.press("r", "a", "c", "k", "-", "0", "2", "escape", "3")
+        await until(pilot, lambda: app.tabs.active == "events", what="Esc, then 3: the events")
+        assert cbox.value == ""
