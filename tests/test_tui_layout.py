@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("textual")
 
+from textual.widgets import DataTable
 from xpu_tui import demo
 from xpu_tui.cardtile import COMPACT_HEIGHT, TALL_HEIGHT, TILE_HEIGHT
 from xpu_tui.eventlog import EventLog
@@ -133,3 +134,43 @@ async def test_the_view_digits_switch_views_from_the_events_and_cluster_views():
         await pilot.press("r", "a", "c", "k", "-", "0", "2", "escape", "3")
         await until(pilot, lambda: app.tabs.active == "events", what="Esc, then 3: the events")
         assert cbox.value == ""
+
+
+@in_asyncio
+async def test_leases_show_job_names_slurm_leases_and_whole_uuids():
+    """#28 item 11 and 13: the job's name (`xpu run --name`) in the lease and queue tables and the
+    details; a Slurm job's lease (no Hold stream by design) not shown as NOT holding; each card's UUID
+    whole on the line of its card number, and wrapped lines under the value, not at column 0."""
+    app = dashboard()
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settled("2")(pilot)
+        table = app.query_one("#lease-table", DataTable)
+        await until(pilot, lambda: table.has_focus, what="the lease table focused")
+        names = [str(c.label) for c in table.columns.values()]
+        assert names[:2] == ["LEASE", "NAME"]
+        row = [str(v) for v in table.get_row("c09d5e13")]
+        assert row[1] == "gpt-small" and row[names.index("HELD")] == "slurm"
+        assert [str(v) for v in table.get_row("b41e0d77")][1] == "-"  # no name
+        queue = app.query_one("#queue-table", DataTable)
+        assert [str(v) for v in queue.get_row("q-51d0")][2] == "finetune-4"
+
+        table.move_cursor(row=table.get_row_index("c09d5e13"))
+        await until(pilot, lambda: app.selected_lease == "c09d5e13")
+        await pilot.pause(0.1)
+        detail = app.query_one("#lease-detail")
+        lines = str(detail.render()).splitlines()
+        width = detail.content_region.width
+        assert lines[0].split() == ["lease", "c09d5e13", "gpt-small", "(active)", "xpu,", "owner", "user1002"]
+        holder = next(line for line in lines if line.split()[0] == "holder")
+        assert "kept by slurm:48213" in holder and "NOT" not in "".join(lines)
+        for card in (1, 2):
+            assert any(line.split()[-2:] == [str(card), demo.dgx_uuid(card)] for line in lines), lines
+        assert all(len(line) <= width for line in lines), "\n".join(lines)
+        assert all(line.startswith(" " * 9) or line.split()[0].isalpha() for line in lines), "\n".join(lines)
+
+        table.move_cursor(row=table.get_row_index("7f3a91c2"))
+        await until(pilot, lambda: app.selected_lease == "7f3a91c2")
+        await pilot.pause(0.1)
+        lines = str(detail.render()).splitlines()
+        mig = "MIG-0a1b2c3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"
+        assert any(line.split() == [mig] for line in lines), lines
