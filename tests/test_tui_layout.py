@@ -13,7 +13,7 @@ pytest.importorskip("textual")
 
 from textual.widgets import DataTable
 from xpu_tui import demo
-from xpu_tui.cardtile import COMPACT_HEIGHT, TALL_HEIGHT, TILE_HEIGHT
+from xpu_tui.cardtile import COMPACT_HEIGHT, TALL_HEIGHT, TILE_HEIGHT, CardTile
 from xpu_tui.eventlog import EventLog
 from xpu_tui.modals import ConfirmScreen
 
@@ -174,3 +174,27 @@ async def test_leases_show_job_names_slurm_leases_and_whole_uuids():
         lines = str(detail.render()).splitlines()
         mig = "MIG-0a1b2c3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"
         assert any(line.split() == [mig] for line in lines), lines
+
+
+@pytest.mark.parametrize(("size", "panel"), [((200, 60), True), ((120, 40), False), ((80, 24), False)])
+@in_asyncio
+async def test_a_large_terminal_shows_leases_queue_and_events_under_the_tiles(size, panel):
+    """#28 item 11: at 200x60 half the screen stayed empty under the tiles. The rows the tiles leave
+    now hold the leases, the queue and the newest events (read-only: the keys stay on the tiles)."""
+    app = dashboard()
+    async with app.run_test(size=size) as pilot:
+        await settled()(pilot)
+        await until(pilot, lambda: app.host_panel.display == panel, what=f"the panel shown: {panel}")
+        await pilot.pause(0.1)
+        assert sorted(await _tiles_shown(pilot)) == list(range(8)), "every card still visible at once"
+        if not panel:
+            return
+        shown = app.host_panel.region
+        assert shown.y >= app.host_view.region.bottom and shown.bottom >= size[1] - 2  # down to the footer
+        tables = {t.id: t for t in app.host_panel.query(DataTable)}
+        assert tables["panel-leases"].row_count == 6 and tables["panel-queue"].row_count == 2
+        events = tables["panel-events"]
+        assert events.row_count == len(app.state.events)
+        assert str(events.get_row_at(0)[3]) == app.state.events[-1].message  # newest first
+        assert str(tables["panel-leases"].get_row("c09d5e13")[1]) == "gpt-small"
+        assert not any(t.can_focus for t in tables.values()) and isinstance(app.focused, CardTile)
