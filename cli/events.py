@@ -29,11 +29,9 @@ def _keep(ev, card: int | None, lease: str) -> bool:
 
 def events(
     card: Annotated[
-        int | None, typer.Option("--card", "-c", help="Only events about this card index.", min=0)
+        int | None, typer.Option("--card", help="Only events about this card index.", min=0)
     ] = None,
-    lease: Annotated[
-        str, typer.Option("--lease", "-l", help="Only events about this lease (id or prefix).")
-    ] = "",
+    lease: Annotated[str, typer.Option("--lease", help="Only events about this lease (id or prefix).")] = "",
     limit: Annotated[
         int, typer.Option("--limit", "-n", help="Show the latest this many.", min=1, max=10_000)
     ] = 50,

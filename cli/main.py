@@ -115,7 +115,6 @@ def run(
         float | None,
         typer.Option(
             "--wait",
-            "-w",
             help="Queue up to this long when it does not fit now: seconds (30), 90s, 5m, 2h, 1d, 1h30m, "
             "or inf (as long as the daemon allows); 0: fail at once. Default: the daemon's "
             "[leases] default_wait_s.",
@@ -136,7 +135,9 @@ def run(
     ] = 10.0,
     name: Annotated[
         str,
-        typer.Option("--name", "-n", help="A name for the job, shown in `xpu leases` and `xpu show`."),
+        typer.Option(
+            "--name", "-J", help="A name for the job, shown in `xpu leases` and `xpu show` (as sbatch -J)."
+        ),
     ] = "",
     when_green: Annotated[
         bool,

@@ -103,9 +103,7 @@ def simulate(
     ] = None,
     policy: Annotated[
         list[str] | None,
-        typer.Option(
-            "--policy", "-p", help=f"Policy; repeat or comma-separate; 'all'. Default: {DEFAULT_POLICY}."
-        ),
+        typer.Option("--policy", help=f"Policy; repeat or comma-separate; 'all'. Default: {DEFAULT_POLICY}."),
     ] = None,
     seeds: Annotated[str, typer.Option(help="Seeds: 42-51, or 42,43,...")] = "42-51",
     slices: Annotated[

@@ -44,7 +44,7 @@ def top(
         ),
     ] = None,
     interval: Annotated[
-        float, typer.Option("--interval", "-n", min=0.1, max=60.0, help="Refresh every this many seconds.")
+        float, typer.Option("--interval", min=0.1, max=60.0, help="Refresh every this many seconds.")
     ] = 1.0,
     admin: Annotated[
         bool | None,
@@ -62,7 +62,10 @@ def top(
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] != "textual":
             raise
-        _fail("the dashboard needs Textual: pip install 'xpud[tui]'")
+        _fail(
+            "the dashboard needs Textual (an xpud dependency): reinstall xpud, or "
+            "pip install 'textual>=8.2.8,<9'"
+        )
 
     if demo:
         from xpu_tui import demo as data

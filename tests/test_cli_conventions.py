@@ -17,7 +17,7 @@ from xpu_cli.main import app
 from tests.conftest import xpu_env
 
 BIN = Path(sys.executable).parent
-RUN = {"run": frozenset({"-g", "--gpus", "-m", "--mode", "-w", "--wait", "-p", "--priority", "--kill-grace"})}
+RUN = {"run": frozenset({"-g", "--gpus", "-m", "--mode", "--wait", "-p", "--priority", "--kill-grace"})}
 
 
 @pytest.mark.parametrize(
@@ -159,3 +159,44 @@ def test_every_verb_refuses_what_a_request_cannot_hold_in_one_line(daemon, args)
     r = subprocess.run([BIN / "xpu", *args], capture_output=True, env=xpu_env(daemon.runtime_dir), timeout=30)
     assert r.returncode == 1 and r.stderr.startswith(b"xpu: ") and len(r.stderr.splitlines()) == 1, r.stderr
     assert b"not UTF-8 text" in r.stderr or b"out of range" in r.stderr, r.stderr
+
+
+def _short_flags(group, prefix=()):
+    """(short flag, its long names, the command) for every option of every command, and of the groups."""
+    for p in group.params:
+        yield from _flag_meanings(p, " ".join(prefix) or "xpu")
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _short_flags(cmd, (*prefix, name))
+        else:
+            for p in cmd.params:
+                yield from _flag_meanings(p, " ".join((*prefix, name)))
+
+
+def _flag_meanings(param, where: str):
+    names = [*param.opts, *getattr(param, "secondary_opts", [])]
+    longs = tuple(sorted(n for n in names if n.startswith("--")))
+    for short in (n for n in names if n.startswith("-") and not n.startswith("--")):
+        yield short, longs, where
+
+
+def test_a_short_flag_means_one_thing_in_every_verb():
+    """#28 item 12: -n was --name in run, --limit in events and --interval in top; -w --wait in run and
+    --watch in ls; -l --label in run and --lease in events; -c --config and --card; -p --priority and
+    --policy. Each short flag now has one long name wherever it appears (-h: help everywhere)."""
+    from xpu_cli.entry import RUN_OPTIONS
+
+    meanings: dict[str, dict[tuple[str, ...], list[str]]] = {}
+    for short, longs, where in _short_flags(typer.main.get_command(app)):
+        meanings.setdefault(short, {}).setdefault(longs, []).append(where)
+    # run's fast path (xpu_cli.entry) parses run's short flags by hand: the same meanings there.
+    fast = {n: p for n, (p, _) in RUN_OPTIONS.items()}
+    for short in (n for n in RUN_OPTIONS if not n.startswith("--")):
+        long = next(n for n, p in fast.items() if n.startswith("--") and p == fast[short])
+        meanings.setdefault(short, {}).setdefault((long,), []).append("run (fast path)")
+    two = {s: m for s, m in meanings.items() if len(m) > 1}
+    assert not two, f"short flags with more than one meaning: {two}"
+    # The choices, as a Slurm or kubectl user reads them (see the commit that made them).
+    chosen = {s: next(iter(m)) for s, m in meanings.items()}
+    assert chosen["-w"] == ("--watch",) and chosen["-l"] == ("--label",) and chosen["-N"] == ("--nodes",)
+    assert chosen["-J"] == ("--name",) and chosen["-n"] == ("--limit",) and chosen["-c"] == ("--config",)

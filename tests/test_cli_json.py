@@ -101,7 +101,7 @@ def test_every_command_prints_its_documented_shape(daemon_factory):
     with d.client() as c:
         c.acquire_lease("vxpu-half", command="python notebook.py")
         c.acquire_lease("xpu", gpus=2, restartable=True)
-        assert d.xpu("run", "-n", "ended", "--", "sh", "-c", "exit 3").returncode == 3
+        assert d.xpu("run", "-J", "ended", "--", "sh", "-c", "exit 3").returncode == 3
         ended = next(x for x in c.leases(all=True).leases if x.name == "ended")
         queued = d.xpu_popen("run", "-g", "8", "--wait", "30", "--", "true")
         try:

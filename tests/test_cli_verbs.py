@@ -118,7 +118,7 @@ def test_watch_redraws_leases_and_cards_at_each_change(daemon):
 
 def test_leases_filters_and_sort(daemon):
     for name, code in (("a-ok", 0), ("b-bad", 2), ("c-ok", 0)):
-        assert daemon.xpu("run", "-n", name, "--", "sh", "-c", f"exit {code}").returncode == code
+        assert daemon.xpu("run", "-J", name, "--", "sh", "-c", f"exit {code}").returncode == code
     with daemon.client() as c:
         c.acquire_lease("vxpu-half", name="half")
 

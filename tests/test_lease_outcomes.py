@@ -64,7 +64,7 @@ def test_a_lease_released_without_a_report_shows_how_the_lease_ended_and_outcome
     with d.client() as c:
         g = c.acquire_lease("xpu")
         assert c.release(g.lease.id, g.token).state == "released"
-        assert d.xpu("run", "-n", "kept", "--", "sh", "-c", "exit 4").returncode == 4
+        assert d.xpu("run", "-J", "kept", "--", "sh", "-c", "exit 4").returncode == 4
     listed = json.loads(d.xpu("leases", "--all", "--json").stdout)["leases"]
     plain = next(x for x in listed if x["id"] == g.lease.id)
     assert plain["status"] == "released"

@@ -48,9 +48,9 @@ def test_wait_durations_inf_and_the_configured_default(daemon_factory):
     with d.client() as c:
         c.acquire_lease("xpu", gpus=8, wait_s=0)
     jobs = [
-        d.xpu_popen("run", "--wait", "1m", "-n", "minute", "--", "true", stderr=subprocess.DEVNULL),
-        d.xpu_popen("run", "-w", "inf", "-n", "forever", "--", "true", stderr=subprocess.DEVNULL),
-        d.xpu_popen("run", "-n", "default", "--", "true", stderr=subprocess.DEVNULL),
+        d.xpu_popen("run", "--wait", "1m", "-J", "minute", "--", "true", stderr=subprocess.DEVNULL),
+        d.xpu_popen("run", "--wait", "inf", "--name", "forever", "--", "true", stderr=subprocess.DEVNULL),
+        d.xpu_popen("run", "-J", "default", "--", "true", stderr=subprocess.DEVNULL),
     ]
     try:
         waits = {q["name"]: q["deadline"] - q["enqueued"] for q in queued(d, 3)}
@@ -85,9 +85,9 @@ def test_ctrl_c_while_queued_says_it_left_the_queue(daemon):
 def test_each_queued_request_shows_why_it_waits(daemon):
     with daemon.client() as c:
         held = [c.acquire_lease("xpu", gpus=1) for _ in range(7)]  # one card left idle
-        big = daemon.xpu_popen("run", "-w", "5m", "-p", "0", "-g", "2", "-n", "big", "--", "true")
+        big = daemon.xpu_popen("run", "--wait", "5m", "-p", "0", "-g", "2", "-J", "big", "--", "true")
         queued(daemon, 1)
-        small = daemon.xpu_popen("run", "-w", "5m", "-p", "-1", "-n", "small", "--", "true")
+        small = daemon.xpu_popen("run", "--wait", "5m", "-p", "-1", "-J", "small", "--", "true")
         try:
             entries = queued(daemon, 2)
             reasons = {q["name"]: q["reason"] for q in entries}

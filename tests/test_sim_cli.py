@@ -55,9 +55,9 @@ def test_table_has_a_row_per_policy_and_arrived_columns(app, files):
         str(c),
         "--trace",
         str(t),
-        "-p",
+        "--policy",
         "fgd",
-        "-p",
+        "--policy",
         "xpud",
         "--seeds",
         "1-2",
@@ -80,7 +80,7 @@ def test_json_rows(app, files):
         str(c),
         "--trace",
         str(t),
-        "-p",
+        "--policy",
         "best-fit,random",
         "--seeds",
         "3",
@@ -124,7 +124,18 @@ def test_all_policies_and_terminal_plot(app, files, tmp_path):
     c, t = files
     png = tmp_path / "curves.png"
     r = invoke(
-        app, "--cluster", str(c), "--trace", str(t), "-p", "all", "--seeds", "1", "-q", "--plot", str(png)
+        app,
+        "--cluster",
+        str(c),
+        "--trace",
+        str(t),
+        "--policy",
+        "all",
+        "--seeds",
+        "1",
+        "-q",
+        "--plot",
+        str(png),
     )
     assert r.exit_code == 0, r.output
     assert png.stat().st_size > 1000
@@ -249,7 +260,7 @@ def test_policy_accepts_the_fgd_papers_spellings(app, files):
     c, t = files
     r = invoke(
         app, "--cluster", str(c), "--trace", str(t), "--seeds", "1", "-q", "--json", "--workers", "1",
-        "-p", "bestfit,DotProd", "-p", "packing", "-p", "clustering,best-fit",
+        "--policy", "bestfit,DotProd", "--policy", "packing", "--policy", "clustering,best-fit",
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     policies = list(dict.fromkeys(row["policy"] for row in json.loads(r.stdout)))
@@ -266,7 +277,7 @@ def test_cpu_reserve_modes_and_the_cpu_only_table(app, files, tmp_path):
             str(c),
             "--trace",
             str(t),
-            "-p",
+            "--policy",
             "xpud,bestfit",
             "--seeds",
             "1",

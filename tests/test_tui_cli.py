@@ -57,7 +57,15 @@ def test_wiring_admin_auto_hosts_and_interval(short_tmp, launched):
     try:
         r = CliRunner().invoke(
             xpu_app,
-            ["top", "--runtime-dir", str(a.runtime_dir), "--host", f"r2/b={b.runtime_dir}", "-n", "0.5"],
+            [
+                "top",
+                "--runtime-dir",
+                str(a.runtime_dir),
+                "--host",
+                f"r2/b={b.runtime_dir}",
+                "--interval",
+                "0.5",
+            ],
         )
         assert r.exit_code == 0, r.output
         app = launched[-1]

@@ -1,4 +1,5 @@
-"""Import hygiene: the daemon and the CLI must not need Textual (the ``tui`` extra is optional).
+"""Import hygiene: the daemon and the CLI must not need Textual (a dependency for `xpu top` only: a host
+may install xpud without it, and the daemon must not pay for importing it).
 
 Each check runs in a fresh interpreter whose meta-path refuses ``textual``, as on a host where the
 extra is not installed.
@@ -70,4 +71,7 @@ def test_xpu_top_without_textual_says_how_to_get_it():
         """
     )
     assert r.returncode == 1
-    assert r.stderr.strip() == "xpu top: the dashboard needs Textual: pip install 'xpud[tui]'"
+    assert r.stderr.strip() == (
+        "xpu top: the dashboard needs Textual (an xpud dependency): reinstall xpud, or "
+        "pip install 'textual>=8.2.8,<9'"
+    )

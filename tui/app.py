@@ -23,6 +23,7 @@ from xpu_cli.vocab import user_name
 from xpu_tui.cardtile import CardTile
 from xpu_tui.clusterview import ClusterView
 from xpu_tui.eventlog import EventLog, EventsView
+from xpu_tui.hostpanel import HostPanel
 from xpu_tui.hoststate import HostState
 from xpu_tui.hostsummary import HostSummary
 from xpu_tui.hostview import HostView
@@ -63,6 +64,12 @@ class XpuTop(App[None]):
     CardTile.-drained { border: dashed $warning; }
     CardTile:focus.-degraded, CardTile:focus.-unhealthy, CardTile:focus.-drained { border: heavy $accent; }
     #host-empty { padding: 1 2; color: $text-muted; }
+    #host { height: 1fr; }
+    HostPanel { height: 1fr; display: none; }
+    #panel-left { width: 1fr; }
+    #panel-leases { height: 1fr; border: round $primary-darken-2; }
+    #panel-queue { height: auto; max-height: 8; border: round $primary-darken-2; }
+    #panel-events { width: 1fr; height: 1fr; border: round $primary-darken-2; }
     LeasesView { height: 1fr; }
     #lease-table { height: 1fr; min-height: 6; border: round $primary-darken-2; }
     #lease-detail { height: auto; max-height: 7; border: round $primary-darken-2; padding: 0 1; }
@@ -156,7 +163,8 @@ class XpuTop(App[None]):
         # The views are kept as attributes: ``query_one`` searches the active screen, a dialog at times.
         self.status = Static(id="status")
         self.tabs = TabbedContent(initial="host")
-        self.host_view = HostView(id="host-view")
+        self.host_panel = HostPanel(self.owner, self.clock, self.localtime, id="host-panel")
+        self.host_view = HostView(self.host_panel, id="host-view")
         self.leases_view = LeasesView(self.owner, self.clock, self.localtime, id="leases-view")
         self.event_log = EventLog(self.localtime, id="event-log")
         self.cluster_view = ClusterView(self.clock, max(5.0, 3 * self.interval_s), id="cluster-view")
@@ -164,6 +172,7 @@ class XpuTop(App[None]):
         with self.tabs:
             with TabPane("1 Host", id="host"):
                 yield self.host_view
+                yield self.host_panel
             with TabPane("2 Leases", id="leases"):
                 yield self.leases_view
             with TabPane("3 Events", id="events"):
@@ -249,6 +258,7 @@ class XpuTop(App[None]):
         self.refreshes += 1
         self.connection = self.live_word
         self.host_view.show(self.state)
+        self.host_panel.show(self.state)
         self.leases_view.show(self.state)
         self.event_log.add(added)
         self._show_status()

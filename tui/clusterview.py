@@ -15,6 +15,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.events import Key
 from textual.widgets import DataTable, Input, Static
+from xpu_tui.eventlog import types_into_filter
 from xpu_tui.hostsummary import HostSummary, totals
 from xpu_tui.render import age, slice_count
 from xpu_tui.tablesync import sync_rows
@@ -78,7 +79,8 @@ class ClusterView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Input(
-            placeholder="filter: domain, host, stale, down, degraded, unhealthy, free",
+            placeholder="filter: domain, host, stale, down, degraded, unhealthy, free "
+            "(Enter: back to the table; Esc clears)",
             id="cluster-filter",
             select_on_focus=False,  # typing on the table moves here: keep the letter just typed
         )
@@ -202,11 +204,11 @@ class ClusterView(Vertical):
     def on_key(self, event: Key) -> None:
         table = self.query_one("#cluster-table", DataTable)
         box = self.query_one("#cluster-filter", Input)
-        if event.key == "escape" and box.value:
+        if event.key == "escape" and (box.value or box.has_focus):
             box.value = ""
             table.focus()
             event.stop()
-        elif table.has_focus and event.is_printable and event.character and event.character not in "/?q":
+        elif table.has_focus and types_into_filter(event):
             # Typing on the table filters it: no need to find the box first.
             box.focus()
             box.insert_text_at_cursor(event.character)

@@ -55,7 +55,7 @@ def _lease(lease_id, mode, cards, command, created, uid=1000, slices=(), held=Tr
         mode=mode,
         owner_uid=uid,
         cards=list(cards),
-        card_uuids=[f"GPU-demo-{c}" for c in cards],
+        card_uuids=[dgx_uuid(c) for c in cards],
         slices=list(slices),
         holder_pid=4000 + len(lease_id) * 7 + sum(cards),
         command=command,
@@ -64,6 +64,11 @@ def _lease(lease_id, mode, cards, command, created, uid=1000, slices=(), held=Tr
         held=held,
         **kw,
     )
+
+
+def dgx_uuid(index: int) -> str:
+    """A card UUID of the demo host, as long as a real one (GPU- and 36 characters)."""
+    return f"GPU-{index:x}e1c0d2a-7a4b-4c1e-9f3a-5b6c7d8e9f0{index:x}"
 
 
 def _slice(lease_id: str, size: str, handle: str = "") -> pb.SliceHeld:
@@ -99,7 +104,8 @@ def _dgx_leases() -> list[pb.Lease]:
             [0],
             "python serve.py --model llama-3-8b",
             base + 120,
-            slices=[_slice("7f3a91c2", "vxpu-half", "MIG-demo-0-0")],
+            slices=[_slice("7f3a91c2", "vxpu-half", "MIG-0a1b2c3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d")],
+            name="llama-serve",
         ),
         _lease(
             "b41e0d77",
@@ -108,7 +114,7 @@ def _dgx_leases() -> list[pb.Lease]:
             "python embed.py",
             base + 1800,
             uid=1001,
-            slices=[_slice("b41e0d77", "vxpu-quarter", "MIG-demo-0-4")],
+            slices=[_slice("b41e0d77", "vxpu-quarter", "MIG-1b2c3d4e-5f6a-5b7c-9d8e-0f1a2b3c4d5e")],
         ),
         _lease(
             "c09d5e13",
@@ -119,6 +125,9 @@ def _dgx_leases() -> list[pb.Lease]:
             uid=1002,
             restartable=True,
             priority=5,
+            name="gpt-small",
+            held=False,  # a Slurm job's lease: the job keeps it, no Hold stream
+            anchor="slurm:48213",
         ),
         _lease(
             "d2aa6f40",
@@ -173,7 +182,7 @@ def _dgx_cards(step: int, leases: list[pb.Lease]) -> list[pb.Card]:
         cards.append(
             pb.Card(
                 index=i,
-                uuid=f"GPU-demo-{i}",
+                uuid=dgx_uuid(i),
                 name="NVIDIA H100 80GB HBM3",
                 memory_total_bytes=H100_MEMORY,
                 pci_bus_id=f"00000000:{0x1B + i * 0x10:02X}:00.0",
@@ -207,6 +216,7 @@ def _queue() -> list[pb.QueueEntry]:
             priority=5,
             owner_uid=1002,
             command="torchrun --nproc-per-node 4 finetune.py",
+            name="finetune-4",
             position=1,
             enqueued=now() - 95,
             deadline=now() + 505,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.events import Key
 from textual.widgets import DataTable, Input
@@ -114,13 +115,15 @@ class EventLog(DataTable):
 class EventsView(Vertical):
     """The event log under a filter box; letters typed on the log go to the box, Esc clears it."""
 
+    BINDINGS = [Binding("slash", "focus_filter", "Filter")]  # noqa: RUF012
+
     def __init__(self, log: EventLog, **kw) -> None:
         super().__init__(**kw)
         self.log_table = log
 
     def compose(self) -> ComposeResult:
         yield Input(
-            placeholder="filter: kind, card N, lease, words (type; Esc clears)",
+            placeholder="filter: kind, card N, lease, words (type; Enter: back to the log; Esc clears)",
             id="event-filter",
             select_on_focus=False,  # the first letter typed on the log is kept, not selected and replaced
         )
@@ -134,13 +137,26 @@ class EventsView(Vertical):
     def _filter_done(self) -> None:
         self.log_table.focus()
 
+    def action_focus_filter(self) -> None:
+        self.query_one("#event-filter", Input).focus()
+
     def on_key(self, event: Key) -> None:
         box = self.query_one("#event-filter", Input)
-        if event.key == "escape" and box.value:
+        if event.key == "escape" and (box.value or box.has_focus):
             box.value = ""
             self.log_table.focus()
             event.stop()
-        elif self.log_table.has_focus and event.is_printable and (event.character or "?") not in "?q":
+        elif self.log_table.has_focus and types_into_filter(event):
             box.focus()
             box.insert_text_at_cursor(event.character)
             event.stop()
+
+
+def types_into_filter(event: Key) -> bool:
+    """A key pressed on a filtered list that starts the filter: a printable one, except the app's own
+    keys (the view digits, ``?`` help, ``q`` quit, ``/`` the filter box), which keep their meaning there.
+    Once in the box every key types; Enter or Esc goes back to the list."""
+    return event.is_printable and bool(event.character) and event.character not in APP_KEYS
+
+
+APP_KEYS = "1234?q/"

@@ -11,8 +11,10 @@ import math
 
 from textual.app import ComposeResult
 from textual.containers import Grid, Vertical, VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Static
 from xpu_tui.cardtile import COMPACT_HEIGHT, TALL_HEIGHT, TILE_HEIGHT, TILE_WIDTH, CardTile
+from xpu_tui.hostpanel import MIN_ROWS
 from xpu_tui.hoststate import HostState
 from xpu_tui.topogroups import CardGroup, single_group
 
@@ -36,8 +38,9 @@ class CardGroupBox(Vertical):
 class HostView(VerticalScroll):
     """Tiles of every card; call ``show`` after each batch of updates."""
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, panel: Widget | None = None, **kw) -> None:
         super().__init__(**kw)
+        self.panel = panel  # shown under the tiles where they leave room (xpu_tui.hostpanel)
         self.groups: list[CardGroup] | None = None  # from the topology, once known
         self.tiles: dict[int, CardTile] = {}
         self.shown_groups: list[CardGroup] = []
@@ -97,11 +100,21 @@ class HostView(VerticalScroll):
         # columns with wider tiles (and no lone tile on the second row)
         return max(1, math.ceil(biggest / math.ceil(biggest / fit)))
 
+    def room(self) -> int:
+        """The rows the host pane has: for the tiles, and for the panel under them when they leave some."""
+        parent = self.parent
+        if self.panel is not None and isinstance(parent, Widget):
+            return parent.size.height
+        return self.size.height
+
+    def tiles_height(self, cols: int, tile_h: int) -> int:
+        return sum(1 + math.ceil(len(g.cards) / cols) * tile_h for g in self.shown_groups)
+
     def pick_tile_height(self, cols: int) -> int:
         """Tall tiles when all fit tall, normal ones when all fit, else compact ones."""
         rows = sum(math.ceil(len(g.cards) / cols) for g in self.shown_groups)
         labels = len(self.shown_groups)
-        height = self.size.height
+        height = self.room()
         for tile_h in (TALL_HEIGHT, TILE_HEIGHT):
             if rows * tile_h + labels <= height:
                 return tile_h
@@ -116,6 +129,16 @@ class HostView(VerticalScroll):
             grid.set_styles(f"grid-rows: {tile_h};")
         for tile in self.tiles.values():
             tile.styles.height = tile_h
+        self._fit_panel(self.tiles_height(cols, tile_h))
+
+    def _fit_panel(self, tiles_h: int) -> None:
+        # A large terminal leaves rows under the tiles: the panel (leases, queue, recent events) takes
+        # them; otherwise the tiles have the whole pane.
+        if self.panel is None:
+            return
+        show = bool(self.tiles) and self.room() - tiles_h >= MIN_ROWS
+        self.styles.height = tiles_h if show else "1fr"
+        self.panel.display = show
 
     def on_card_tile_move(self, message: CardTile.Move) -> None:
         message.stop()

@@ -4,6 +4,7 @@ waiting with their position.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Callable
 
@@ -18,8 +19,45 @@ from xpu_tui.tablesync import sync_rows
 
 from xpud.api.v1 import xpu_pb2 as pb
 
-LEASE_COLUMNS = ("LEASE", "OWNER", "MODE", "CARDS", "AGE", "HELD", "COMMAND")
-QUEUE_COLUMNS = ("POS", "TICKET", "OWNER", "MODE", "GPUS", "PRIO", "WAITED", "GIVES UP", "COMMAND")
+LEASE_COLUMNS = ("LEASE", "NAME", "OWNER", "MODE", "CARDS", "AGE", "HELD", "COMMAND")
+QUEUE_COLUMNS = ("POS", "TICKET", "NAME", "OWNER", "MODE", "GPUS", "PRIO", "WAITED", "GIVES UP", "COMMAND")
+LABEL_WIDTH = 10  # the details' fact names, right-aligned, and a space
+
+
+def held_text(le: pb.Lease) -> str:
+    """HELD: ``yes`` (a Hold stream is open), the anchor's kind (``slurm``, ``pod``: the job or pod keeps
+    it, no Hold stream needed, nothing to reclaim), or ``NO`` (reclaimed after the grace period)."""
+    if le.held:
+        return "yes"
+    return le.anchor.partition(":")[0] if le.anchor else "NO"
+
+
+def lease_row(le: pb.Lease, now: float, owner: Callable[[int], str], command_width: int = 60) -> list:
+    return [
+        le.id,
+        short(le.name, 16) or "-",
+        short(owner(le.owner_uid), 10),
+        le.mode,
+        cards_text(le),
+        age(now - le.created),
+        held_text(le),
+        ("[!] " if le.mark else "") + short(le.command, command_width),
+    ]
+
+
+def queue_row(q: pb.QueueEntry, now: float, owner: Callable[[int], str], command_width: int = 50) -> list:
+    return [
+        q.position,
+        q.ticket,
+        short(q.name, 16) or "-",
+        short(owner(q.owner_uid), 10),
+        q.mode,
+        q.gpus,
+        q.priority,
+        age(now - q.enqueued),
+        age(q.deadline - now) if q.deadline else "-",
+        short(q.command, command_width),
+    ]
 
 
 def cards_text(lease: pb.Lease) -> str:
@@ -28,27 +66,41 @@ def cards_text(lease: pb.Lease) -> str:
     return ",".join(map(str, lease.cards))
 
 
+def holder_text(le: pb.Lease) -> str:
+    if le.held:
+        return f"pid {le.holder_pid or '-'}, holding"
+    if le.anchor:  # no Hold stream by design: the daemon ends it when the job or pod ends, not on a timer
+        return f"kept by {le.anchor} while that runs (no holder needed)"
+    return f"pid {le.holder_pid or '-'}, NOT holding"
+
+
 def lease_details(
-    lease: pb.Lease, now: float, owner: Callable[[int], str], localtime: Callable = time.localtime
+    lease: pb.Lease,
+    now: float,
+    owner: Callable[[int], str],
+    localtime: Callable = time.localtime,
+    width: int | None = None,
 ) -> Text:
-    """Everything the daemon tells about one lease, one fact a line."""
+    """Everything the daemon tells about one lease, one fact a line (a card, a slice each), folded to
+    ``width`` columns at spaces under the fact's value, so a UUID stays whole on one line."""
     created = time.strftime("%Y-%m-%d %H:%M:%S", localtime(lease.created))
+    named = f" {lease.name}" if lease.name else ""
     # The first five lines fit the detail box of an 80x24 terminal: put what matters most there.
     rows = [
-        ("lease", f"{lease.id} ({lease.state or 'active'}) {lease.mode}, owner {owner(lease.owner_uid)}"),
+        (
+            "lease",
+            f"{lease.id}{named} ({lease.state or 'active'}) {lease.mode}, owner {owner(lease.owner_uid)}",
+        ),
         ("command", lease.command or "-"),
-        ("holder", f"pid {lease.holder_pid or '-'}, " + ("holding" if lease.held else "NOT holding")),
+        ("holder", holder_text(lease)),
     ]
     if lease.mark:
         rows.append(("attention", lease.mark))
-    rows.append(("cards", ", ".join(f"{c} {u}" for c, u in zip(lease.cards, lease.card_uuids, strict=False))))
+    for i, (c, u) in enumerate(zip(lease.cards, lease.card_uuids, strict=False)):
+        rows.append(("cards" if i == 0 else "", f"{c} {u}"))
     for s in lease.slices:
-        rows.append(
-            (
-                "slice",
-                f"{s.size}: {gib(s.memory_bytes)} GiB, {s.compute_pct}% sm  {s.handle or '(accounting)'}",
-            )
-        )
+        rows.append(("slice", f"{s.size}: {gib(s.memory_bytes)} GiB, {s.compute_pct}% sm"))
+        rows.append(("", s.handle or "(accounting)"))
     rows += [
         ("created", f"{created} ({age(now - lease.created)} ago)"),
         (
@@ -61,11 +113,34 @@ def lease_details(
     if lease.env:
         rows.append(("env", " ".join(f"{k}={v}" for k, v in sorted(lease.env.items()))))
     text = Text()
+    room = max(20, width - LABEL_WIDTH) if width else None
     for k, v in rows:
-        text.append(f"{k:>9} ", style="bold")
-        text.append(v + "\n", style="bold yellow" if k in ("attention",) or "NOT" in v else "")
+        style = "bold yellow" if k in ("attention",) or "NOT" in v else ""
+        lines = textwrap.wrap(v, room, break_long_words=False, break_on_hyphens=False) if room else [v]
+        for n, line in enumerate(lines or [""]):
+            text.append(f"{k if n == 0 else '':>{LABEL_WIDTH - 1}} ", style="bold")
+            text.append(line + "\n", style=style)
     text.rstrip()
     return text
+
+
+class LeaseDetail(Static):
+    """The highlighted lease's details, folded again whenever the box changes width."""
+
+    _what: str | Callable[[int | None], Text] | None = None  # a message, or the details by width
+
+    def show(self, what: str | Callable[[int | None], Text]) -> None:
+        self._what = what
+        self._draw()
+
+    def on_resize(self) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        if isinstance(self._what, str):
+            self.update(self._what)
+        elif self._what is not None:
+            self.update(self._what(self.content_region.width or None))
 
 
 class LeasesView(Vertical):
@@ -85,7 +160,7 @@ class LeasesView(Vertical):
         leases = DataTable(id="lease-table", cursor_type="row", zebra_stripes=True)
         leases.border_title = "leases"
         yield leases
-        detail = Static("no lease selected", id="lease-detail")
+        detail = LeaseDetail("no lease selected", id="lease-detail")
         detail.border_title = "details"
         yield detail
         queue = DataTable(id="queue-table", cursor_type="row", show_cursor=False)
@@ -123,28 +198,10 @@ class LeasesView(Vertical):
         self._show_detail()
 
     def _lease_row(self, le: pb.Lease, now: float) -> list:
-        return [
-            le.id,
-            short(self.owner(le.owner_uid), 10),
-            le.mode,
-            cards_text(le),
-            age(now - le.created),
-            "yes" if le.held else "NO",
-            ("[!] " if le.mark else "") + short(le.command, 60),
-        ]
+        return lease_row(le, now, self.owner)
 
     def _queue_row(self, q: pb.QueueEntry, now: float) -> list:
-        return [
-            q.position,
-            q.ticket,
-            short(self.owner(q.owner_uid), 10),
-            q.mode,
-            q.gpus,
-            q.priority,
-            age(now - q.enqueued),
-            age(q.deadline - now) if q.deadline else "-",
-            short(q.command, 50),
-        ]
+        return queue_row(q, now, self.owner)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id != "lease-table":
@@ -155,8 +212,8 @@ class LeasesView(Vertical):
 
     def _show_detail(self) -> None:
         lease = self.state.lease(self.selected) if self.state and self.selected else None
-        detail = self.query_one("#lease-detail", Static)
+        detail = self.query_one("#lease-detail", LeaseDetail)
         if lease is None:
-            detail.update("no lease selected" if self.state and self.state.leases else "no active leases")
+            detail.show("no lease selected" if self.state and self.state.leases else "no active leases")
             return
-        detail.update(lease_details(lease, self.clock(), self.owner, self.localtime))
+        detail.show(lambda width: lease_details(lease, self.clock(), self.owner, self.localtime, width))

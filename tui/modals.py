@@ -248,9 +248,11 @@ HELP = """\
   host view: d drain   u undrain   m mode: whole/sliced/auto   x release
   leases view: x release the highlighted lease
 [b]Cluster[/b]
-  type to filter: domain, host, stale, down, degraded, unhealthy, free
-  Esc clears the filter; stale: no news lately; down: unreachable
-[b]Events[/b]  type to filter (kind, card N, lease, words); Esc clears
+  type (or /) to filter: domain, host, stale, down, degraded, unhealthy, free
+  stale: no news lately; down: unreachable
+[b]Events[/b]  type (or /) to filter: kind, card N, lease, words
+  In a filter box every key types: Enter goes back to the list (the filter
+  stays; 1-4 switch views again), Esc clears it
 [b]Card tiles[/b]
   ▶ selected   * mode pinned by an operator   ⊘ drained
   ! near thermal slowdown   held by LEASE (half), LEASE (quarter)
