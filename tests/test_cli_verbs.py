@@ -32,7 +32,7 @@ def test_show_a_lease_and_a_card(daemon):
     text = daemon.xpu("show", le["id"][:5]).stdout
     assert "name:        train-7" in text and "status:      exit 5 (shell status 5)" in text
     assert f"cards:       {le['cards'][0]} (" in text and "events (latest 10):" in text
-    assert f"lease {le['id']} released: released by uid" in text and "(its command exited 5)" in text
+    assert f"lease {le['id']} released: released by root" in text and "(its command exited 5)" in text
     shown = json.loads(daemon.xpu("show", le["id"], "--json").stdout)
     assert shown["lease"]["id"] == le["id"] and shown["lease"]["status"] == "exit 5"
     assert [e["kind"] for e in shown["events"]] == ["grant", "release"]
