@@ -1,11 +1,11 @@
 """Prometheus metrics on a local HTTP port (``[metrics] listen``), with ``prometheus-client``.
 
-prometheus_client's own HTTP server serves ``/metrics`` from a daemon thread. At each scrape its
-``LoopCollector`` asks the daemon's asyncio loop to build a snapshot (``families``: plain metric-family
-objects, built from the engine's cards, leases and queue, the monitor's reports and ``xpud.stats``) and
-waits for it; the HTTP thread only reads what the loop handed over, never the engine's state. When the
-loop does not answer within ``SNAPSHOT_WAIT_S`` (stalled), the last snapshot is served again and
-``xpud_metrics_snapshot_age_seconds`` says how old it is.
+A small threaded WSGI server around prometheus_client's app serves ``/metrics`` (404 on any other path) from
+a daemon thread. At each scrape its ``LoopCollector`` asks the daemon's asyncio loop to build a snapshot
+(``families``: plain metric-family objects, built from the engine's cards, leases and queue, the monitor's
+reports and ``xpud.stats``) and waits for it; the HTTP thread only reads what the loop handed over, never
+the engine's state. When the loop does not answer within ``SNAPSHOT_WAIT_S`` (stalled), the last snapshot is
+served again and ``xpud_metrics_snapshot_age_seconds`` says how old it is.
 
 Names follow Prometheus practice: ``xpud_`` prefix, base units in the name (seconds, bytes, ratio),
 ``_total`` on counters. Labels are bounded: ``card``/``uuid`` (cards on the host), ``mode`` (xpu and the
@@ -19,11 +19,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -329,6 +333,35 @@ class LoopCollector:
         )
 
 
+NOT_FOUND = b"not found: xpud serves /metrics only\n"
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never holds the daemon's stop
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format, *args) -> None:
+        pass  # one line per scrape in the daemon's journal is noise
+
+
+def metrics_only(app):
+    """``app`` on ``/metrics`` (any query: prometheus' ``name[]=`` filter works); 404 on every other path.
+    prometheus_client's own server answered every path (``/``, ``/debug``, ...) with the metrics."""
+
+    def serve(environ, start_response):
+        if environ.get("PATH_INFO") != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [NOT_FOUND]
+        return app(environ, start_response)
+
+    return serve
+
+
 class MetricsServer:
     """``/metrics`` on ``listen`` (host:port) for the daemon; ``start`` on its loop, ``stop`` at the end."""
 
@@ -346,11 +379,19 @@ class MetricsServer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(LoopCollector(asyncio.get_running_loop(), lambda: families(self.daemon)))
         try:
-            self.httpd, self.thread = start_http_server(port, host, registry)
+            self.httpd = make_server(
+                host,
+                port,
+                metrics_only(make_wsgi_app(registry)),
+                server_class=_Server6 if ":" in host else _Server,
+                handler_class=_Quiet,
+            )
         except OSError as e:
             raise OSError(
                 e.errno, f"[metrics] listen = {self.listen!r}: cannot listen: {e.strerror}"
             ) from None
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
+        self.thread.start()
         log.info("metrics on http://%s:%d/metrics", *self.address)
 
     def stop(self) -> None:
