@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from xpud.config import DEFAULT_SLICES
+from xpud.config.schema import DEFAULT_SLICES
 from xpud.errors import ConfigError, Conflict, NoCapacity
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml, NvmlError
@@ -324,6 +324,6 @@ def test_a_switch_goes_on_when_the_event_set_cannot_be_made_again(caplog):
     b.enter_sliced(card)  # the old set is freed: nothing of ours holds the card
     assert nvml.mig_mode(0) == (1, 1) and "event set not left" in caplog.text
     with pytest.raises(NvmlError, match="no event set"):
-        w.wait(10)  # its thread backs off and makes a new one (xpud.monitor.EventThread)
+        w.wait(10)  # its thread backs off and makes a new one (xpud.controllers.health.EventThread)
     fake.unfail()
     w.close()

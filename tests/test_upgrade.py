@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import DaemonProc, wait_until
 from xpud.api.client import Client
 from xpud.errors import XpudError
-from xpud.ledger import SCHEMA_VERSION
+from xpud.ledger.ledger import SCHEMA_VERSION
 
 DATA = Path(__file__).resolve().parent / "data"
 FIXTURE = json.loads((DATA / "ledger-v2.json").read_text())
