@@ -30,15 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
-from xpud.autosize import Rightsizer
-from xpud.config import Config
-from xpud.engine import Engine
-from xpud.hw.topology import NODE, SINGLE, SYSTEM, Topology
+from xpud.config.schema import Config
+from xpud.controllers.rightsizer import Rightsizer
+from xpud.engine.engine import Engine
 from xpud.isolation.base import Accounting
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import Caller, CardInfo, Mode, Request
-from xpud.rightsize import caps
-from xpud.usage import Reading
+from xpud.planning.sizing import caps
+from xpud.planning.usage import Reading
+from xpud.topology import NODE, SINGLE, SYSTEM, Topology
 
 GIB = 1 << 30
 CARDS = 8

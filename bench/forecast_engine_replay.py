@@ -3,11 +3,14 @@ forecast pre-provisioning, on a virtual clock.
 
     .venv/bin/python bench/forecast_engine_replay.py --out bench/forecast_engine_replay.json
 
-What runs is the daemon's: ``xpud.engine.Engine`` (queue, placement, bursts, hysteresis, capacity windows
+What runs is the daemon's: ``xpud.engine.engine.Engine`` (queue, placement, bursts, hysteresis, capacity
+windows
 through ``set_window``/``keep_whole``), the MIG isolation backend (``xpud.isolation.mig``: the profile
 chooser, instance creation and reuse, mode switches) over the fake NVML of a DGX H100, the SQLite ledger,
-``xpud.provisioning.Provisioner`` (the forecast fitted on the ledger's four earlier weeks, cards switched
-and MIG instances pre-created, ``xpud.standby``) and ``xpud.windows``. Not run: gRPC, the Hold streams,
+``xpud.controllers.provisioner.Provisioner`` (the forecast fitted on the ledger's four earlier weeks, cards
+switched
+and MIG instances pre-created, ``xpud.engine.standby``) and ``xpud.planning.windows``. Not run: gRPC, the
+Hold streams,
 the health monitor and the APScheduler jobs (their calls are made here at their intervals).
 
 The clock. The asyncio loop runs on virtual time (``VirtualLoop``): whenever nothing is ready it jumps to
@@ -38,15 +41,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import forecast_replay as model
 
-from xpud import config, windows
-from xpud.engine import Engine
+from xpud.config import schema as config
+from xpud.controllers.provisioner import Provisioner
+from xpud.engine.engine import Engine
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
 from xpud.isolation import backend_for
 from xpud.isolation.faketools import FakeNvidiaTools
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import Caller, CardMode, Lease, LeaseState, Mode, Request
-from xpud.provisioning import Provisioner
+from xpud.planning import windows
 
 ROOT = Caller(uid=0, admin=True)
 CREATES = ("nvmlDeviceCreateGpuInstanceWithPlacement",)

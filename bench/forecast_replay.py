@@ -5,9 +5,10 @@
 A model of one 8-card host at one-second steps, not the daemon: in the simulated daemon a card switches
 in milliseconds, so waiting for a reconfiguration would not show. Here switching a card whole -> sliced
 takes ``--convert-s`` (default 10 s: an assumption for a MIG mode switch plus instance creation on real
-hardware; ``--convert-s 1`` for MPS). Shared with the daemon: the forecast (``xpud.forecast``, fitted on
+hardware; ``--convert-s 1`` for MPS). Shared with the daemon: the forecast (``xpud.planning.forecast``,
+fitted on
 four earlier weeks of the same process), the cards-needed rounding (``Provisioner.cards_needed``), the
-window share (``xpud.windows.whole_needed``: weekdays 08-20 keep ``--day-share`` of the cards whole,
+window share (``xpud.planning.windows.whole_needed``: weekdays 08-20 keep ``--day-share`` of the cards whole,
 ``--night-share`` otherwise), the hysteresis (``hold_s`` 300 s), and nothing running is ever evicted.
 
 Demand: vxpu-half (2 of a card's 4 quarter units) and vxpu-quarter (1) requests, Poisson arrivals whose
@@ -31,8 +32,8 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from xpud import forecast
-from xpud.windows import whole_needed
+from xpud.planning import forecast
+from xpud.planning.windows import whole_needed
 
 CARDS, UNITS = 8, 4  # a card holds 4 quarters or 2 halves
 SIZES = {"vxpu-half": 2, "vxpu-quarter": 1}

@@ -36,12 +36,12 @@ import psutil
 import simdaemon
 
 from xpud.api.client import Client
-from xpud.config import Config
-from xpud.engine import Engine
+from xpud.config.schema import Config
+from xpud.controllers.health import HealthMonitor
+from xpud.engine.engine import Engine
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
-from xpud.ledger import Ledger
-from xpud.monitor import HealthMonitor
+from xpud.ledger.ledger import Ledger
 
 WARMUP_S = 5.0
 

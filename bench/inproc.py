@@ -48,11 +48,11 @@ class _Context:
 async def measure(
     daemon, mode: str, cycles: int, profile: str | None = None, engine_only: bool = False
 ) -> dict:
+    from xpud.api.auth import METADATA_KEY
     from xpud.api.v1 import xpu_pb2 as pb
-    from xpud.auth import METADATA_KEY
-    from xpud.daemon import keep_out_of_collections
+    from xpud.daemon.cli import keep_out_of_collections
     from xpud.model import CommandEnd, Mode, Request
-    from xpud.service import NodeService
+    from xpud.service.node import NodeService
 
     await daemon.start()
     try:
@@ -123,8 +123,8 @@ def main() -> None:
 
     import load
 
-    from xpud import config
-    from xpud.daemon import Daemon, StartupError, open_hardware
+    from xpud.config import schema as config
+    from xpud.daemon.cli import Daemon, StartupError, open_hardware
 
     base = Path(tempfile.mkdtemp(prefix="xpu-inproc-", dir="/tmp"))
     cfg = config.parse(load.DAEMON_CONFIG, str(base / "xpud.toml"))  # as tests/inproc.py builds it

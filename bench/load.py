@@ -109,7 +109,7 @@ def bare_server(path: str, loop: str = "asyncio", durable: str | None = None) ->
         return b"info"
 
     async def serve() -> None:
-        from xpud.daemon import SERVER_OPTIONS  # as xpud's (pending-request limits: see there)
+        from xpud.daemon.cli import SERVER_OPTIONS  # as xpud's (pending-request limits: see there)
 
         server = aio.server(options=SERVER_OPTIONS)
         handler = grpc.method_handlers_generic_handler(
@@ -489,9 +489,9 @@ def waiters_worker(spec: dict) -> None:
 
     from grpc import aio
 
+    from xpud.api.auth import METADATA_KEY, handshake
     from xpud.api.v1 import xpu_pb2 as pb
     from xpud.api.v1 import xpu_pb2_grpc as pbg
-    from xpud.auth import METADATA_KEY, handshake
 
     async def main() -> None:
         bare = spec.get("bare")

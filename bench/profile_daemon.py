@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def daemon_main(out: str) -> None:
     """Run ``xpud`` (its arguments after ``--profiled-daemon OUT``) under cProfile; dump at exit."""
-    from xpud.daemon import main
+    from xpud.daemon.cli import main
 
     sys.argv = ["xpud", *sys.argv[sys.argv.index("--profiled-daemon") + 2 :]]
     profile = cProfile.Profile()

@@ -1,6 +1,7 @@
 """Right-sizing simulation: fixed requests against ``--mode auto`` over a synthetic mix whose real demand
-differs from what the jobs ask for. The auto side runs xpud's own decision code (``xpud.rightsize``,
-``xpud.usage``) on readings the simulation makes every ``sample_s``; placement is a first-fit model of
+differs from what the jobs ask for. The auto side runs xpud's own decision code (``xpud.planning.sizing``,
+``xpud.planning.usage``) on readings the simulation makes every ``sample_s``; placement is a first-fit model
+of
 slices on cards (memory and compute shares), whole cards for xpu.
 
     .venv/bin/python bench/rightsizing.py [--jobs 300] [--seed 1] [--json bench/rightsizing.json]
@@ -14,9 +15,9 @@ import math
 
 import numpy as np
 
-from xpud.config import DEFAULT_SLICES, AutoSection
-from xpud.rightsize import AutoState, caps, decide, first_mode
-from xpud.usage import Reading, UsageBook
+from xpud.config.schema import DEFAULT_SLICES, AutoSection
+from xpud.planning.sizing import AutoState, caps, decide, first_mode
+from xpud.planning.usage import Reading, UsageBook
 
 GIB = 1 << 30
 CARD_MEM = 80 * GIB

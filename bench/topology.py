@@ -42,8 +42,8 @@ from pathlib import Path
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.machines import load_machine
 from xpud.hw.nvml import Nvml
-from xpud.hw.topology import HOSTBRIDGE, NODE, SINGLE, SYSTEM, Topology, uniform
 from xpud.placement.host import best_group
+from xpud.topology import HOSTBRIDGE, NODE, SINGLE, SYSTEM, Topology, uniform
 
 HOST_TYPES = ("dgx-a100", "pcie-8x-l40s")
 REPORTED_SIZES = (2, 4, 8)  # 1-card jobs (``--mix``) only occupy cards: any card is as good

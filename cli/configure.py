@@ -5,11 +5,11 @@ directory, ``--runtime-dir`` or ``$XPUD_RUNTIME_DIR``); with no daemon answering
 /etc/xpud/xpud.toml; ``--config`` names another.
 
 ``set`` parses VALUE as a TOML value (``30``, ``0.5``, ``true``, ``[1, 2]``; anything else is a string),
-sets it in the file's text in place (``xpud.configedit``: comments, order and ``[[windows]]`` stay; the keys
+sets it in the file's text in place (``xpud.config.write``: comments, order and ``[[windows]]`` stay; the keys
 the file did not give stay defaults), validates the whole new file with the daemon's own checks before
 writing anything, keeps the old file as ``xpud.toml.bak``, replaces the file atomically, signals the daemon
 named by ``xpud.pid`` in the runtime directory (what ``systemctl reload xpud`` does), and says when the key
-needs a restart instead (``xpud.reload``: the running value stays until then).
+needs a restart instead (``xpud.daemon.reload``: the running value stays until then).
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ from typing import Annotated, Any
 import typer
 from xpu_cli.output import handled
 
-from xpud import config, configedit, reload
 from xpud.api.client import Client
 from xpud.api.client import runtime_dir as resolve_runtime
+from xpud.config import schema as config
+from xpud.config import write as configedit
+from xpud.daemon import reload
 from xpud.errors import BadRequest, ConfigError, XpudError
 
 config_app = typer.Typer(no_args_is_help=True, help="Show and change xpud.toml; the daemon reloads it.")
@@ -131,7 +133,7 @@ def edited(raw: dict, key: str, value: Any) -> dict:
 
 
 def restart_note(old_text: str, new_text: str, path: Path) -> str | None:
-    """A line naming the changed keys that apply only at a restart (``xpud.reload.merge``), or None."""
+    """A line naming the changed keys that apply only at a restart (``xpud.daemon.reload.merge``), or None."""
     try:
         old = config.parse(old_text, str(path))
     except XpudError:

@@ -1,7 +1,7 @@
 """`xpu defrag`: the moves of restartable jobs that would free whole cards, and (operators) doing them.
 
 The CLI's main module adds the command with ``register(app)``. Parsing and printing only; the plan is the
-daemon's (``xpud.defrag``), reached on admin.sock.
+daemon's (``xpud.controllers.defragmenter``), reached on admin.sock.
 """
 
 from __future__ import annotations

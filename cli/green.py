@@ -1,13 +1,13 @@
 """`xpu run --when-green --deadline T`: the deadline T for the request; the daemon queues the request until
-the greenest hour of its carbon signal before T (``xpud.carbon.plan``). Pure."""
+the greenest hour of its carbon signal before T (``xpud.planning.green.plan``). Pure."""
 
 from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
 
-from xpud.carbon import MAX_DEFER
 from xpud.errors import BadRequest
+from xpud.planning.green import MAX_DEFER
 
 _RELATIVE = re.compile(r"\+(\d{1,6})([mhd])")
 

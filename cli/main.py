@@ -316,7 +316,7 @@ def release(lease_id: Annotated[str, typer.Argument(help="Lease id (or a unique 
 @handled
 def topo(as_json: JsonOpt = False) -> None:
     """The card-to-card topology matrix, as `nvidia-smi topo -m` shows it."""
-    from xpud.hw.topology import LEVEL_MEANING
+    from xpud.topology import LEVEL_MEANING
 
     with client() as c:
         t = c.topology()
@@ -502,7 +502,7 @@ def windows(
 
     from xpu_cli.configure import load_running
 
-    from xpud import windows as win
+    from xpud.planning import windows as win
 
     cfg = load_running(config_path, state.runtime_dir)
     now = datetime.now().astimezone()
@@ -563,7 +563,7 @@ def forecast(
     from datetime import datetime
 
     from xpud.api.client import runtime_dir
-    from xpud.provisioning import FILE_NAME
+    from xpud.controllers.provisioner import FILE_NAME
 
     path = runtime_dir(state.runtime_dir) / FILE_NAME
     try:

@@ -7,8 +7,8 @@ import asyncio
 import threading
 from pathlib import Path
 
-from xpud import config
-from xpud.daemon import Daemon, open_hardware
+from xpud.config import schema as config
+from xpud.daemon.cli import Daemon, open_hardware
 
 
 class InProcDaemon:

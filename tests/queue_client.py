@@ -19,9 +19,9 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
+from xpud.api.auth import METADATA_KEY, handshake
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
-from xpud.auth import METADATA_KEY, handshake
 
 
 async def main(runtime: Path, n: int, command_chars: int, observers: int) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 
-from xpud.engine import Engine
+from xpud.engine.engine import Engine
 
 
 class SyncEngine:

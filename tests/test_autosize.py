@@ -8,11 +8,11 @@ import pytest
 
 from tests.syncengine import sync_engine
 from tests.test_engine import Clock, cards, pcie_box, req
-from xpud.autosize import Rightsizer
-from xpud.config import Config
+from xpud.config.schema import Config
+from xpud.controllers.rightsizer import Rightsizer
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import Caller
 
 ME = os.getpid()  # the lease's holder: its processes are this one and its children
@@ -132,7 +132,7 @@ def test_xpu_run_mode_auto_starts_a_class_with_no_history_in_first(daemon):
 
 
 def test_resize_restarts_a_restartable_job_and_refuses_the_others(world):
-    from xpud.autosize import resize
+    from xpud.controllers.rightsizer import resize
     from xpud.errors import Conflict, Forbidden
 
     engine, fake, rs, _clock = world

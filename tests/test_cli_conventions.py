@@ -63,7 +63,7 @@ def test_every_help_page_answers_h_with_plain_metavars():
 
 def test_xpud_help_looks_like_xpus_and_keeps_bracketed_text():
     """#28 item 12: xpud's help is plain text as xpu's (Rich markup ate "[kubelet]"), -h too."""
-    from xpud.daemon import app as daemon_app
+    from xpud.daemon.cli import app as daemon_app
 
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"COLUMNS": "100"}
     pages = [(), *_commands(typer.main.get_command(daemon_app))]

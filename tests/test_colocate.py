@@ -9,14 +9,14 @@ import pytest
 
 from tests.syncengine import sync_engine
 from tests.test_engine import Clock, pcie_box, req
-from xpud.autosize import Rightsizer
-from xpud.config import Config
+from xpud.config.schema import Config
+from xpud.controllers.rightsizer import Rightsizer
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
 from xpud.isolation.base import Accounting
 from xpud.isolation.faketools import FakeNvidiaTools
 from xpud.isolation.mps import MpsIsolation
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.placement.colocate import overlap
 from xpud.placement.host import CardCapacity, choose_slice_card
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from xpud import config
+from xpud.config import schema as config
 from xpud.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

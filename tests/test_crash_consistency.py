@@ -32,7 +32,7 @@ import pytest
 from tests.conftest import BIN, alive, poll, xpu_env
 from xpud.errors import NotFound, XpudError
 from xpud.hw.simstate import FILE_NAME
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 
 KILLS = 10
 GRACE_S = 10.0

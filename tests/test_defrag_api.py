@@ -10,11 +10,11 @@ import grpc
 import pytest
 
 from tests.test_defrag_plan import TOKENS, layout, make_engine
+from xpud.api.auth import METADATA_KEY, CredentialIssuer
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.auth import METADATA_KEY, CredentialIssuer
-from xpud.defrag import Defragmenter
+from xpud.controllers.defragmenter import Defragmenter
 from xpud.model import CardMode
-from xpud.service import AdminService, Context
+from xpud.service.node import AdminService, Context
 
 
 class Aborted(Exception):

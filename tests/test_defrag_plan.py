@@ -12,12 +12,12 @@ import pytest
 
 from tests.syncengine import sync_engine
 from tests.test_engine import Caller, Clock, cards, pcie_box, req
-from xpud.config import Config
-from xpud.defrag import Books, Defragmenter, free_cards, sequence
-from xpud.engine import Engine
+from xpud.config.schema import Config
+from xpud.controllers.defragmenter import Books, Defragmenter, free_cards, sequence
+from xpud.engine.engine import Engine
 from xpud.errors import BadRequest
 from xpud.isolation.base import Accounting
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import CardMode, Slice
 
 

@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from xpud import config
+from xpud.config import schema as config
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 KUBERNETES = "1.34.0"

@@ -14,7 +14,8 @@ import pynvml as N
 import pytest
 
 from tests.conftest import DaemonProc, xpu_env
-from xpud import config, doctor
+from xpud.config import schema as config
+from xpud.daemon import doctor
 from xpud.isolation.faketools import FakeNvidiaTools
 
 XPUD = Path(sys.executable).parent / "xpud"

@@ -8,12 +8,12 @@ import time
 import pytest
 
 from tests.syncengine import sync_engine
-from xpud.config import Config
+from xpud.config.schema import Config
+from xpud.engine.waitlist import Waiter
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound
-from xpud.hw.topology import NODE, SINGLE, SYSTEM, Topology
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import Caller, CardInfo, CardMode, HealthState, LeaseState, Mode, Request
-from xpud.waitlist import Waiter
+from xpud.topology import NODE, SINGLE, SYSTEM, Topology
 
 GIB = 1 << 30
 

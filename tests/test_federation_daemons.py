@@ -20,9 +20,9 @@ import pytest
 from xpu_cli.output import to_dict
 
 from tests.conftest import BIN, DaemonProc, wait_until, xpu_env
-from xpud import config
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
+from xpud.config import schema as config
 from xpud.federation.certs import init_ca, issue
 
 DEAD_AFTER_S = 4.0
@@ -314,7 +314,7 @@ def test_without_cluster_the_daemon_has_no_peer_traffic(daemon):
 def test_doctor_on_a_host_whose_only_seed_is_itself_does_not_say_no_seeds(site):
     """#28 item 12: a first host often lists itself among the seeds (one config for every host). (The
     cluster checks alone: the whole doctor also reads the simulated cards.)"""
-    from xpud import doctor
+    from xpud.daemon import doctor
 
     h = make_host(site, 1, [], start=False)
     h.daemon.config.write_text(h.daemon.config.read_text().replace("seeds = []", f"seeds = [{h.addr!r}]"))

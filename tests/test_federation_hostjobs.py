@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import wait_until
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
-from xpud.ledger import Op
+from xpud.ledger.ledger import Op
 from xpud.model import Mode, Request
 
 MACHINE = "pcie-4x-h100"
@@ -302,7 +302,7 @@ def test_a_rank_runs_nothing_until_its_pid_is_durable(inproc, tmp_path):
 
 
 def test_a_rank_whose_pid_cannot_be_recorded_never_runs(inproc, tmp_path):
-    from xpud.ledger import LedgerUnavailable
+    from xpud.ledger.ledger import LedgerUnavailable
 
     d = inproc(MACHINE)
 

@@ -15,10 +15,11 @@ from tests.conftest import wait_until
 from tests.syncengine import sync_engine
 from tests.test_cli_json import check
 from tests.test_engine import cards, pcie_box, req
-from xpud import config, forecast
-from xpud.ledger import Ledger
+from xpud.config import schema as config
+from xpud.controllers.provisioner import Provisioner
+from xpud.ledger.ledger import Ledger
 from xpud.model import CardMode, Lease, LeaseState, Mode
-from xpud.provisioning import Provisioner
+from xpud.planning import forecast
 
 MONDAY = datetime(2026, 11, 2)  # local time, a Monday; four weeks of history end on 2026-11-30
 
@@ -389,7 +390,7 @@ def test_on_mps_cards_the_forecast_slices_are_planned_and_warmed_with_their_limi
 
 
 def test_warm_command_is_killed_at_its_timeout_and_an_unknown_user_is_an_event(tmp_path):
-    from xpud import warm
+    from xpud.controllers import warm
 
     async def go():
         killed = await warm.run("sleep 30 & sleep 30", "nobody", {}, 0.3)
@@ -425,7 +426,7 @@ def test_a_warm_command_still_running_is_killed_when_the_provisioner_stops(tmp_p
     import asyncio
     import os
 
-    from xpud import warm
+    from xpud.controllers import warm
 
     pidfile = tmp_path / "pid"
     tmp_path.chmod(0o777)

@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-from xpud import config
+from xpud.config import schema as config
 from xpud.errors import ConfigError
-from xpud.ledger import MIGRATIONS, SCHEMA_VERSION, HealthChangeRecord, Ledger, _statements
+from xpud.ledger.ledger import MIGRATIONS, SCHEMA_VERSION, HealthChangeRecord, Ledger, _statements
 
 
 def test_health_keys_parse_with_lists_and_refuse_bad_values():

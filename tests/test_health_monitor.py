@@ -8,12 +8,12 @@ import time
 from dataclasses import replace
 
 from tests.syncengine import sync_engine
-from xpud.config import Config
+from xpud.config.schema import Config
+from xpud.controllers.health import HealthMonitor
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import HealthState, Mode, Request
-from xpud.monitor import HealthMonitor
 
 
 def setup(tmp_path, machine="dgx-h100", mig_card: int | None = None):

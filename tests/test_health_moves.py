@@ -6,9 +6,9 @@ import pytest
 
 from tests.syncengine import sync_engine
 from tests.test_engine import Clock, cards, pcie_box, req
-from xpud.config import Config
+from xpud.config.schema import Config
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import Caller, HealthState
 
 

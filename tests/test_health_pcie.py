@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from xpud.config import Config, HealthSection
-from xpud.engine import Engine
+from xpud.config.schema import Config, HealthSection
+from xpud.controllers.health import HealthMonitor
+from xpud.engine.engine import Engine
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.health import CardHealth
 from xpud.hw.nvml import Nvml
 from xpud.hw.signals import OK, WARN, pcie_replay_limit
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import CardSample
-from xpud.monitor import HealthMonitor
 
 
 @pytest.mark.parametrize(

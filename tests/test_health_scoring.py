@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from xpud.config import HealthSection
+from xpud.config.schema import HealthSection
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.health import CardHealth
 from xpud.hw.nvml import Nvml

@@ -1,14 +1,14 @@
 """XID classes and names: where the default lists come from, and what each XID is called.
 
 Names follow NVIDIA's XID catalogue; the fail/warn lists follow DCGM's health watch (>= 4.4) plus 92, the
-application list NVIDIA's device plugin (see the comment above ``_XID_WARN`` in xpud/config.py).
+application list NVIDIA's device plugin (see the comment above ``_XID_WARN`` in xpud/config/schema.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from xpud.config import HealthSection
+from xpud.config.schema import HealthSection
 from xpud.hw.health import CardHealth
 from xpud.hw.signals import FAIL, WARN, XID_MEANING, xid_class, xid_text
 from xpud.model import HealthState

@@ -16,7 +16,7 @@ import pytest
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.machines import load_machine
 from xpud.hw.nvml import Nvml, NvmlError
-from xpud.hw.topology import SYSTEM
+from xpud.topology import SYSTEM
 
 MESH = load_machine(Path(__file__).parent / "data" / "nvlink-mesh.toml")
 CODES = [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_UNKNOWN]

@@ -14,7 +14,7 @@ from xpud.hw.machines import (
     machines_dir,
     parse_cpulist,
 )
-from xpud.hw.topology import HOSTBRIDGE, INTERNAL, MULTIPLE, NODE, SINGLE, SYSTEM
+from xpud.topology import HOSTBRIDGE, INTERNAL, MULTIPLE, NODE, SINGLE, SYSTEM
 
 DATA = Path(__file__).parent / "data"
 SHIPPED = [

@@ -12,14 +12,14 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from xpud.config import Config, HealthSection
-from xpud.engine import Engine
+from xpud.config.schema import Config, HealthSection
+from xpud.controllers.health import HealthMonitor
+from xpud.engine.engine import Engine
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.health import CardHealth
 from xpud.hw.nvml import Nvml
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import HealthState
-from xpud.monitor import HealthMonitor
 
 
 def rig(machine: str, read_inventory: bool = True) -> tuple[FakeNvml, Nvml]:

@@ -12,7 +12,7 @@ import pytest
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.machines import load_machine
 from xpud.hw.nvml import Nvml, NvmlError, NvmlGpuLost, NvmlNoPermission, NvmlUnavailable, norm_bus_id
-from xpud.hw.topology import HOSTBRIDGE, MULTIPLE, NODE, SINGLE, SYSTEM
+from xpud.topology import HOSTBRIDGE, MULTIPLE, NODE, SINGLE, SYSTEM
 
 DATA = Path(__file__).parent / "data"
 GIB = 1 << 30

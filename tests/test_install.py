@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from xpud import install
+from xpud.daemon import install
 
 ROOT = Path(__file__).resolve().parents[1]
 XPUD = Path(sys.executable).parent / "xpud"

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from xpud.errors import ConfigError, Unavailable
-from xpud.ledger import SCHEMA_VERSION, CardRecord, Ledger
+from xpud.ledger.ledger import SCHEMA_VERSION, CardRecord, Ledger
 from xpud.model import Lease, LeaseState, Mode, Slice
 
 
@@ -165,7 +165,7 @@ def test_submit_then_answers_a_batch_on_the_loop_in_one_wake_up(tmp_path):
     import asyncio
     import threading
 
-    from xpud.ledger import _answer
+    from xpud.ledger.ledger import _answer
 
     led = Ledger(tmp_path / "l.sqlite")
     led.insert_lease(_lease("dup00001"), "tok")
@@ -206,7 +206,7 @@ def _busy_writer(led):
     once it is."""
     import threading
 
-    from xpud.ledger import Op
+    from xpud.ledger.ledger import Op
 
     busy, gate = threading.Event(), threading.Event()
     led.submit(Op((), effect=lambda: busy.set() or gate.wait(10)))
@@ -214,8 +214,8 @@ def _busy_writer(led):
 
 
 def test_usage_readings_keep_each_class_newest_and_auto_leases_follow_their_lease(tmp_path):
-    from xpud.ledger import AutoLeaseRecord
-    from xpud.usage import Reading
+    from xpud.ledger.ledger import AutoLeaseRecord
+    from xpud.planning.usage import Reading
 
     led = Ledger(tmp_path / "l.sqlite")
     for t in range(10):
@@ -236,8 +236,8 @@ def test_usage_readings_keep_each_class_newest_and_auto_leases_follow_their_leas
 
 
 def test_classes_not_seen_for_long_are_forgotten(tmp_path):
-    from xpud.ledger import AutoLeaseRecord
-    from xpud.usage import Reading
+    from xpud.ledger.ledger import AutoLeaseRecord
+    from xpud.planning.usage import Reading
 
     led = Ledger(tmp_path / "l.sqlite")
     led.add_readings([("old", Reading(10.0, 5.0, 1, 15.0, 2)), ("new", Reading(10.0, 5.0, 1, 15.0, 2))], 4)

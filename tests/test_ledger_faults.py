@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from xpud.errors import Unavailable
-from xpud.ledger import BUSY_TIMEOUT_S
+from xpud.ledger.ledger import BUSY_TIMEOUT_S
 
 MIG = "[leases]\ngrace_s = 60.0\n"  # MIG idle instances kept for reuse (the default): a freed one is reused
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.otheruser import NOBODY, PRELUDE
-from xpud.auth import member_of
+from xpud.api.auth import member_of
 
 CLIENT = (
     PRELUDE

@@ -17,9 +17,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_until
-from xpud import config
+from xpud.config import schema as config
+from xpud.daemon.metrics import NAMES
 from xpud.errors import ConfigError
-from xpud.metrics import NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 

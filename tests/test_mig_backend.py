@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from xpud.config import DEFAULT_SLICES
+from xpud.config.schema import DEFAULT_SLICES
 from xpud.errors import ConfigError, Conflict, NoCapacity
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml, NvmlError
@@ -314,7 +314,7 @@ def test_start_up_destroys_only_the_instances_xpud_made_and_leaves_other_tools_o
 
 def test_the_ledger_records_the_instances_xpud_makes_across_a_restart(tmp_path):
     from xpud.isolation.mig_book import LedgerBook
-    from xpud.ledger import Ledger
+    from xpud.ledger.ledger import Ledger
 
     ledger = Ledger(tmp_path / "ledger.sqlite")
     b, card, fake, nvml, tools, clock = backend()
@@ -381,6 +381,6 @@ def test_a_switch_goes_on_when_the_event_set_cannot_be_made_again(caplog):
     b.enter_sliced(card)  # the old set is freed: nothing of ours holds the card
     assert nvml.mig_mode(0) == (1, 1) and "event set not left" in caplog.text
     with pytest.raises(NvmlError, match="no event set"):
-        w.wait(10)  # its thread backs off and makes a new one (xpud.monitor.EventThread)
+        w.wait(10)  # its thread backs off and makes a new one (xpud.controllers.health.EventThread)
     fake.unfail()
     w.close()

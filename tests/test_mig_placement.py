@@ -15,7 +15,7 @@ from functools import cache
 
 import pytest
 
-from xpud.config import DEFAULT_SLICES
+from xpud.config.schema import DEFAULT_SLICES
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
 from xpud.isolation import mig_map

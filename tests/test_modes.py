@@ -13,9 +13,9 @@ import pytest
 from tests.conftest import wait_until
 from tests.syncengine import sync_engine
 from tests.test_engine import Clock, cards, pcie_box
-from xpud.config import Config, parse
+from xpud.config.schema import Config, parse
 from xpud.errors import BadRequest, Conflict
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import Caller, Mode, Request
 
 TINY = "[leases]\ngrace_s = 30.0\n[slices.vxpu-tiny]\nmemory_fraction = 0.125\ncompute_pct = 10\n"

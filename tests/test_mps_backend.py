@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from xpud.config import DEFAULT_SLICES
+from xpud.config.schema import DEFAULT_SLICES
 from xpud.errors import Conflict
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml

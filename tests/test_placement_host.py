@@ -13,7 +13,6 @@ from itertools import combinations
 
 import pytest
 
-from xpud.hw.topology import HOSTBRIDGE, MULTIPLE, NODE, SINGLE, SYSTEM, Topology
 from xpud.placement.host import (
     CardCapacity,
     best_group,
@@ -21,6 +20,7 @@ from xpud.placement.host import (
     cluster_group,
     free_quality,
 )
+from xpud.topology import HOSTBRIDGE, MULTIPLE, NODE, SINGLE, SYSTEM, Topology
 
 ALL = range(8)
 

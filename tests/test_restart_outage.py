@@ -18,8 +18,8 @@ import pytest
 from tests.conftest import alive, poll, wait_until
 from tests.syncengine import sync_engine
 from tests.test_engine import Clock, cards, pcie_box
-from xpud.config import Config
-from xpud.ledger import Ledger
+from xpud.config.schema import Config
+from xpud.ledger.ledger import Ledger
 from xpud.model import Mode, Request
 
 GRACE_S = 5.0  # wrappers re-hold within ~1 s; 3 s was missed once at a load average of 20+

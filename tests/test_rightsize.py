@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import itertools
 
-from xpud.config import DEFAULT_SLICES, AutoSection
-from xpud.rightsize import AutoState, decide, first_mode, ladder
-from xpud.usage import Reading, UsageBook
+from xpud.config.schema import DEFAULT_SLICES, AutoSection
+from xpud.planning.sizing import AutoState, decide, first_mode, ladder
+from xpud.planning.usage import Reading, UsageBook
 
 GIB = 1 << 30
 CARD = 80 * GIB
@@ -105,7 +105,7 @@ def test_first_mode_from_the_class_history():
 def test_auto_first_must_be_a_mode_and_numbers_are_bounded():
     import pytest
 
-    from xpud.config import parse
+    from xpud.config.schema import parse
     from xpud.errors import ConfigError
 
     assert parse('[auto]\nfirst = "xpu"\n').auto.first == "xpu"

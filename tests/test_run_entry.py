@@ -152,7 +152,7 @@ def test_xpu_run_imports_neither_typer_nor_the_listings(tmp_path):
         "real_exit = os._exit\n"
         "def report(code):\n"
         "    heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('typer', 'click', 'rich')\n"
-        "                   or m in ('xpu_cli.main', 'xpu_cli.output', 'xpud.model', 'xpud.engine'))\n"
+        "                   or m in ('xpu_cli.main', 'xpu_cli.output', 'xpud.model', 'xpud.engine.engine'))\n"
         "    sys.stdout.write(repr(heavy) + '\\n'); sys.stdout.flush(); real_exit(code)\n"
         "os._exit = report\n"
         "from xpu_cli.entry import main\n"

@@ -16,9 +16,9 @@ import grpc
 import pytest
 
 from tests.conftest import BIN, wait_until, xpu_env
+from xpud.api.auth import CredentialIssuer
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
-from xpud.auth import CredentialIssuer
 
 pytestmark = pytest.mark.timeout(60)
 

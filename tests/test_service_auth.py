@@ -6,8 +6,8 @@ import contextlib
 import socket
 import time
 
-from xpud import auth
-from xpud.auth import CredentialIssuer
+from xpud.api import auth
+from xpud.api.auth import CredentialIssuer
 
 
 def test_a_thousand_idle_handshake_connections_do_not_stop_others(daemon):

@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from xpud.api import validate
+from xpud.api.auth import METADATA_KEY, handshake
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.auth import METADATA_KEY, handshake
 
 MAX_MESSAGE = 4 * 1024 * 1024  # gRPC's default limit on a received message
 

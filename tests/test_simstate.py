@@ -16,7 +16,7 @@ from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
 from xpud.hw.simstate import FILE_NAME, SimState, SimStateError
 from xpud.isolation.faketools import FakeNvidiaTools
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 
 
 def _machine(path, machine: str = "dgx-h100"):

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import wait_until
 from tests.test_metrics import free_port, samples, scrape, value
 from xpud.hw.simstate import FILE_NAME
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import Lease, LeaseState, Mode
 
 SIZE = "vxpu-half"

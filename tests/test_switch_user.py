@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.test_federation_rankproc import Inputs, collect, outputs, spec
-from xpud import switch_user, warm
+from xpud.controllers import warm
 from xpud.federation.rankproc import run_rank
+from xpud.isolation import switch_user
 
 REFUSED = {"user", "group", "extra_groups", "process_group", "umask"}  # what uvloop 0.21 refuses
 
@@ -113,8 +114,8 @@ __attribute__((constructor)) static void mark(void) {
 
 
 def event_loops():
-    """The loops ``[daemon] event_loop`` picks from (``xpud.daemon.loop_factory``)."""
-    from xpud.daemon import loop_factory
+    """The loops ``[daemon] event_loop`` picks from (``xpud.daemon.cli.loop_factory``)."""
+    from xpud.daemon.cli import loop_factory
 
     yield pytest.param(loop_factory("asyncio"), id="asyncio")
     try:

@@ -16,9 +16,9 @@ from xpu_tui.source import HostSpec, RecordedSource, follow
 from xpu_tui.topogroups import card_list, group_cards
 
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.config import DEFAULT_SLICES
+from xpud.config.schema import DEFAULT_SLICES
 from xpud.errors import Unavailable
-from xpud.hw.topology import MULTIPLE, NODE, SINGLE, SYSTEM
+from xpud.topology import MULTIPLE, NODE, SINGLE, SYSTEM
 
 
 # ------------------------------------------------------------------------------------------ render

@@ -1,4 +1,4 @@
-"""xpud.uninterrupted: a state change runs to its end when its caller goes away, and what fails then is
+"""xpud.engine.uninterrupted: a state change runs to its end when its caller goes away, and what fails then is
 logged, not lost (nor a "Task exception was never retrieved" at exit)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from xpud.uninterrupted import uninterrupted
+from xpud.engine.uninterrupted import uninterrupted
 
 
 def test_a_change_whose_caller_is_cancelled_runs_to_its_end_and_its_failure_is_logged(caplog):
@@ -35,7 +35,7 @@ def test_a_change_whose_caller_is_cancelled_runs_to_its_end_and_its_failure_is_l
         with pytest.raises(RuntimeError, match="disk"):
             await change(True)  # ... and its error
 
-    with caplog.at_level(logging.WARNING, logger="xpud.uninterrupted"):
+    with caplog.at_level(logging.WARNING, logger="xpud.engine.uninterrupted"):
         asyncio.run(main())
     assert steps.count("written") == steps.count("applied") == 4  # the two cancelled ones overlap
     assert [r.getMessage() for r in caplog.records] == [

@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import DaemonProc, wait_until
 from xpud.api.client import Client
 from xpud.errors import XpudError
-from xpud.ledger import SCHEMA_VERSION
+from xpud.ledger.ledger import SCHEMA_VERSION
 
 DATA = Path(__file__).resolve().parent / "data"
 FIXTURE = json.loads((DATA / "ledger-v2.json").read_text())
@@ -60,14 +60,14 @@ def next_release(dest: Path) -> Path:
     text, n = re.subn(r'__version__ = "[^"]*"', f'__version__ = "{NEXT_VERSION}"', init.read_text())
     assert n == 1
     init.write_text(text)
-    ledger = pkg / "ledger.py"
+    ledger = pkg / "ledger" / "ledger.py"
     text, n = re.subn(
         r"(?m)^SCHEMA_VERSION = len\(MIGRATIONS\)$",
         'MIGRATIONS.append("CREATE TABLE upgrade_probe (id INTEGER PRIMARY KEY, note TEXT NOT NULL);")\n'
         "SCHEMA_VERSION = len(MIGRATIONS)",
         ledger.read_text(),
     )
-    assert n == 1, "ledger.py no longer ends its migrations with SCHEMA_VERSION = len(MIGRATIONS)"
+    assert n == 1, "ledger/ledger.py no longer ends its migrations with SCHEMA_VERSION = len(MIGRATIONS)"
     ledger.write_text(text)
     return dest
 

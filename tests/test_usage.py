@@ -11,10 +11,10 @@ import pytest
 
 from tests.test_hw_nvml import Clock
 from tests.test_mig_backend import backend
-from xpud.config import DEFAULT_SLICES
+from xpud.config.schema import DEFAULT_SLICES
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
-from xpud.usage import Reading, UsageBook, job_class, lease_pids, measure, summarize
+from xpud.planning.usage import Reading, UsageBook, job_class, lease_pids, measure, summarize
 
 GIB = 1 << 30
 
@@ -102,7 +102,7 @@ def test_book_keeps_a_short_history_per_lease_and_class():
 
 
 def test_profiles_follow_new_readings_and_end_with_the_lease():
-    from xpud.usage import Reading, UsageBook
+    from xpud.planning.usage import Reading, UsageBook
 
     book = UsageBook(keep=2)
     book.add("l1", "c", Reading(1.0, 10.0, 0, 15.0, 1, 2.0))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from xpud import waitlist as wl
+from xpud.engine import waitlist as wl
+from xpud.engine.waitlist import Waitlist
 from xpud.model import Mode, Request
-from xpud.waitlist import Waitlist
 
 
 def _req(priority=0, mode="xpu", uid=1000):

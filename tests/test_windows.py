@@ -14,10 +14,12 @@ from tests.conftest import wait_until
 from tests.syncengine import sync_engine
 from tests.test_cli_json import check
 from tests.test_engine import Clock, cards, pcie_box, req
-from xpud import carbon, config, windows
+from xpud.config import schema as config
 from xpud.errors import ConfigError, NoCapacity
-from xpud.ledger import Ledger
+from xpud.ledger.ledger import Ledger
 from xpud.model import Caller, CardMode
+from xpud.planning import green as carbon
+from xpud.planning import windows
 
 WEEK = """
 [[windows]]

@@ -14,7 +14,7 @@ from xpu_tui.hostsummary import HostSummary
 from xpu_tui.source import RecordedSource, StaticCluster
 
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.hw.topology import MULTIPLE, NODE, SINGLE, SYSTEM
+from xpud.topology import MULTIPLE, NODE, SINGLE, SYSTEM
 
 T0 = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
 SAMPLES = 40  # recorded updates (one sample each, 5 s apart)

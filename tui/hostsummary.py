@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.config import DEFAULT_SLICES
+from xpud.config.schema import DEFAULT_SLICES
 from xpud.model import SliceSpec
 
 

@@ -19,7 +19,7 @@ from xpu_tui.hostsummary import HostSummary, from_cluster_host, slice_sizes, sum
 
 from xpud.api.client import Client
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.config import DEFAULT_SLICES
+from xpud.config.schema import DEFAULT_SLICES
 from xpud.errors import Forbidden, NotFound, Unavailable, XpudError
 
 RETRY_S = 2.0  # wait between reconnect attempts

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from xpud.hw.topology import INTERNAL, MULTIPLE, SINGLE
+from xpud.topology import INTERNAL, MULTIPLE, SINGLE
 
 
 @dataclass(frozen=True)

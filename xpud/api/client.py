@@ -14,9 +14,9 @@ from pathlib import Path
 
 import grpc
 
+from xpud.api.auth import METADATA_KEY, handshake
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
-from xpud.auth import METADATA_KEY, handshake
 from xpud.errors import ERROR_CLASSES, BadRequest, Forbidden, Unauthenticated, Unavailable, XpudError
 
 DEFAULT_RUNTIME_DIR = "/run/xpud"

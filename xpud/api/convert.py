@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.ledger import EventRecord
+from xpud.ledger.ledger import EventRecord
 from xpud.model import CardSample, CardView, Lease, QueuedRequest, Slice
 
 # The sample's fields the protocol carries; the others (fabric state, recovery action) reach clients as
@@ -149,14 +149,15 @@ def event_pb(e: EventRecord) -> pb.Event:
 
 
 def free_cards_pb(f) -> pb.FreeCards:
-    """``xpud.defrag.FreeCards`` -> message."""
+    """``xpud.controllers.defragmenter.FreeCards`` -> message."""
     return pb.FreeCards(
         idle=f.idle, group=f.group, group_gbps=f.group_gbps, quality_gbps=f.quality_gbps, value=f.value
     )
 
 
 def defrag_pb(plan, outcomes=(), applied: bool = False, summary: str = "") -> pb.DefragReply:
-    """A ``xpud.defrag.DefragPlan`` (and, once applied, each move's ``MoveOutcome``) -> DefragReply."""
+    """A ``xpud.controllers.defragmenter.DefragPlan`` (and, once applied, each move's ``MoveOutcome``) ->
+    DefragReply."""
     state = {id(o.move): o for o in outcomes}
     reason = f"makes room for {plan.gpus} whole card(s)" if plan.gpus else "frees whole cards"
     moves = []

@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 from xpud.errors import BadRequest
 from xpud.federation.membership import MAX_INCARNATION
 
-log = logging.getLogger("xpud.service")
+log = logging.getLogger("xpud.service.node")
 
 ECHO_CHARS = 80  # the most characters of a caller's input an error message repeats
 COMMAND_CHARS = 500  # a command is a label for listings: kept to this many characters on the way in

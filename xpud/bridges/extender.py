@@ -267,8 +267,8 @@ def offer_from_cluster_host(h) -> HostOffer:
 
 def offer_from_daemon(name: str, runtime: str | Path) -> HostOffer:
     from xpud.api.client import Client
-    from xpud.hw.topology import Topology
     from xpud.placement.host import best_group
+    from xpud.topology import Topology
 
     with Client(runtime, timeout=5) as c:
         cards = c.cards().cards

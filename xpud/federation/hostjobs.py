@@ -40,15 +40,15 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
+from xpud.api.auth import member_of
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.auth import member_of
+from xpud.engine.uninterrupted import uninterrupted
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.federation import trust
 from xpud.federation.reserve import Refused, Reservation, Reservations, ResState, check_request
 from xpud.federation.room import Room
-from xpud.ledger import LedgerUnavailable, ReservationRecord
+from xpud.ledger.ledger import LedgerUnavailable, ReservationRecord
 from xpud.model import HealthState, Lease, LeaseState, Mode, Request
-from xpud.uninterrupted import uninterrupted
 
 log = logging.getLogger("xpud.hostjobs")
 

@@ -30,13 +30,13 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from xpud import config
+from xpud.config import schema as config
 from xpud.federation import certs, summary, transport, view
 from xpud.federation.membership import State, Swim, SwimConfig
 from xpud.federation.peer_service import PeerService
 from xpud.federation.room import Room
 from xpud.placement.multihost import HostOffer
-from xpud.service import add_to_server
+from xpud.service.node import add_to_server
 
 log = logging.getLogger("xpud.federation")
 

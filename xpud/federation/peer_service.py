@@ -36,7 +36,7 @@ from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, Forbidden, Unauthenticated
 from xpud.federation import certs, transport
 from xpud.federation.probe import TIME_KEY
-from xpud.service import streaming, unary
+from xpud.service.node import streaming, unary
 
 log = logging.getLogger("xpud.federation")
 

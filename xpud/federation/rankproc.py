@@ -59,9 +59,9 @@ import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
-from xpud import switch_user
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.federation import sysunit
+from xpud.isolation import switch_user
 
 log = logging.getLogger("xpud.federation")
 

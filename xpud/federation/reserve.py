@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol
 
-from xpud.uninterrupted import uninterrupted
+from xpud.engine.uninterrupted import uninterrupted
 
 MIN_TTL_S, MAX_TTL_S = 0.5, 600.0
 MAX_ID = 64  # characters of a job id

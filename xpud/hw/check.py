@@ -26,8 +26,8 @@ from typing import TextIO
 from xpud.errors import XpudError
 from xpud.hw.machines import ARCHITECTURES, MachineError, format_cpulist, list_machines, load_machine
 from xpud.hw.nvml import MIB, MigProfile, Nvml, NvmlError, NvmlNotSupported, NvmlUnavailable
-from xpud.hw.topology import LEVEL_MEANING, Topology
 from xpud.model import CardInfo, CardSample, SliceSpec
+from xpud.topology import LEVEL_MEANING, Topology
 
 _NVLINK_VERSIONS = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0", 8: "6.0"}
 
@@ -76,7 +76,7 @@ def check_hardware(
 def _mig_mapping(report: dict, slices, profile_map) -> dict[str, dict[str, tuple[list[str], str]]]:
     """Card model -> slice size -> (profile names xpud would use, where they come from). Pure but for
     reading the packaged machine descriptions: it uses the profiles already probed (or known by model)."""
-    from xpud.config import DEFAULT_SLICES
+    from xpud.config.schema import DEFAULT_SLICES
     from xpud.isolation import mig_map
 
     try:

@@ -2,7 +2,8 @@
 
 Nothing here reads the hardware, the clock or the ledger: ``CardHealth`` is fed samples and events with
 their times (seconds since the epoch) and answers ``HealthReport``s and ``StateChange``s. The signals and
-their thresholds are in ``xpud.hw.signals``; the daemon's monitor (``xpud.monitor``) does the I/O and the
+their thresholds are in ``xpud.hw.signals``; the daemon's monitor (``xpud.controllers.health``) does the I/O
+and the
 actions.
 
 The raw state is ``unhealthy`` if any signal fails, ``degraded`` if any warns, else ``healthy``. The score
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from xpud.config import HealthSection
+from xpud.config.schema import HealthSection
 from xpud.hw.signals import ABSENT, FAIL, INFO, OK, WARN, Signal, SignalMemory
 from xpud.model import CardSample, HealthState
 

@@ -81,8 +81,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xpud.hw.topology import HOSTBRIDGE, INTERNAL, MULTIPLE, NODE, SINGLE, SYSTEM
 from xpud.model import MAX_CARD_MINOR
+from xpud.topology import HOSTBRIDGE, INTERNAL, MULTIPLE, NODE, SINGLE, SYSTEM
 
 ARCHITECTURES = ("kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
 MEMORY_ERRORS = ("remap", "retire", "none")

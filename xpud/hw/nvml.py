@@ -29,7 +29,6 @@ from pathlib import Path
 
 import pynvml
 
-from xpud.hw.topology import SYSTEM, Topology
 from xpud.hw.types import (
     HwEvent,
     MigInstance,
@@ -45,6 +44,7 @@ from xpud.hw.types import (
     NvmlUnavailable,
 )
 from xpud.model import MAX_CARD_MINOR, CardInfo, CardSample
+from xpud.topology import SYSTEM, Topology
 
 __all__ = [
     "EventWaiter",

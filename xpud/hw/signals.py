@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from xpud.config import HealthSection
+from xpud.config.schema import HealthSection
 from xpud.model import CardSample, Slice
 
 OK, INFO, WARN, FAIL, ABSENT = "ok", "info", "warn", "fail", "absent"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from xpud.config import Config
+from xpud.config.schema import Config
 from xpud.isolation import mig_map
 from xpud.isolation.base import Accounting, Isolation
 from xpud.isolation.mig import MigIsolation

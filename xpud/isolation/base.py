@@ -16,7 +16,9 @@ from typing import Protocol
 from xpud.model import CardInfo, CardMode, Slice, SliceSpec
 
 EPS = 1e-9
-STANDBY = "standby:"  # lease id prefix of a pre-created slice in ``reconcile``'s ``held`` (xpud.standby)
+STANDBY = (
+    "standby:"  # lease id prefix of a pre-created slice in ``reconcile``'s ``held`` (xpud.engine.standby)
+)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ class _Gi:
     lease: str | None = None  # the lease holding it
     idle_since: float | None = None  # kept idle for reuse since (clock seconds)
     blocked: str = ""  # why it is neither held nor free: processes run in it
-    standby: str = ""  # the slice size it was pre-created for (xpud.standby), held by no lease yet
+    standby: str = ""  # the slice size it was pre-created for (xpud.engine.standby), held by no lease yet
     warming: bool = False  # a pre-created instance whose warm_command runs: not handed out meanwhile
     foreign: bool = False  # made by another tool (not in the book): never destroyed by xpud
 
@@ -308,7 +308,7 @@ class MigIsolation:
             g.blocked = f"could not be destroyed: {e}"
             raise Conflict(f"card {self.index}: releasing GPU instance {gi} failed: {e}") from None
 
-    # ------------------------------------------------------------- pre-created slices (xpud.standby)
+    # ------------------------------------------------------------- pre-created slices (xpud.engine.standby)
     def precreate(self, card: CardInfo, spec: SliceSpec) -> tuple[Slice, dict[str, str]]:
         """Create (or take an idle instance as) a ``spec`` slice held by no lease, for the first request
         of its size; the same choice and creation as ``prepare``, never undoing other pre-created ones.

@@ -4,7 +4,8 @@ MPS divides a card's SMs between its clients by active-thread percentage, but de
 the L2 cache and the card's power budget stay shared, so two jobs that lean on the same resource slow
 each other more than a compute-bound job beside a memory-bound one (the idea Orion, Strati et al.,
 EuroSys 2024, applies per kernel). A job's *profile* is what it keeps busy on average, ``(SM %,
-memory-controller %)`` of the whole card, as per-process utilisation reports it (``xpud.usage.profile``).
+memory-controller %)`` of the whole card, as per-process utilisation reports it
+(``xpud.planning.usage.profile``).
 
 What counts is which resource a job leans on, not how much it uses (best fit has already balanced the
 card's shares): the likeness of two profiles is the cosine of their angle, 1 for two compute-bound (or two

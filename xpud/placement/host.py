@@ -33,7 +33,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from xpud.hw.topology import Topology
+from xpud.topology import Topology
 
 # Exact search is used up to this many free cards: the subset tables then hold 2^16 entries.
 EXACT_SEARCH_MAX_CARDS = 16

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from xpud.runfiles import publish_json
+from xpud.planning.runfiles import publish_json
 
 MAX_HOURS = 24 * 31  # a month of hours at most
 MAX_BYTES = 1 << 20

@@ -1,7 +1,8 @@
-"""Counters and latency histograms the daemon keeps for ``/metrics`` (``xpud.metrics``).
+"""Counters and latency histograms the daemon keeps for ``/metrics`` (``xpud.daemon.metrics``).
 
 Updated on the daemon's asyncio loop only (the engine, the monitor, the burst check): plain integers and
-lists, no locks. ``xpud.metrics`` copies them on the loop when it builds a scrape's snapshot, so the HTTP
+lists, no locks. ``xpud.daemon.metrics`` copies them on the loop when it builds a scrape's snapshot, so the
+HTTP
 thread never reads them while they change.
 """
 

@@ -3,7 +3,8 @@
 Two inputs, one judge:
 - a thread (``EventThread``) blocks in NVML's event wait (XID, ECC) and hands each batch to the daemon's
   asyncio loop (``call_soon_threadsafe``), so a fault is judged within milliseconds, not at the next poll;
-- the APScheduler sample job (``xpud.jobs``) polls every card every ``[health] poll_interval_s`` in a
+- the APScheduler sample job (``xpud.daemon.periodic``) polls every card every ``[health] poll_interval_s``
+in a
   worker thread and calls ``on_samples`` on the loop.
 Both feed ``xpud.hw.health.CardHealth`` (pure, over ``xpud.hw.signals``), one per card, which answers a
 report and, at times, a state change. Everything below runs on the loop, like the engine.
@@ -30,16 +31,16 @@ from collections import Counter
 from collections.abc import Callable
 
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.config import Config
-from xpud.engine import Engine
+from xpud.config.schema import Config
+from xpud.engine.engine import Engine
 from xpud.errors import Conflict, NoCapacity, NotFound
 from xpud.hw.health import BANDS, CardHealth, HealthReport, StateChange
 from xpud.hw.signals import memory_fragmentation, xid_class, xid_text
 from xpud.hw.types import HwEvent, NvmlError
-from xpud.ledger import HealthChangeRecord
+from xpud.ledger.ledger import HealthChangeRecord
 from xpud.model import CardSample, HealthState
 
-log = logging.getLogger("xpud.monitor")
+log = logging.getLogger("xpud.controllers.health")
 
 EVENT_WAIT_MS = 500  # how long one NVML wait blocks: bounds how long stopping the thread takes
 STOP_WAIT_S = 5.0  # beyond one wait: a rebuild or a delivery in progress when asked to stop

@@ -1,6 +1,7 @@
 """Pre-provisioning from the demand forecast: sliced cards ready before a forecast peak, whole after it.
 
-Every ``[forecast] interval_s`` (APScheduler, ``xpud.jobs``) the daemon fits ``xpud.forecast`` to the
+Every ``[forecast] interval_s`` (APScheduler, ``xpud.daemon.periodic``) the daemon fits
+``xpud.planning.forecast`` to the
 ledger's lease history, takes the forecast for the hour ``lead_s`` ahead, and turns it into cards: each
 size's forecast slices times its memory share, summed and rounded up (a remainder under ``SLACK`` of a card
 is not worth a card). With fewer sliced cards than that, idle whole cards are switched to sliced now
@@ -10,13 +11,15 @@ the cards this provisioner switched go back to whole once idle and past ``[burst
 by demand are left to the engine and the windows. Every switch is a ``mode`` event with its reason.
 
 Then the slices themselves: on sliced MIG cards the forecast number of slices per size, beyond those
-already held by leases, is pre-created (``xpud.standby``: GPU + compute instance, recorded in the ledger;
+already held by leases, is pre-created (``xpud.engine.standby``: GPU + compute instance, recorded in the
+ledger;
 at most ``standby_max``), cards this provisioner switched first; a request of that size takes one without
 a creation in its path. When the forecast falls, the excess is destroyed (newest first). On MPS cards a
 slice is only a share of the card (nothing to create): the forecast slices that found no MIG room are
 planned on sliced MPS cards, within their shares.
 
-``[forecast] warm_command`` runs once for each pre-provisioned slice (``xpud.warm``: as ``warm_user``,
+``[forecast] warm_command`` runs once for each pre-provisioned slice (``xpud.controllers.warm``: as
+``warm_user``,
 the slice's environment, a time limit); its outcome is a ``forecast`` event. A MIG instance is not handed
 out while its command runs. The forecast, the actual demand and the error per hour are published as
 ``forecast.json`` in the runtime directory for ``xpu forecast``.
@@ -33,12 +36,13 @@ from datetime import datetime
 
 import numpy as np
 
-from xpud import forecast, warm
-from xpud.ledger import LedgerUnavailable
+from xpud.controllers import warm
+from xpud.ledger.ledger import LedgerUnavailable
 from xpud.model import CardMode
-from xpud.runfiles import publish_json
+from xpud.planning import forecast
+from xpud.planning.runfiles import publish_json
 
-log = logging.getLogger("xpud.provisioning")
+log = logging.getLogger("xpud.controllers.provisioner")
 
 SLACK = 0.2  # a forecast remainder below this share of a card does not get a card of its own
 FILE_NAME = "forecast.json"

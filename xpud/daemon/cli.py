@@ -24,21 +24,22 @@ import typer
 from grpc import aio
 from typer.core import TyperGroup
 
-from xpud import __version__, config
-from xpud.auth import CredentialIssuer
+from xpud import __version__
+from xpud.api.auth import CredentialIssuer
 from xpud.bridges.anchors import AnchorReaper
 from xpud.bridges.kubelet import Delivery, KubeletBridge, PodCheck
 from xpud.bridges.slurm import JobCheck
-from xpud.carbon import Signal
-from xpud.defrag import Defragmenter
-from xpud.engine import Engine
+from xpud.config import schema as config
+from xpud.controllers.defragmenter import Defragmenter
+from xpud.controllers.health import HealthMonitor
+from xpud.daemon.periodic import OPTS, Jobs
+from xpud.engine.engine import Engine
 from xpud.errors import XpudError
 from xpud.federation.hostjobs import HostJobs
 from xpud.hw.devnodes import DevTree
-from xpud.jobs import OPTS, Jobs
-from xpud.ledger import Ledger, LedgerDamaged
-from xpud.monitor import HealthMonitor
-from xpud.service import AdminService, Context, NodeService, add_to_server
+from xpud.ledger.ledger import Ledger, LedgerDamaged
+from xpud.planning.green import Signal
+from xpud.service.node import AdminService, Context, NodeService, add_to_server
 
 log = logging.getLogger("xpud")
 
@@ -133,7 +134,7 @@ class Daemon:
         self.defrag: Defragmenter | None = None
         self.hostjobs: HostJobs | None = None
         self.federation = None  # xpud.federation.node.Federation when [cluster] listen is set
-        self.metrics = None  # xpud.metrics.MetricsServer when [metrics] listen is set
+        self.metrics = None  # xpud.daemon.metrics.MetricsServer when [metrics] listen is set
         self.kubelet: KubeletBridge | None = None  # the device plugin, when [kubelet] enabled
         self.started = time.time()
         self.serving = False  # start() finished: only then does stopping leave leases behind
@@ -217,7 +218,7 @@ class Daemon:
         self.carbon.configured = bool(self.cfg.carbon.signal or self.cfg.carbon.command)
         self.context = ctx
         if self.cfg.metrics.listen:
-            from xpud.metrics import MetricsServer
+            from xpud.daemon.metrics import MetricsServer
 
             self.metrics = MetricsServer(self, self.cfg.metrics.listen)
             try:
@@ -280,8 +281,8 @@ class Daemon:
         sd_notify("READY=1\nSTATUS=serving")
 
     def _start_rightsizing(self) -> None:
-        """Measure leases every [auto] sample_s and act on --mode auto (xpud.autosize)."""
-        from xpud.autosize import Rightsizer
+        """Measure leases every [auto] sample_s and act on --mode auto (xpud.controllers.rightsizer)."""
+        from xpud.controllers.rightsizer import Rightsizer
 
         rs = Rightsizer(self.engine, self.hw)
         rs.restore()  # class histories and auto leases from the ledger (start-up, before it is used)
@@ -292,8 +293,8 @@ class Daemon:
 
     def reload(self) -> str:
         """SIGHUP (``systemctl reload xpud``): re-read the config file; apply what can change live
-        (``xpud.reload``). Returns what it did, as recorded in the event log."""
-        from xpud.reload import reload
+        (``xpud.daemon.reload``). Returns what it did, as recorded in the event log."""
+        from xpud.daemon.reload import reload
 
         sd_notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
         try:
@@ -617,7 +618,7 @@ def install_service_command(
     ] = False,
 ) -> None:
     """Install the systemd unit, the admin group's sysusers entry and a default config; enable and start."""
-    from xpud.install import install
+    from xpud.daemon.install import install
 
     try:
         report = install(Path(root), prefix, start=not no_start)
@@ -632,7 +633,7 @@ def uninstall_service_command(
     root: Annotated[str, typer.Option(help="The directory install-service wrote under.")] = "/",
 ) -> None:
     """Stop and disable the unit and remove what install-service wrote (edited files stay)."""
-    from xpud.install import uninstall
+    from xpud.daemon.install import uninstall
 
     try:
         report = uninstall(Path(root))
@@ -653,7 +654,7 @@ def doctor_command(
     """Check the host before it goes live: driver, MIG, persistence, MPS, admin group, sockets, unit."""
     import json
 
-    from xpud import doctor
+    from xpud.daemon import doctor
 
     cfg = ctx.obj or config.Config()
     if simulate:

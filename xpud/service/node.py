@@ -19,18 +19,18 @@ import grpc
 from google.protobuf.message import Message
 from grpc import aio
 
-from xpud import carbon
 from xpud.api import convert, validate
+from xpud.api.auth import METADATA_KEY, CredentialIssuer, member_of
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
-from xpud.auth import METADATA_KEY, CredentialIssuer, member_of
-from xpud.autosize import resize, usage_rows
-from xpud.engine import Engine
+from xpud.controllers.rightsizer import resize, usage_rows
+from xpud.engine.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, Unavailable, XpudError
 from xpud.model import Caller, CommandEnd, Mode, QueuedRequest, Request
-from xpud.usage import job_class
+from xpud.planning import green as carbon
+from xpud.planning.usage import job_class
 
-log = logging.getLogger("xpud.service")
+log = logging.getLogger("xpud.service.node")
 
 
 def _status(e: XpudError) -> grpc.StatusCode:
@@ -140,7 +140,7 @@ class Context:
     info: dict[str, Any]
     fake: Any = None  # the simulated NVML (fault injection is refused without it)
     health: Any = None  # the health monitor, when running
-    defrag: Any = None  # xpud.defrag.Defragmenter
+    defrag: Any = None  # xpud.controllers.defragmenter.Defragmenter
     federation: Any = None  # xpud.federation.node.Federation, when [cluster] is configured
     extras: dict[str, Any] = field(default_factory=dict)
     # lease id -> (the active Lease, its message as Acquire answered it): its Release answers a copy
@@ -281,7 +281,7 @@ class NodeService(pbg.NodeServicer):
         if on_behalf and not caller.admin:
             raise Forbidden("cards, anchor and owner_uid are for operators (the Slurm and kubelet bridges)")
         mode_text, cls, why = request.mode, request.job_class, ""
-        if request.mode == "auto":  # right-sizing picks the size (xpud.autosize)
+        if request.mode == "auto":  # right-sizing picks the size (xpud.controllers.rightsizer)
             if e.rightsizer is not None:
                 mode_text, cls, why = e.rightsizer.choose(request.command, request.job_class)
             else:
@@ -657,7 +657,7 @@ class AdminService(pbg.AdminServicer):
         plan = await d.plan_async(budget, request.gpus)
         if not request.apply or not plan.moves:
             return convert.defrag_pb(plan)
-        from xpud.defrag import MoveOutcome
+        from xpud.controllers.defragmenter import MoveOutcome
 
         outcomes = [MoveOutcome(m) for m in plan.moves]
         started = asyncio.Event()

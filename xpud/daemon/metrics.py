@@ -3,9 +3,9 @@
 A small threaded WSGI server around prometheus_client's app serves ``/metrics`` (404 on any other path) from
 a daemon thread. At each scrape its ``LoopCollector`` asks the daemon's asyncio loop to build a snapshot
 (``families``: plain metric-family objects, built from the engine's cards, leases and queue, the monitor's
-reports and ``xpud.stats``) and waits for it; the HTTP thread only reads what the loop handed over, never
-the engine's state. When the loop does not answer within ``SNAPSHOT_WAIT_S`` (stalled), the last snapshot is
-served again and ``xpud_metrics_snapshot_age_seconds`` says how old it is.
+reports and ``xpud.engine.stats``) and waits for it; the HTTP thread only reads what the loop handed over,
+never the engine's state. When the loop does not answer within ``SNAPSHOT_WAIT_S`` (stalled), the last
+snapshot is served again and ``xpud_metrics_snapshot_age_seconds`` says how old it is.
 
 Names follow Prometheus practice: ``xpud_`` prefix, base units in the name (seconds, bytes, ratio),
 ``_total`` on counters. Labels are bounded: ``card``/``uuid`` (cards on the host), ``mode`` (xpu and the
@@ -35,12 +35,12 @@ from prometheus_client.core import (
     Metric,
 )
 
-from xpud.config import listen_address
+from xpud.config.schema import listen_address
+from xpud.engine.stats import Histogram
 from xpud.hw.signals import ABSENT, FAIL, INFO, OK, WARN
 from xpud.model import CardMode, HealthState, Mode
-from xpud.stats import Histogram
 
-log = logging.getLogger("xpud.metrics")
+log = logging.getLogger("xpud.daemon.metrics")
 
 SNAPSHOT_WAIT_S = 2.0
 OWNER_LABELS = 20

@@ -1,5 +1,6 @@
 """Right-sizing in the daemon: measure every lease each ``[auto] sample_s``, keep the history
-(``xpud.usage``), decide (``xpud.rightsize``) and act: an ``--mode auto`` restartable lease is moved to
+(``xpud.planning.usage``), decide (``xpud.planning.sizing``) and act: an ``--mode auto`` restartable lease is
+moved to
 its new size (``Moves.start`` with ``mode``); any other lease gets the decision as a recommendation.
 Every decision is an ``auto`` event (and a ``mark`` for the lease's holder) carrying its evidence.
 
@@ -24,12 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xpud.errors import Conflict, NoCapacity
-from xpud.ledger import AutoLeaseRecord
+from xpud.ledger.ledger import AutoLeaseRecord
 from xpud.model import Mode, Request
 from xpud.placement.colocate import overlap
-from xpud.rightsize import AutoState, Decision, caps, decide, first_mode
-from xpud.runfiles import publish_json
-from xpud.usage import Reading, UsageBook, job_class, lease_pids, measure
+from xpud.planning.runfiles import publish_json
+from xpud.planning.sizing import AutoState, Decision, caps, decide, first_mode
+from xpud.planning.usage import Reading, UsageBook, job_class, lease_pids, measure
 
 LOAD_DIR = "load"
 CLASS_KEPT_S = 30 * 86400.0  # a class not seen for this long is forgotten at the next start
@@ -48,9 +49,9 @@ def publish_loads(runtime_dir, loads: dict[str, dict]) -> None:
 
 
 if TYPE_CHECKING:
-    from xpud.engine import Engine
+    from xpud.engine.engine import Engine
 
-log = logging.getLogger("xpud.autosize")
+log = logging.getLogger("xpud.controllers.rightsizer")
 
 
 @dataclass
@@ -315,7 +316,7 @@ async def resize(engine: Engine, lease_id: str, mode: str, caller, token: str = 
 def usage_rows(engine: Engine, rs: Rightsizer) -> list:
     """``LeaseUsage`` rows: requested vs used for each active lease, newest recommendation."""
     from xpud.api.v1 import xpu_pb2 as pb
-    from xpud.usage import summarize
+    from xpud.planning.usage import summarize
 
     rows = []
     for lease in engine.leases.values():

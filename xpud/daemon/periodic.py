@@ -14,10 +14,11 @@ from datetime import datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from xpud import carbon, windows
-from xpud.engine import Engine
+from xpud.engine.engine import Engine
+from xpud.planning import green as carbon
+from xpud.planning import windows
 
-log = logging.getLogger("xpud.jobs")
+log = logging.getLogger("xpud.daemon.periodic")
 # APScheduler logs every run at INFO: with the reaper at 4 Hz and polls at up to 1 Hz that buries the log.
 logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
 
@@ -70,16 +71,16 @@ class Jobs:
         self.anchors = anchors  # xpud.bridges.anchors.AnchorReaper: leases of Slurm jobs and pods
         self.hw = hw
         self.sample_interval_s = sample_interval_s
-        self.monitor = monitor  # xpud.monitor.HealthMonitor: judges each poll's samples
-        self.defrag = defrag  # xpud.defrag.Defragmenter
+        self.monitor = monitor  # xpud.controllers.health.HealthMonitor: judges each poll's samples
+        self.defrag = defrag  # xpud.controllers.defragmenter.Defragmenter
         self.hostjobs = hostjobs  # xpud.federation.hostjobs.HostJobs: expires multi-host reservations
         self.scheduler: AsyncIOScheduler | None = None
         self._reading: asyncio.Future | None = None  # the hardware read in progress, if any
-        self.provisioner = None  # xpud.provisioning.Provisioner, from start()
+        self.provisioner = None  # xpud.controllers.provisioner.Provisioner, from start()
         self.carbon = carbon_signal or carbon.Signal()  # the signal read last; Acquire plans from it
 
     def start(self) -> None:
-        from xpud.provisioning import Provisioner
+        from xpud.controllers.provisioner import Provisioner
 
         self.scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
         self.scheduler.add_job(self.reap, "interval", seconds=REAP_INTERVAL_S, id="reap", **OPTS)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from xpud import config
+from xpud.config import schema as config
 from xpud.errors import XpudError
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -382,7 +382,8 @@ def _admin_group(cfg: config.Config, host: Host) -> Check:
 
 
 def _user_switch(host: Host) -> Check:
-    """``setpriv`` starts warm commands, and ranks outside systemd, as their users (xpud.switch_user)."""
+    """``setpriv`` starts warm commands, and ranks outside systemd, as their users
+    (xpud.isolation.switch_user)."""
     for d in ("usr/bin", "bin", "usr/sbin", "sbin"):
         p = host.root / d / "setpriv"
         if p.is_file() and os.access(p, os.X_OK):

@@ -1,5 +1,6 @@
 """Pre-created slices: MIG instances made ahead of a forecast peak, held by no lease until a request of
-their size takes one (``xpud.provisioning`` decides how many; this module keeps them and their records).
+their size takes one (``xpud.controllers.provisioner`` decides how many; this module keeps them and their
+records).
 
 Ledger first, as a grant: the instance is created through the card's isolation backend (the same choice
 and creation code as a grant's ``prepare``), then its record is committed (``standby`` table), and only
@@ -22,10 +23,10 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from xpud.isolation.base import STANDBY, Held
-from xpud.ledger import LedgerUnavailable, Op
+from xpud.ledger.ledger import LedgerUnavailable, Op
 from xpud.model import Slice
 
-log = logging.getLogger("xpud.standby")
+log = logging.getLogger("xpud.engine.standby")
 
 
 class Standby:

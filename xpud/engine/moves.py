@@ -42,9 +42,9 @@ from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.model import CardMode, Lease, Mode, Request, Slice
 
 if TYPE_CHECKING:
-    from xpud.engine import Engine
+    from xpud.engine.engine import Engine
 
-log = logging.getLogger("xpud.moves")
+log = logging.getLogger("xpud.engine.moves")
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ class Moves:
     ) -> Lease:
         """Reserve a new placement for a restartable lease and send it a ``move`` event. Returns the
         lease as it will be after the move. ``timeout_s`` defaults to ``[health] move_ack_timeout_s``.
-        ``mode``: move it to another size (right-sizing, ``xpud.autosize``); a single card then."""
+        ``mode``: move it to another size (right-sizing, ``xpud.controllers.rightsizer``); a single card
+        then."""
         e = self.engine
         lease = e.leases.get(lease_id) or e.resolve_lease(lease_id)
         if mode is not None and Mode(mode) != lease.mode:

@@ -34,17 +34,17 @@ from itertools import combinations
 
 import numpy as np
 
-from xpud.config import Config
-from xpud.engine import Engine
+from xpud.config.schema import Config
+from xpud.engine.engine import Engine
 from xpud.errors import BadRequest, Conflict, XpudError
-from xpud.hw.topology import Topology
 from xpud.isolation.base import usable_memory
 from xpud.model import CardMode, Lease, Mode, Request, Slice
 from xpud.placement import defrag as planner
 from xpud.placement.cluster import CARD_MILLI, ClusterState, Demand, Host, Placement
 from xpud.placement.host import EXACT_SEARCH_MAX_CARDS, best_group, free_quality
+from xpud.topology import Topology
 
-log = logging.getLogger("xpud.defrag")
+log = logging.getLogger("xpud.controllers.defragmenter")
 
 # What perfectly connected idle cards add to their count. Below 1 - move_cost's default, so that freeing a
 # card always pays even where the new idle card connects badly to the others.

@@ -3,7 +3,7 @@
 Pure bookkeeping over readings the hardware adapter gives (``Nvml.process_utilization``: SM % of the
 whole card per process, samples newer than the last one read; ``Nvml.process_memory``: device memory per
 process, per MIG instance on MIG cards). ``measure`` turns one round of those into one ``Reading`` per
-lease; ``UsageBook`` keeps a short history per lease and per job class, which ``xpud.rightsize`` decides
+lease; ``UsageBook`` keeps a short history per lease and per job class, which ``xpud.planning.sizing`` decides
 from and ``xpu leases --usage`` shows.
 
 With MIG on the driver keeps no per-process utilisation (NotSupported): such a lease's compute use is

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from xpud import config
+from xpud.config import schema as config
 from xpud.errors import XpudError
 
-log = logging.getLogger("xpud.reload")
+log = logging.getLogger("xpud.daemon.reload")
 
 LIVE = ("leases", "limits", "defrag", "bursts", "forecast", "carbon")
 LIVE_OTHER = ("windows",)  # not a section: [[windows]]

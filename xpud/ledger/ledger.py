@@ -52,9 +52,9 @@ from pathlib import Path
 
 from xpud.errors import ConfigError, Unavailable, XpudError
 from xpud.model import CommandEnd, Lease, LeaseState, Mode, Slice
-from xpud.usage import Reading
+from xpud.planning.usage import Reading
 
-log = logging.getLogger("xpud.ledger")
+log = logging.getLogger("xpud.ledger.ledger")
 
 BUSY_TIMEOUT_S = 2.0  # how long a write waits for another process's lock before it fails (off the loop)
 READ_BUSY_TIMEOUT_MS = 100  # WAL readers wait for nobody, except in rare recovery cases: bound those
@@ -145,7 +145,8 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE leases ADD COLUMN anchor TEXT NOT NULL DEFAULT '';
     """,
-    # 6: right-sizing (xpud.autosize): each job class's latest readings, so that --mode auto starts a class
+    # 6: right-sizing (xpud.controllers.rightsizer): each job class's latest readings, so that --mode auto
+    # starts a class
     # from its history after a restart; each measured lease's class, whether it is --mode auto, its moves
     """
     CREATE TABLE usage_readings (
@@ -168,7 +169,8 @@ MIGRATIONS: list[str] = [
         last_direction TEXT NOT NULL DEFAULT ''
     );
     """,
-    # 7: slices pre-created ahead of a forecast peak (xpud.standby): held by no lease yet, handed to the
+    # 7: slices pre-created ahead of a forecast peak (xpud.engine.standby): held by no lease yet, handed to
+    # the
     # first request of their size; recorded so that a restart adopts them instead of destroying them
     """
     CREATE TABLE standby (
@@ -256,7 +258,7 @@ class ReservationRecord:
 
 @dataclass(frozen=True)
 class AutoLeaseRecord:
-    """What right-sizing keeps about a lease across restarts (``xpud.autosize``)."""
+    """What right-sizing keeps about a lease across restarts (``xpud.controllers.rightsizer``)."""
 
     lease_id: str
     job_class: str
@@ -861,7 +863,7 @@ class Ledger:
 
     def lease_intervals(self, since: float) -> list[tuple[str, float, float | None]]:
         """(mode, created, ended or None) of every lease alive at or after ``since``: the demand history
-        that ``xpud.forecast`` learns from."""
+        that ``xpud.planning.forecast`` learns from."""
         q = "SELECT mode, created, ended FROM leases WHERE ended IS NULL OR ended >= ? ORDER BY created"
         return [
             (r[0], float(r[1]), None if r[2] is None else float(r[2])) for r in self.db.execute(q, (since,))
@@ -906,7 +908,7 @@ class Ledger:
             ),
         ]
 
-    # right-sizing (xpud.autosize) -----------------------------------------------------------------
+    # right-sizing (xpud.controllers.rightsizer) -------------------------------------------------------------
     def add_readings(self, rows: Sequence[tuple[str, Reading]], keep: int) -> None:
         """Record one round of readings [(job class, reading)] and keep each class's newest ``keep``
         (queued like an event: a failure is logged, not raised; the histories are advice, not leases)."""
@@ -984,7 +986,7 @@ class Ledger:
             for r in rows
         }
 
-    # pre-created slices (xpud.standby) ----------------------------------------------------------
+    # pre-created slices (xpud.engine.standby) ----------------------------------------------------------
     def save_standby_op(self, card_uuid: str, s: Slice, created: float) -> Op:
         return op(
             "INSERT INTO standby (handle, card_uuid, size, slice, created) VALUES (?,?,?,?,?)",

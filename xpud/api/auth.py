@@ -28,7 +28,7 @@ from xpud.errors import Unauthenticated
 if TYPE_CHECKING:  # the client (`xpu run`) imports this module for handshake(): keep it light
     from xpud.model import Caller
 
-log = logging.getLogger("xpud.auth")
+log = logging.getLogger("xpud.api.auth")
 
 METADATA_KEY = "x-xpud-credential"
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from xpud.config import AutoSection
+from xpud.config.schema import AutoSection
 from xpud.model import SliceSpec
-from xpud.usage import Reading, UsageBook, summarize
+from xpud.planning.usage import Reading, UsageBook, summarize
 
 XPU = "xpu"
 

@@ -27,8 +27,8 @@ import tomli_w
 
 from xpud.errors import ConfigError
 from xpud.model import SLICE_NAME, SliceSpec
-from xpud.windows import MAX_WINDOWS, WindowSpec
-from xpud.windows import check as check_window
+from xpud.planning.windows import MAX_WINDOWS, WindowSpec
+from xpud.planning.windows import check as check_window
 
 DEFAULT_PATH = Path("/etc/xpud/xpud.toml")
 
@@ -314,7 +314,7 @@ class HealthSection:
 
 @dataclass(frozen=True)
 class DefragSection:
-    """The defragmenter (``xpud.defrag``): moves restartable jobs to free whole cards."""
+    """The defragmenter (``xpud.controllers.defragmenter``): moves restartable jobs to free whole cards."""
 
     enabled: bool = _key(
         False, "Defragment periodically: plan, record the plan as an event, then move restartable jobs."
@@ -437,7 +437,8 @@ def _check_user_name(value: str) -> str:
 
 @dataclass(frozen=True)
 class ForecastSection:
-    """Slice demand forecast and pre-provisioning (``xpud.forecast``, ``xpud.provisioning``)."""
+    """Slice demand forecast and pre-provisioning (``xpud.planning.forecast``,
+    ``xpud.controllers.provisioner``)."""
 
     enabled: bool = _key(
         False, "Pre-provision sliced cards ahead of forecast slice demand; tear them down after."
@@ -473,7 +474,7 @@ class ForecastSection:
 
 @dataclass(frozen=True)
 class CarbonSection:
-    """The carbon/PUE signal that ``xpu run --when-green`` uses (``xpud.carbon``)."""
+    """The carbon/PUE signal that ``xpu run --when-green`` uses (``xpud.planning.green``)."""
 
     signal: str = _key(
         "", "File with the grid's carbon intensity (or PUE) per hour, CSV or JSON; empty = none."
@@ -486,7 +487,7 @@ class CarbonSection:
 
 @dataclass(frozen=True)
 class MetricsSection:
-    """Prometheus metrics (``xpud.metrics``) on a local HTTP port."""
+    """Prometheus metrics (``xpud.daemon.metrics``) on a local HTTP port."""
 
     listen: str = _key(
         "",
@@ -552,7 +553,8 @@ class KubeletSection:
 
 @dataclass(frozen=True)
 class AutoSection:
-    """Right-sizing: per-lease measurement, ``xpu run --mode auto`` (``xpud.usage``, ``xpud.rightsize``)."""
+    """Right-sizing: per-lease measurement, ``xpu run --mode auto`` (``xpud.planning.usage``,
+    ``xpud.planning.sizing``)."""
 
     first: str = _key(
         "vxpu-half",
@@ -637,7 +639,7 @@ class Config:
     kubelet: KubeletSection = field(default_factory=KubeletSection)
     auto: AutoSection = field(default_factory=AutoSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
-    windows: tuple[WindowSpec, ...] = ()  # [[windows]]: capacity windows (xpud.windows)
+    windows: tuple[WindowSpec, ...] = ()  # [[windows]]: capacity windows (xpud.planning.windows)
     path: str = ""  # the file it came from ("" = defaults only)
 
     @property

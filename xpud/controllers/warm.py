@@ -17,7 +17,7 @@ import pwd
 import signal
 from dataclasses import dataclass
 
-from xpud import switch_user
+from xpud.isolation import switch_user
 
 
 @dataclass(frozen=True)

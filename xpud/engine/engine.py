@@ -31,11 +31,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from xpud.config import Config
+from xpud.config.schema import Config
+from xpud.engine.moves import Moves
+from xpud.engine.standby import Standby
+from xpud.engine.stats import Stats
+from xpud.engine.uninterrupted import uninterrupted
+from xpud.engine.waitlist import Waiter, Waitlist, kind_of
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound, Unavailable
-from xpud.hw.topology import Topology
 from xpud.isolation.base import STANDBY, Accounting, Held, Isolation, usable_memory, used_shares
-from xpud.ledger import CardRecord, EventRecord, Ledger, LedgerUnavailable, Op
+from xpud.ledger.ledger import CardRecord, EventRecord, Ledger, LedgerUnavailable, Op
 from xpud.model import (
     Caller,
     CardInfo,
@@ -51,18 +55,14 @@ from xpud.model import (
     Request,
     Slice,
 )
-from xpud.moves import Moves
 from xpud.placement.host import CardCapacity, best_group, choose_slice_card
-from xpud.standby import Standby
-from xpud.stats import Stats
-from xpud.uninterrupted import uninterrupted
-from xpud.waitlist import Waiter, Waitlist, kind_of
-from xpud.windows import WindowSpec, whole_needed
+from xpud.planning.windows import WindowSpec, whole_needed
+from xpud.topology import Topology
 
 if TYPE_CHECKING:
-    from xpud.autosize import Rightsizer
+    from xpud.controllers.rightsizer import Rightsizer
 
-log = logging.getLogger("xpud.engine")
+log = logging.getLogger("xpud.engine.engine")
 
 TIDY_INTERVAL_S = 1.0  # isolation upkeep (MIG instances, MPS servers kept idle past their grace)
 QUEUE_BUSY_WAIT_S = 0.5  # the same for a request that may wait in the queue (then it is queued)
@@ -144,9 +144,9 @@ class Engine:
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
         self._arriving_uids: dict[int, int] = {}  # uid -> requests in try_grant, not yet granted or queued
         self._capacities: dict[int, tuple[tuple, CardCapacity]] = {}  # card -> (what it depends on, it)
-        self.stats = Stats()  # counters and latencies for /metrics (xpud.metrics)
-        self.window: WindowSpec | None = None  # the capacity window in force (xpud.windows), if any
-        self.standby = Standby(self)  # slices pre-created ahead of a forecast peak (xpud.standby)
+        self.stats = Stats()  # counters and latencies for /metrics (xpud.daemon.metrics)
+        self.window: WindowSpec | None = None  # the capacity window in force (xpud.planning.windows), if any
+        self.standby = Standby(self)  # slices pre-created ahead of a forecast peak (xpud.engine.standby)
 
     # ------------------------------------------------------------------ restore and views
     async def restore(self) -> list[Lease]:
@@ -568,7 +568,9 @@ class Engine:
         # pool (for the harm a conversion does) includes pinned and reserved idle whole cards; it is read
         # only when a whole card is converted (never when a sliced card fits: no whole card is passed).
         pool = () if sliced_fits else self._whole_candidates(True)
-        rs = self.rightsizer  # ties between sliced cards: co-location on MPS cards (xpud.autosize)
+        rs = (
+            self.rightsizer
+        )  # ties between sliced cards: co-location on MPS cards (xpud.controllers.rightsizer)
         tie = None if rs is None else rs.colocation(req)
         return choose_slice_card(
             caps, 0.0, 0, self.topology, free_whole=pool, tie_break=tie, displaces=displaces
@@ -1727,7 +1729,8 @@ class Engine:
         to: Collection[int] | None = None,
         timeout_s: float | None = None,
     ) -> Lease:
-        """Move a restartable lease elsewhere (see ``xpud.moves``): reserve, send ``move``, await AckMove.
+        """Move a restartable lease elsewhere (see ``xpud.engine.moves``): reserve, send ``move``, await
+        AckMove.
         Returns the lease as it will be. Raises NoCapacity (nowhere to go) or Conflict."""
         return await self.moves.start(lease_id, reason, avoid=avoid, to=to, timeout_s=timeout_s)
 

@@ -1,0 +1,1 @@
+"""Configuration: the schema of xpud.toml (sections, defaults, documentation), loading, writing."""

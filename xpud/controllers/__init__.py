@@ -1,0 +1,2 @@
+"""Loops that watch the engine and act through its public API: health, defragmenter, rightsizer,
+provisioner."""

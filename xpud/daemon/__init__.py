@@ -1,0 +1,2 @@
+"""The daemon process: its command line, the parts it builds, periodic jobs, metrics, reload, doctor,
+install."""

@@ -1,0 +1,1 @@
+"""The durable state: the SQLite ledger and its typed operations."""
