@@ -11,12 +11,13 @@ a node launcher that has them is taken for a worker (Lightning's TorchElasticEnv
 ``MASTER_ADDR``/``MASTER_PORT``/``NODE_RANK`` are set too, for launchers that read those.
 
 With ``tasks_per_node`` T (``xpu run --tasks-per-node``, srun's ``--ntasks-per-node``) xpud is the launcher:
-each host runs the command T times under ``xpud.federation.tasks``, and every task is a worker with torch's
-``env://`` variables: ``WORLD_SIZE`` = hosts x T, ``LOCAL_WORLD_SIZE`` = T, ``GROUP_RANK`` = ``NODE_RANK``,
-``MASTER_*`` here; ``RANK`` = node rank x T + ``LOCAL_RANK`` per task (``tasks.task_env``). No ``PET_*``
-then: the tasks are workers, not node launchers. Every task sees all of its host's cards (the lease's
-``CUDA_VISIBLE_DEVICES``), as under srun without ``--gpu-bind`` and under torchrun: a task picks its card
-by ``LOCAL_RANK`` (``torch.cuda.set_device(LOCAL_RANK)``).
+each host runs the command T times under ``xpud.federation.tasks``, and every task is a worker with
+torch's ``env://`` variables: ``WORLD_SIZE`` = hosts x T, ``LOCAL_WORLD_SIZE`` = T, ``GROUP_RANK`` =
+``NODE_RANK``, ``GROUP_WORLD_SIZE`` = hosts, ``MASTER_*`` here; ``RANK`` = node rank x T + ``LOCAL_RANK``
+per task (``tasks.task_env``). No ``PET_*`` then: the tasks are workers, not node launchers. Every task
+sees all of its host's cards (the lease's ``CUDA_VISIBLE_DEVICES``), as under srun without
+``--gpu-bind`` and under torchrun: a task picks its card by ``LOCAL_RANK``
+(``torch.cuda.set_device(LOCAL_RANK)``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ NOT_INHERITED = frozenset(
         "LOCAL_RANK",
         "NODE_RANK",
         "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
         "LOCAL_WORLD_SIZE",
         "HOSTNAME",
         "XPU_LEASE_ID",
@@ -90,6 +92,7 @@ def rank_envs(
                 "WORLD_SIZE": str(nodes * tasks_per_node),
                 "LOCAL_WORLD_SIZE": str(tasks_per_node),
                 "GROUP_RANK": str(node_rank),
+                "GROUP_WORLD_SIZE": str(nodes),
                 "XPU_TASKS_PER_NODE": str(tasks_per_node),
             }
         else:

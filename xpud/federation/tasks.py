@@ -14,7 +14,8 @@ this very file, started as the user (after the switch) with the rank's environme
   starting.
 - The first task that fails (a non-zero exit or a signal) stops the others, as ``--kill-on-bad-exit``
   stops ranks: SIGTERM to the group, SIGKILL to the tasks still running ``KILL_GRACE_S`` later. With
-  ``--keep-going`` (``--no-kill-on-bad-exit``) the others run on.
+  ``--keep-going`` (``--no-kill-on-bad-exit``) the others run on, as they do when the task ended by a
+  signal the group got (128 + N): every task got it and handles it itself.
 - The launcher exits with the first failing task's status: its exit code, or 128 + N for a death by
   signal N (as a shell shows it); 0 when every task exited 0. A command that cannot start: 127 (not
   found) or 126, with one line on stderr.
@@ -94,11 +95,13 @@ class Launcher:
         self.running: dict[int, subprocess.Popen] = {}  # pid -> its task (held: a Popen dropped
         # while running would be reaped by subprocess's own clean-up, and its status lost)
         self.first = 0  # the first failing task's status
-        self.signalled = 0  # a terminating signal came (before any task failed)
+        self.signalled = 0  # the first terminating signal that came
+        self.received: set[int] = set()  # every signal the group got (each task got it too)
         self.stopping = False
         self.started = 0
 
     def _caught(self, sig: int, _frame) -> None:
+        self.received.add(sig)
         if sig in TERMINATING and not self.signalled:
             self.signalled = sig
 
@@ -119,7 +122,9 @@ class Launcher:
     def _failed(self, status: int) -> None:
         if status and not self.first:
             self.first = status
-            if not self.keep_going:
+            # a task that ended by (or on) a signal every task got is no bad exit: the others are
+            # handling it themselves (as the coordinator treats ranks, and srun its tasks)
+            if not self.keep_going and status - 128 not in self.received:
                 self._stop()
 
     def _start(self, local_rank: int, env: dict[str, str]) -> bool:
