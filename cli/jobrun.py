@@ -7,7 +7,8 @@ and signals, and prints what comes back:
 
 - The ranks' output goes to our stdout and stderr as it comes. With ``--label`` each line is prefixed
   ``RANK: `` (as ``srun --label``); lines are buffered per rank and stream, so a prefix never splits a
-  line (a line longer than ``LINE_MAX`` is cut into labelled pieces).
+  line (a line longer than ``LINE_MAX`` is cut into labelled pieces). With ``--tasks-per-node`` each
+  host's launcher labels its tasks' lines by their ``RANK`` instead (``xpud.federation.tasks``).
 - Placement and queueing go to stderr as ``xpu:`` lines (``-q`` silences them), as do ranks that fail.
 - Ctrl-C (SIGINT) is passed to every rank; a second one within ``DOUBLE_INTERRUPT_S`` sends SIGKILL and
   leaves (the daemon then kills what is left on every host). TERM, HUP, QUIT, USR1 and USR2 are passed
@@ -281,6 +282,7 @@ def run_job(
         nodes=nodes,
         gpus_per_node=gpus_per_node if nodes else 0,
         tasks_per_node=tasks_per_node if nodes else 0,
+        label_tasks=labelled and bool(tasks_per_node and nodes),  # each host labels its tasks' lines
         replicas=replicas,
         spread=spread,
         argv=argv,
@@ -291,7 +293,7 @@ def run_job(
         restartable=restartable,
     )
     wake = Wakeup()
-    printer = Printer(labelled)
+    printer = Printer(labelled and not spec.label_tasks)
     summary: dict = {"job": "", "exit_code": None, "reason": "", "hosts": [], "ranks": []}
     ranks: dict[int, dict] = {}
     first_bad: pb.RankEnded | None = None

@@ -20,8 +20,8 @@ from xpud.federation import tasks
 pytestmark = pytest.mark.timeout(60)
 
 
-def launch(n, node_rank, script, *, keep_going=False, stdin=b"", env=None, **kw):
-    argv = tasks.argv_for(n, node_rank, ["sh", "-c", script], keep_going)
+def launch(n, node_rank, script, *, keep_going=False, label=False, stdin=b"", env=None, **kw):
+    argv = tasks.argv_for(n, node_rank, ["sh", "-c", script], keep_going, label)
     return subprocess.run(
         argv, input=stdin, capture_output=True, timeout=40, env=env or dict(os.environ), **kw
     )
@@ -35,6 +35,33 @@ def test_each_task_has_its_rank_and_only_rank_0_reads_stdin():
     assert sorted(r.stdout.decode().splitlines()) == ["0 0 6 in=hello", "1 1 6 in=none", "2 2 6 in=none"]
     r = launch(3, 1, show, stdin=b"hello\n", env=env)  # the second host: no rank 0 there
     assert sorted(r.stdout.decode().splitlines()) == ["3 0 6 in=none", "4 1 6 in=none", "5 2 6 in=none"]
+
+
+def test_with_label_every_line_is_whole_and_labelled_with_its_tasks_rank():
+    """srun --label's `RANK: line`: tasks that write halves of lines at the same time never mix."""
+    script = (
+        'for i in 1 2 3; do printf "$RANK-"; sleep 0.05; printf "line$i\\n"; done; echo "oops $RANK" >&2; '
+        'printf "no newline $RANK"'
+    )
+    r = launch(3, 1, script, label=True)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode().splitlines()
+    assert sorted(out) == sorted(
+        [f"{k}: {k}-line{i}" for k in (3, 4, 5) for i in (1, 2, 3)]
+        + [f"{k}: no newline {k}" for k in (3, 4, 5)]
+    )
+    for k in (3, 4, 5):  # each task's lines in its order
+        assert [x for x in out if x.startswith(f"{k}: {k}-")] == [f"{k}: {k}-line{i}" for i in (1, 2, 3)]
+    assert sorted(r.stderr.decode().splitlines()) == [f"{k}: oops {k}" for k in (3, 4, 5)]
+
+
+def test_with_label_the_status_and_the_stop_are_the_same(tmp_path):
+    script = f'echo $$ > {tmp_path}/$RANK; echo up; [ "$RANK" = 1 ] && {{ sleep 0.3; exit 7; }}; sleep 50'
+    started = time.monotonic()
+    r = launch(2, 0, script, label=True)
+    assert r.returncode == 7 and time.monotonic() - started < tasks.KILL_GRACE_S
+    assert sorted(r.stdout.decode().splitlines()) == ["0: up", "1: up"]
+    assert not alive(int((tmp_path / "0").read_text()))
 
 
 def test_the_first_failing_task_gives_the_status_and_the_others_are_stopped(tmp_path):
@@ -88,7 +115,8 @@ def test_a_command_that_is_not_there_is_127_with_one_line():
 @pytest.mark.parametrize(
     "args",
     [[], ["0", "0", "--", "x"], ["513", "0", "--", "x"], ["2", "1024", "--", "x"], ["2", "-1", "--", "x"],
-     ["2", "0", "x"], ["2", "0", "--"], ["2", "0", "--keep-going", "x"], ["1e3", "0", "--", "x"]],
+     ["2", "0", "x"], ["2", "0", "--"], ["2", "0", "--keep-going", "x"], ["1e3", "0", "--", "x"],
+     ["2", "0", "--label", "--label", "--", "x"], ["2", "0", "--other", "--", "x"]],
 )  # fmt: skip
 def test_bad_launcher_arguments_are_one_line_and_exit_2(args):
     argv = tasks.argv_for(1, 0, [])[:4]  # python -I -S tasks.py
@@ -110,4 +138,6 @@ def test_wrap_puts_the_command_under_the_launcher_only_with_tasks():
     wrapped = tasks.wrap(spec)
     assert list(wrapped.argv) == tasks.argv_for(4, 2, ["train", "--x"], keep_going=True)
     assert list(spec.argv) == ["train", "--x"] and (wrapped.uid, wrapped.env["A"]) == (5, "1")
-    assert tasks.parse(list(wrapped.argv)[4:]) == (4, 2, True, ["train", "--x"])
+    assert tasks.parse(list(wrapped.argv)[4:]) == (4, 2, {"--keep-going"}, ["train", "--x"])
+    spec.keep_going, spec.label = False, True
+    assert tasks.parse(list(tasks.wrap(spec).argv)[4:]) == (4, 2, {"--label"}, ["train", "--x"])

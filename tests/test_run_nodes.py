@@ -146,7 +146,7 @@ def test_labelled_lines_are_never_split_and_the_exit_code_is_the_jobs(standin, s
     spec = s.spec
     assert list(spec.argv) == ["train", "--x"] and spec.mode == "xpu"
     assert (spec.nodes, spec.gpus_per_node, spec.replicas, spec.kill_on_bad_exit) == (2, 1, 0, True)
-    assert spec.tasks_per_node == 0  # not given: one launcher per host
+    assert spec.tasks_per_node == 0 and not spec.label_tasks  # not given: one launcher per host
     assert spec.env["MARK"] == "m1" and spec.cwd == os.getcwd()
 
 
@@ -158,6 +158,15 @@ def test_without_label_output_passes_as_it_comes_and_quiet_hides_the_placement(s
     assert r.stdout == b"hela\nblo\nwor\nld"
     assert s.spec.tasks_per_node == 4 and not s.spec.kill_on_bad_exit
     assert b"job j1" not in r.stderr and r.returncode == 3
+
+
+def test_with_tasks_per_node_each_host_labels_its_tasks_lines(standin, short_tmp):
+    """--label --tasks-per-node: the hosts' launchers label by task RANK (xpud.federation.tasks), so the
+    CLI adds no host label of its own."""
+    s = standin(interleaved)
+    r = xpu(short_tmp, "run", "-N", "2", "--tasks-per-node", "2", "--label", "-q", "--", "train")
+    assert r.stdout == b"hela\nblo\nwor\nld" and r.returncode == 3  # as it came
+    assert s.spec.label_tasks and s.spec.tasks_per_node == 2
 
 
 def test_json_summary_is_the_last_line(standin, short_tmp):

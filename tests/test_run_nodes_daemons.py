@@ -130,7 +130,8 @@ def test_a_bare_torchrun_on_two_hosts_is_one_rendezvous(cluster, tmp_path):  # n
 
 def test_tasks_per_node_starts_each_hosts_tasks_with_their_ranks(cluster, tmp_path):  # noqa: F811
     """`--nodes 2 --tasks-per-node 2`: four tasks, each with its RANK, LOCAL_RANK, WORLD_SIZE,
-    LOCAL_WORLD_SIZE and the master; stdin reaches RANK 0; the job ends with the failing task's status."""
+    LOCAL_WORLD_SIZE and the master; --label prefixes a task's lines with its RANK; stdin reaches RANK 0;
+    the job ends with the failing task's status."""
     keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
             "MASTER_PORT", "PET_NNODES", "CUDA_VISIBLE_DEVICES"]  # fmt: skip
     show = " ".join(f"{k}=${k}" for k in keys)
@@ -144,10 +145,11 @@ def test_tasks_per_node_starts_each_hosts_tasks_with_their_ranks(cluster, tmp_pa
     summary = json.loads(lines[-1])
     tasks = {}
     for line in lines[:-1]:
-        node, _, rest = line.partition(": ")  # --label: the host's rank
+        labelled, _, rest = line.partition(": ")  # --label: the task's RANK
         words, _, stdin = rest.partition(" in=")
         env = dict(w.split("=", 1) for w in words.split(" "))
-        tasks[int(env["RANK"])] = (int(node), env, stdin)
+        assert labelled == env["RANK"]
+        tasks[int(env["RANK"])] = (int(env["NODE_RANK"]), env, stdin)
     assert sorted(tasks) == [0, 1, 2, 3], out
     ips = {h.name: h.ip for h in cluster}
     for rank, (node, env, stdin) in tasks.items():

@@ -133,6 +133,7 @@ LIMITS: dict[str, Limit] = {
     "JobSpec.restartable": Limit(),
     "JobSpec.name": Limit(chars=64, pattern=_NAME),
     "JobSpec.tasks_per_node": Limit(lo=0, hi=MAX_TASKS_PER_NODE),
+    "JobSpec.label_tasks": Limit(),
     "SwimMessage.kind": Limit(lo=0, hi=5),
     "SwimMessage.seq": Limit(lo=0, hi=2**63),
     "SwimMessage.src": Limit(chars=253, pattern=_NAME),
@@ -175,6 +176,7 @@ LIMITS: dict[str, Limit] = {
     "LaunchSpec.user": Limit(chars=64),
     "LaunchSpec.tasks_per_node": Limit(lo=0, hi=MAX_TASKS_PER_NODE),
     "LaunchSpec.keep_going": Limit(),
+    "LaunchSpec.label": Limit(),
 }
 
 

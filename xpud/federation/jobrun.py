@@ -409,6 +409,7 @@ class JobRun:
                 user=self.user,
                 tasks_per_node=self.spec.tasks_per_node,
                 keep_going=not self.spec.kill_on_bad_exit,
+                label=self.spec.label_tasks,
             )
             r.inputs.put_nowait(pb.LaunchInput(start=spec))
             r.task = asyncio.ensure_future(self._run_rank(r, out))

@@ -1,12 +1,16 @@
 """The task launcher of ``xpu run --nodes N --tasks-per-node T``: one host's rank runs its command T times.
 
 A host runs one rank process per job; with ``LaunchSpec.tasks_per_node`` that process is this launcher
-(``wrap``): ``python -I -S tasks.py T NODE_RANK [--keep-going] -- COMMAND...``, the host's own Python and
-this very file, started as the user (after the switch) with the rank's environment. Standard library only.
+(``wrap``): ``python -I -S tasks.py T NODE_RANK [--keep-going] [--label] -- COMMAND...``, the host's own
+Python and this very file, started as the user (after the switch) with the rank's environment. Standard
+library only.
 
 - Task ``i`` gets the launcher's environment plus ``LOCAL_RANK`` = i and ``RANK`` = NODE_RANK x T + i
   (``task_env``; the rest of torch's ``env://`` contract is the host's: ``launch.rank_envs``). The task
-  with ``RANK`` 0 gets the launcher's stdin, the others ``/dev/null``; all share stdout and stderr.
+  with ``RANK`` 0 gets the launcher's stdin, the others ``/dev/null``; all share stdout and stderr. With
+  ``--label`` (``xpu run --label``) their output comes through pipes instead and every line is written
+  ``RANK: line`` (as ``srun --label``), never split, never mixed with another task's (a line longer than
+  ``LINE_MAX`` is cut into labelled pieces; a task's unfinished last line ends with a newline).
 - The tasks stay in the launcher's process group: a signal for the rank (xpud sends it to the group, or
   to every process of the rank's systemd unit) reaches every task once, as srun's forwarding does. The
   launcher catches those signals only to outlive its tasks and report how they ended; it forwards none
@@ -25,17 +29,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import signal
 import socket
 import subprocess
 import sys
+import time
 
 MAX_TASKS = 512  # = xpud.api.validate.MAX_TASKS_PER_NODE (Slurm's MaxTasksPerNode default)
 MAX_NODE_RANK = 1023  # = the LaunchSpec.rank limit
 KILL_GRACE_S = 10  # SIGTERM -> SIGKILL when one task failed (as a rank's forwarded signals)
 CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
-USAGE = "usage: tasks.py TASKS NODE_RANK [--keep-going] -- COMMAND [ARGS...]"
+LINE_MAX = 64 * 1024  # --label: a longer line is written in labelled pieces of this size
+DRAIN_S = 1.0  # --label: after the last task ended, how long to read pipes a leftover still holds open
+USAGE = "usage: tasks.py TASKS NODE_RANK [--keep-going] [--label] -- COMMAND [ARGS...]"
 
 
 def task_env(env: dict[str, str], node_rank: int, tasks: int, local_rank: int) -> dict[str, str]:
@@ -44,10 +52,12 @@ def task_env(env: dict[str, str], node_rank: int, tasks: int, local_rank: int) -
     return {**env, "RANK": str(node_rank * tasks + local_rank), "LOCAL_RANK": str(local_rank)}
 
 
-def argv_for(tasks: int, node_rank: int, command: list[str], keep_going: bool = False) -> list[str]:
+def argv_for(
+    tasks: int, node_rank: int, command: list[str], keep_going: bool = False, label: bool = False
+) -> list[str]:
     """The command line that runs ``command`` as ``tasks`` tasks: this host's Python (isolated from the
     user's ``PYTHON*`` variables and site packages) on this file."""
-    flags = ["--keep-going"] if keep_going else []
+    flags = [*(["--keep-going"] if keep_going else []), *(["--label"] if label else [])]
     here = os.path.abspath(__file__)
     return [sys.executable, "-I", "-S", here, str(tasks), str(node_rank), *flags, "--", *command]
 
@@ -60,7 +70,7 @@ def wrap(spec):
     out = type(spec)()
     out.CopyFrom(spec)
     del out.argv[:]
-    out.argv.extend(argv_for(spec.tasks_per_node, spec.rank, list(spec.argv), spec.keep_going))
+    out.argv.extend(argv_for(spec.tasks_per_node, spec.rank, list(spec.argv), spec.keep_going, spec.label))
     return out
 
 
@@ -70,18 +80,19 @@ def _number(text: str, what: str, lo: int, hi: int) -> int:
     return int(text)
 
 
-def parse(args: list[str]) -> tuple[int, int, bool, list[str]]:
-    """``(tasks, node_rank, keep_going, command)`` from the launcher's arguments; ValueError says why not."""
+def parse(args: list[str]) -> tuple[int, int, set[str], list[str]]:
+    """``(tasks, node_rank, flags, command)`` from the launcher's arguments; ValueError says why not."""
     if len(args) < 2:
         raise ValueError(USAGE)
     tasks = _number(args[0], "tasks", 1, MAX_TASKS)
     node_rank = _number(args[1], "node rank", 0, MAX_NODE_RANK)
     rest = args[2:]
-    keep_going = rest[:1] == ["--keep-going"]
-    rest = rest[1:] if keep_going else rest
+    flags: set[str] = set()
+    while rest[:1] and rest[0] in ("--keep-going", "--label") and rest[0] not in flags:
+        flags.add(rest.pop(0))
     if rest[:1] != ["--"] or len(rest) < 2 or not rest[1]:
         raise ValueError(USAGE)
-    return tasks, node_rank, keep_going, rest[1:]
+    return tasks, node_rank, flags, rest[1:]
 
 
 def _status(code: int) -> int:
@@ -90,8 +101,11 @@ def _status(code: int) -> int:
 
 
 class Launcher:
-    def __init__(self, tasks: int, node_rank: int, keep_going: bool, command: list[str]):
+    def __init__(self, tasks: int, node_rank: int, keep_going: bool, command: list[str], label: bool = False):
         self.tasks, self.node_rank, self.keep_going, self.command = tasks, node_rank, keep_going, command
+        self.label = label
+        self.rank_of: dict[int, int] = {}  # pid -> the task's RANK
+        self.partial: dict[tuple[int, int], bytes] = {}  # --label: (rank, fd) -> a line not yet ended
         self.running: dict[int, subprocess.Popen] = {}  # pid -> its task (held: a Popen dropped
         # while running would be reaped by subprocess's own clean-up, and its status lost)
         self.first = 0  # the first failing task's status
@@ -119,6 +133,86 @@ class Launcher:
             os.killpg(os.getpgrp(), signal.SIGTERM)  # this process too: caught
         signal.alarm(KILL_GRACE_S)
 
+    def _reaped(self, pid: int, status: int) -> None:
+        task = self.running.pop(pid, None)
+        if task is not None:
+            task.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by the Popen
+            self._failed(_status(task.returncode))
+
+    # --------------------------------------------------------------------------------------- --label
+    def _write(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+            except OSError:
+                return  # nobody reads (the rank's caller is gone): the tasks are being stopped anyway
+
+    def _relay(self, rank: int, fd: int, data: bytes, end: bool = False) -> None:
+        """``data`` from task ``rank``'s ``fd``: its complete lines, labelled (``end``: all of it)."""
+        data = self.partial.pop((rank, fd), b"") + data
+        lines = data.split(b"\n")
+        rest = lines.pop()
+        while len(rest) >= LINE_MAX:
+            lines.append(rest[:LINE_MAX])
+            rest = rest[LINE_MAX:]
+        if rest and end:
+            lines.append(rest)
+        elif rest:
+            self.partial[(rank, fd)] = rest
+        prefix = f"{rank}: ".encode()
+        if lines:
+            self._write(fd, b"".join(prefix + line + b"\n" for line in lines))
+
+    def _relay_until_done(self) -> None:
+        """Read every task's pipes and reap the tasks as they end, until all ended and their pipes closed
+        (or ``DRAIN_S`` after the last end, when a leftover of a task holds a pipe open)."""
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a child's end wakes the select (wakeup fd)
+        signal.set_wakeup_fd(wake_w)
+        sel = selectors.DefaultSelector()
+        sel.register(wake_r, selectors.EVENT_READ, None)
+        for pid, task in self.running.items():
+            for fd, pipe in ((1, task.stdout), (2, task.stderr)):
+                sel.register(pipe, selectors.EVENT_READ, (self.rank_of[pid], fd))
+        deadline = None
+        while True:
+            while self.running:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                self._reaped(pid, status)
+            timeout = None
+            if not self.running:
+                if len(sel.get_map()) == 1:
+                    break
+                deadline = deadline or time.monotonic() + DRAIN_S
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+            for key, _ in sel.select(timeout):
+                if key.data is None:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake_r, 512)
+                    continue
+                rank, fd = key.data
+                data = os.read(key.fd, 65536)
+                if data:
+                    self._relay(rank, fd, data)
+                else:
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+                    self._relay(rank, fd, b"", end=True)
+        for key in list(sel.get_map().values()):
+            if key.data is not None:
+                self._relay(*key.data, b"", end=True)
+        signal.set_wakeup_fd(-1)
+
     def _failed(self, status: int) -> None:
         if status and not self.first:
             self.first = status
@@ -134,6 +228,8 @@ class Launcher:
                 self.command,
                 env=task_env(env, self.node_rank, self.tasks, local_rank),
                 stdin=None if rank == 0 else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if self.label else None,
+                stderr=subprocess.PIPE if self.label else None,
             )
         except OSError as e:
             code = 127 if isinstance(e, FileNotFoundError) else 126
@@ -143,6 +239,7 @@ class Launcher:
             self._stop()
             return False
         self.running[p.pid] = p
+        self.rank_of[p.pid] = rank
         self.started += 1
         return True
 
@@ -158,15 +255,14 @@ class Launcher:
         for local_rank in range(self.tasks):
             if self.signalled or self.stopping or not self._start(local_rank, env):
                 break
+        if self.label:
+            self._relay_until_done()
         while self.running:
             try:
                 pid, status = os.wait()
             except ChildProcessError:
                 break
-            task = self.running.pop(pid, None)
-            if task is not None:
-                task.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by the Popen
-                self._failed(_status(task.returncode))
+            self._reaped(pid, status)
         signal.alarm(0)
         if self.first:
             return self.first
@@ -175,11 +271,11 @@ class Launcher:
 
 def main(args: list[str] | None = None) -> int:
     try:
-        tasks, node_rank, keep_going, command = parse(sys.argv[1:] if args is None else args)
+        tasks, node_rank, flags, command = parse(sys.argv[1:] if args is None else args)
     except ValueError as e:
         print(f"xpu tasks: {e}", file=sys.stderr, flush=True)
         return 2
-    return Launcher(tasks, node_rank, keep_going, command).run()
+    return Launcher(tasks, node_rank, "--keep-going" in flags, command, "--label" in flags).run()
 
 
 if __name__ == "__main__":
