@@ -118,7 +118,7 @@ t = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(t)
 # one write of a whole line: the host's tasks share its stdout
 os.write(1, f"rank={dist.get_rank()} world={dist.get_world_size()} sum={int(t.item())} "
-            f"local={os.environ['LOCAL_RANK']}\n".encode())
+            f"local={os.environ['LOCAL_RANK']}\\n".encode())
 dist.destroy_process_group()
 """
 
