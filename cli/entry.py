@@ -40,6 +40,7 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--nodes": ("nodes", "int>=1"),
     "-N": ("nodes", "int>=1"),
     "--gpus-per-node": ("gpus_per_node", "int>=1"),
+    "--tasks-per-node": ("tasks_per_node", "int>=1"),
     "--replicas": ("replicas", "int>=1"),
     "--spread": ("spread", True),
     "--label": ("label", True),
@@ -64,6 +65,7 @@ RUN_DEFAULTS = {
     "quiet": False,
     "nodes": None,
     "gpus_per_node": None,
+    "tasks_per_node": None,
     "replicas": None,
     "spread": False,
     "label": False,
@@ -185,6 +187,7 @@ _NUMBERS = {
     "priority": ("--priority", "AcquireRequest.priority", None),
     "nodes": ("--nodes", "JobSpec.nodes", 1),
     "gpus_per_node": ("--gpus-per-node", "JobSpec.gpus_per_node", 1),
+    "tasks_per_node": ("--tasks-per-node", "JobSpec.tasks_per_node", 1),
     "replicas": ("--replicas", "JobSpec.replicas", 1),
 }
 KILL_GRACE_MAX_S = 86400.0  # a forwarded signal escalates to SIGKILL within a day at the latest
@@ -252,6 +255,7 @@ def run_with(client, opts: dict, command: list[str]):
             priority=opts["priority"],
             json_env=opts["json_env"],
             kill_grace_given=opts["kill_grace"] != RUN_DEFAULTS["kill_grace"],
+            tasks_per_node=opts["tasks_per_node"],
         )
         return run_job(
             client,
@@ -259,6 +263,7 @@ def run_with(client, opts: dict, command: list[str]):
             mode=opts["mode"],
             nodes=opts["nodes"] or 0,
             gpus_per_node=opts["gpus_per_node"] or 1,
+            tasks_per_node=opts["tasks_per_node"] or 0,
             replicas=opts["replicas"] or 0,
             spread=opts["spread"],
             wait_s=_job_wait(opts["wait"]),
@@ -270,6 +275,8 @@ def run_with(client, opts: dict, command: list[str]):
         )
     if opts["gpus_per_node"] is not None:
         raise BadRequest("--gpus-per-node needs --nodes N (the hosts to spread the job over)")
+    if opts["tasks_per_node"] is not None:
+        raise BadRequest("--tasks-per-node needs --nodes N (the hosts to run the tasks on)")
     for name, flag in MULTI_HOST_ONLY.items():
         if opts[name] != RUN_DEFAULTS[name]:
             raise BadRequest(f"{flag} applies to jobs across hosts: add --nodes N (or --replicas R --spread)")

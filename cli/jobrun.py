@@ -1,12 +1,14 @@
 """`xpu run --nodes N` / `--replicas R --spread`: a job across hosts, launched like srun.
 
 The local daemon coordinates (``Node.RunJob``): it places the job, reserves and commits on each host and
-starts one rank per host. This side sends the command (argv, our environment and working directory),
-then our stdin (to rank 0) and signals, and prints what comes back:
+starts one rank per host (with ``--tasks-per-node T``, a launcher that runs the command T times there).
+This side sends the command (argv, our environment and working directory), then our stdin (to rank 0)
+and signals, and prints what comes back:
 
 - The ranks' output goes to our stdout and stderr as it comes. With ``--label`` each line is prefixed
   ``RANK: `` (as ``srun --label``); lines are buffered per rank and stream, so a prefix never splits a
-  line (a line longer than ``LINE_MAX`` is cut into labelled pieces).
+  line (a line longer than ``LINE_MAX`` is cut into labelled pieces). With ``--tasks-per-node`` each
+  host's launcher labels its tasks' lines by their ``RANK`` instead (``xpud.federation.tasks``).
 - Placement and queueing go to stderr as ``xpu:`` lines (``-q`` silences them), as do ranks that fail.
 - Ctrl-C (SIGINT) is passed to every rank; a second one within ``DOUBLE_INTERRUPT_S`` sends SIGKILL and
   leaves (the daemon then kills what is left on every host). TERM, HUP, QUIT, USR1 and USR2 are passed
@@ -59,10 +61,13 @@ def check_options(
     priority: int = 0,
     json_env: bool = False,
     kill_grace_given: bool = False,
+    tasks_per_node: int | None = None,
 ) -> None:
     """Refuse bad combinations of `xpu run`'s multi-host options with one line (BadRequest)."""
     if gpus_per_node is not None and nodes is None:
         raise BadRequest("--gpus-per-node needs --nodes N (the hosts to spread the job over)")
+    if tasks_per_node is not None and nodes is None:
+        raise BadRequest("--tasks-per-node needs --nodes N (the hosts to run the tasks on)")
     if spread and replicas is None:
         raise BadRequest("--spread needs --replicas R (slices on R distinct hosts)")
     if nodes is not None and mode != "xpu":
@@ -250,6 +255,7 @@ def run_job(
     nodes: int = 0,
     gpus_per_node: int = 1,
     replicas: int = 0,
+    tasks_per_node: int = 0,
     spread: bool = False,
     wait_s: float = 0.0,
     labelled: bool = False,
@@ -275,6 +281,8 @@ def run_job(
         mode=mode,
         nodes=nodes,
         gpus_per_node=gpus_per_node if nodes else 0,
+        tasks_per_node=tasks_per_node if nodes else 0,
+        label_tasks=labelled and bool(tasks_per_node and nodes),  # each host labels its tasks' lines
         replicas=replicas,
         spread=spread,
         argv=argv,
@@ -285,7 +293,7 @@ def run_job(
         restartable=restartable,
     )
     wake = Wakeup()
-    printer = Printer(labelled)
+    printer = Printer(labelled and not spec.label_tasks)
     summary: dict = {"job": "", "exit_code": None, "reason": "", "hosts": [], "ranks": []}
     ranks: dict[int, dict] = {}
     first_bad: pb.RankEnded | None = None

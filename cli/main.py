@@ -174,6 +174,15 @@ def run(
     gpus_per_node: Annotated[
         int | None, typer.Option("--gpus-per-node", help="Whole cards per host (with --nodes).", min=1)
     ] = None,
+    tasks_per_node: Annotated[
+        int | None,
+        typer.Option(
+            "--tasks-per-node",
+            help="Processes per host (with --nodes; srun's --ntasks-per-node), each with torch's env:// "
+            "RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT.",
+            min=1,
+        ),
+    ] = None,
     replicas: Annotated[
         int | None,
         typer.Option("--replicas", help="Slices of --mode on several hosts (with --spread).", min=1),
@@ -210,6 +219,7 @@ def run(
         quiet=quiet,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
+        tasks_per_node=tasks_per_node,
         replicas=replicas,
         spread=spread,
         label=label,

@@ -114,6 +114,24 @@ def test_stdin_goes_to_rank_0_and_a_signal_stops_the_job(inproc):
     wait_until(lambda: not d.engine.leases, timeout=5)
 
 
+def test_tasks_per_node_runs_the_command_that_many_times_with_each_tasks_rank(inproc):
+    d = inproc(MACHINE)
+    script = (
+        'echo "$RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $CUDA_VISIBLE_DEVICES"; exit $((RANK * 2))'
+    )
+    events = collect(
+        run_job(
+            d.runtime_dir,
+            spec(["sh", "-c", script], tasks_per_node=3, label_tasks=True, kill_on_bad_exit=False),
+        )[1]
+    )
+    cards = next(e.output.data for e in events if e.HasField("output")).decode().split()[-1]
+    assert len(cards.split(",")) == 2  # every task sees the host's two cards
+    assert sorted(text(events).splitlines()) == [f"{r}: {r}/3 {r}/3 {cards}" for r in range(3)]
+    assert events[-1].ended.exit_code in (2, 4)  # the first failing task's
+    wait_until(lambda: not d.engine.leases, timeout=10)
+
+
 def test_the_client_going_away_stops_the_rank_and_releases_the_lease(inproc, tmp_path):
     d = inproc(MACHINE)
     call, hold, pid = start_sleeper(d.runtime_dir, tmp_path)
@@ -135,6 +153,11 @@ def test_bad_specs_are_refused_with_one_line_and_no_room_says_why(inproc):
         with pytest.raises(NoCapacity, match="federation is off") as refused:
             collect(run_job(d.runtime_dir, spec(["true"], nodes=2, wait_s=wait), timeout=10)[1])
         assert "--wait" not in str(refused.value)
+    with pytest.raises(BadRequest, match="--tasks-per-node goes with --nodes"):
+        slices = {"mode": "vxpu-half", "nodes": 0, "gpus_per_node": 1, "replicas": 1, "spread": True}
+        collect(run_job(d.runtime_dir, spec(["true"], tasks_per_node=2, **slices))[1])
+    with pytest.raises(BadRequest, match="tasks_per_node"):
+        collect(run_job(d.runtime_dir, spec(["true"], tasks_per_node=513))[1])
     with pytest.raises(NoCapacity, match="--wait"):
         collect(run_job(d.runtime_dir, spec(["true"], gpus_per_node=5))[1])
     hold = threading.Event()

@@ -146,14 +146,27 @@ def test_labelled_lines_are_never_split_and_the_exit_code_is_the_jobs(standin, s
     spec = s.spec
     assert list(spec.argv) == ["train", "--x"] and spec.mode == "xpu"
     assert (spec.nodes, spec.gpus_per_node, spec.replicas, spec.kill_on_bad_exit) == (2, 1, 0, True)
+    assert spec.tasks_per_node == 0 and not spec.label_tasks  # not given: one launcher per host
     assert spec.env["MARK"] == "m1" and spec.cwd == os.getcwd()
 
 
 def test_without_label_output_passes_as_it_comes_and_quiet_hides_the_placement(standin, short_tmp):
-    standin(interleaved)
-    r = xpu(short_tmp, "run", "-N", "2", "-q", "--no-kill-on-bad-exit", "--", "train")
+    s = standin(interleaved)
+    r = xpu(
+        short_tmp, "run", "-N", "2", "-q", "--no-kill-on-bad-exit", "--tasks-per-node", "4", "--", "train"
+    )
     assert r.stdout == b"hela\nblo\nwor\nld"
+    assert s.spec.tasks_per_node == 4 and not s.spec.kill_on_bad_exit
     assert b"job j1" not in r.stderr and r.returncode == 3
+
+
+def test_with_tasks_per_node_each_host_labels_its_tasks_lines(standin, short_tmp):
+    """--label --tasks-per-node: the hosts' launchers label by task RANK (xpud.federation.tasks), so the
+    CLI adds no host label of its own."""
+    s = standin(interleaved)
+    r = xpu(short_tmp, "run", "-N", "2", "--tasks-per-node", "2", "--label", "-q", "--", "train")
+    assert r.stdout == b"hela\nblo\nwor\nld" and r.returncode == 3  # as it came
+    assert s.spec.label_tasks and s.spec.tasks_per_node == 2
 
 
 def test_json_summary_is_the_last_line(standin, short_tmp):
@@ -291,6 +304,9 @@ def test_a_daemon_without_cluster_is_one_clear_line(standin, short_tmp):
         (["--nodes", "2", "--gpus", "4"], "with --nodes give --gpus-per-node G"),
         (["--nodes", "2", "--json-env"], "--json-env is for one-host runs"),
         (["--nodes", "2", "--replicas", "2", "-m", "vxpu-half"], "--nodes takes whole cards"),
+        (["--tasks-per-node", "2"], "--tasks-per-node needs --nodes N"),
+        (["--replicas", "2", "--spread", "-m", "vxpu-half", "--tasks-per-node", "2"], "needs --nodes N"),
+        (["--nodes", "2", "--tasks-per-node", "513"], "--tasks-per-node 513: outside 1..512"),
     ],
 )
 def test_bad_combinations_are_one_line_without_a_daemon(short_tmp, args, words):

@@ -136,3 +136,67 @@ def test_more_hosts_than_the_cluster_has_fail_at_once_without_suggesting_wait(cl
     assert p.returncode != 0 and text.count("\n") == 1, text
     assert "4 hosts asked; the cluster has 3 (`xpu cluster`): waiting cannot help" in text, text
     assert "add --wait" not in text
+
+
+def test_tasks_per_node_starts_each_hosts_tasks_with_their_ranks(cluster, tmp_path):  # noqa: F811
+    """`--nodes 2 --tasks-per-node 2`: four tasks, each with its RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE and the master; --label prefixes a task's lines with its RANK; stdin reaches RANK 0;
+    the job ends with the failing task's status."""
+    keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
+            "MASTER_PORT", "PET_NNODES", "CUDA_VISIBLE_DEVICES"]  # fmt: skip
+    show = " ".join(f"{k}=${k}" for k in keys)
+    script = f'read -r line || line=none; echo "{show} in=$line"; [ "$RANK" = 2 ] && exit 9; exit 0'
+    p = xpu(cluster[0], "run", "--nodes", "2", "--gpus-per-node", "2", "--tasks-per-node", "2", "--label",
+            "--json", "--no-kill-on-bad-exit", "--", "sh", "-c", script,
+            stdin=subprocess.PIPE, cwd=tmp_path)  # fmt: skip
+    out, err = p.communicate(b"for rank 0\n", timeout=120)
+    assert p.returncode == 9, err
+    lines = out.decode().splitlines()
+    summary = json.loads(lines[-1])
+    tasks = {}
+    for line in lines[:-1]:
+        labelled, _, rest = line.partition(": ")  # --label: the task's RANK
+        words, _, stdin = rest.partition(" in=")
+        env = dict(w.split("=", 1) for w in words.split(" "))
+        assert labelled == env["RANK"]
+        tasks[int(env["RANK"])] = (int(env["NODE_RANK"]), env, stdin)
+    assert sorted(tasks) == [0, 1, 2, 3], out
+    ips = {h.name: h.ip for h in cluster}
+    for rank, (node, env, stdin) in tasks.items():
+        assert node == rank // 2 and env["LOCAL_RANK"] == str(rank % 2)
+        assert env["GROUP_RANK"] == env["NODE_RANK"] == str(node)
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["PET_NNODES"]) == ("4", "2", "")
+        assert env["MASTER_ADDR"] == ips[summary["hosts"][0]] and 0 < int(env["MASTER_PORT"]) < 65536
+        assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == 2  # every task sees its host's two cards
+        assert stdin == ("for rank 0" if rank == 0 else "none")
+    assert len({env["MASTER_PORT"] for _, env, _ in tasks.values()}) == 1
+    assert tasks[0][1]["CUDA_VISIBLE_DEVICES"] == tasks[1][1]["CUDA_VISIBLE_DEVICES"]
+    assert [(x["rank"], x["exit_code"]) for x in summary["ranks"]] == [(0, 0), (1, 9)]
+    for h in cluster:
+        wait_until(lambda h=h: not leases(h) and live_reservations(h) == 0, timeout=15)
+
+
+ENV_TRAIN = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+# one write of a whole line: the host's tasks share its stdout
+os.write(1, f"rank={dist.get_rank()} world={dist.get_world_size()} sum={int(t.item())} "
+            f"local={os.environ['LOCAL_RANK']}\\n".encode())
+dist.destroy_process_group()
+"""
+
+
+def test_tasks_per_node_is_one_torch_env_rendezvous(cluster, tmp_path):  # noqa: F811
+    """`xpu run --nodes 2 --tasks-per-node 2 -- python -c '...init_process_group("gloo", init_method="env://")
+    ... all_reduce'`: the real torch (CPU build) on two daemons makes one group of 4."""
+    need_torch()
+    os.chmod(tmp_path, 0o755)
+    p = xpu(cluster[0], "run", "--nodes", "2", "--tasks-per-node", "2", "--json", "--",
+            str(BIN / "python"), "-c", ENV_TRAIN, stdin=subprocess.DEVNULL, cwd=tmp_path)  # fmt: skip
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err.decode()[-3000:]
+    lines = out.decode().splitlines()
+    got = sorted(x for x in lines[:-1] if x.startswith("rank="))
+    assert got == [f"rank={r} world=4 sum=10 local={r % 2}" for r in range(4)], out.decode() + err.decode()

@@ -26,6 +26,7 @@ from xpud.federation.membership import MAX_INCARNATION
 log = logging.getLogger("xpud.service.node")
 
 ECHO_CHARS = 80  # the most characters of a caller's input an error message repeats
+MAX_TASKS_PER_NODE = 512  # --tasks-per-node: Slurm's MaxTasksPerNode default
 COMMAND_CHARS = 500  # a command is a label for listings: kept to this many characters on the way in
 
 
@@ -132,6 +133,8 @@ LIMITS: dict[str, Limit] = {
     "JobSpec.kill_on_bad_exit": Limit(),
     "JobSpec.restartable": Limit(),
     "JobSpec.name": Limit(chars=64, pattern=_NAME),
+    "JobSpec.tasks_per_node": Limit(lo=0, hi=MAX_TASKS_PER_NODE),
+    "JobSpec.label_tasks": Limit(),
     "SwimMessage.kind": Limit(lo=0, hi=5),
     "SwimMessage.seq": Limit(lo=0, hi=2**63),
     "SwimMessage.src": Limit(chars=253, pattern=_NAME),
@@ -172,6 +175,9 @@ LIMITS: dict[str, Limit] = {
     "LaunchSpec.uid": Limit(lo=0, hi=2**32 - 1),
     "LaunchSpec.gid": Limit(lo=0, hi=2**32 - 1),
     "LaunchSpec.user": Limit(chars=64),
+    "LaunchSpec.tasks_per_node": Limit(lo=0, hi=MAX_TASKS_PER_NODE),
+    "LaunchSpec.keep_going": Limit(),
+    "LaunchSpec.label": Limit(),
 }
 
 

@@ -386,7 +386,7 @@ class HostJobs:
     ) -> AsyncIterator[pb.LaunchEvent]:
         """``Peer.Launch``: run the rank of a job committed here (``rankproc.Rank``) and release the job's
         lease here once it is gone. An abort stops it first (``Rank.kill``: SIGTERM, then SIGKILL)."""
-        from xpud.federation import rankproc
+        from xpud.federation import rankproc, tasks
 
         requests = aiter(requests)
         first = await anext(requests, None)
@@ -427,8 +427,9 @@ class HostJobs:
         try:
             r = self.table.get(spec.job)  # committed (``launching`` checked): its attempt names the unit
             attempt = r.attempt if r is not None else 0
-            rank = rankproc.Rank(spec, requests, on_end, on_start=on_start, remote_launch=allowed,
-                                 attempt=attempt)  # fmt: skip
+            # --tasks-per-node: the user's command runs under the task launcher, as the user
+            rank = rankproc.Rank(tasks.wrap(spec), requests, on_end, on_start=on_start,
+                                 remote_launch=allowed, attempt=attempt)  # fmt: skip
         except BaseException:
             await self.launch_ended(spec.job, "its rank could not be started")
             raise

@@ -13,10 +13,11 @@ and commits it on every chosen host, starts one rank per host and relays the ran
    latest every ``RETRY_FALLBACK_S`` (``JobQueued`` with the reason and the position among this daemon's
    queued jobs, sent again when either changes). Queued jobs plan again one at a time, in queue order.
 4. **Launch**: ``Peer.Launch`` on every host with ``launch.rank_envs`` (``MASTER_ADDR`` = rank 0's host,
-   ``MASTER_PORT`` = the port rank 0's host found free at commit). Output and ends come back as
-   ``JobEvent``s; stdin goes to rank 0, signals to every rank. With ``kill_on_bad_exit`` the first
-   failing rank stops the others (SIGTERM, then their Launch calls are cancelled: the hosts kill the
-   process groups). ``JobEnded.exit_code`` is the first failing rank's.
+   ``MASTER_PORT`` = the port rank 0's host found free at commit); with ``tasks_per_node`` each host's
+   rank runs the command that many times under ``tasks`` (a rank here is a host's launcher). Output and
+   ends come back as ``JobEvent``s; stdin goes to rank 0, signals to every rank. With
+   ``kill_on_bad_exit`` the first failing rank stops the others (SIGTERM, then their Launch calls are
+   cancelled: the hosts kill the process groups). ``JobEnded.exit_code`` is the first failing rank's.
 5. **However the stream ends** (the job ended, the client went away, an error), every rank is stopped
    and ``Abort`` sent to every host (a held reservation is dropped, a committed lease released). What
    does not answer expires there by its TTL, or releases its lease when its Launch stream breaks.
@@ -160,6 +161,8 @@ class JobRun:
                 raise BadRequest(f"mode {self.mode}: give --replicas R --spread (one slice per host)")
             if not s.replicas or not s.spread:
                 raise BadRequest(f"mode {self.mode}: give --replicas R with --spread (distinct hosts)")
+        if s.tasks_per_node and self.mode is not Mode.XPU:
+            raise BadRequest("--tasks-per-node goes with --nodes N (whole cards), not with --replicas")
         if not s.argv:
             raise BadRequest("no command: give one after --")
         if not s.cwd.startswith("/"):
@@ -400,6 +403,7 @@ class JobRun:
             {h: {**c.env, "XPU_RESTART_COUNT": str(self.restarts)} for h, c in self.commits.items()},
             dict(self.spec.env),
             procs_per_node=self.per_host,  # torchrun's workers per host: one per card
+            tasks_per_node=self.spec.tasks_per_node,  # or xpud starts the workers itself
         )
         for r, spec_env in zip(self.ranks, envs, strict=True):
             spec = pb.LaunchSpec(
@@ -411,6 +415,9 @@ class JobRun:
                 uid=self.caller.uid,
                 gid=max(self.caller.gid, 0),
                 user=self.user,
+                tasks_per_node=self.spec.tasks_per_node,
+                keep_going=not self.spec.kill_on_bad_exit,
+                label=self.spec.label_tasks,
             )
             r.inputs.put_nowait(pb.LaunchInput(start=spec))
             r.task = asyncio.ensure_future(self._run_rank(r, out))

@@ -9,6 +9,15 @@ rendezvous of ``PET_NNODES`` hosts with ``PET_NPROC_PER_NODE`` workers each (the
 ``LOCAL_RANK``, ``GROUP_RANK``, ``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``) are torchrun's to set for its workers:
 a node launcher that has them is taken for a worker (Lightning's TorchElasticEnvironment), so it gets none.
 ``MASTER_ADDR``/``MASTER_PORT``/``NODE_RANK`` are set too, for launchers that read those.
+
+With ``tasks_per_node`` T (``xpu run --tasks-per-node``, srun's ``--ntasks-per-node``) xpud is the launcher:
+each host runs the command T times under ``xpud.federation.tasks``, and every task is a worker with
+torch's ``env://`` variables: ``WORLD_SIZE`` = hosts x T, ``LOCAL_WORLD_SIZE`` = T, ``GROUP_RANK`` =
+``NODE_RANK``, ``GROUP_WORLD_SIZE`` = hosts, ``MASTER_*`` here; ``RANK`` = node rank x T + ``LOCAL_RANK``
+per task (``tasks.task_env``). No ``PET_*`` then: the tasks are workers, not node launchers. Every task
+sees all of its host's cards (the lease's ``CUDA_VISIBLE_DEVICES``), as under srun without
+``--gpu-bind`` and under torchrun: a task picks its card by ``LOCAL_RANK``
+(``torch.cuda.set_device(LOCAL_RANK)``).
 """
 
 from __future__ import annotations
@@ -31,9 +40,11 @@ NOT_INHERITED = frozenset(
         "LOCAL_RANK",
         "NODE_RANK",
         "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
         "LOCAL_WORLD_SIZE",
         "HOSTNAME",
         "XPU_LEASE_ID",
+        "XPU_TASKS_PER_NODE",
         "TORCHELASTIC_RUN_ID",
         *(f"PET_{name}" for name in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")),
         "PET_RDZV_ID",
@@ -58,29 +69,45 @@ def rank_envs(
     ],  # host name -> the env its lease gives (CUDA_VISIBLE_DEVICES...)
     submitter_env: Mapping[str, str],
     procs_per_node: int = 1,  # torchrun's --nproc-per-node: the host's cards
+    tasks_per_node: int = 0,  # xpu run --tasks-per-node: 0 = one node launcher per host
 ) -> list[RankSpec]:
     """Each host's environment: the submitter's (less what each host sets), then the host's lease env,
-    then torchrun's ``PET_*`` options, ``MASTER_*``/``NODE_RANK`` and xpud's own ``XPU_*`` variables."""
+    then torchrun's ``PET_*`` options (or, with ``tasks_per_node``, the worker variables every task on
+    the host shares), ``MASTER_*``/``NODE_RANK`` and xpud's own ``XPU_*`` variables."""
     if not hosts:
         raise ValueError("a job needs at least one host")
     if not 1 <= master_port <= 65535:
         raise ValueError(f"master port {master_port}: give 1..65535")
     if procs_per_node < 1:
         raise ValueError("procs_per_node: at least 1")
+    if tasks_per_node < 0:
+        raise ValueError("tasks_per_node: 0 (none) or more")
     base = {k: v for k, v in submitter_env.items() if k not in NOT_INHERITED}
     nodes = len(hosts)
     master = hosts[0][1].rsplit(":", 1)[0] if ":" in hosts[0][1] else hosts[0][1]
     out = []
     for node_rank, (name, addr) in enumerate(hosts):
+        if tasks_per_node:
+            launcher = {
+                "WORLD_SIZE": str(nodes * tasks_per_node),
+                "LOCAL_WORLD_SIZE": str(tasks_per_node),
+                "GROUP_RANK": str(node_rank),
+                "GROUP_WORLD_SIZE": str(nodes),
+                "XPU_TASKS_PER_NODE": str(tasks_per_node),
+            }
+        else:
+            launcher = {
+                "PET_NNODES": str(nodes),
+                "PET_NODE_RANK": str(node_rank),
+                "PET_NPROC_PER_NODE": str(procs_per_node),
+                "PET_MASTER_ADDR": master,
+                "PET_MASTER_PORT": str(master_port),
+                "PET_RDZV_ID": job,
+            }
         env = {
             **base,
             **lease_env.get(name, {}),
-            "PET_NNODES": str(nodes),
-            "PET_NODE_RANK": str(node_rank),
-            "PET_NPROC_PER_NODE": str(procs_per_node),
-            "PET_MASTER_ADDR": master,
-            "PET_MASTER_PORT": str(master_port),
-            "PET_RDZV_ID": job,
+            **launcher,
             "TORCHELASTIC_RUN_ID": job,
             "MASTER_ADDR": master,
             "MASTER_PORT": str(master_port),

@@ -764,7 +764,7 @@ class ClusterReply(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., name: _Optional[str] = ..., hosts: _Optional[_Iterable[_Union[ClusterHost, _Mapping]]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("mode", "nodes", "gpus_per_node", "replicas", "spread", "argv", "env", "cwd", "wait_s", "kill_on_bad_exit", "restartable", "name")
+    __slots__ = ("mode", "nodes", "gpus_per_node", "replicas", "spread", "argv", "env", "cwd", "wait_s", "kill_on_bad_exit", "restartable", "name", "tasks_per_node", "label_tasks")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -784,6 +784,8 @@ class JobSpec(_message.Message):
     KILL_ON_BAD_EXIT_FIELD_NUMBER: _ClassVar[int]
     RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    TASKS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    LABEL_TASKS_FIELD_NUMBER: _ClassVar[int]
     mode: str
     nodes: int
     gpus_per_node: int
@@ -796,7 +798,9 @@ class JobSpec(_message.Message):
     kill_on_bad_exit: bool
     restartable: bool
     name: str
-    def __init__(self, mode: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., replicas: _Optional[int] = ..., spread: _Optional[bool] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., wait_s: _Optional[float] = ..., kill_on_bad_exit: _Optional[bool] = ..., restartable: _Optional[bool] = ..., name: _Optional[str] = ...) -> None: ...
+    tasks_per_node: int
+    label_tasks: bool
+    def __init__(self, mode: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., replicas: _Optional[int] = ..., spread: _Optional[bool] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., wait_s: _Optional[float] = ..., kill_on_bad_exit: _Optional[bool] = ..., restartable: _Optional[bool] = ..., name: _Optional[str] = ..., tasks_per_node: _Optional[int] = ..., label_tasks: _Optional[bool] = ...) -> None: ...
 
 class JobInput(_message.Message):
     __slots__ = ("start", "stdin", "stdin_eof", "signal")
@@ -1016,7 +1020,7 @@ class AbortReply(_message.Message):
     def __init__(self, dropped: _Optional[bool] = ...) -> None: ...
 
 class LaunchSpec(_message.Message):
-    __slots__ = ("job", "rank", "argv", "env", "cwd", "uid", "gid", "user")
+    __slots__ = ("job", "rank", "argv", "env", "cwd", "uid", "gid", "user", "tasks_per_node", "keep_going", "label")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1032,6 +1036,9 @@ class LaunchSpec(_message.Message):
     UID_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    TASKS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    KEEP_GOING_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     argv: _containers.RepeatedScalarFieldContainer[str]
@@ -1040,7 +1047,10 @@ class LaunchSpec(_message.Message):
     uid: int
     gid: int
     user: str
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., user: _Optional[str] = ...) -> None: ...
+    tasks_per_node: int
+    keep_going: bool
+    label: bool
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., user: _Optional[str] = ..., tasks_per_node: _Optional[int] = ..., keep_going: _Optional[bool] = ..., label: _Optional[bool] = ...) -> None: ...
 
 class LaunchInput(_message.Message):
     __slots__ = ("start", "stdin", "stdin_eof", "signal")
