@@ -119,7 +119,7 @@ def test_a_command_that_is_not_there_is_127_with_one_line():
      ["2", "0", "--label", "--label", "--", "x"], ["2", "0", "--other", "--", "x"]],
 )  # fmt: skip
 def test_bad_launcher_arguments_are_one_line_and_exit_2(args):
-    argv = tasks.argv_for(1, 0, [])[:4]  # python -I -S tasks.py
+    argv = tasks.argv_for(1, 0, [])[:-3]  # python -I -S tasks.py (or -c its text)
     r = subprocess.run([*argv, *args], capture_output=True, timeout=30)
     assert r.returncode == 2 and r.stderr.decode().count("\n") == 1, r.stderr
     assert r.stderr.startswith(b"xpu tasks: ")
@@ -138,6 +138,20 @@ def test_wrap_puts_the_command_under_the_launcher_only_with_tasks():
     wrapped = tasks.wrap(spec)
     assert list(wrapped.argv) == tasks.argv_for(4, 2, ["train", "--x"], keep_going=True)
     assert list(spec.argv) == ["train", "--x"] and (wrapped.uid, wrapped.env["A"]) == (5, "1")
-    assert tasks.parse(list(wrapped.argv)[4:]) == (4, 2, {"--keep-going"}, ["train", "--x"])
+    skip = 5 if wrapped.argv[3] == "-c" else 4  # python -I -S tasks.py, or -c its text
+    assert tasks.parse(list(wrapped.argv)[skip:]) == (4, 2, {"--keep-going"}, ["train", "--x"])
     spec.keep_going, spec.label = False, True
-    assert tasks.parse(list(tasks.wrap(spec).argv)[4:]) == (4, 2, {"--label"}, ["train", "--x"])
+    assert tasks.parse(list(tasks.wrap(spec).argv)[skip:]) == (4, 2, {"--label"}, ["train", "--x"])
+
+
+def test_the_launcher_runs_where_the_user_cannot_read_this_file(monkeypatch, tmp_path):
+    """A venv under a 0700 home (as here: /root): the user's Python gets the launcher's text, not its path."""
+    from xpud.isolation import switch_user
+
+    monkeypatch.setattr(switch_user, "readable", lambda path: False)
+    argv = tasks.argv_for(2, 0, ["sh", "-c", 'echo "$RANK"'])
+    assert argv[:4] == [switch_user.PYTHON, "-I", "-S", "-c"] and "def main" in argv[4]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.split()) == ["0", "1"]

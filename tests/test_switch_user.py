@@ -218,8 +218,8 @@ def test_no_descriptor_of_the_daemon_reaches_a_rank_on_any_loop(factory):
 
 def test_the_handover_runs_on_a_python_every_user_may_run(tmp_path):
     """The handover runs as the user: a Python under /root (pyenv's, a venv's base) is not theirs to run."""
-    assert switch_user._reachable(switch_user.PYTHON)
+    assert switch_user.reachable(switch_user.PYTHON)
     closed = tmp_path / "closed"
     (closed / "bin").mkdir(parents=True)
     os.chmod(closed, 0o700)
-    assert not switch_user._reachable(str(closed / "bin"))
+    assert not switch_user.reachable(str(closed / "bin"))

@@ -55,11 +55,20 @@ def task_env(env: dict[str, str], node_rank: int, tasks: int, local_rank: int) -
 def argv_for(
     tasks: int, node_rank: int, command: list[str], keep_going: bool = False, label: bool = False
 ) -> list[str]:
-    """The command line that runs ``command`` as ``tasks`` tasks: this host's Python (isolated from the
-    user's ``PYTHON*`` variables and site packages) on this file."""
+    """The command line that runs ``command`` as ``tasks`` tasks, as the user (after the switch): a Python
+    every user may run (``switch_user.PYTHON``, isolated from the user's ``PYTHON*`` variables and site
+    packages) on this file, or on its text (``-c``) where the user cannot read the file (a venv under a 0700
+    home, as the daemon's own may be)."""
+    from xpud.isolation.switch_user import PYTHON, readable  # the daemon's side only: this file runs alone
+
     flags = [*(["--keep-going"] if keep_going else []), *(["--label"] if label else [])]
     here = os.path.abspath(__file__)
-    return [sys.executable, "-I", "-S", here, str(tasks), str(node_rank), *flags, "--", *command]
+    if readable(here):
+        program = [here]
+    else:
+        with open(here, encoding="utf-8") as f:
+            program = ["-c", f.read()]
+    return [PYTHON, "-I", "-S", *program, str(tasks), str(node_rank), *flags, "--", *command]
 
 
 def wrap(spec):

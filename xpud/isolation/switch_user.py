@@ -28,7 +28,7 @@ SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}  # what a root helper starts with
 
 
-def _reachable(path: str) -> bool:
+def reachable(path: str) -> bool:
     """Whether any user may reach ``path``: it and every directory above it open to others (o+x)."""
     p = Path(path)
     try:
@@ -37,13 +37,23 @@ def _reachable(path: str) -> bool:
         return False
 
 
+def readable(path: str) -> bool:
+    """Whether any user may read the file ``path``: it readable by others (o+r) and every directory above it
+    open to others (o+x)."""
+    p = Path(path)
+    try:
+        return bool(p.stat().st_mode & 0o004) and all(q.stat().st_mode & 0o001 for q in p.parents)
+    except OSError:
+        return False
+
+
 def _interpreter() -> str:
     """The Python that runs ``HANDOVER`` as the user: this daemon's own (not a venv's link to it), where
     every user may run it and read its library; else the system's ``python3`` (e.g. a Python under /root)."""
     own = os.path.realpath(sys.executable)
-    if _reachable(own) and _reachable(sysconfig.get_paths()["stdlib"]):
+    if reachable(own) and reachable(sysconfig.get_paths()["stdlib"]):
         return own
-    return next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if _reachable(p)), own)
+    return next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if reachable(p)), own)
 
 
 # -I -S: no PYTHON* variables, no site, no user directory: nothing of the caller's is imported. Python 3.6+.
