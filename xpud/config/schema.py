@@ -103,6 +103,11 @@ class CardsSection:
         min=0.0,
         max=3600.0,
     )
+    mps_keeper: bool = _key(
+        False,
+        "Whether `xpud mps-keeper` (its own process or pod) starts and quits the MPS control daemons, so "
+        "that they outlive xpud's container; false = xpud starts them itself.",
+    )
     mig_profiles_file: str = _key(
         "", "Which MIG profiles serve each slice size, per card model; empty = xpud's etc/mig-profiles.toml."
     )

@@ -602,6 +602,35 @@ def extender_command(
         ext.serve_forever()
 
 
+@app.command("mps-keeper")
+def mps_keeper_command(
+    dir: Annotated[
+        str, typer.Option("--dir", help="The MPS directory shared with xpud: <runtime_dir>/mps.")
+    ] = "/run/xpud/mps",
+    interval: Annotated[
+        float, typer.Option(help="Seconds between scans of the card directories (0.05 to 10).")
+    ] = 0.2,
+) -> None:
+    """Own the MPS control daemons for xpud ([cards] mps_keeper = true): they outlive its container."""
+    import threading
+
+    from xpud.isolation.mps_keeper import Keeper
+    from xpud.isolation.runner import CommandRunner
+
+    if not 0.05 <= interval <= 10.0:  # NaN fails this too
+        _fail(f"--interval {interval}: give 0.05 to 10 seconds", 2)
+    where = Path(dir)
+    if not where.is_absolute():
+        _fail(f"--dir {dir!r}: give an absolute path, xpud's <runtime_dir>/mps (e.g. /run/xpud/mps)", 2)
+    where.mkdir(parents=True, exist_ok=True)
+    _setup_logging("info")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # the control daemons stay: they are not our children
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("MPS keeper watching %s", where)
+    Keeper(where, CommandRunner()).run(stop, interval)
+
+
 @app.command("install-service")
 def install_service_command(
     root: Annotated[

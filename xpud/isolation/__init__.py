@@ -65,7 +65,13 @@ def backend_for(
             )
         if kind == "mps":
             return MpsIsolation(
-                card, hw, runner, cfg.runtime_dir, reserved, idle_keep_s=cfg.cards.mps_idle_keep_s
+                card,
+                hw,
+                runner,
+                cfg.runtime_dir,
+                reserved,
+                idle_keep_s=cfg.cards.mps_idle_keep_s,
+                keeper=cfg.cards.mps_keeper,
             )
         return shared
 

@@ -39,6 +39,12 @@ control daemon runs as root (xpud's own uid), so it can start the server for whi
 Limits are set in the client's environment: they bound well-behaved programs (allocations beyond the
 limit fail; CUDA >= 11.5), not a hostile user, who can change their own environment. MIG is the hard
 isolation.
+
+With a keeper (``[cards] mps_keeper = true``; containers, where the daemons would end with xpud's pod):
+the backend starts and quits no control daemon itself. It asks ``xpud mps-keeper`` (xpud.isolation.
+mps_keeper) through ``<runtime dir>/mps/<card>/want`` and waits, at most ``KEEPER_WAIT_S``, until the
+pipe directory answers (or no longer answers, after a quit). Everything else (compute mode, servers,
+limits) is the same.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from pathlib import Path
 
 from xpud.errors import Conflict
 from xpud.hw.types import NvmlError
+from xpud.isolation import mps_keeper
 from xpud.isolation.base import Held, Reconciled, shares_fit, usable_memory
 from xpud.isolation.runner import Runner, ToolError, check
 from xpud.model import CardInfo, CardMode, Slice, SliceSpec
@@ -63,6 +70,8 @@ MAX_CLIENTS = 48  # clients per card since Volta
 RESERVED_ESTIMATE = 1024 << 20
 MIB = 1 << 20
 CHECK_INTERVAL_S = 5.0  # how often tidy asks whether a control daemon the backend started still answers
+KEEPER_WAIT_S = 20.0  # how long the backend waits for the MPS keeper to start or quit a control daemon
+KEEPER_POLL_S = 0.1
 
 
 class MpsIsolation:
@@ -79,6 +88,7 @@ class MpsIsolation:
         reserved_bytes: int = 0,
         idle_keep_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        keeper: bool = False,
     ):
         self.card = card
         self.hw = hw
@@ -95,6 +105,7 @@ class MpsIsolation:
         self._idle: tuple[int, float] | None = None
         self._known_running = False  # the control daemon answered (or was started) and was not told to quit
         self._next_check = 0.0  # when tidy asks the control daemon again (time.monotonic)
+        self.keeper = keeper  # [cards] mps_keeper: `xpud mps-keeper` starts and quits the control daemon
 
     # ---------------------------------------------------------------------------- control daemon
     def _env(self) -> dict[str, str]:
@@ -141,7 +152,11 @@ class MpsIsolation:
         return self._idle is not None and self._idle[0] != owner_uid
 
     def _start(self) -> None:
-        if self._known_running or self.running():
+        if self._known_running:
+            return
+        if self.running():
+            if self.keeper and not (self.base / mps_keeper.WANT).exists():  # the keeper adopts it
+                mps_keeper.write_want(self.base, self._env())
             return
         for d in (self.pipe_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -154,16 +169,50 @@ class MpsIsolation:
                 self.hw.set_compute_mode(self.card.index, "EXCLUSIVE_PROCESS")
         except NvmlError as e:
             raise Conflict(f"card {self.card.index}: cannot set EXCLUSIVE_PROCESS for MPS: {e}") from None
-        check(self.runner.run([MPS_CONTROL, "-d"], env=self._env(), detach=True))
+        if self.keeper:
+            self._ask_keeper(start=True)
+        else:
+            check(self.runner.run([MPS_CONTROL, "-d"], env=self._env(), detach=True))
         self._known_running = True
         log.info("card %d: MPS control daemon started (pipe %s)", self.card.index, self.pipe_dir)
 
     def _stop(self) -> None:
-        if self.running():
+        if self.keeper:
+            self._ask_keeper(start=False)
+        elif self.running():
             check(self._control("quit"))
             self._known_running = False
             log.info("card %d: MPS control daemon stopped", self.card.index)
         self._restore_compute_mode()
+
+    def _ask_keeper(self, start: bool) -> None:
+        """Have the MPS keeper start (``want`` written) or quit (``want`` removed) this card's control
+        daemon, and wait until its pipe answers or stops answering; ToolError after KEEPER_WAIT_S, or at
+        once when the keeper reports that the start failed. Off the event loop (the engine's hardware
+        thread), as every tool run."""
+        failed = self.base / mps_keeper.FAILED
+        if start:
+            failed.unlink(missing_ok=True)
+            mps_keeper.write_want(self.base, self._env())
+        else:
+            (self.base / mps_keeper.WANT).unlink(missing_ok=True)
+        deadline = time.monotonic() + KEEPER_WAIT_S
+        while self.running() != start:
+            if start and failed.exists():
+                said = failed.read_text()[:500].strip()
+                raise ToolError(
+                    f"card {self.card.index}: the MPS keeper could not start the control daemon: {said}"
+                )
+            if time.monotonic() >= deadline:
+                raise ToolError(
+                    f"card {self.card.index}: no MPS keeper {'started' if start else 'quit'} the control "
+                    f"daemon on {self.pipe_dir} within {KEEPER_WAIT_S:g} s ([cards] mps_keeper = true): run "
+                    f"`xpud mps-keeper --dir {self.base.parent}` on this host (on Kubernetes: the "
+                    "xpud-mps-keeper DaemonSet, deploy/kubernetes/mps-keeper.yaml)"
+                )
+            time.sleep(KEEPER_POLL_S)
+        if not start:
+            log.info("card %d: MPS control daemon stopped by the MPS keeper", self.card.index)
 
     def _restore_compute_mode(self) -> None:
         if not self._saved_mode.exists():
@@ -269,9 +318,12 @@ class MpsIsolation:
         if running:
             self._stop()
             notes.append(f"card {card.index}: orphaned MPS control daemon stopped, compute mode restored")
-        elif self._saved_mode.exists():
-            self._restore_compute_mode()
-            notes.append(f"card {card.index}: compute mode restored after MPS")
+        else:
+            if self.keeper:  # a start asked for before a crash is asked no longer
+                (self.base / mps_keeper.WANT).unlink(missing_ok=True)
+            if self._saved_mode.exists():
+                self._restore_compute_mode()
+                notes.append(f"card {card.index}: compute mode restored after MPS")
         return Reconciled(mode, [], notes)
 
     def _idle_expired(self, now: float) -> bool:
