@@ -5,7 +5,9 @@ DaemonSet's environment as kubelet expands it; the DaemonSet runs `xpud --kubele
 kubelet's device-plugin and pod-resources directories, the driver libraries through runtimeClassName
 nvidia, and the MPS tmpfs as /dev/shm; the extender Deployment reads a federated daemon's socket and its
 Service is the address the scheduler config's extender calls, with the verbs `xpud extender` serves and
-the resources the plugin registers; the Containerfile installs xpud on a CUDA base image."""
+the resources the plugin registers; the Containerfile installs xpud on a CUDA base image. The MPS keeper
+DaemonSet owns the MPS control daemons (the config says so) in the directory xpud's pod shares, with the
+same driver and /dev/shm, so xpud's DaemonSet rolls while the keeper's is replaced only on delete."""
 
 from __future__ import annotations
 
@@ -20,7 +22,14 @@ from xpud.config import schema as config
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 KUBERNETES = "1.34.0"
-MANIFESTS = ["configmap.yaml", "rbac.yaml", "daemonset.yaml", "extender.yaml", "runtimeclass.yaml"]
+MANIFESTS = [
+    "configmap.yaml",
+    "rbac.yaml",
+    "daemonset.yaml",
+    "mps-keeper.yaml",
+    "extender.yaml",
+    "runtimeclass.yaml",
+]
 
 
 def docs(name: str) -> list[dict]:
@@ -143,3 +152,39 @@ def test_the_configmap_alone_is_refused_without_the_nodes_environment():
     (cm,) = docs("configmap.yaml")
     with pytest.raises(config.ConfigError, match="set listen too"):
         config.parse(cm["data"]["xpud.toml"], "configmap.yaml")
+
+
+def test_the_mps_keeper_owns_the_control_daemons_so_xpud_can_roll():
+    (cm,) = docs("configmap.yaml")
+    cfg = config.parse(cm["data"]["xpud.toml"], "configmap.yaml", environ=NODE_ENV)
+    assert cfg.cards.mps_keeper is True  # xpud asks the keeper instead of starting daemons in its pod
+    (ds,) = docs("daemonset.yaml")
+    (keeper,) = docs("mps-keeper.yaml")
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert keeper["spec"]["updateStrategy"]["type"] == "OnDelete"  # its end ends every MPS client
+    xpod, kpod = ds["spec"]["template"]["spec"], keeper["spec"]["template"]["spec"]
+    assert keeper["spec"]["selector"]["matchLabels"] != ds["spec"]["selector"]["matchLabels"]
+    assert kpod["runtimeClassName"] == xpod["runtimeClassName"] == "nvidia" and kpod["hostPID"] is True
+    assert kpod["nodeSelector"] == xpod["nodeSelector"] and kpod["tolerations"] == xpod["tolerations"]
+    (xc,), (kc,) = xpod["containers"], kpod["containers"]
+    assert kc["image"] == xc["image"]
+    mps_dir = str(cfg.runtime_dir / "mps")
+    cmd = kc["command"]
+    assert cmd[:2] == ["xpud", "mps-keeper"] and cmd[cmd.index("--dir") + 1] == mps_dir
+    env = {e["name"]: e["value"] for e in kc["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and "compute" in env["NVIDIA_DRIVER_CAPABILITIES"]
+
+    def host_path(pod, container, path):
+        (m,) = [m for m in container["volumeMounts"] if m["mountPath"] == path]
+        (v,) = [v for v in pod["volumes"] if v["name"] == m["name"]]
+        return v["hostPath"]["path"], m.get("mountPropagation")
+
+    # the same host directory: the keeper's --dir is <runtime_dir>/mps inside xpud's pod too
+    assert host_path(kpod, kc, mps_dir) == (mps_dir, "HostToContainer")
+    assert host_path(xpod, xc, str(cfg.runtime_dir)) == (str(cfg.runtime_dir), "HostToContainer")
+    # the daemons' /dev/shm is the MPS tmpfs that client pods get, mounted on the host by either pod
+    assert host_path(kpod, kc, "/dev/shm")[0] == cfg.kubelet.mps_shm_dir
+    (kinit,), (xinit,) = kpod["initContainers"], xpod["initContainers"]
+    assert kinit["command"] == xinit["command"] and f"tmpfs {cfg.kubelet.mps_shm_dir}" in kinit["command"][-1]
+    assert "flock " in kinit["command"][-1]  # the two pods' init containers never mount it twice
+    assert kinit["volumeMounts"][0]["mountPropagation"] == "Bidirectional"
