@@ -174,3 +174,21 @@ def test_the_keeper_command_refuses_bad_options_in_one_line(args, said):
         timeout=60,
     )
     assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_switching_to_the_keeper_hands_it_a_running_daemon_and_a_restart_withdraws_a_stale_want(host):
+    """A daemon xpud started itself (mps_keeper = false before) is handed to the keeper, not started twice;
+    a want left by a crash for a card that is no longer sliced is withdrawn at reconcile."""
+    own = MpsIsolation(host.nvml.card_info(0), host.nvml, host.tools, host.run_dir)  # keeper off
+    s = own.prepare(own.card, [], HALF, "a", 1000)[0]
+    assert host.starts() == 1 and not (own.base / "want").exists()
+    b = host.backend()
+    b.reconcile(b.card, CardMode.SLICED, [Held("a", 1000, s)])
+    assert read_env(b.base / "want", host.mps_dir) == b._env()
+    keeper = Keeper(host.mps_dir, host.tools)
+    assert keeper.scan() == [f"card 0: MPS control daemon on {b.pipe_dir} adopted"] and host.starts() == 1
+    other = host.backend(1)
+    other.base.mkdir(parents=True)
+    write_want(other.base, other._env())  # asked for, then xpud crashed before the card was sliced
+    other.reconcile(other.card, CardMode.WHOLE, [])
+    assert not (other.base / "want").exists() and keeper.scan() == [] and host.starts() == 1

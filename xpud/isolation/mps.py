@@ -155,8 +155,7 @@ class MpsIsolation:
         if self._known_running:
             return
         if self.running():
-            if self.keeper and not (self.base / mps_keeper.WANT).exists():  # the keeper adopts it
-                mps_keeper.write_want(self.base, self._env())
+            self._hand_to_keeper()
             return
         for d in (self.pipe_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -184,6 +183,12 @@ class MpsIsolation:
             self._known_running = False
             log.info("card %d: MPS control daemon stopped", self.card.index)
         self._restore_compute_mode()
+
+    def _hand_to_keeper(self) -> None:
+        """With a keeper: a running daemon without a ``want`` (xpud started it before mps_keeper was set)
+        is asked for, so that the keeper adopts it and keeps it."""
+        if self.keeper and not (self.base / mps_keeper.WANT).exists():
+            mps_keeper.write_want(self.base, self._env())
 
     def _ask_keeper(self, start: bool) -> None:
         """Have the MPS keeper start (``want`` written) or quit (``want`` removed) this card's control
@@ -314,6 +319,7 @@ class MpsIsolation:
                 notes.append(f"card {card.index}: MPS server without slices shut down")
             else:
                 notes.append(f"card {card.index}: MPS control daemon adopted")
+            self._hand_to_keeper()
             return Reconciled(CardMode.SLICED, [], notes)
         if running:
             self._stop()
