@@ -144,6 +144,7 @@ SAME = None  # the call has a fallback: the broken machine reads exactly like it
 INVENTORY_TABLE = [
     # (machine, failing call, check on (cards, topology) of the broken machine, or SAME)
     ("dgx-h100", "nvmlDeviceGetSerial", lambda c, t: {x.serial for x in c} == {None}),
+    ("dgx-h100", "nvmlDeviceGetMinorNumber", lambda c, t: {x.minor_number for x in c} == {None}),
     ("dgx-h100", "nvmlDeviceGetArchitecture", lambda c, t: {x.architecture for x in c} == {None}),
     ("dgx-h100", "nvmlDeviceGetMigMode", lambda c, t: {x.mig_capable for x in c} == {False}),
     ("dgx-h100", "nvmlDeviceGetCpuAffinity", lambda c, t: c[0].cpu_affinity == () and c[0].numa_node == 0),

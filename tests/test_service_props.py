@@ -39,7 +39,8 @@ WORDS += ["ecc-dbe", "overheat", "GPU-", "MIG-", "²", "٣", "0" * 30, " 1", "-1
 strings = st.one_of(
     st.sampled_from(WORDS),
     st.text(max_size=40),
-    st.builds(lambda ch, n: ch * n, st.characters(), st.integers(60, 300_000)),
+    # (no lone surrogates: a proto string field cannot hold one, so the client could not even send it)
+    st.builds(lambda ch, n: ch * n, st.characters(exclude_categories=["Cs"]), st.integers(60, 300_000)),
 )
 int32s = st.one_of(st.sampled_from([0, 1, 2, 8, -1, 2**31 - 1, -(2**31)]), st.integers(-(2**31), 2**31 - 1))
 doubles = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 100.0, -1.0, 1e308]), st.floats())
