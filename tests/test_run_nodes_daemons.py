@@ -105,7 +105,7 @@ t = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(t)
 run = os.environ["TORCHELASTIC_RUN_ID"]
 # one write of a whole line: torchrun's workers share the host's stdout (print may write in two pieces)
-os.write(1, f"rank={dist.get_rank()} world={dist.get_world_size()} sum={int(t.item())} run={run}\n".encode())
+os.write(1, f"rank={dist.get_rank()} world={dist.get_world_size()} sum={int(t.item())} run={run}\\n".encode())
 dist.destroy_process_group()
 """
 
