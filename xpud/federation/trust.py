@@ -26,8 +26,8 @@ def remote(peer: str | None, here: str) -> bool:
 
 
 def root_jobs_allowed(cluster) -> bool:
-    """``[cluster] allow_root_jobs`` (false unless a config says true; the key may be absent)."""
-    return bool(getattr(cluster, "allow_root_jobs", False))
+    """``[cluster] allow_root_jobs`` (``cluster`` None: no [cluster] config, so false)."""
+    return cluster is not None and cluster.allow_root_jobs
 
 
 def check_uid(uid: int, peer: str | None, here: str, cluster) -> None:
