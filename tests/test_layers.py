@@ -58,13 +58,7 @@ ALLOWED = {
     ("xpud.hw.check", "xpud.isolation.mig_map"),
 }
 # (module, attribute): reaches into an engine object's private names from outside engine/
-ALLOWED_PRIVATE = {
-    ("xpud.controllers.defragmenter", "_reserved"),
-    ("xpud.controllers.health", "_reserved"),
-    ("xpud.controllers.rightsizer", "_hw"),
-    ("xpud.controllers.rightsizer", "_notify"),
-    ("xpud.federation.hostjobs", "_why_not"),
-}
+ALLOWED_PRIVATE: set[tuple[str, str]] = set()
 
 
 def part(module: str) -> str:

@@ -192,7 +192,7 @@ class Books:
                     return f"card {i} is not idle"
                 if self.mode[i] is CardMode.SLICED and c.pinned:
                     return f"card {i} is pinned to sliced mode"
-                if self.mode[i] is CardMode.SLICED and (why := e._backends[i].switch_blocker(c.info, False)):
+                if self.mode[i] is CardMode.SLICED and (why := e.switch_blocker(i, False)):
                     return f"card {i} cannot switch to whole now: {why}"
                 continue
             if self.whole[i] is not None:
@@ -205,7 +205,7 @@ class Books:
             spec = e.cfg.slices.get(lease.mode.value)
             if spec is None:  # a restored lease of a size the config no longer has
                 return f"{lease.mode} is no longer a slice size in the config"
-            if not e._backends[i].fits(c.info, list(self.slices[i].values()), spec, lease.owner_uid):
+            if not e.slice_fits(i, list(self.slices[i].values()), lease.mode.value, lease.owner_uid):
                 return f"the {kind} backend has no room for {lease.mode} on card {i}"
         return ""
 
@@ -284,7 +284,7 @@ class Defragmenter:
     def _share(self, s: Slice) -> int:
         """A slice's size in milli-cards: the larger of its memory and compute shares."""
         info = self.engine.cards[s.card_index].info
-        usable = usable_memory(info, self.engine._reserved(info)) or 1
+        usable = usable_memory(info, self.engine.reserved(info)) or 1
         frac = max(s.memory_bytes / usable, s.compute_pct / 100)
         return min(CARD_MILLI, max(1, round(frac * CARD_MILLI)))
 
@@ -624,7 +624,7 @@ class Defragmenter:
             if now - self._room_tried.get(w.ticket, -math.inf) < max(self.cfg.make_room_after_s, 1.0):
                 return None  # tried lately: give the last attempt's moves and releases time
             self._room_tried[w.ticket] = now
-            if e._fit(req) is not None:
+            if e.fit(req) is not None:
                 return None  # it fits: the queue grants it
             try:
                 plan = await self.plan_async(gpus=req.gpus)

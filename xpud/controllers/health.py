@@ -353,7 +353,7 @@ class HealthMonitor:
 
     def _fragmentation(self, i: int) -> float:
         c = self.engine.cards[i]
-        usable = c.info.memory_total_bytes - self.engine._reserved(c.info)
+        usable = c.info.memory_total_bytes - self.engine.reserved(c.info)
         return memory_fragmentation(
             list(c.slices.values()), usable, self.slice_fraction, whole_held=c.whole_lease is not None
         )

@@ -235,7 +235,7 @@ class Provisioner:
             keep = min(n, e.slice_room(i, size))
             old = self.planned.pop((i, size), 0)
             for k in range(old, keep):  # newly planned: warm them
-                s, env = e._backends[i].limits(c.info, e.cfg.slices[size], f"warm{k}")
+                s, env = e.slice_limits(i, size, f"warm{k}")
                 self._warm(s, env, None)
             if keep:
                 self.planned[(i, size)] = keep

@@ -4,7 +4,7 @@ moved to
 its new size (``Moves.start`` with ``mode``); any other lease gets the decision as a recommendation.
 Every decision is an ``auto`` event (and a ``mark`` for the lease's holder) carrying its evidence.
 
-Hardware reads and /proc walks run in a worker thread (``Engine._hw``), never on the loop.
+Hardware reads and /proc walks run in a worker thread (``Engine.run_blocking``), never on the loop.
 
 What must outlive a restart is in the ledger (schema 6): each class's newest ``[auto] history``
 readings (written once per round, queued like events) and each tracked lease's class, ``--mode auto``
@@ -151,7 +151,7 @@ class Rightsizer:
         leases = [x for x in e.leases.values() if len(x.cards) == 1 and x.id not in e.moves.pending]
         if not leases:
             return []
-        got = await e._hw(self._read, [(x.id, x.cards[0], x.holder_pid) for x in leases])
+        got = await e.run_blocking(self._read, [(x.id, x.cards[0], x.holder_pid) for x in leases])
         now = e.clock()
         out, taken = [], []
         for i, samples in got["util"].items():
@@ -221,7 +221,7 @@ class Rightsizer:
             for lid in self._watchers:
                 if lid in loads:
                     self._tell(lid, loads[lid])
-            await self.engine._hw(publish_loads, self.engine.cfg.runtime_dir, loads)
+            await self.engine.run_blocking(publish_loads, self.engine.cfg.runtime_dir, loads)
         except Exception:
             log.exception("right-sizing round failed")
 
@@ -305,7 +305,7 @@ async def resize(engine: Engine, lease_id: str, mode: str, caller, token: str = 
         )
     moved = await engine.moves.start(lease.id, f"resize from {lease.mode} to {new}", mode=new)
     how = f"restarting on {new} (card {','.join(map(str, moved.cards))}); in place: {IN_PLACE}"
-    engine._notify(moved, "resize", f"resizing from {lease.mode} to {new}: {how}")
+    engine.notify_holder(moved, "resize", f"resizing from {lease.mode} to {new}: {how}")
     engine.event("resize", f"lease {lease.id}: {how}", lease_id=lease.id)
     rs = engine.rightsizer
     if rs is not None:

@@ -208,7 +208,7 @@ class Engine:
             held += self.standby.helds(i) if self.standby.supported(i) else []
             await self._wait_claim([i])
             try:
-                found = await self._hw(self._backends[i].reconcile, c.info, c.mode, held)
+                found = await self.run_blocking(self._backends[i].reconcile, c.info, c.mode, held)
             except Exception as e:  # one card's trouble must not stop the daemon: say so and go on
                 log.exception("reconciling card %d failed", i)
                 self.event("error", f"card {i}: reconciling its isolation failed: {e}", card=i)
@@ -274,9 +274,10 @@ class Engine:
             await self._card_freed()
         self._claim(cards)
 
-    async def _hw(self, fn: Callable, *args, inline: bool = False):
-        """Run a backend call off the loop (the caller holds the card's claim); bookkeeping-only backends,
-        and calls the caller knows to be bookkeeping (``inline``), run on the loop."""
+    async def run_blocking(self, fn: Callable, *args, inline: bool = False):
+        """Run blocking work off the loop: a backend call (the caller holds the card's claim), or a
+        controller's hardware read or file write. Bookkeeping-only backends, and calls the caller knows to
+        be bookkeeping (``inline``), run on the loop. A full disk is ``Unavailable`` with one line."""
         try:
             if inline or isinstance(getattr(fn, "__self__", None), Accounting):
                 return fn(*args)
@@ -300,7 +301,7 @@ class Engine:
         return needs_tool is not None and not needs_tool(op, lease_id, owner_uid)
 
     def _inline(self, index: int, op: str, lease_id: str, owner_uid: int = -1) -> bool:
-        """Whether card ``index``'s ``op`` for ``lease_id`` runs on the loop (as ``_hw`` decides)."""
+        """Whether card ``index``'s ``op`` for ``lease_id`` runs on the loop (as ``run_blocking`` decides)."""
         return isinstance(self._backends[index], Accounting) or self._bookkeeping(
             index, op, lease_id, owner_uid
         )
@@ -325,7 +326,7 @@ class Engine:
         return [self._view(c) for c in sorted(self.cards.values(), key=lambda c: c.info.index)]
 
     def _view(self, c: CardState) -> CardView:
-        mem, pct = used_shares(list(c.slices.values()), c.info, self._reserved(c.info))
+        mem, pct = used_shares(list(c.slices.values()), c.info, self.reserved(c.info))
         if c.whole_lease:
             mem, pct = 1.0, 100
         sick = c.health_state is HealthState.UNHEALTHY  # drained by the health monitor until it recovers
@@ -467,14 +468,14 @@ class Engine:
         usable = c.usable if usable is None else usable
         slices = tuple(c.slices.values())
         key = (c.info, c.mode, c.whole_lease, slices, usable, c.health_score, c.health_state, c.pinned,
-               avoid_extra, self._reserved(c.info))  # fmt: skip
+               avoid_extra, self.reserved(c.info))  # fmt: skip
         kept = self._capacities.get(c.info.index)
         if kept is not None and kept[0] == key:
             return kept[1]
         if usable is False:
             mem, pct = 1.0, 100  # placement skips an unusable card: its shares are not read
         else:
-            mem, pct = used_shares(slices, c.info, self._reserved(c.info))
+            mem, pct = used_shares(slices, c.info, self.reserved(c.info))
         cap = CardCapacity(
             index=c.info.index,
             sliced=c.mode is CardMode.SLICED,
@@ -489,7 +490,8 @@ class Engine:
         self._capacities[c.info.index] = (key, cap)
         return cap
 
-    def _reserved(self, card: CardInfo) -> int:
+    def reserved(self, card: CardInfo) -> int:
+        """Bytes of ``card``'s memory its isolation backend keeps back from slices."""
         return self._backends[card.index].reserved_bytes  # [cards] reserved_memory_mib, or its estimate
 
     def _whole_candidates(self, keep_whole_only: bool, exclude: frozenset[int] = frozenset()) -> list[int]:
@@ -661,6 +663,25 @@ class Engine:
         exclude = frozenset(self.cards) - set(candidates)
         return self._place_slice(Request(mode=Mode(size)), False, exclude)
 
+    def fit(self, req: Request) -> tuple[int, ...] | None:
+        """The cards ``req`` would be granted now (placement only: nothing is claimed), or None."""
+        return self._fit(req)
+
+    def switch_blocker(self, index: int, to_sliced: bool) -> str:
+        """Why card ``index``'s backend cannot switch it to sliced (``to_sliced``) or whole now; "" when it
+        can. Read on the loop, as placement reads it."""
+        return self._backends[index].switch_blocker(self.cards[index].info, to_sliced)
+
+    def slice_fits(self, index: int, held: list[Slice], size: str, owner_uid: int) -> bool:
+        """Whether card ``index``'s backend would take a ``size`` slice for ``owner_uid`` beside ``held``
+        (a plan's slices, not necessarily the card's own)."""
+        return self._backends[index].fits(self.cards[index].info, held, self.cfg.slices[size], owner_uid)
+
+    def slice_limits(self, index: int, size: str, name: str) -> tuple[Slice, dict[str, str]]:
+        """The slice and environment a ``size`` slice named ``name`` would get on card ``index``, made by
+        nobody (bookkeeping only: e.g. MPS servers started ahead of demand)."""
+        return self._backends[index].limits(self.cards[index].info, self.cfg.slices[size], name)
+
     # ------------------------------------------------------------------ grant
     def _new_id(self) -> tuple[str, str]:
         """A new lease's id (8 hex digits, in use nowhere) and its token (24 random bytes, URL-safe
@@ -685,7 +706,7 @@ class Engine:
                 c = self.cards[i]
                 if c.mode is not want:  # idle: MIG on/off, MPS started/stopped
                     backend = self._backends[i]
-                    fresh = await self._hw(
+                    fresh = await self.run_blocking(
                         backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info
                     )
                     self._renumbered(c, fresh)
@@ -697,7 +718,7 @@ class Engine:
             c = self.cards[cards[0]]
             spec = self.cfg.slices[mode.value]
             held = list(c.slices.values())
-            s, env = await self._hw(
+            s, env = await self.run_blocking(
                 self._backends[c.info.index].prepare,
                 *(c.info, held, spec, lease_id, owner_uid),
                 inline=self._bookkeeping(c.info.index, "prepare", lease_id, owner_uid),
@@ -735,7 +756,7 @@ class Engine:
             back = CardMode.WHOLE if c.mode is CardMode.SLICED else CardMode.SLICED
             backend = self._backends[i]
             try:
-                fresh = await self._hw(
+                fresh = await self.run_blocking(
                     backend.enter_sliced if back is CardMode.SLICED else backend.leave_sliced, c.info
                 )
                 self._renumbered(c, fresh)
@@ -761,7 +782,7 @@ class Engine:
             card = self.cards[s.card_index]
             try:
                 inline = self._bookkeeping(s.card_index, "teardown", lease_id)
-                await self._hw(self._backends[s.card_index].teardown, card.info, s, inline=inline)
+                await self.run_blocking(self._backends[s.card_index].teardown, card.info, s, inline=inline)
             except Exception as e:
                 self._teardown_failed(lease_id, s, e)
         self._drop(lease_id, cards)
@@ -1038,7 +1059,7 @@ class Engine:
         if granted:
             return granted
         if req.wait_s <= 0 and not deferred:
-            raise NoCapacity(self._why_not(req) + "; add --wait 10m (any duration, or inf) to queue for it")
+            raise NoCapacity(self.why_not(req) + "; add --wait 10m (any duration, or inf) to queue for it")
         self._check_limits(req, queueing=True)
         # try_grant found no room in this very state (no await since): the queue needs a pass only if
         # one ran while it waited for busy cards, before this request was in it. (One pass per queued
@@ -1082,7 +1103,7 @@ class Engine:
         then gets the grant) or it has its answer already."""
         if w.future.done() or w in self._granting:
             return
-        w.future.set_exception(NoCapacity(f"waited {w.request.wait_s:g} s: {self._why_not(w.request)}"))
+        w.future.set_exception(NoCapacity(f"waited {w.request.wait_s:g} s: {self.why_not(w.request)}"))
 
     async def queued(self, w: Waiter) -> tuple[Lease, str]:
         """Wait for a queued request's grant (NoCapacity when its wait runs out); it leaves the queue
@@ -1117,7 +1138,8 @@ class Engine:
         got = await self.grant_or_queue(req, on_position)
         return got if isinstance(got, tuple) else await self.queued(got)
 
-    def _why_not(self, req: Request) -> str:
+    def why_not(self, req: Request) -> str:
+        """Why ``req`` does not fit now, in one line (for NoCapacity)."""
         if req.cards:
             return self._why_not_pinned(req)
         usable = [c for c in self.cards.values() if c.usable]
@@ -1413,8 +1435,8 @@ class Engine:
             exit_signal=end.exit_signal,
         )
         if revoke:
-            self._notify(lease, "revoke", revoke)
-        self._notify(ended, "released", reason)
+            self.notify_holder(lease, "revoke", revoke)
+        self.notify_holder(ended, "released", reason)
         self._committed([event])
         return ended
 
@@ -1489,7 +1511,7 @@ class Engine:
 
     async def _tidy(self, i: int) -> None:
         try:
-            notes = await self._hw(self._backends[i].tidy, time.monotonic())
+            notes = await self.run_blocking(self._backends[i].tidy, time.monotonic())
         except Exception:
             log.exception("isolation upkeep on card %d failed", i)
             notes = []
@@ -1500,7 +1522,8 @@ class Engine:
         if notes:
             self.pump()
 
-    def _notify(self, lease: Lease, kind: str, message: str) -> None:
+    def notify_holder(self, lease: Lease, kind: str, message: str) -> None:
+        """Tell ``lease``'s Hold streams (``kind``: held, move, resize, revoke, mark, released)."""
         streams = self._lease_streams.get(lease.id)
         if streams:  # (no Hold stream open, as for most releases: no event to make)
             ev = LeaseEvent(kind, lease, message, self.clock())
@@ -1579,7 +1602,7 @@ class Engine:
         backend = self._backends[i]
         switched = c.mode is not want
         if switched:
-            fresh = await self._hw(
+            fresh = await self.run_blocking(
                 backend.enter_sliced if want is CardMode.SLICED else backend.leave_sliced, c.info
             )
             self._renumbered(c, fresh)
@@ -1659,7 +1682,7 @@ class Engine:
             return False
         self._claim([index])
         try:
-            if await self._hw(self._backends[index].switch_blocker, c.info, True):
+            if await self.run_blocking(self._backends[index].switch_blocker, c.info, True):
                 return False
             await self._switch(c, CardMode.SLICED, pinned=False, why=reason)
         finally:
@@ -1675,7 +1698,7 @@ class Engine:
             return False
         self._claim([index])
         try:
-            if await self._hw(self._backends[index].switch_blocker, c.info, False):
+            if await self.run_blocking(self._backends[index].switch_blocker, c.info, False):
                 return False  # e.g. a process still runs on the MIG card: the next run tries again
             await self._switch(c, CardMode.WHOLE, pinned=False, why=reason)
         finally:
@@ -1710,7 +1733,7 @@ class Engine:
         lease = replace(lease, mark=text)
         self.leases[lease_id] = lease
         self.ledger.submit(self.ledger.set_mark_op(lease_id, text))
-        self._notify(lease, "mark", text)
+        self.notify_holder(lease, "mark", text)
         self.event(
             "mark",
             f"lease {lease_id}: {text}",

@@ -153,7 +153,7 @@ class Moves:
                 e.event("mode", f"card {i} switched to {e.cards[i].mode} for lease {lease.id}", card=i)
         now = e.clock()
         self.pending[lease.id] = PendingMove(lease, new, reason, now, now + timeout, True, tuple(switched))
-        e._notify(new, "move", f"moving from card {_where(lease)} to card {_where(new)}: {reason}")
+        e.notify_holder(new, "move", f"moving from card {_where(lease)} to card {_where(new)}: {reason}")
         e.stats.moves["started"] += 1
         e.event(
             "move",

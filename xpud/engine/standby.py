@@ -108,7 +108,7 @@ class Standby:
         e._claim([index])
         try:
             try:
-                s, env = await e._hw(backend.precreate, c.info, spec)
+                s, env = await e.run_blocking(backend.precreate, c.info, spec)
             except Exception as err:  # no room (NoCapacity), MIG off, the driver refused: not this card
                 log.info("card %d: no %s pre-created: %s", index, size, err)
                 return None
@@ -121,7 +121,7 @@ class Standby:
                     e.ledger.save_standby_op(c.info.uuid, s, e.clock()), ev_op, *self.drop_ops(spent)
                 )
             except BaseException:
-                await e._hw(backend.drop_standby, s.handle)
+                await e.run_blocking(backend.drop_standby, s.handle)
                 raise
         finally:
             e._unclaim([index])
@@ -149,7 +149,7 @@ class Standby:
                 log.error("%s", err)
                 return False
             self.forget([handle])
-            await e._hw(e._backends[s.card_index].drop_standby, handle)
+            await e.run_blocking(e._backends[s.card_index].drop_standby, handle)
         finally:
             e._unclaim([s.card_index])
         e._committed([(ev, ev_op)])

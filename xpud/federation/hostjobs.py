@@ -224,7 +224,7 @@ class HostJobs:
             self.engine.check_limits(request)  # NoCapacity naming the [limits] key, as for a lease
             granted = await self.engine.try_grant(request, RESERVE_BUSY_WAIT_S)
             if granted is None:
-                raise NoCapacity(f"host {self.name}: {self.engine._why_not(request)}")
+                raise NoCapacity(f"host {self.name}: {self.engine.why_not(request)}")
             lease = granted[0]
             now = self.clock()
             rec = ReservationRecord(
