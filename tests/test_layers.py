@@ -47,12 +47,7 @@ MAX_ROOT_MODULES = 8
 ALLOWED = {
     ("xpu_cli.configure", "xpud.daemon.reload"),
     ("xpu_cli.main", "xpud.controllers.provisioner"),
-    ("xpud.api.convert", "xpud.ledger.ledger"),
-    ("xpud.api.validate", "xpud.federation.membership"),
     ("xpud.config.schema", "xpud.planning.windows"),
-    ("xpud.controllers.health", "xpud.api.v1"),
-    ("xpud.controllers.rightsizer", "xpud.api.v1"),
-    ("xpud.engine.engine", "xpud.controllers.rightsizer"),
     ("xpud.federation.node", "xpud.service.node"),
     ("xpud.federation.peer_service", "xpud.service.node"),
     ("xpud.hw.check", "xpud.isolation.mig_map"),

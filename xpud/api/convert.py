@@ -6,7 +6,6 @@ import dataclasses
 import math
 
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.ledger.ledger import EventRecord
 from xpud.model import CardSample, CardView, Lease, QueuedRequest, Slice
 
 # The sample's fields the protocol carries; the others (fabric state, recovery action) reach clients as
@@ -144,7 +143,8 @@ def lease_load_pb(load: dict) -> pb.LeaseLoad:
     )
 
 
-def event_pb(e: EventRecord) -> pb.Event:
+def event_pb(e) -> pb.Event:
+    """An event as the ledger records it (``xpud.ledger.ledger.EventRecord``) -> message."""
     return pb.Event(timestamp=e.ts, kind=e.kind, card=e.card, lease_id=e.lease_id, message=e.message, id=e.id)
 
 
@@ -211,3 +211,48 @@ def cluster_host_pb(e, is_self: bool = False) -> pb.ClusterHost:
         host.free_slices.update(s.free_slices)
         host.group_gbps.extend(0.0 if math.isinf(x) else x for x in s.group_gbps)
     return host
+
+
+def card_health_pb(v) -> pb.CardHealth:
+    """One card's health for GetHealth (``xpud.controllers.health.HealthView``: its report, with every
+    signal and reason, and its ledger's state-change history) -> message."""
+    r = v.report
+    return pb.CardHealth(
+        index=v.index,
+        uuid=v.uuid,
+        score=r.score,
+        state=r.state.value,
+        signals=[
+            pb.Signal(
+                name=s.name,
+                value=s.value,
+                threshold=s.threshold,
+                unit=s.unit,
+                status=s.status,
+                reason=s.reason,
+                until=s.until,
+            )
+            for s in r.signals
+        ],
+        history=[
+            pb.StateChange(
+                timestamp=ch.ts,
+                from_state=ch.from_state,
+                to_state=ch.to_state,
+                reasons=list(ch.reasons),
+                score=ch.score,
+            )
+            for ch in v.changes
+        ],
+        reasons=list(v.reasons),
+        clear_since=r.clear_since or 0.0,
+        raw_state=r.raw_state.value,
+        clear_needed_s=r.clear_needed_s,
+        back_at=r.back_at,
+        window_ends=r.window_ends,
+    )
+
+
+def usage_row_pb(r) -> pb.UsageRow:
+    """A ``LeaseUsage`` row (``xpud.controllers.rightsizer.UsageRow``) -> message."""
+    return pb.UsageRow(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)})

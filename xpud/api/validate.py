@@ -21,7 +21,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from xpud.errors import BadRequest
-from xpud.federation.membership import MAX_INCARNATION
+from xpud.model import MAX_INCARNATION
 
 log = logging.getLogger("xpud.service.node")
 

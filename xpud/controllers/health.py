@@ -29,8 +29,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from xpud.api.v1 import xpu_pb2 as pb
 from xpud.config.schema import Config
 from xpud.engine.engine import Engine
 from xpud.errors import Conflict, NoCapacity, NotFound
@@ -362,46 +362,27 @@ class HealthMonitor:
     def report(self, i: int) -> HealthReport:
         return self.cards[i].report(self.clock())
 
-    def report_pb(self, i: int, history: int = 0) -> pb.CardHealth:
-        """One card's health for GetHealth: score, state, every signal, reasons, state-change history."""
+    def view(self, i: int, history: int = 0) -> HealthView:
+        """One card's health for GetHealth (``xpud.api.convert.card_health_pb``): score, state, every
+        signal, reasons, state-change history."""
         r = self.report(i)
         info = self.engine.cards[i].info
         changes = self.engine.ledger.health_changes(info.uuid, history or HISTORY)
-        return pb.CardHealth(
-            index=i,
-            uuid=info.uuid,
-            score=r.score,
-            state=r.state.value,
-            signals=[
-                pb.Signal(
-                    name=s.name,
-                    value=s.value,
-                    threshold=s.threshold,
-                    unit=s.unit,
-                    status=s.status,
-                    reason=s.reason,
-                    until=s.until,
-                )
-                for s in r.signals
-            ],
-            history=[
-                pb.StateChange(
-                    timestamp=ch.ts,
-                    from_state=ch.from_state,
-                    to_state=ch.to_state,
-                    reasons=list(ch.reasons),
-                    score=ch.score,
-                )
-                for ch in changes
-            ],
-            reasons=list(r.reasons)
-            or ([self.why[i]] if r.state is not HealthState.HEALTHY and i in self.why else []),
-            clear_since=r.clear_since or 0.0,
-            raw_state=r.raw_state.value,
-            clear_needed_s=r.clear_needed_s,
-            back_at=r.back_at,
-            window_ends=r.window_ends,
+        reasons = list(r.reasons) or (
+            [self.why[i]] if r.state is not HealthState.HEALTHY and i in self.why else []
         )
+        return HealthView(i, info.uuid, r, tuple(changes), tuple(reasons))
+
+
+@dataclass(frozen=True)
+class HealthView:
+    """One card's health as GetHealth shows it."""
+
+    index: int
+    uuid: str
+    report: HealthReport
+    changes: tuple[HealthChangeRecord, ...]  # state changes, as the ledger keeps them
+    reasons: tuple[str, ...]  # the report's, else why the monitor took the card out
 
 
 def _worse(change: StateChange) -> bool:

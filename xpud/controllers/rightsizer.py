@@ -313,9 +313,28 @@ async def resize(engine: Engine, lease_id: str, mode: str, caller, token: str = 
     return moved, how
 
 
-def usage_rows(engine: Engine, rs: Rightsizer) -> list:
+@dataclass(frozen=True)
+class UsageRow:
+    """One lease's requested vs used (``LeaseUsage``; ``xpud.api.convert.usage_row_pb``): -1 where
+    nothing was measured yet."""
+
+    lease_id: str
+    mode: str
+    job_class: str
+    auto: bool
+    cap_pct: float
+    used_pct: float
+    peak_pct: float
+    mem_cap_bytes: int
+    mem_used_bytes: int
+    throttled: bool
+    readings: int
+    recommendation: str
+    auto_moves: int
+
+
+def usage_rows(engine: Engine, rs: Rightsizer) -> list[UsageRow]:
     """``LeaseUsage`` rows: requested vs used for each active lease, newest recommendation."""
-    from xpud.api.v1 import xpu_pb2 as pb
     from xpud.planning.usage import summarize
 
     rows = []
@@ -327,7 +346,7 @@ def usage_rows(engine: Engine, rs: Rightsizer) -> list:
         cap, mem_frac = caps(str(lease.mode), engine.cfg.slices) if len(lease.cards) == 1 else (100.0, 1.0)
         total = sum(engine.cards[i].info.memory_total_bytes for i in lease.cards)
         rows.append(
-            pb.UsageRow(
+            UsageRow(
                 lease_id=lease.id,
                 mode=str(lease.mode),
                 job_class=t.cls if t else job_class(lease.command),

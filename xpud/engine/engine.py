@@ -29,9 +29,9 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from xpud.config.schema import Config
+from xpud.engine.hooks import Sizing
 from xpud.engine.moves import Moves
 from xpud.engine.standby import Standby
 from xpud.engine.stats import Stats
@@ -58,9 +58,6 @@ from xpud.model import (
 from xpud.placement.host import CardCapacity, best_group, choose_slice_card
 from xpud.planning.windows import WindowSpec, whole_needed
 from xpud.topology import Topology
-
-if TYPE_CHECKING:
-    from xpud.controllers.rightsizer import Rightsizer
 
 log = logging.getLogger("xpud.engine.engine")
 
@@ -131,7 +128,7 @@ class Engine:
         self._lease_streams: dict[str, set[asyncio.Queue]] = {}
         self._watchers: set[asyncio.Queue] = set()
         self.moves = Moves(self)
-        self.rightsizer: Rightsizer | None = None  # set by the daemon
+        self.rightsizer: Sizing | None = None  # set by the daemon (xpud.controllers.rightsizer)
         self._busy: set[int] = set()  # cards with backend work in flight
         self._freed: list[asyncio.Future] = []  # woken when a busy card is free again
         self._ending: set[str] = set()  # leases whose end is being committed
@@ -570,9 +567,7 @@ class Engine:
         # pool (for the harm a conversion does) includes pinned and reserved idle whole cards; it is read
         # only when a whole card is converted (never when a sliced card fits: no whole card is passed).
         pool = () if sliced_fits else self._whole_candidates(True)
-        rs = (
-            self.rightsizer
-        )  # ties between sliced cards: co-location on MPS cards (xpud.controllers.rightsizer)
+        rs = self.rightsizer  # ties between sliced cards: co-location on MPS cards (hooks.Sizing)
         tie = None if rs is None else rs.colocation(req)
         return choose_slice_card(
             caps, 0.0, 0, self.topology, free_whole=pool, tie_break=tie, displaces=displaces

@@ -37,10 +37,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
+from xpud.model import MAX_INCARNATION  # the most an incarnation may be on the wire
+
 MAX_META = 1024  # bytes of a member's meta string
 MAX_UPDATES = 24  # facts piggy-backed on one message
 MAX_MEMBERS = 10_000  # members (and tombstones) a table holds; facts about more are ignored
-MAX_INCARNATION = 2**63 - 1  # the most an incarnation may be on the wire (api.validate uses it)
 AHEAD_MS = 30 * 86_400_000  # how far an incarnation may be ahead of this host's clock: a month of ms
 
 

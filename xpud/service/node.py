@@ -474,7 +474,8 @@ class NodeService(pbg.NodeServicer):
     async def LeaseUsage(self, request, context):
         self.ctx.caller(context)
         rs = self.ctx.engine.rightsizer
-        return pb.LeaseUsageReply(rows=usage_rows(self.ctx.engine, rs) if rs is not None else [])
+        rows = usage_rows(self.ctx.engine, rs) if rs is not None else []
+        return pb.LeaseUsageReply(rows=[convert.usage_row_pb(r) for r in rows])
 
     @unary
     async def GetTopology(self, request, context):
@@ -498,7 +499,9 @@ class NodeService(pbg.NodeServicer):
         cards = [e.resolve_card(request.card)] if request.card else [e.cards[i] for i in sorted(e.cards)]
         if self.ctx.health is not None:
             return pb.HealthReply(
-                cards=[self.ctx.health.report_pb(c.info.index, request.history) for c in cards]
+                cards=[
+                    convert.card_health_pb(self.ctx.health.view(c.info.index, request.history)) for c in cards
+                ]
             )
         return pb.HealthReply(
             cards=[
