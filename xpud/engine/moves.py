@@ -42,7 +42,7 @@ from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.model import CardMode, Lease, Mode, Request, Slice
 
 if TYPE_CHECKING:
-    from xpud.engine.engine import Engine
+    from xpud.engine.effects import Effects
 
 log = logging.getLogger("xpud.engine.moves")
 
@@ -65,7 +65,7 @@ def _where(lease: Lease) -> str:
 class Moves:
     """The moves in flight, keyed by lease id. Lives inside the engine, on the daemon's loop."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Effects):
         self.engine = engine
         self.pending: dict[str, PendingMove] = {}
         self.timed_out: set[str] = set()  # leases whose holder did not acknowledge a move

@@ -21,10 +21,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from xpud.isolation.base import STANDBY, Held
 from xpud.ledger.ledger import LedgerUnavailable, Op
 from xpud.model import Slice
+
+if TYPE_CHECKING:
+    from xpud.engine.effects import Effects
 
 log = logging.getLogger("xpud.engine.standby")
 
@@ -32,7 +36,7 @@ log = logging.getLogger("xpud.engine.standby")
 class Standby:
     """The pre-created slices of one engine's cards (handle -> slice), as the ledger records them."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: Effects):
         self.engine = engine
         self.slices: dict[str, Slice] = {}  # MIG device UUID -> the slice it is
         self.warming: set[str] = set()  # handles whose warm_command runs (not handed out meanwhile)
