@@ -123,6 +123,102 @@ def test_no_private_reach_into_the_engine():
     )
 
 
+# import circles among xpud's modules that are known and owned elsewhere (each as its sorted members).
+# Fix one, then delete its entry.
+ALLOWED_CYCLES: set[tuple[str, ...]] = set()
+
+
+def cycles(adj: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``adj`` (module -> modules it imports): each strongly connected component of
+    more than one module, as one circle through it (a path that comes back to its start). Tarjan's
+    algorithm, iterative (no recursion limit)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(adj):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(adj.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(adj.get(w, ())))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = set()
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.add(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        found.append(_circle(adj, comp))
+    return found
+
+
+def _circle(adj: dict[str, set[str]], comp: set[str]) -> list[str]:
+    """One circle through the component ``comp``: the shortest way from its first module back to it."""
+    start = min(comp)
+    came = {start: ""}
+    todo = [start]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(adj.get(v, set()) & comp):
+            if w == start:
+                path = [v]
+                while came[path[-1]]:
+                    path.append(came[path[-1]])
+                return [*reversed(path), start]
+            if w not in came:
+                came[w] = v
+                todo.append(w)
+    raise AssertionError(f"no circle through {sorted(comp)}")  # a component always has one
+
+
+def test_no_import_circle(edges):
+    """No circle among xpud's modules (``if TYPE_CHECKING:`` imports count: a circle hidden there is
+    still a circle in the design). Break one by moving the shared part down, or by a Protocol (as
+    ``xpud.engine.hooks``)."""
+    known = set(modules())
+    adj: dict[str, set[str]] = {}
+    for e in edges:
+        if e.importer.startswith("xpud") and e.imported in known and e.importer != e.imported:
+            adj.setdefault(e.importer, set()).add(e.imported)
+    found = {tuple(sorted(set(c))): c for c in cycles(adj)}
+    new = [" -> ".join(c) for key, c in sorted(found.items()) if key not in ALLOWED_CYCLES]
+    gone = sorted(ALLOWED_CYCLES - set(found))
+    assert not new, "import circles (move the shared part down, or call out through a Protocol):\n" + (
+        "\n".join(new)
+    )
+    assert not gone, "fixed, so delete from ALLOWED_CYCLES in tests/test_layers.py:\n" + "\n".join(
+        map(str, gone)
+    )
+
+
+def test_the_circle_finder_finds_circles():
+    """A circle is found and shown as a path back to its start; a graph without one gives none."""
+    adj = {"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": set(), "e": {"e", "a"}}
+    assert cycles(adj) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert cycles({"x": {"y"}, "y": {"x"}}) == [["x", "y", "x"]]
+
+
 def test_few_modules_at_the_root():
     root = sorted(p.name for p in (ROOT / "xpud").glob("*.py"))
     assert len(root) <= MAX_ROOT_MODULES, (
