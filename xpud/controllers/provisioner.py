@@ -1,28 +1,14 @@
 """Pre-provisioning from the demand forecast: sliced cards ready before a forecast peak, whole after it.
 
-Every ``[forecast] interval_s`` (APScheduler, ``xpud.daemon.periodic``) the daemon fits
-``xpud.planning.forecast`` to the
-ledger's lease history, takes the forecast for the hour ``lead_s`` ahead, and turns it into cards: each
-size's forecast slices times its memory share, summed and rounded up (a remainder under ``SLACK`` of a card
-is not worth a card). With fewer sliced cards than that, idle whole cards are switched to sliced now
-(``Engine.to_sliced``: MIG on, or the MPS control daemon started), so that the requests of the peak are
-served without a reconfiguration; the capacity window in force still keeps its share whole. With more,
-the cards this provisioner switched go back to whole once idle and past ``[bursts] hold_s``. Cards sliced
-by demand are left to the engine and the windows. Every switch is a ``mode`` event with its reason.
+Every ``[forecast] interval_s`` the forecast for the hour ``lead_s`` ahead becomes cards to slice
+(``Engine.to_sliced``) or give back (``Engine.to_whole``), then slices to pre-create on MIG cards
+(``xpud.engine.standby``) or plan on MPS cards, each warmed once by ``[forecast] warm_command``
+(``xpud.controllers.warm``). See docs/engine.md for the walkthrough.
 
-Then the slices themselves: on sliced MIG cards the forecast number of slices per size, beyond those
-already held by leases, is pre-created (``xpud.engine.standby``: GPU + compute instance, recorded in the
-ledger;
-at most ``standby_max``), cards this provisioner switched first; a request of that size takes one without
-a creation in its path. When the forecast falls, the excess is destroyed (newest first). On MPS cards a
-slice is only a share of the card (nothing to create): the forecast slices that found no MIG room are
-planned on sliced MPS cards, within their shares.
-
-``[forecast] warm_command`` runs once for each pre-provisioned slice (``xpud.controllers.warm``: as
-``warm_user``,
-the slice's environment, a time limit); its outcome is a ``forecast`` event. A MIG instance is not handed
-out while its command runs. The forecast, the actual demand and the error per hour are published as
-``forecast.json`` in the runtime directory for ``xpu forecast``.
+Invariants: the capacity window in force still keeps its share whole; only cards this provisioner
+switched go back to whole (idle, past ``[bursts] hold_s``); cards sliced by demand are left to the engine
+and the windows; every switch is a ``mode`` event with its reason; a MIG instance is not handed out while
+its warm command runs.
 """
 
 from __future__ import annotations

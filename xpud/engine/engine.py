@@ -16,7 +16,7 @@ It lives on the daemon's asyncio loop, and nothing in it blocks the loop:
 Placement decisions come from the pure functions in ``xpud.placement``; slice preparation from the card's
 isolation backend. ``Engine`` is the facade over the engine's parts (``books``, ``streams``, ``effects``,
 ``granting``, ``endings``); ``from xpud.engine.engine import Engine`` is the one import the rest of the
-package needs.
+package needs. See docs/engine.md.
 """
 
 from __future__ import annotations

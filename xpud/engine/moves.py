@@ -1,34 +1,14 @@
 """Moving a lease to another placement: reserve it, tell the holder, commit when the holder acknowledges.
 
-The health monitor moves restartable jobs off unhealthy cards; the defragmenter will move slices to
-consolidate cards. Both call ``Engine.move``; the client side is ``xpu run --restartable``.
+The health monitor, the defragmenter and right-sizing move restartable jobs; all call ``Engine.move`` (or
+``Moves.start`` with ``mode``); the client side is ``xpu run --restartable``. See docs/engine.md for the
+protocol (start, ack, timeout).
 
-1. ``start``: a placement is chosen that avoids the lease's own cards (and ``avoid``), or taken from
-   ``to``; it is reserved (whole cards marked held by the lease, a slice prepared by the card's isolation
-   backend), and a ``move`` event goes down the lease's Hold stream carrying the lease as it WILL be
-   (new cards, new environment, ``restart_count + 1``). Until the acknowledgement the ledger still holds
-   the old placement, and the lease holds both.
-2. ``ack`` (AckMove with the lease's token, once the holder has stopped its command): the new placement
-   is committed to the ledger, the old one torn down, and the lease returned; the holder restarts its
-   command with it.
-3. No acknowledgement within ``[health] move_ack_timeout_s``: the reservation is freed, the lease stays
-   where it was, is marked, and its holder is told (a ``mark`` event). A late AckMove is refused. A lease
-   whose move timed out is not moved again automatically (its holder does not follow moves); it can
-   still be moved by an explicit call.
-
-``start`` raises NoCapacity when no placement exists and Conflict when the lease is not restartable, has
-no holder connected to restart it, or is already moving; nothing is reserved then, and the caller
-decides (the health monitor marks the lease and tries again at its next poll).
-
-A move never targets the cards the lease holds now (moving within a card, e.g. to another MIG slot, is not
-supported). A daemon that dies mid-move restarts with the committed (old) placement; a slice prepared for
-the move is left to the isolation backend's reconcile.
-
-Ledger first and off the loop: the reservation is prepared on the target card(s) by the engine's
-``_place`` (backend work in a worker thread, the card busy meanwhile); the move is in ``pending`` from the
-start (not ``ready`` until its reservation is made, and not acknowledgeable before); ``ack`` commits the
-new placement before the old one is torn down; a commit that fails leaves the lease where it was, its
-move still pending (the holder may acknowledge again).
+Invariants: until the acknowledgement the ledger holds the old placement and the lease holds both;
+``ack`` commits the new placement before the old one is torn down (a failed commit leaves the lease where
+it was, its move still pending); the reservation is prepared through the engine's effects (off the loop,
+the card busy meanwhile); a move never targets the cards the lease holds now; a daemon that dies
+mid-move restarts with the committed (old) placement.
 """
 
 from __future__ import annotations
