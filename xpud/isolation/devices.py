@@ -54,7 +54,7 @@ def grant_of(lease, engine) -> Grant:
     def minor(i: int) -> int:
         m = by_index[i].minor_number if i in by_index else None
         if m is None:
-            raise DevNodeError(f"card {i} has no minor number (nvmlDeviceGetMinorNumber): cannot name its node")
+            raise DevNodeError(f"card {i} has no minor number (nvmlDeviceGetMinorNumber): no node to name")
         return m
 
     migs, mig_cards = [], set()
@@ -85,4 +85,3 @@ def allow_list(grant: Grant, tree: DevTree, extra: Sequence[str] = ()) -> list[s
         if entry not in out:
             out.append(entry)
     return out + [e for e in extra if e not in out]
-

@@ -142,6 +142,18 @@ def in_unit(pid: int, unit: str) -> bool:
     return any(line.startswith("0::") and line.rstrip().endswith(f"/{unit}") for line in text.splitlines())
 
 
+def process_uid(pid: int) -> int | None:
+    """The real uid of process ``pid`` (``/proc/<pid>/status``), or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
+
+
 async def run(argv: Sequence[str], timeout_s: float = CALL_TIMEOUT_S) -> tuple[int, str]:
     """Run ``argv`` (no stdin, the clean environment): (exit code, stdout and stderr). A time-out or a
     missing program is an exit code (124, 127), never an exception."""
@@ -175,7 +187,7 @@ class Scopes:
     tree: DevTree = field(default_factory=DevTree)
     extra: tuple[str, ...] = ()
     runner: Runner = run
-    _started: set[str] = field(default_factory=set)
+    _warned: str = ""  # the day `xpu run` was last told isolation is advisory
 
     def allow(self, lease) -> list[str]:
         """The lease's ``DeviceAllow=`` list now; ScopeError when its nodes cannot be named."""
@@ -190,24 +202,18 @@ class Scopes:
     async def place(self, lease, pid: int) -> str:
         """Put ``pid`` (and so all it forks from now on) in ``lease``'s scope; returns the unit's name.
         Raises ScopeError when that fails. The hook for anything that starts a lease's process itself
-        (a detached job): start it, call this before it opens a device, then let it run."""
+        (a detached job): start it held, call this before it opens a device, then let it run."""
         if not self.enforcement.enforced:
             raise ScopeError(f"device isolation is {self.enforcement.text}")
         unit = unit_name(lease.id)
-        if unit in self._started:
-            rc, out = await self.runner(attach_argv(unit, pid))
-            if rc == 0:
-                return await self._placed(unit, pid)
-            self._started.discard(unit)  # gone (its last process ended): start it again
         allow = await self._allow(lease)
         rc, out = await self.runner(start_argv(unit, [pid], allow, f"xpu lease {lease.id}"))
-        if rc != 0 and "already" in out.lower():  # started by an earlier daemon: attach instead
+        if rc != 0 and "already" in out:  # running (another process of the lease): join it
             rc, out = await self.runner(attach_argv(unit, pid))
             if rc == 0:
                 await self._set(unit, allow)
         if rc != 0:
             raise ScopeError(f"{unit}: systemd refused the scope: {out or f'exit {rc}'}")
-        self._started.add(unit)
         return await self._placed(unit, pid)
 
     async def _placed(self, unit: str, pid: int) -> str:
@@ -220,19 +226,25 @@ class Scopes:
 
     async def follow(self, lease) -> None:
         """The lease holds other cards now: its running scope's device list follows (no-op without one)."""
-        if not self.enforcement.enforced:
-            return
-        unit = unit_name(lease.id)
-        if unit not in self._started:
-            return
-        await self._set(unit, await self._allow(lease))
+        if self.enforcement.enforced:
+            await self._set(unit_name(lease.id), await self._allow(lease), missing_ok=True)
 
-    async def _set(self, unit: str, allow: Sequence[str]) -> None:
+    async def _set(self, unit: str, allow: Sequence[str], missing_ok: bool = False) -> None:
         rc, out = await self.runner(set_argv(unit, allow))
-        if rc != 0:
+        if rc != 0 and not (missing_ok and "not loaded" in out):
             raise ScopeError(f"{unit}: systemd refused the new device list: {out or f'exit {rc}'}")
 
-    def forget(self, lease_id: str) -> None:
-        """The lease ended; its scope ends with its last process (systemd collects it)."""
-        with contextlib.suppress(ScopeError):
-            self._started.discard(unit_name(lease_id))
+    def warn_today(self, today: Callable[[], str] = lambda: time.strftime("%Y-%m-%d")) -> bool:
+        """Whether an advisory state is worth a word to `xpu run`'s user now: once per host and day."""
+        if self.enforcement.enforced or not self.enforcement.warn or self._warned == today():
+            return False
+        self._warned = today()
+        return True
+
+
+def device_scopes(cfg, engine, simulated: bool) -> Scopes:
+    """The daemon's ``Scopes`` from its config's ``[isolation]``."""
+    iso = cfg.isolation
+    proc = Path(iso.proc_root)
+    tree = DevTree(Path("/dev"), proc / "driver/nvidia/capabilities", proc / "devices")
+    return Scopes(engine, detect(iso.devices, simulated), tree, tuple(iso.extra_devices))
