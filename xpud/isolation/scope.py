@@ -196,6 +196,10 @@ class Scopes:
         except DevNodeError as e:
             raise ScopeError(f"lease {lease.id}: {e}") from None
 
+    async def allow_async(self, lease) -> list[str]:
+        """``allow`` off the event loop (it reads the driver's capability files)."""
+        return await asyncio.to_thread(self.allow, lease)
+
     async def _allow(self, lease) -> list[str]:
         return await asyncio.to_thread(self.allow, lease)  # reads the driver's capability files
 
