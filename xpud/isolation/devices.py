@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from xpud.hw.devnodes import CONTROL_NODES, DevNodeError, DevTree, cap_node
+from xpud.hw.devnodes import CONTROL_NODES, DevNodeError, DevTree
 
 # What any process needs: systemd's own "closed" set (null, zero, full, random, urandom, tty, ptmx) named
 # anyway, so that the list says it, and the terminals a command may run on (pseudo-terminals, consoles).
@@ -69,16 +69,17 @@ def grant_of(lease, engine) -> Grant:
     return Grant(cards, tuple(migs))
 
 
-def allow_list(grant: Grant, tree: DevTree, extra: Sequence[str] = ()) -> list[str]:
+def allow_list(grant: Grant, tree: DevTree, extra: Sequence[str] = (), create: bool = True) -> list[str]:
     """``DeviceAllow=`` entries (``"PATH rw"``) for ``grant``: pseudo-devices, control nodes, cards, MIG
-    capabilities (read from the driver's capability files under ``tree.caps``), then ``extra`` as given.
-    Raises DevNodeError when a MIG instance's capability files cannot be read."""
+    capabilities (read from the driver's capability files under ``tree.caps``; their nodes made under
+    ``tree.dev`` when missing, if ``create``, as ``nvidia-modprobe -f`` does: systemd resolves a path when
+    it builds the program, so a node made later would stay denied), then ``extra`` as given. Raises
+    DevNodeError when a MIG instance's capability files cannot be read or its nodes made."""
     paths = [*PSEUDO, *(f"/dev/{n}" for n in CONTROL_NODES)]
     for minor in grant.cards:
         paths.append(f"/dev/{DevTree.card(minor)}")
-    for parent, gi, ci in grant.migs:
-        paths.append(f"/dev/{DevTree.card(parent)}")
-        paths += [f"/dev/{cap_node(cap.minor)}" for cap in tree.mig_capabilities(parent, gi, ci)]
+    for parent, gi, ci in grant.migs:  # the parent's node and the two capability nodes, made if missing
+        paths += [f"/dev/{n}" for n in tree.mig_nodes(parent, gi, ci, create=create)]
     out = []
     for p in paths:
         entry = f"{p} {PERMS}"
