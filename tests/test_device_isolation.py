@@ -15,9 +15,11 @@ ENXIO, so each case fails when the cgroup is not applied.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -312,3 +314,82 @@ def test_allow_list_names_nodes_by_minor_and_only_the_slices_capabilities(tmp_pa
             f"/dev/nvidia-caps/nvidia-cap{cap_minor(6, 3, 0)} rw",
         ]
         assert "/dev/nvidia6 rw" in mig
+
+
+# ------------------------------------------------------------------------------------ xpud doctor
+def _doctor_root(tmp_path: Path, systemd: bool, world_writable: bool) -> Path:
+    root = tmp_path / "root"
+    (root / "dev/nvidia-caps").mkdir(parents=True)
+    if systemd:
+        (root / "run/systemd/system").mkdir(parents=True)
+        (root / "sys/fs/cgroup").mkdir(parents=True)
+        (root / "sys/fs/cgroup/cgroup.controllers").write_text("cpu memory pids\n")
+    for name, dev in (
+        ("nvidia0", (195, 0)),
+        ("nvidiactl", (195, 255)),
+        ("nvidia-caps/nvidia-cap1", (240, 1)),
+    ):
+        os.mknod(root / "dev" / name, stat.S_IFCHR | 0o600, os.makedev(*dev))
+        os.chmod(root / "dev" / name, 0o666 if world_writable else 0o660)
+    return root
+
+
+def _doctor(tmp_path: Path, root: Path, devices: str = "auto") -> dict:
+    cfg = tmp_path / "xpud.toml"
+    cfg.write_text(f'[daemon]\nruntime_dir = "{tmp_path}/run"\n[isolation]\ndevices = "{devices}"\n')
+    r = subprocess.run(
+        [str(BIN / "xpud"), "--config", str(cfg), "doctor", "--root", str(root), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("XPUD_")},
+    )
+    return {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_doctor_says_advisory_and_warns_of_world_writable_nodes_with_the_fix(tmp_path):
+    checks = _doctor(tmp_path, _doctor_root(tmp_path, systemd=False, world_writable=True))
+    iso, modes = checks["device isolation"], checks["device modes"]
+    assert iso["status"] == "warn" and iso["message"].startswith(
+        "device isolation: advisory (systemd is not PID 1"
+    )
+    assert "cgroup v2" in iso["fix"]
+    assert (
+        modes["status"] == "warn"
+        and "/dev/nvidia0" in modes["message"]
+        and "/dev/nvidiactl" in modes["message"]
+    )
+    assert "NVreg_DeviceFileMode" in modes["fix"] and "udev" in modes["fix"] and "enforce" in modes["fix"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_doctor_says_enforced_under_systemd_and_cgroup2(tmp_path):
+    checks = _doctor(tmp_path, _doctor_root(tmp_path, systemd=True, world_writable=True))
+    assert checks["device isolation"]["status"] == "ok"
+    assert checks["device isolation"]["message"].startswith("device isolation: enforced")
+    assert checks["device modes"]["status"] == "ok"  # world-writable, but fenced per lease
+    advisory = _doctor(tmp_path, _doctor_root(tmp_path / "a", systemd=True, world_writable=False), "advisory")
+    said = advisory["device isolation"]["message"]
+    assert said.startswith('device isolation: advisory ([isolation] devices = "advisory"): any process')
+    assert advisory["device isolation"]["fix"] == 'set [isolation] devices = "auto"'
+    assert advisory["device modes"]["status"] == "ok"  # 0660: nothing open to all
+
+
+def test_doctor_checks_exclusive_process_on_cards_serving_mps(tmp_path):
+    from xpud.config import schema as config
+    from xpud.daemon.doctor_isolation import mps_compute_mode
+    from xpud.hw.fakenvml import FakeNvml
+    from xpud.hw.machines import load_machine
+    from xpud.hw.nvml import Nvml
+
+    cfg = config.Config().replace("daemon", runtime_dir=str(tmp_path))
+    nvml = Nvml(FakeNvml(load_machine("pcie-8x-l40s")))
+    nvml.open()
+    assert mps_compute_mode(cfg, nvml, [0, 1]) is None  # no card serves MPS yet
+    (tmp_path / "mps/1/pipe").mkdir(parents=True)
+    (tmp_path / "mps/1/pipe/control").write_text("")  # nvidia-cuda-mps-control's socket
+    bad = mps_compute_mode(cfg, nvml, [0, 1])
+    assert bad.status == "fail" and "GPU1 (DEFAULT)" in bad.message and "EXCLUSIVE_PROCESS" in bad.fix
+    nvml.set_compute_mode(1, "EXCLUSIVE_PROCESS")
+    assert mps_compute_mode(cfg, nvml, [0, 1]).status == "ok"
