@@ -393,3 +393,33 @@ def test_doctor_checks_exclusive_process_on_cards_serving_mps(tmp_path):
     assert bad.status == "fail" and "GPU1 (DEFAULT)" in bad.message and "EXCLUSIVE_PROCESS" in bad.fix
     nvml.set_compute_mode(1, "EXCLUSIVE_PROCESS")
     assert mps_compute_mode(cfg, nvml, [0, 1]).status == "ok"
+
+
+WARM = """
+import asyncio, sys
+from types import SimpleNamespace as NS
+from xpud.controllers import warm
+from xpud.isolation.scope import Enforcement, Scopes
+# the engine's part in this: card 0's minor (the scope, busctl and systemd are the real ones)
+engine = NS(cards={0: NS(info=NS(index=0, minor_number=int(sys.argv[2])))}, mig_device_ids=lambda i, h: None)
+scopes = Scopes(engine, Enforcement(True))
+holder = NS(id="warm-0-test", cards=(0,), slices=())
+fence = (lambda pid: scopes.place(holder, pid)) if sys.argv[3] == "fenced" else None
+print(asyncio.run(warm.run(sys.argv[1], "root", {}, 30.0, fence)))
+"""
+
+
+@pytest.mark.parametrize("fenced", ["fenced", "open"])
+def test_a_warm_command_runs_in_its_slices_scope(host, tmp_path, fenced):
+    """``[forecast] warm_command`` (``controllers/warm.py``): held at its gate until it is in the scope."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    out = tmp_path / "out"
+    cmd = f"{sys.executable} {tmp_path / 'probe.py'} > {out}"
+    argv = [*host.prefix, sys.executable, "-c", WARM, cmd, str(MINORS[0]), fenced]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "warm_command exited 0 (as root)", r.stdout + r.stderr
+    seen = opened(out.read_text())[1]
+    if fenced == "fenced":
+        check(seen, {MINORS[0]})
+    else:  # the same command with no fence opens every node (ENXIO): what the cgroup stops
+        assert set(seen.values()) == {"ENXIO"}

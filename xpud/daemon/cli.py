@@ -270,6 +270,7 @@ class Daemon:
             carbon_signal=self.carbon,
         )
         self.jobs.start()
+        self.jobs.provisioner.scopes = self.scopes  # warm commands in their slice's device scope
         self._start_rightsizing()
         self.monitor.start()
         log.info(
