@@ -22,6 +22,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -249,6 +250,29 @@ def test_a_moved_lease_opens_its_new_card_and_no_longer_its_old_one(host, daemon
     (new,) = lease_named(d, "moved").cards
     assert second == "1" and new != old
     check(after, {MINORS[new]})
+
+
+def test_what_escapes_the_commands_process_group_ends_with_the_lease(host, daemons):
+    d = daemons["mig"]
+    argv = [
+        *host.prefix,
+        str(BIN / "xpu"),
+        "run",
+        "-m",
+        "xpu",
+        "--",
+        "sh",
+        "-c",
+        "setsid sleep 300 </dev/null >/dev/null 2>&1 & sleep 0.5; echo $!",  # in a session of its own
+    ]
+    r = subprocess.run(argv, env=xpu_env(d.runtime_dir), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    pid = r.stdout.strip()
+    assert host.run(["kill", "-0", pid]).returncode == 0  # the wrapper killed its group; this left it
+    deadline = time.monotonic() + 15
+    while host.run(["kill", "-0", pid]).returncode == 0:
+        assert time.monotonic() < deadline, "a process of an ended lease still runs in its scope"
+        time.sleep(0.2)
 
 
 def test_a_rank_unit_gets_the_same_fence(host, tmp_path):

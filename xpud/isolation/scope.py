@@ -42,6 +42,7 @@ CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 DEST = ("org.freedesktop.systemd1", "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager")
 CALL_TIMEOUT_S = 10.0
 PLACED_WITHIN_S = 5.0  # how long a started scope may take to hold the process
+END_AFTER_S = 3.0  # a released lease's scope is stopped this much later (its holder exits first)
 
 Runner = Callable[[Sequence[str]], Awaitable[tuple[int, str]]]  # argv -> (exit code, stdout + stderr)
 
@@ -122,6 +123,11 @@ def attach_argv(unit: str, pid: int) -> list[str]:
     return [BUSCTL, "call", *DEST, "AttachProcessesToUnit", "ssau", unit, "", "1", str(pid)]
 
 
+def stop_argv(unit: str) -> list[str]:
+    """``StopUnit``: SIGTERM to every process left in ``unit`` (then SIGKILL after its stop time-out)."""
+    return [BUSCTL, "call", *DEST, "StopUnit", "ss", unit, "replace"]
+
+
 def set_argv(unit: str, allow: Sequence[str]) -> list[str]:
     """``SetUnitProperties`` (runtime): ``DeviceAllow=`` reset, then ``allow``."""
     props = [*("DevicePolicy", "s", "closed"), *("DeviceAllow", "a(ss)", "0"), *_allow_args(allow)]
@@ -188,6 +194,7 @@ class Scopes:
     extra: tuple[str, ...] = ()
     runner: Runner = run
     _warned: str = ""  # the day `xpu run` was last told isolation is advisory
+    _ending: set = field(default_factory=set)  # end_later's tasks
 
     def allow(self, lease) -> list[str]:
         """The lease's ``DeviceAllow=`` list now; ScopeError when its nodes cannot be named."""
@@ -237,6 +244,27 @@ class Scopes:
         rc, out = await self.runner(set_argv(unit, allow))
         if rc != 0 and not (missing_ok and "not loaded" in out):
             raise ScopeError(f"{unit}: systemd refused the new device list: {out or f'exit {rc}'}")
+
+    def end_later(self, lease_id: str, after_s: float = END_AFTER_S) -> None:
+        """The lease ended: ``after_s`` later (its holder, in the scope itself, exits first) stop its scope,
+        so that nothing that escaped the command's process group keeps the lease's devices. No-op
+        without a scope."""
+        if not self.enforcement.enforced:
+            return
+        try:
+            unit = unit_name(lease_id)
+        except ScopeError:
+            return
+
+        async def stop() -> None:
+            await asyncio.sleep(after_s)
+            rc, out = await self.runner(stop_argv(unit))
+            if rc != 0 and "not loaded" not in out:
+                log.warning("%s: could not stop it: %s", unit, out or f"exit {rc}")
+
+        task = asyncio.ensure_future(stop())
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
 
     def warn_today(self, today: Callable[[], str] = lambda: time.strftime("%Y-%m-%d")) -> bool:
         """Whether an advisory state is worth a word to `xpu run`'s user now: once per host and day."""
