@@ -11,8 +11,11 @@ EPERM, whoever owns the process and whatever the node's mode. One transient scop
   inherit its cgroup, so placing the holder before it forks covers all it starts.
 - ``follow(lease)``: a lease moved to other cards; ``SetUnitProperties`` (runtime) resets ``DeviceAllow=``
   and sets the new list on the running scope (``systemctl set-property --runtime`` does the same).
-- ``unit_properties(lease)``: the same two properties for a unit systemd starts itself (a rank's
-  ``systemd-run`` service, a detached job's unit).
+- ``unit_properties(await scopes.allow_async(lease))``: the same two properties as ``systemd-run
+  --property=`` arguments, for a unit systemd starts itself (a rank's service, a detached job's unit);
+  ``follow(lease, unit)`` changes that unit's list after a move.
+- ``end_later(lease_id)``: the lease ended; its scope is stopped a little later (what escaped the
+  command's process group included).
 
 The calls go through ``busctl`` (systemd's own D-Bus client: no D-Bus library in the daemon) off the event
 loop, with the fixed clean environment. Where this cannot work, ``detect`` says why and isolation is
@@ -235,10 +238,11 @@ class Scopes:
             await asyncio.sleep(0.005)
         return unit
 
-    async def follow(self, lease) -> None:
-        """The lease holds other cards now: its running scope's device list follows (no-op without one)."""
+    async def follow(self, lease, unit: str = "") -> None:
+        """The lease holds other cards now: its running scope's device list follows (no-op without one).
+        ``unit``: another unit of the lease's processes (a detached job's or a rank's service) instead."""
         if self.enforcement.enforced:
-            await self._set(unit_name(lease.id), await self._allow(lease), missing_ok=True)
+            await self._set(unit or unit_name(lease.id), await self._allow(lease), missing_ok=True)
 
     async def _set(self, unit: str, allow: Sequence[str], missing_ok: bool = False) -> None:
         rc, out = await self.runner(set_argv(unit, allow))
