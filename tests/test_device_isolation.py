@@ -29,6 +29,7 @@ import pytest
 
 from tests.conftest import BIN, DaemonProc, xpu_env
 from tests.systemd_ns import Systemd
+from xpud.errors import Forbidden
 from xpud.hw.devnodes import DevTree
 from xpud.isolation.devices import Grant, allow_list
 
@@ -318,6 +319,12 @@ def test_without_systemd_xpu_run_works_and_says_once_that_isolation_is_advisory(
         assert "isolation" not in runs[1].stderr  # once (per host and day)
         info = d.xpu("info", "--json")
         assert '"device_isolation": "advisory (systemd is not PID 1' in info.stdout, info.stdout
+        with d.client() as c:  # Confine checks the token before it says anything
+            g = c.acquire_lease("xpu")
+            assert not c.confine(g.lease.id, g.token).enforced
+            with pytest.raises(Forbidden, match="wrong token"):
+                c.confine(g.lease.id, "x" * 32)
+            c.release(g.lease.id, g.token)
     finally:
         d.kill()
 
@@ -447,3 +454,27 @@ def test_a_warm_command_runs_in_its_slices_scope(host, tmp_path, fenced):
         check(seen, {MINORS[0]})
     else:  # the same command with no fence opens every node (ENXIO): what the cgroup stops
         assert set(seen.values()) == {"ENXIO"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "simulated", "has", "said"),
+    [
+        ("advisory", False, {"systemd", "cgroup2"}, '[isolation] devices = "advisory"'),
+        ("auto", True, {"systemd", "cgroup2"}, "a simulated machine has no device nodes to fence"),
+        ("enforced", True, {"cgroup2"}, "systemd is not PID 1"),
+        ("auto", False, {"systemd"}, "no cgroup v2 hierarchy"),
+        ("auto", False, {"systemd", "cgroup2"}, ""),
+        ("enforced", True, {"systemd", "cgroup2"}, ""),
+    ],
+)
+def test_when_isolation_can_be_enforced(tmp_path, setting, simulated, has, said):
+    from xpud.isolation.scope import detect
+
+    if "systemd" in has:
+        (tmp_path / "run/systemd/system").mkdir(parents=True)
+    (tmp_path / "cgroup").mkdir()
+    if "cgroup2" in has:  # a v1 (or hybrid) /sys/fs/cgroup has no cgroup.controllers at its top
+        (tmp_path / "cgroup/cgroup.controllers").write_text("cpu io memory pids\n")
+    how = detect(setting, simulated, tmp_path / "run/systemd/system", tmp_path / "cgroup", euid=lambda: 0)
+    assert how.enforced == (not said) and said in how.why
+    assert how.text == ("enforced" if not said else f"advisory ({how.why})")
