@@ -442,6 +442,9 @@ class NodeService(pbg.NodeServicer):
         if scopes is None or not scopes.enforcement.enforced:
             how = scopes.enforcement.text if scopes else "advisory (no device scopes in this daemon)"
             return pb.ConfineReply(enforced=False, isolation=how, warn=bool(scopes and scopes.warn_today()))
+        if caller.pid <= 0:  # SO_PEERCRED gives 0 for a process in a PID namespace we cannot see into
+            why = "advisory (the caller is in another PID namespace)"
+            return pb.ConfineReply(enforced=False, isolation=why, warn=True)
         if process_uid(caller.pid) != caller.uid:  # the handshake's process is gone (its pid reused?)
             raise Forbidden(f"process {caller.pid} is not the caller's: confine from the process that holds")
         try:
