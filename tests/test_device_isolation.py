@@ -276,6 +276,17 @@ def test_what_escapes_the_commands_process_group_ends_with_the_lease(host, daemo
         time.sleep(0.2)
 
 
+def test_a_caller_the_daemon_cannot_see_is_told_advisory_not_refused(daemons):
+    """This test process is outside the daemon's PID namespace: SO_PEERCRED gives it pid 0."""
+    with daemons["mig"].client() as c:
+        g = c.acquire_lease("xpu")
+        try:
+            r = c.confine(g.lease.id, g.token)
+        finally:
+            c.release(g.lease.id, g.token)
+    assert not r.enforced and r.warn and r.isolation == "advisory (the caller is in another PID namespace)"
+
+
 def test_a_rank_unit_gets_the_same_fence(host, tmp_path):
     """A multi-host job's rank on this host: its systemd-run service carries the lease's device list
     (``rankproc.Rank(devices=...)``, from ``hostjobs.rank_devices``)."""
