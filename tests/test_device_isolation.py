@@ -489,3 +489,39 @@ def test_when_isolation_can_be_enforced(tmp_path, setting, simulated, has, said)
     how = detect(setting, simulated, tmp_path / "run/systemd/system", tmp_path / "cgroup", euid=lambda: 0)
     assert how.enforced == (not said) and said in how.why
     assert how.text == ("enforced" if not said else f"advisory ({how.why})")
+
+
+RANK_CHILD = """
+import asyncio, os, sys
+from types import SimpleNamespace as NS
+from xpud.api.v1 import xpu_pb2 as pb
+from xpud.federation import rankproc
+from xpud.isolation.scope import Enforcement, Scopes
+engine = NS(cards={0: NS(info=NS(index=0, minor_number=int(sys.argv[2])))}, mig_device_ids=lambda i, h: None)
+scopes = Scopes(engine, Enforcement(True))
+lease = NS(id="rank-child-test", cards=(0,), slices=())
+
+async def main():
+    s = pb.LaunchSpec(job="j1", argv=[sys.executable, "-c", sys.argv[1]], env={"PATH": os.environ["PATH"]},
+                      cwd="/", uid=os.getuid(), gid=os.getgid())
+    async def inputs():
+        return
+        yield
+    # as hostjobs' on_start does for a rank that is a child process, not a unit: into the scope at the gate
+    rank = rankproc.Rank(s, inputs(), on_start=lambda pid: scopes.place(lease, pid), units=None)
+    out = b""
+    async for ev in rank.events():
+        if ev.HasField("output") and ev.output.fd == 1:
+            out += ev.output.data
+    print(out.decode().strip())
+asyncio.run(main())
+"""
+
+
+def test_a_rank_started_as_a_child_is_placed_in_the_scope_at_its_gate(host):
+    """A rank outside a unit (xpud not a systemd service) waits at its gate until ``on_start`` returns:
+    ``hostjobs`` places it in the lease's scope there, before the command runs."""
+    argv = [*host.prefix, sys.executable, "-c", RANK_CHILD, PROBE, str(MINORS[4])]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    check(opened(r.stdout.strip().splitlines()[-1])[1], {MINORS[4]})

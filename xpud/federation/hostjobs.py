@@ -424,12 +424,15 @@ class HostJobs:
             r = self.table.get(spec.job)
             if r is not None:
                 await self.ledger.write(self.ledger.set_rank_pid_op(spec.job, r.attempt, pid))
+            if devices and rank is not None and not rank.unit:  # a child, not a unit: into the lease's scope
+                await self.daemon.scopes.place(lease, pid)
 
+        devices: tuple[str, ...] = ()
         try:
             r = self.table.get(spec.job)  # committed (``launching`` checked): its attempt names the unit
             attempt = r.attempt if r is not None else 0
-            # --tasks-per-node: the user's command runs under the task launcher, as the user
             devices = await rank_devices(getattr(self.daemon, "scopes", None), lease)
+            # --tasks-per-node: the user's command runs under the task launcher, as the user
             rank = rankproc.Rank(tasks.wrap(spec), requests, on_end, on_start=on_start,
                                  remote_launch=allowed, attempt=attempt, devices=devices)  # fmt: skip
         except BaseException:
