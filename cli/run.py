@@ -385,6 +385,23 @@ def _supervise(
             os.close(tty)
 
 
+def _confine(client: Client, grant) -> Outcome | None:
+    """Put this wrapper in the lease's device scope before it starts anything (README "Isolation"): the
+    command and all it starts inherit the scope and can open only the lease's device nodes. Where the
+    daemon cannot enforce that it says why, and we say so once (the daemon decides how often). None to go
+    on; an Outcome (126, as a command that cannot run) when the daemon should have confined us and failed."""
+    try:
+        reply = client.confine(grant.lease.id, grant.token)
+    except XpudError as e:
+        if "unimplemented" in str(e).lower() or "method not found" in str(e).lower():
+            return None  # a daemon from before device isolation
+        _say(f"not starting the command: {e}")
+        return Outcome(126, by_wrapper=True)
+    if not reply.enforced and reply.warn:
+        _say(f"device isolation is {reply.isolation}: the command can open any card's device node")
+    return None
+
+
 def _hold_for_launcher(stream: LeaseStream, signals: Signals, wake: Wakeup, grant) -> int:
     """--json-env: print the environment, hold until stdin closes or a signal; 0, or 1 if the daemon
     ended the lease."""
@@ -483,6 +500,9 @@ def run(
                 grant = got
                 if json_env:
                     return Outcome(_hold_for_launcher(stream, signals, wake, grant))
+                refused = _confine(client, grant)
+                if refused is not None:
+                    return refused
                 started = time.time()
                 ended = _supervise(client, stream, signals, wake, grant, argv, kill_grace_s)
                 return ended

@@ -247,6 +247,10 @@ class Client:
             self.node.AckMove, _request(pb.AckMoveRequest, lease_id=lease_id, token=token)
         ).lease
 
+    def confine(self, lease_id: str, token: str) -> pb.ConfineReply:
+        """Put this process in the lease's device scope (before it starts the lease's command)."""
+        return self._unary(self.node.Confine, _request(pb.ConfineRequest, lease_id=lease_id, token=token))
+
     def cards(self) -> pb.ListCardsReply:
         return self._unary(self.node.ListCards, pb.ListCardsRequest())
 

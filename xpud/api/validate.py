@@ -91,6 +91,8 @@ LIMITS: dict[str, Limit] = {
     "ReleaseRequest.started": Limit(lo=0, hi=1e11),  # seconds since the epoch; the engine clamps it further
     "AckMoveRequest.lease_id": Limit(chars=64, pattern=_ID),
     "AckMoveRequest.token": Limit(chars=64, pattern=_TOKEN),
+    "ConfineRequest.lease_id": Limit(chars=64, pattern=_ID),
+    "ConfineRequest.token": Limit(chars=64, pattern=_TOKEN),
     "ListLeasesRequest.all": Limit(),
     "ListLeasesRequest.limit": Limit(lo=0, hi=1_000_000),  # the reply is capped at MAX_ENDED_LEASES
     "ListLeasesRequest.lease_id": Limit(chars=64, pattern=_ID),

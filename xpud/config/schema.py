@@ -557,6 +557,33 @@ class KubeletSection:
 
 
 @dataclass(frozen=True)
+class IsolationSection:
+    """Device isolation of leases on bare metal (``xpud/isolation/scope.py``, README "Isolation")."""
+
+    devices: str = _key(
+        "auto",
+        "Each lease's processes in a systemd scope that may open only its own device nodes: auto = on real "
+        "cards where systemd and cgroup v2 allow; enforced = on simulated cards too; advisory = never.",
+        choices=("auto", "enforced", "advisory"),
+    )
+    extra_devices: tuple[str, ...] = _key(
+        ("char-infiniband_verbs rw", "/dev/infiniband/rdma_cm rw"),
+        "More DeviceAllow= entries a lease's processes may open ('/dev/PATH rw' or 'char-GROUP rw').",
+    )
+    proc_root: str = _key("/proc", "Where xpud reads the driver's MIG capability files (driver/nvidia/).")
+
+
+def _device_entry_problem(entry: str) -> str:
+    """Why an ``extra_devices`` entry is not ``/dev/PATH PERMS`` or ``char-GROUP PERMS`` ('' when it is)."""
+    spec, _, perms = entry.partition(" ")
+    if not spec.startswith(("/dev/", "char-")) or ".." in spec or not spec[5:]:
+        return f"{entry!r}: give a path under /dev/ or char-GROUP (a /proc/devices name), then the access"
+    if not perms or set(perms) - set("rwm"):
+        return f"{entry!r}: add the access after one space, e.g. '{spec} rw'"
+    return ""
+
+
+@dataclass(frozen=True)
 class AutoSection:
     """Right-sizing: per-lease measurement, ``xpu run --mode auto`` (``xpud.planning.usage``,
     ``xpud.planning.sizing``)."""
@@ -614,6 +641,7 @@ SECTIONS: dict[str, type] = {
     "slurm": SlurmSection,
     "kubelet": KubeletSection,
     "auto": AutoSection,
+    "isolation": IsolationSection,
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -643,6 +671,7 @@ class Config:
     slurm: SlurmSection = field(default_factory=SlurmSection)
     kubelet: KubeletSection = field(default_factory=KubeletSection)
     auto: AutoSection = field(default_factory=AutoSection)
+    isolation: IsolationSection = field(default_factory=IsolationSection)
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     windows: tuple[WindowSpec, ...] = ()  # [[windows]]: capacity windows (xpud.planning.windows)
     path: str = ""  # the file it came from ("" = defaults only)
@@ -893,6 +922,9 @@ def parse(text: str, path: str = "<string>", environ: typing.Mapping[str, str] |
             "auto", "first", f"{cfg.auto.first!r} is not a mode; use xpu or one of {', '.join(cfg.slices)}"
         )
     _check_cluster(src, cfg.cluster)
+    for entry in cfg.isolation.extra_devices:
+        if why := _device_entry_problem(entry):
+            raise src.error("isolation", "extra_devices", why)
     for name in cfg.kubelet.resources:
         domain, _, kind = name.partition("/")
         if not (_RESOURCE_DOMAIN.fullmatch(domain) and (kind == "gpu" or kind in cfg.slices)):

@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import time
 from collections import Counter
 from datetime import datetime
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -42,6 +44,7 @@ class Provisioner:
         self.provisioned: set[int] = set()  # cards this provisioner switched to sliced
         self.planned: Counter[tuple[int, str]] = Counter()  # (MPS card, size) -> slices planned there
         self._warming: set[asyncio.Task] = set()
+        self.scopes = None  # xpud.isolation.scope.Scopes: warm commands see only their slice's nodes
 
     @property
     def cfg(self):
@@ -256,9 +259,18 @@ class Provisioner:
         if handle:
             e.standby.set_warming(handle, True)
 
+        fence = None
+        scopes = self.scopes
+        if scopes is not None and scopes.enforcement.enforced:  # its own scope: the slice's nodes only
+            name = f"warm-{s.card_index}-{secrets.token_hex(4)}"  # xpu-lease-warm-<card>-<hex>.scope
+            holder = SimpleNamespace(id=name, cards=(s.card_index,), slices=(s,))
+
+            async def fence(pid: int) -> None:
+                await scopes.place(holder, pid)
+
         async def go() -> None:
             try:
-                said = await warm.run(cmd, self.cfg.warm_user, env, self.cfg.warm_timeout_s)
+                said = await warm.run(cmd, self.cfg.warm_user, env, self.cfg.warm_timeout_s, fence)
             finally:
                 if handle:
                     e.standby.set_warming(handle, False)

@@ -15,6 +15,7 @@ import contextlib
 import os
 import pwd
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from xpud.isolation import switch_user
@@ -42,8 +43,21 @@ def run_as(user: str) -> RunAs:
     return RunAs(pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir, "as root" if pw.pw_uid == 0 else "")
 
 
-async def run(command: str, user: str, env: dict[str, str], timeout_s: float) -> str:
-    """Run ``command`` and return its outcome in one line (exit status, kill, or why it did not start)."""
+# The command waits on its stdin (a pipe) until ``fence`` has put it in its slice's device scope; an end of
+# file instead (the fence failed) ends it before it ran.
+GATE = 'read -r _ || exit 0; exec "$@" </dev/null'
+
+
+async def run(
+    command: str,
+    user: str,
+    env: dict[str, str],
+    timeout_s: float,
+    fence: Callable[[int], Awaitable[object]] | None = None,
+) -> str:
+    """Run ``command`` and return its outcome in one line (exit status, kill, or why it did not start).
+    ``fence(pid)``: put the process in the slice's device scope (``isolation/scope.py``) before the
+    command starts; raising stops it unrun."""
     try:
         who = run_as(user)
     except LookupError as e:
@@ -58,6 +72,9 @@ async def run(command: str, user: str, env: dict[str, str], timeout_s: float) ->
     }
     tag = f" ({who.note})" if who.note else ""
     argv, extra, env_fd = ["/bin/sh", "-c", command], {}, None
+    gate_r, gate_w = os.pipe() if fence is not None else (None, None)
+    if fence is not None:
+        argv = ["/bin/sh", "-c", GATE, "xpu-gate", *argv]
     try:
         if who.uid != os.geteuid():  # setpriv runs as root: a clean environment; the command's after it
             env_fd = switch_user.env_file(full)
@@ -68,7 +85,7 @@ async def run(command: str, user: str, env: dict[str, str], timeout_s: float) ->
             *argv,
             env=full,
             cwd="/",
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL if gate_r is None else gate_r,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
@@ -76,10 +93,23 @@ async def run(command: str, user: str, env: dict[str, str], timeout_s: float) ->
         )
     except (OSError, ValueError) as e:
         why = switch_user.INSTALL if switch_user.missing(e) else e
+        if gate_w is not None:
+            os.close(gate_w)
         return f"warm_command could not start{tag}: {why}"
     finally:
-        if env_fd is not None:
-            os.close(env_fd)
+        for fd in (env_fd, gate_r):
+            if fd is not None:
+                os.close(fd)
+    if fence is not None:
+        try:
+            await fence(proc.pid)
+        except Exception as e:
+            os.close(gate_w)  # end of file: the gate exits without running the command
+            await proc.wait()
+            return f"warm_command not run{tag}: device isolation: {e}"
+        with contextlib.suppress(OSError):
+            os.write(gate_w, b"go\n")
+        os.close(gate_w)
     try:
         _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except (TimeoutError, asyncio.CancelledError) as e:

@@ -37,6 +37,7 @@ from xpud.engine.engine import Engine
 from xpud.errors import XpudError
 from xpud.federation.hostjobs import HostJobs
 from xpud.hw.devnodes import DevTree
+from xpud.isolation.scope import device_scopes
 from xpud.ledger.ledger import Ledger, LedgerDamaged
 from xpud.planning.green import Signal
 from xpud.service.node import AdminService, Context, NodeService, add_to_server
@@ -214,6 +215,8 @@ class Daemon:
             },
         )
         ctx.extras["daemon"] = self  # Node.RunJob coordinates multi-host jobs through it
+        ctx.extras["scopes"] = self.scopes = device_scopes(self.cfg, self.engine, self.fake is not None)
+        ctx.info["device_isolation"] = self.scopes.enforcement.text
         ctx.extras["carbon"] = self.carbon = Signal()  # the jobs refresh it; Acquire plans green starts
         self.carbon.configured = bool(self.cfg.carbon.signal or self.cfg.carbon.command)
         self.context = ctx
@@ -267,6 +270,7 @@ class Daemon:
             carbon_signal=self.carbon,
         )
         self.jobs.start()
+        self.jobs.provisioner.scopes = self.scopes  # warm commands in their slice's device scope
         self._start_rightsizing()
         self.monitor.start()
         log.info(

@@ -2,7 +2,8 @@
 
 Each check gives one line, ``ok``, ``warn``, ``fail`` or ``skip``, and for warn and fail the fix. The exit
 status is 1 when a check fails, else 0. Checks: the driver and NVML, MIG capability and mode per card,
-persistence mode, the NVSwitch fabric (trained by the Fabric Manager, where the cards have one),
+persistence mode, the NVSwitch fabric (trained by the Fabric Manager, where the cards have one), device
+isolation, the device nodes' modes and EXCLUSIVE_PROCESS on cards serving MPS (``doctor_isolation.py``),
 ``/dev/nvidia-uvm`` (CUDA needs it; the unit's ProtectKernelModules=yes keeps xpud from loading it),
 ``nvidia-cuda-mps-control`` where MPS will serve slices, the admin group, ``setpriv``
 (the user switch of warm commands and ranks), the daemon's sockets and state directory, the installed unit
@@ -140,6 +141,9 @@ def run_checks(cfg: config.Config, host: Host) -> list[Check]:
     checks: list[Check] = []
     checks += _gpu_checks(cfg, host)
     checks.append(_uvm(host))
+    from xpud.daemon.doctor_isolation import isolation_checks
+
+    checks += isolation_checks(cfg, host)
     checks.append(_admin_group(cfg, host))
     checks.append(_user_switch(host))
     checks += _daemon_dirs(cfg)
@@ -261,6 +265,9 @@ def _with_nvml(cfg: config.Config, host: Host, nvml) -> list[Check]:
         checks.append(Check("persistence", OK, f"persistence mode on ({len(cards) - len(unknown)} card(s))"))
 
     checks.append(_fabric(nvml, cards))
+    from xpud.daemon.doctor_isolation import mps_compute_mode
+
+    checks += [c for c in [mps_compute_mode(cfg, nvml, mps_cards)] if c is not None]
 
     if not mps_cards:
         checks.append(

@@ -47,6 +47,7 @@ from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.federation import trust
 from xpud.federation.reserve import Refused, Reservation, Reservations, ResState, check_request
 from xpud.federation.room import Room
+from xpud.isolation.scope import ScopeError
 from xpud.ledger.ledger import LedgerUnavailable, ReservationRecord
 from xpud.model import HealthState, Lease, LeaseState, Mode, Request
 
@@ -423,13 +424,17 @@ class HostJobs:
             r = self.table.get(spec.job)
             if r is not None:
                 await self.ledger.write(self.ledger.set_rank_pid_op(spec.job, r.attempt, pid))
+            if devices and rank is not None and not rank.unit:  # a child, not a unit: into the lease's scope
+                await self.daemon.scopes.place(lease, pid)
 
+        devices: tuple[str, ...] = ()
         try:
             r = self.table.get(spec.job)  # committed (``launching`` checked): its attempt names the unit
             attempt = r.attempt if r is not None else 0
+            devices = await rank_devices(getattr(self.daemon, "scopes", None), lease)
             # --tasks-per-node: the user's command runs under the task launcher, as the user
             rank = rankproc.Rank(tasks.wrap(spec), requests, on_end, on_start=on_start,
-                                 remote_launch=allowed, attempt=attempt)  # fmt: skip
+                                 remote_launch=allowed, attempt=attempt, devices=devices)  # fmt: skip
         except BaseException:
             await self.launch_ended(spec.job, "its rank could not be started")
             raise
@@ -567,3 +572,16 @@ class HostJobs:
             await self.ledger.write(*ops)
         except LedgerUnavailable as e:
             log.error("%s", e)
+
+
+async def rank_devices(scopes, lease) -> tuple[str, ...]:
+    """The ``DeviceAllow=`` list of a rank's unit (README "Isolation"), or () where isolation is advisory.
+    Raises rankproc.Refused when the lease's nodes cannot be named: the rank would run unfenced."""
+    from xpud.federation import rankproc
+
+    if scopes is None or lease is None or not scopes.enforcement.enforced:
+        return ()
+    try:
+        return tuple(await scopes.allow_async(lease))
+    except ScopeError as e:
+        raise rankproc.Refused(f"device isolation: {e}") from None

@@ -57,11 +57,11 @@ import shutil
 import signal
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.federation import sysunit
-from xpud.isolation import switch_user
+from xpud.isolation import scope, switch_user
 
 log = logging.getLogger("xpud.federation")
 
@@ -217,6 +217,7 @@ class Rank:
         kill_grace_s: float = KILL_GRACE_S,
         stop_grace_s: float = STOP_GRACE_S,
         units: sysunit.Units | str | None = "detect",
+        devices: Sequence[str] = (),
     ):
         self.spec, self.on_end, self.on_start = spec, on_end, on_start
         self.attempt = attempt  # the job's attempt on this host (in the unit's name)
@@ -224,6 +225,7 @@ class Rank:
         self._failed = ""  # on_start failed: the rank ran nothing; its end says why
         self.units = default_units() if units == "detect" else units
         self.unit = ""  # the rank's unit name, once started as one
+        self.devices = tuple(devices)  # DeviceAllow= of its unit (isolation/scope.py): () = not fenced
         self._env_file: str | None = None
         self._ctl_lock = asyncio.Lock()  # systemctl calls in the order they were asked
         self._ctl_tasks: set[asyncio.Task] = set()
@@ -396,7 +398,8 @@ class Rank:
         names = set(spec.env) - set(dropped)
         gid = host_groups(pwd.getpwuid(spec.uid), spec.gid)[0]  # the uid exists: _argv_and_creds checked
         line = sysunit.run_argv(unit, argv, spec.uid, gid, spec.cwd, self._env_file, self.stop_grace_s, names)
-        return [self.units.systemd_run, *line[1:]]
+        fence = scope.unit_properties(self.devices) if self.devices else []  # before "--pipe"
+        return [self.units.systemd_run, *line[1:2], *fence, *line[2:]]
 
     async def _forget_env(self) -> None:
         """Remove the env file once systemd has read it (the unit's process started), or the rank ended,

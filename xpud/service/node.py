@@ -26,6 +26,7 @@ from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.controllers.rightsizer import resize, usage_rows
 from xpud.engine.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, Unavailable, XpudError
+from xpud.isolation.scope import ScopeError, process_uid
 from xpud.model import Caller, CommandEnd, Mode, QueuedRequest, Request
 from xpud.planning import green as carbon
 from xpud.planning.usage import job_class
@@ -401,6 +402,9 @@ class NodeService(pbg.NodeServicer):
         e = self.ctx.engine
         active = e.leases.get(request.lease_id)  # what release ends when it is a whole id: no await between
         ended = await e.release(request.lease_id, caller, request.token, end)
+        scopes = self.ctx.extras.get("scopes")
+        if scopes is not None:  # what escaped the command's process group ends too, once the holder has left
+            scopes.end_later(ended.id)
         reply = pb.ReleaseReply()
         self.ctx.ended_msg(reply.lease, active, ended)
         return reply
@@ -413,7 +417,41 @@ class NodeService(pbg.NodeServicer):
         ack = getattr(e, "ack_move", None)
         if ack is None:
             raise Conflict(f"no move is pending for lease {lease.id}")
-        return pb.AckMoveReply(lease=convert.lease_pb(await ack(lease.id, request.token), True))
+        moved = await ack(lease.id, request.token)
+        scopes = self.ctx.extras.get("scopes")
+        if scopes is not None:  # before the reply: the holder restarts its command on the new cards next
+            try:
+                await scopes.follow(moved)
+            except ScopeError as e:
+                log.error("lease %s moved, but its device scope did not follow: %s", moved.id, e)
+        return pb.AckMoveReply(lease=convert.lease_pb(moved, True))
+
+    @unary
+    async def Confine(self, request, context):
+        caller = self.ctx.caller(context)
+        e = self.ctx.engine
+        lease = e.leases.get(request.lease_id)
+        if lease is None:
+            raise_not_found(request.lease_id)
+        if not request.token:
+            raise BadRequest("Confine needs the lease's token (the holder confines itself)")
+        e.check_authority(lease, caller, request.token)
+        if caller.uid != lease.owner_uid:
+            raise Forbidden(f"lease {lease.id} belongs to uid {lease.owner_uid}, not to uid {caller.uid}")
+        scopes = self.ctx.extras.get("scopes")
+        if scopes is None or not scopes.enforcement.enforced:
+            how = scopes.enforcement.text if scopes else "advisory (no device scopes in this daemon)"
+            return pb.ConfineReply(enforced=False, isolation=how, warn=bool(scopes and scopes.warn_today()))
+        if caller.pid <= 0:  # SO_PEERCRED gives 0 for a process in a PID namespace we cannot see into
+            why = "advisory (the caller is in another PID namespace)"
+            return pb.ConfineReply(enforced=False, isolation=why, warn=True)
+        if process_uid(caller.pid) != caller.uid:  # the handshake's process is gone (its pid reused?)
+            raise Forbidden(f"process {caller.pid} is not the caller's: confine from the process that holds")
+        try:
+            unit = await scopes.place(lease, caller.pid)
+        except ScopeError as err:
+            raise Unavailable(f"device isolation could not be applied: {err}") from None
+        return pb.ConfineReply(enforced=True, isolation="enforced", unit=unit)
 
     @unary
     async def ListCards(self, request, context):

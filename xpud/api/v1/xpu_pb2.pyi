@@ -12,7 +12,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoReply(_message.Message):
-    __slots__ = ("version", "hostname", "backend", "driver_version", "started", "cards", "user_socket", "admin_socket", "config_path", "caller_uid", "caller_is_admin", "slice_sizes")
+    __slots__ = ("version", "hostname", "backend", "driver_version", "started", "cards", "user_socket", "admin_socket", "config_path", "caller_uid", "caller_is_admin", "slice_sizes", "device_isolation")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class InfoReply(_message.Message):
     CALLER_UID_FIELD_NUMBER: _ClassVar[int]
     CALLER_IS_ADMIN_FIELD_NUMBER: _ClassVar[int]
     SLICE_SIZES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ISOLATION_FIELD_NUMBER: _ClassVar[int]
     version: str
     hostname: str
     backend: str
@@ -37,7 +38,8 @@ class InfoReply(_message.Message):
     caller_uid: int
     caller_is_admin: bool
     slice_sizes: _containers.RepeatedCompositeFieldContainer[SliceSize]
-    def __init__(self, version: _Optional[str] = ..., hostname: _Optional[str] = ..., backend: _Optional[str] = ..., driver_version: _Optional[str] = ..., started: _Optional[float] = ..., cards: _Optional[int] = ..., user_socket: _Optional[str] = ..., admin_socket: _Optional[str] = ..., config_path: _Optional[str] = ..., caller_uid: _Optional[int] = ..., caller_is_admin: _Optional[bool] = ..., slice_sizes: _Optional[_Iterable[_Union[SliceSize, _Mapping]]] = ...) -> None: ...
+    device_isolation: str
+    def __init__(self, version: _Optional[str] = ..., hostname: _Optional[str] = ..., backend: _Optional[str] = ..., driver_version: _Optional[str] = ..., started: _Optional[float] = ..., cards: _Optional[int] = ..., user_socket: _Optional[str] = ..., admin_socket: _Optional[str] = ..., config_path: _Optional[str] = ..., caller_uid: _Optional[int] = ..., caller_is_admin: _Optional[bool] = ..., slice_sizes: _Optional[_Iterable[_Union[SliceSize, _Mapping]]] = ..., device_isolation: _Optional[str] = ...) -> None: ...
 
 class SliceSize(_message.Message):
     __slots__ = ("name", "memory_fraction", "compute_pct")
@@ -393,6 +395,26 @@ class AckMoveReply(_message.Message):
     LEASE_FIELD_NUMBER: _ClassVar[int]
     lease: Lease
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class ConfineRequest(_message.Message):
+    __slots__ = ("lease_id", "token")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    token: str
+    def __init__(self, lease_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+
+class ConfineReply(_message.Message):
+    __slots__ = ("enforced", "isolation", "warn", "unit")
+    ENFORCED_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    WARN_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    enforced: bool
+    isolation: str
+    warn: bool
+    unit: str
+    def __init__(self, enforced: _Optional[bool] = ..., isolation: _Optional[str] = ..., warn: _Optional[bool] = ..., unit: _Optional[str] = ...) -> None: ...
 
 class ListCardsRequest(_message.Message):
     __slots__ = ()

@@ -59,6 +59,11 @@ class NodeStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AckMoveRequest.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AckMoveReply.FromString,
                 _registered_method=True)
+        self.Confine = channel.unary_unary(
+                '/xpud.v1.Node/Confine',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ConfineRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ConfineReply.FromString,
+                _registered_method=True)
         self.ListCards = channel.unary_unary(
                 '/xpud.v1.Node/ListCards',
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListCardsRequest.SerializeToString,
@@ -148,6 +153,15 @@ class NodeServicer:
 
     def AckMove(self, request, context):
         """The holder of a restartable lease confirms it stopped its child after a `move` event.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Confine(self, request, context):
+        """The lease's holder (the calling process itself, as the credential handshake's SO_PEERCRED saw it) goes
+        into the lease's device scope before it starts its command: all it starts can then open only the
+        lease's device nodes (README "Isolation"). Answers whether that is enforced here, and if not, why.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -257,6 +271,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.AckMove,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AckMoveRequest.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AckMoveReply.SerializeToString,
+            ),
+            'Confine': grpc.unary_unary_rpc_method_handler(
+                    servicer.Confine,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ConfineRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ConfineReply.SerializeToString,
             ),
             'ListCards': grpc.unary_unary_rpc_method_handler(
                     servicer.ListCards,
@@ -449,6 +468,33 @@ class Node:
             '/xpud.v1.Node/AckMove',
             xpud_dot_api_dot_v1_dot_xpu__pb2.AckMoveRequest.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.AckMoveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Confine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/Confine',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ConfineRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ConfineReply.FromString,
             options,
             channel_credentials,
             insecure,
