@@ -20,51 +20,18 @@ import fnmatch
 import grp
 import os
 import stat
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from xpud.config import schema as config
+from xpud.daemon.checks import FAIL, OK, SKIP, WARN, Check, DeviceNode, Host
 from xpud.errors import XpudError
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 UNIT_DIRS = ("etc/systemd/system", "usr/lib/systemd/system", "lib/systemd/system")
 # Device nodes the daemon and what it starts (MPS control daemons and servers, MIG) open: the rest of
 # /dev/nvidia* (NVSwitch, modeset) only need to be allowed where something else uses them. Major 195 is
 # "nvidia" (cards) and "nvidiactl" from driver 545 on, "nvidia-frontend" before (systemd/xpud.service).
 NEEDED_GROUPS = ("nvidia", "nvidiactl", "nvidia-frontend", "nvidia-uvm", "nvidia-caps")
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of the report."""
-
-    name: str
-    status: str  # ok, warn, fail, skip
-    message: str
-    fix: str = ""
-
-
-@dataclass(frozen=True)
-class DeviceNode:
-    path: str
-    major: int
-    minor: int
-
-
-@dataclass
-class Host:
-    """Where the doctor looks. ``root``: files of the system (unit, group database); ``lib``: the NVML
-    library (pynvml when None, or a FakeNvml); ``tools``: the NVIDIA tool runner (its ``which``);
-    ``devices``: the /dev/nvidia* nodes and the character device groups of /proc/devices (major -> names:
-    a major can carry several, e.g. 195 "nvidia", "nvidiactl" and "nvidia-modeset")."""
-
-    root: Path = Path("/")
-    lib: object | None = None
-    tools: object | None = None
-    devices: Callable[[], tuple[list[DeviceNode], dict[int, tuple[str, ...]]]] | None = None
-    group_lookup: Callable[[str], int | None] | None = None
-    simulated: bool = False
 
 
 # ----------------------------------------------------------------------------------- device nodes

@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 from xpud.config import schema as config
-from xpud.daemon.doctor import FAIL, OK, SKIP, WARN, Check, Host
+from xpud.daemon.checks import FAIL, OK, SKIP, WARN, Check, Host
 from xpud.isolation.scope import detect
 
 NODE_GLOBS = ("dev/nvidia[0-9]*", "dev/nvidiactl", "dev/nvidia-caps/nvidia-cap*")
