@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DaemonProc, wait_until
+from tests.conftest import wait_until
+from tests.daemons import DaemonProc
 from xpud.api.client import Client
 from xpud.errors import XpudError
 from xpud.ledger.ledger import SCHEMA_VERSION
