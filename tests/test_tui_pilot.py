@@ -22,7 +22,7 @@ from xpu_tui.app import XpuTop
 from xpu_tui.cardtile import CardTile
 from xpu_tui.clusterview import ClusterView
 from xpu_tui.eventlog import EventLog
-from xpu_tui.hostsummary import HostSummary
+from xpu_tui.hostrow import HostRow
 from xpu_tui.modals import CardScreen, ConfirmScreen, HelpScreen, ModeScreen
 from xpu_tui.source import HostSpec, LocalHosts, RecordedSource, StaticCluster
 
@@ -289,7 +289,7 @@ async def test_a_silent_host_turns_stale_without_new_data():
     from xpu_tui import demo
 
     now = [demo.now()]
-    cluster = StaticCluster([HostSummary("a", "r1", cards=8, whole_free=8, seen=now[0])])
+    cluster = StaticCluster([HostRow("a", "r1", cards=8, whole_free=8, seen=now[0])])
     app = XpuTop(demo.dgx_source(), cluster, clock=lambda: now[0])
     async with app.run_test(size=SIZE) as pilot:
         table = app.cluster_view.query_one("#cluster-table", DataTable)
