@@ -127,7 +127,7 @@ def main() -> None:
     from xpud.daemon.cli import Daemon, StartupError, open_hardware
 
     base = Path(tempfile.mkdtemp(prefix="xpu-inproc-", dir="/tmp"))
-    cfg = config.parse(load.DAEMON_CONFIG, str(base / "xpud.toml"))  # as tests/inproc.py builds it
+    cfg = config.parse(load.DAEMON_CONFIG, str(base / "xpud.toml"))  # as tests/daemons.py builds it
     cfg = cfg.replace("devices", backend="simulated", machine=args.machine)
     cfg = cfg.replace("daemon", runtime_dir=str(base / "run"), state_dir=str(base / "state"))
     try:

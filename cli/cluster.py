@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from xpu_cli import output
+from xpu_cli import output, vocab
 
 from xpud.api.v1 import xpu_pb2 as pb
 
@@ -42,7 +42,7 @@ def _where(h: pb.ClusterHost) -> str:
 
 
 def _age(seconds: float) -> str:
-    return f"{seconds:.1f}s" if seconds < 60 else output.age(0, seconds)
+    return f"{seconds:.1f}s" if seconds < 60 else vocab.age(seconds)
 
 
 @cluster_app.callback()

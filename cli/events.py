@@ -4,7 +4,6 @@ log the dashboard's Events view shows; `--follow` goes on printing new events as
 from __future__ import annotations
 
 import json
-import time
 from typing import Annotated
 
 import typer
@@ -13,14 +12,10 @@ from xpu_cli import output, vocab
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
-def when(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ts))
-
-
 def line(ev) -> str:
     card = f"card {ev.card}" if ev.card >= 0 else "-"
     message = vocab.with_user_names(ev.message)  # owners by name, as the tables show them
-    return f"{when(ev.timestamp)}  {ev.kind:<8} {card:<7} {ev.lease_id or '-':<8}  {message}"
+    return f"{vocab.timestamp(ev.timestamp)}  {ev.kind:<8} {card:<7} {ev.lease_id or '-':<8}  {message}"
 
 
 def _keep(ev, card: int | None, lease: str) -> bool:

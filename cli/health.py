@@ -23,7 +23,7 @@ def when(ts: float, now: float | None = None) -> str:
 
 
 def in_(seconds: float) -> str:
-    return "now" if seconds <= 0 else f"in {output.age(time.time() - seconds)}"
+    return "now" if seconds <= 0 else f"in {vocab.age(seconds)}"
 
 
 def recovery(h, now: float | None = None) -> str:

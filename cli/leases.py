@@ -189,7 +189,7 @@ def print_table(reply, now: float, all_: bool, mode=None, state=None, uid=None, 
     headers = [f"END ({zone()})" if k == "end" else COLUMNS[k] for k in keys]
     table = []
     for _, r in [*leases, *queue]:
-        cells = {**r, "elapsed": output.age(now - r["elapsed"], now), "user": vocab.user_name(r["user"])}
+        cells = {**r, "elapsed": vocab.age(r["elapsed"]), "user": vocab.user_name(r["user"])}
         cells["end"] = clock(r["end"], now) if r["end"] else "-"
         if r["state"] in STYLES:
             cells["state"] = output.Styled(r["state"], STYLES[r["state"]])
@@ -311,7 +311,7 @@ def wait_cmd(
     if as_json:
         output.print_json({**output.to_dict(le), "status": status(le)})
     else:
-        print(f"lease {le.id} {status(le)} after {output.age(time.time() - run_time(le, time.time()))}")
+        print(f"lease {le.id} {status(le)} after {vocab.age(run_time(le, time.time()))}")
     raise typer.Exit(exit_status(le))
 
 

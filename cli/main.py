@@ -372,9 +372,7 @@ def info(as_json: JsonOpt = False) -> None:
     if as_json:
         return output.print_json(i)
     shown = output.to_dict(i)
-    shown["started"] = (
-        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(i.started))} ({output.age(i.started)} ago)"
-    )
+    shown["started"] = f"{vocab.timestamp(i.started)} ({vocab.age(time.time() - i.started)} ago)"
     shown["config_path"] = i.config_path or "(none: defaults)"
     shown["slice_sizes"] = ", ".join(  # what --mode accepts besides xpu
         f"{s.name} ({s.memory_fraction * 100:.4g}% memory, {s.compute_pct}% compute)" for s in i.slice_sizes

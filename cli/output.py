@@ -9,7 +9,6 @@ import os
 import shutil
 import sys
 import textwrap
-import time
 from collections.abc import Sequence
 
 from xpu_cli.jsonshape import to_dict
@@ -174,17 +173,6 @@ def note(text: str, out=None, indent: str = "  ") -> None:
     lead = len(text) - len(text.lstrip(" "))
     wrapped = textwrap.fill(text, limit, subsequent_indent=" " * lead + indent, break_on_hyphens=False)
     out.write(wrapped + "\n")
-
-
-def age(since: float, now: float | None = None) -> str:
-    s = max(0, int((now or time.time()) - since))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def cpu_ranges(cpus: Sequence[int]) -> str:

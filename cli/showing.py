@@ -17,7 +17,7 @@ EVENTS = 10  # the latest events shown with the object
 def when(ts: float | None) -> str:
     if not ts:
         return "-"
-    return f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(ts))} ({output.age(ts)} ago)"
+    return f"{vocab.timestamp(ts)} ({vocab.age(time.time() - ts)} ago)"
 
 
 def show(c, what: str, as_json: bool) -> None:
@@ -81,7 +81,7 @@ def _lease(c, le, as_json: bool) -> None:
         ("granted", when(le.created)),
         ("started", when(le.started) if le.HasField("started") else "- (its wrapper reports it at release)"),
         ("ended", when(le.ended) if le.HasField("ended") else "-"),
-        ("run time", output.age(now - run_time(le, now), now)),
+        ("run time", vocab.age(run_time(le, now))),
         ("end reason", le.end_reason or "-"),
         ("note", le.mark or "-"),
     ]

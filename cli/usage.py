@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xpu_cli import output
+from xpu_cli import output, vocab
 
 
 def _pct(v: float) -> str:
@@ -10,7 +10,7 @@ def _pct(v: float) -> str:
 
 
 def _gib(v: int) -> str:
-    return "-" if v < 0 else f"{v / 2**30:.1f}G"
+    return "-" if v < 0 else f"{vocab.gib(v)}G"
 
 
 def show_usage(reply, as_json: bool) -> None:

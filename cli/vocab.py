@@ -8,12 +8,14 @@ dashboard (``xpu_tui``) all say "held by", "free", memory and owners the same wa
   as ``MEM% mem SM% sm`` (an idle card: ``100% mem 100% sm``; a whole-card lease: ``0% mem 0% sm``).
 - MEMORY: ``USED/TOTAL GiB`` with one decimal: ``0.5/79.6 GiB``; ``-`` for what a card cannot report.
 - Users: names, as this machine knows them, else ``uid N``.
+- Durations: two units at most (``age``: ``3m12s``); times: ``timestamp`` (``2026-12-07 08:20:10 UTC``).
 """
 
 from __future__ import annotations
 
 import pwd
 import re
+import time
 from functools import lru_cache
 
 
@@ -70,6 +72,26 @@ def free(card) -> str:
 def gib(nbytes: int | float | None) -> str:
     """Bytes as GiB with one decimal (``79.6``); ``-`` when unknown."""
     return "-" if nbytes is None else f"{nbytes / (1 << 30):.1f}"
+
+
+def age(seconds: float) -> str:
+    """A duration in two units at most: ``42s``, ``3m12s``, ``5h03m``, ``2d04h`` (negative: ``0s``)."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def timestamp(ts: float) -> str:
+    """A local date and time with its zone: ``2026-12-07 08:20:10 UTC``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ts))
 
 
 def memory(used: int | None, total: int | None) -> str:

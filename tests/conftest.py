@@ -1,23 +1,20 @@
-"""Shared fixtures: real daemons on temp sockets, the real CLI as a subprocess."""
+"""Shared fixtures: real daemons on temp sockets (tests/daemons.py), the real CLI as a subprocess."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from xpud.api.client import Client
-from xpud.errors import XpudError
+from tests.daemons import BIN, DaemonProc, InProcDaemon, xpu_env
+
+__all__ = ["BIN", "ROOT", "alive", "poll", "wait_until", "xpu_env"]  # BIN, xpu_env: from tests.daemons
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 
 
 def _default_signal_dispositions() -> None:
@@ -31,17 +28,6 @@ def _default_signal_dispositions() -> None:
 
 
 _default_signal_dispositions()
-
-
-def xpu_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
-    # COLUMNS/LINES out too: tables fit a width only where one is set (tests that want one set it)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("XPUD_", "CUDA_", "XPU_")) and k not in ("COLUMNS", "LINES")
-    }
-    env.update(XPUD_RUNTIME_DIR=str(runtime_dir), PYTHONUNBUFFERED="1", **extra)
-    return env
 
 
 def poll(pred, timeout: float, step: float = 0.02):
@@ -70,87 +56,6 @@ def alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-class DaemonProc:
-    """A real ``xpud --simulate`` subprocess with its own runtime and state directories."""
-
-    def __init__(
-        self,
-        base: Path,
-        machine: str,
-        config: str = "",
-        args: tuple[str, ...] = (),
-        prefix: tuple[str, ...] = (),  # e.g. ("ip", "netns", "exec", NS): run it in a network namespace
-    ):
-        self.base = base
-        self.prefix = prefix
-        self.machine = machine
-        self.runtime_dir = base / "run"
-        self.state_dir = base / "state"
-        self.config = base / "xpud.toml"
-        self.config.write_text(config)
-        self.args = args
-        self.log = base / "xpud.log"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, wait: bool = True) -> DaemonProc:
-        cmd = [
-            *self.prefix,
-            str(BIN / "xpud"),
-            "--config",
-            str(self.config),
-            "--simulate",
-            self.machine,
-            "--runtime-dir",
-            str(self.runtime_dir),
-            "--state-dir",
-            str(self.state_dir),
-            *self.args,
-        ]
-        with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
-            env = xpu_env(self.runtime_dir)
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        if wait:
-            self.wait_ready()
-        return self
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"xpud exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            try:
-                with Client(self.runtime_dir) as c:
-                    c.info()
-                return
-            except XpudError:
-                time.sleep(0.05)
-        raise TimeoutError(f"xpud not ready after {timeout} s: {self.log.read_text()[-2000:]}")
-
-    def client(self, admin: bool = False) -> Client:
-        return Client(self.runtime_dir, admin=admin)
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(10)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def xpu(self, *args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(BIN / "xpu"), *args],
-            env=xpu_env(self.runtime_dir),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            **kw,
-        )
-
-    def xpu_popen(self, *args: str, **kw) -> subprocess.Popen:
-        return subprocess.Popen([str(BIN / "xpu"), *args], env=xpu_env(self.runtime_dir), **kw)
 
 
 @pytest.fixture
@@ -190,10 +95,8 @@ def daemon(daemon_factory):
 
 @pytest.fixture
 def inproc(short_tmp):
-    """In-process daemons (``tests.inproc.InProcDaemon``): ``inproc(machine, config_text="", fake=None)``;
+    """In-process daemons (``tests.daemons.InProcDaemon``): ``inproc(machine, config_text="", fake=None)``;
     all stopped at the end of the test."""
-    from tests.inproc import InProcDaemon
-
     made = []
 
     def make(machine, config_text="", fake=None, name="d"):

@@ -14,6 +14,16 @@ class SyncEngine:
         object.__setattr__(self, "_engine", engine)
         object.__setattr__(self, "_loop", asyncio.new_event_loop())
 
+    @property
+    def engine(self) -> Engine:
+        """The ``Engine`` this drives (for the parts built over one: controllers, the provisioner)."""
+        return self._engine
+
+    def run(self, coro):
+        """Run a coroutine on this engine's loop to completion and return its result (the tasks it started
+        may still be pending: the engine's own methods, called through this, wait for those too)."""
+        return self._loop.run_until_complete(coro)
+
     def __getattr__(self, name: str):
         attr = getattr(self._engine, name)
         if not callable(attr) or not inspect.ismethod(attr):

@@ -26,7 +26,7 @@ def world(tmp_path):
     fake = FakeNvml("pcie-8x-l40s", clock=clock)
     nvml = Nvml(fake)
     nvml.open()
-    rs = Rightsizer(engine._engine, nvml)
+    rs = Rightsizer(engine.engine, nvml)
     return engine, fake, rs, clock
 
 
@@ -46,7 +46,7 @@ def tick(engine, rs, clock, seconds):
     out = []
     for _ in range(int(seconds / rs.cfg.sample_s)):
         clock.t += rs.cfg.sample_s
-        out += engine._loop.run_until_complete(rs.poll())
+        out += engine.run(rs.poll())
     return out
 
 
@@ -139,8 +139,8 @@ def test_resize_restarts_a_restartable_job_and_refuses_the_others(world):
     lease, token, q = running(engine, fake, rs, "vxpu-quarter", 5)
     owner, stranger = Caller(uid=1000, gid=1000, pid=ME), Caller(uid=1001, gid=1001, pid=ME)
     with pytest.raises(Forbidden):
-        engine._loop.run_until_complete(resize(engine._engine, lease.id, "xpu", stranger))
-    _new, how = engine._loop.run_until_complete(resize(engine._engine, lease.id, "xpu", owner))
+        engine.run(resize(engine.engine, lease.id, "xpu", stranger))
+    _new, how = engine.run(resize(engine.engine, lease.id, "xpu", owner))
     assert "restarting on xpu" in how and "new clients only" in how
     kinds = []
     while not q.empty():
@@ -152,7 +152,7 @@ def test_resize_restarts_a_restartable_job_and_refuses_the_others(world):
     assert any(e.kind == "resize" for e in engine.ledger.events())
     fixed, _, _ = running(engine, fake, rs, "vxpu-half", 5, restartable=False)
     with pytest.raises(Conflict, match="not restartable: its size cannot change while it runs"):
-        engine._loop.run_until_complete(resize(engine._engine, fixed.id, "xpu", owner))
+        engine.run(resize(engine.engine, fixed.id, "xpu", owner))
     assert engine.leases[fixed.id].mode == fixed.mode and fixed.id not in engine.moves.pending
 
 
@@ -160,17 +160,17 @@ def test_each_lease_live_load_is_published_for_its_server(world, tmp_path):
     import json
 
     engine, fake, rs, clock = world
-    engine._engine.cfg = engine.cfg.replace("daemon", runtime_dir=str(tmp_path))
+    engine.engine.cfg = engine.cfg.replace("daemon", runtime_dir=str(tmp_path))
     lease, _, _ = running(engine, fake, rs, "vxpu-quarter", 15)
     engine.try_grant(req("vxpu-quarter", wait_s=60, uid=1001))  # fits: no queue
     for _ in range(3):
         clock.t += 5
-        engine._loop.run_until_complete(rs.poll_logged())
+        engine.run(rs.poll_logged())
     load = json.loads((tmp_path / "load" / f"{lease.id}.json").read_text())
     assert load["throttled"] and load["cap_pct"] == 15 and load["used_pct"] == 15
     assert load["mode"] == "vxpu-quarter" and load["waiting_for_size"] == 0 and not load["moving"]
     engine.release(lease.id, Caller(uid=1000))
-    engine._loop.run_until_complete(rs.poll_logged())
+    engine.run(rs.poll_logged())
     assert not (tmp_path / "load" / f"{lease.id}.json").exists()  # its file goes with it
 
 
@@ -251,7 +251,7 @@ def test_auto_state_survives_a_restart_of_the_engine(world, tmp_path):
 
     again = sync_engine(cards(), pcie_box(), rs.engine.cfg, Ledger(tmp_path / "l.sqlite"), clock=clock)
     assert [x.id for x in again.restore()] == [lease.id]
-    rs2 = Rightsizer(again._engine, rs.nvml)
+    rs2 = Rightsizer(again.engine, rs.nvml)
     rs2.restore()
     assert len(rs2.book.classes["serve"]) == len(rs.book.classes["serve"]) == 17
     assert rs2.choose("python serve.py", "serve")[:2] == ("xpu", "serve")
@@ -262,14 +262,14 @@ def test_auto_state_survives_a_restart_of_the_engine(world, tmp_path):
     assert held and not any(x.move for x in held) and "hold 300 s" in held[-1].evidence
     assert again.leases[half.id].mode == half.mode and half.id not in again.moves.pending
     # a fresh engine without the records: the class is unknown again
-    assert Rightsizer(again._engine, rs.nvml).choose("python serve.py", "serve")[0] == "vxpu-half"
+    assert Rightsizer(again.engine, rs.nvml).choose("python serve.py", "serve")[0] == "vxpu-half"
 
 
 def test_class_history_survives_a_daemon_restart(short_tmp):
     """Through the socket: a class measured by one daemon is started from its history by the next one on
     the same state directory (same simulated cards, a restart without a reboot)."""
     from tests.conftest import wait_until
-    from tests.inproc import InProcDaemon
+    from tests.daemons import InProcDaemon
     from xpud.api.client import Client
 
     conf = '[auto]\nfirst = "vxpu-quarter"\nsample_s = 1.0\n'

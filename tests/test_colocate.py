@@ -62,7 +62,7 @@ def mps_world(tmp_path):
             return MpsIsolation(card, nvml, tools, tmp_path / "run") if isolation == "mps" else Accounting()
 
         e = sync_engine(infos, pcie_box(), cfg, Ledger(tmp_path / "l.sqlite"), backend, clock=clock)
-        rs = Rightsizer(e._engine, nvml)
+        rs = Rightsizer(e.engine, nvml)
         e.rightsizer = rs
         return e, rs
 
@@ -91,7 +91,7 @@ def two_cards_one_compute_one_memory(engine, fake, clock, holder):
         fake.set_process_load(card, pid, sm, bw)
     for _ in range(12):
         clock.t += 5
-        e._loop.run_until_complete(rs.poll())
+        e.run(rs.poll())
     return e, rs
 
 
@@ -127,5 +127,5 @@ def test_a_moved_lease_goes_beside_its_complement_too(mps_world):
     lease, _ = e.try_grant(req("vxpu-quarter", cards=(2,), restartable=True, command="python train.py"))
     e.hold_opened(lease.id)
     rs.track(lease.id, "train", True)
-    moved = e._loop.run_until_complete(e.moves.start(lease.id, "test"))
+    moved = e.run(e.moves.start(lease.id, "test"))
     assert moved.cards == (1,)  # beside "etl"; without co-location card 0 (the lowest index)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pynvml as N
 import pytest
 
-from tests.conftest import DaemonProc, xpu_env
+from tests.conftest import xpu_env
+from tests.daemons import DaemonProc
 from xpud.config import schema as config
 from xpud.daemon import doctor
 from xpud.isolation.faketools import FakeNvidiaTools

@@ -418,7 +418,7 @@ def test_a_release_whose_caller_goes_away_still_ends_the_lease(engine, tail):
 def test_a_cards_capacity_is_kept_until_what_it_depends_on_changes(engine):
     """Placement asks every card's capacity at every slice grant: it is computed again only when the
     card's slices, mode, health, drain or pin changed, and is then what a fresh computation gives."""
-    e = engine._engine
+    e = engine.engine
     c = e.cards[0]
     first = e._capacity(c)
     assert e._capacity(c) is first  # nothing changed: the same object

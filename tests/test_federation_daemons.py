@@ -19,7 +19,8 @@ import grpc
 import pytest
 from xpu_cli.output import to_dict
 
-from tests.conftest import BIN, DaemonProc, wait_until, xpu_env
+from tests.conftest import BIN, wait_until, xpu_env
+from tests.daemons import DaemonProc
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.config import schema as config

@@ -137,7 +137,7 @@ def test_a_restarted_host_keeps_its_reservation_and_its_expiry(inproc):
     d.call(hj.commit, pb.CommitRequest(job="done", attempt=0))
     fake, base = d.fake, d.runtime_dir.parent
     d.stop()
-    from tests.inproc import InProcDaemon
+    from tests.daemons import InProcDaemon
 
     d3 = InProcDaemon(base, MACHINE, "", fake)  # the same state directory and cards: a restart
     try:

@@ -137,8 +137,8 @@ def _sliced(engine) -> list[int]:
 def test_cards_are_sliced_before_the_peak_and_whole_again_after(tmp_path):
     start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()  # Monday 13:50
     engine, clock = _engine(tmp_path, start)
-    prov = Provisioner(engine._engine, clock=clock)
-    report = engine._loop.run_until_complete(prov.run())
+    prov = Provisioner(engine.engine, clock=clock)
+    report = engine.run(prov.run())
     # 14:05 is forecast at ~8 halves: 4 cards' worth, sliced now, before anyone asks
     assert report["sliced_cards_wanted"] == 4 and len(_sliced(engine)) == 4
     msgs = [e.message for e in engine.ledger.events(50) if e.kind == "mode"]
@@ -154,7 +154,7 @@ def test_cards_are_sliced_before_the_peak_and_whole_again_after(tmp_path):
         engine._end(lease, LeaseState.RELEASED, "done")
     # 17:50: the forecast for 18:05 falls to 1 slice; the provisioned cards go back whole but one
     clock.t = (MONDAY + timedelta(weeks=4, hours=17, minutes=50)).timestamp()
-    report = engine._loop.run_until_complete(prov.run())
+    report = engine.run(prov.run())
     assert report["sliced_cards_wanted"] == 1 and len(_sliced(engine)) == 1
     assert engine.stats.conversions[("whole", "forecast")] == 3
     assert any("forecast falls" in e.message for e in engine.ledger.events(50))
@@ -165,24 +165,24 @@ def test_pre_provisioning_respects_the_window(tmp_path):
     window = '[[windows]]\nname = "day"\ncron = "0 8 * * 1-5"\nwhole_share = 0.8\n'
     engine, clock = _engine(tmp_path, start, window)
     engine.set_window(config.parse(window).windows[0])  # 7 of 8 stay whole
-    prov = Provisioner(engine._engine, clock=clock)
-    engine._loop.run_until_complete(prov.run())
+    prov = Provisioner(engine.engine, clock=clock)
+    engine.run(prov.run())
     assert len(_sliced(engine)) == 1  # four wanted, the window allows one
 
 
 def test_tear_down_waits_for_the_hysteresis(tmp_path):
     start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()
     engine, clock = _engine(tmp_path, start)
-    prov = Provisioner(engine._engine, clock=clock)
-    engine._loop.run_until_complete(prov.run())
+    prov = Provisioner(engine.engine, clock=clock)
+    engine.run(prov.run())
     assert len(_sliced(engine)) == 4
     clock.t = (MONDAY + timedelta(weeks=4, hours=17, minutes=50)).timestamp()
     for i in _sliced(engine):
-        engine._engine.cards[i].switched_at = clock.t - 10  # as if switched 10 s ago (hold_s 600)
-    engine._loop.run_until_complete(prov.run())
+        engine.engine.cards[i].switched_at = clock.t - 10  # as if switched 10 s ago (hold_s 600)
+    engine.run(prov.run())
     assert len(_sliced(engine)) == 4
     clock.t += 600
-    engine._loop.run_until_complete(prov.run())
+    engine.run(prov.run())
     assert len(_sliced(engine)) == 1
 
 
@@ -232,8 +232,8 @@ def _instances(fake) -> int:
 def test_mig_slices_are_pre_created_before_the_peak_served_without_a_creation_and_torn_down(tmp_path):
     start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()  # Monday 13:50
     engine, clock, fake = _mig_engine(tmp_path, start)
-    prov = Provisioner(engine._engine, clock=clock)
-    report = engine._loop.run_until_complete(prov.run())
+    prov = Provisioner(engine.engine, clock=clock)
+    report = engine.run(prov.run())
     # 14:05 is forecast at ~8 halves: 8 MIG instances made now, recorded, before anyone asks
     made = created(fake)
     assert report["slices"]["standby"]["vxpu-half"] == 8 and made == 16 and _instances(fake) == 8
@@ -256,11 +256,11 @@ def test_mig_slices_are_pre_created_before_the_peak_served_without_a_creation_an
         engine._end(lease, LeaseState.RELEASED, "done")
     # 17:50: the forecast for 18:05 falls to 1 slice; the pre-created ones are gone with it
     clock.t = (MONDAY + timedelta(weeks=4, hours=17, minutes=50)).timestamp()
-    engine._loop.run_until_complete(prov.run())
+    engine.run(prov.run())
     assert engine.standby.count("vxpu-half") == 1 == len(engine.ledger.standby()) == _instances(fake)
     # 20:50, a night hour (1 slice) after 18:00: stays 1; disabled: none
-    engine._engine.cfg = engine._engine.cfg.replace("forecast", enabled=False)
-    engine._loop.run_until_complete(prov.run())
+    engine.engine.cfg = engine.engine.cfg.replace("forecast", enabled=False)
+    engine.run(prov.run())
     assert engine.ledger.standby() == [] and _instances(fake) == 0
     assert any("destroyed: forecast falls" in e.message for e in engine.ledger.events(200))
 
@@ -268,18 +268,18 @@ def test_mig_slices_are_pre_created_before_the_peak_served_without_a_creation_an
 def test_pre_created_slices_survive_a_restart_neither_leaked_nor_offered_twice(tmp_path):
     start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()
     engine, clock, fake = _mig_engine(tmp_path, start)
-    prov = Provisioner(engine._engine, clock=clock)
-    engine._loop.run_until_complete(prov.run())
+    prov = Provisioner(engine.engine, clock=clock)
+    engine.run(prov.run())
     taken = engine.try_grant(req("vxpu-half"))[0]
     assert len(engine.ledger.standby()) == 7
     # a crash between a creation and its commit: an instance on a card with no record
     orphan = created(fake)
     first = engine.ledger.standby()[0][1]
-    assert engine._loop.run_until_complete(
-        engine._engine.standby.drop(first.handle, "test")
+    assert engine.run(
+        engine.engine.standby.drop(first.handle, "test")
     )  # record removed, instance destroyed: room
     i = first.card_index
-    engine._engine._backends[i].precreate(engine._engine.cards[i].info, engine.cfg.slices["vxpu-half"])
+    engine.engine._backends[i].precreate(engine.engine.cards[i].info, engine.cfg.slices["vxpu-half"])
     assert created(fake) == orphan + 2
     # and a record whose instance someone destroyed behind our back
     gone = engine.ledger.standby()[0][1]
@@ -303,7 +303,7 @@ def test_pre_created_slices_survive_a_restart_neither_leaked_nor_offered_twice(t
 def test_a_whole_card_request_may_take_a_card_of_pre_created_slices_and_their_records_go(tmp_path):
     start = (MONDAY + timedelta(weeks=4, hours=13, minutes=50)).timestamp()
     engine, clock, fake = _mig_engine(tmp_path, start)
-    engine._loop.run_until_complete(Provisioner(engine._engine, clock=clock).run())
+    engine.run(Provisioner(engine.engine, clock=clock).run())
     whole = [engine.try_grant(req("xpu"))[0] for _ in range(8)]
     assert all(w is not None for w in whole)  # every card, the pre-provisioned ones switched back
     assert engine.ledger.standby() == [] and _instances(fake) == 0
@@ -324,18 +324,18 @@ def test_warm_command_runs_once_per_pre_created_slice_as_the_warm_user(tmp_path,
     )
     extra = f"warm_command = '{cmd}'\nwarm_timeout_s = 5.0\n"
     engine, clock, fake = _mig_engine(tmp_path, start, extra)
-    prov = Provisioner(engine._engine, clock=clock)
+    prov = Provisioner(engine.engine, clock=clock)
 
     async def provision():
         await prov.run()
         # while the commands run, their instances are not handed out: a request creates its own
         n = created(fake)
-        lease, _ = await engine._engine.try_grant(req("vxpu-half"))
+        lease, _ = await engine.engine.try_grant(req("vxpu-half"))
         assert created(fake) == n + 2 and lease.slices[0].handle not in engine.standby.slices
         await prov.warmed()
         return lease
 
-    engine._loop.run_until_complete(provision())
+    engine.run(provision())
     files = sorted(out.iterdir())
     assert len(files) == 8
     lines = [f.read_text().split() for f in files]
@@ -370,22 +370,22 @@ def test_on_mps_cards_the_forecast_slices_are_planned_and_warmed_with_their_limi
     engine, clock, _ = _mig_engine(
         tmp_path, start, f"warm_command = '{cmd}'\n", fake=FakeNvml("pcie-8x-l40s")
     )
-    prov = Provisioner(engine._engine, clock=clock)
+    prov = Provisioner(engine.engine, clock=clock)
 
     async def go():
         report = await prov.run()
         await prov.warmed()
         return report
 
-    report = engine._loop.run_until_complete(go())
+    report = engine.run(go())
     assert report["slices"]["standby"]["vxpu-half"] == 0 and report["slices"]["planned_mps"]["vxpu-half"] == 8
     lines = sorted(f.read_text().split() for f in out.iterdir())
     assert len(lines) == 8, lines
-    sliced = {engine._engine.cards[i].info.uuid for i in _sliced(engine)}
+    sliced = {engine.engine.cards[i].info.uuid for i in _sliced(engine)}
     assert {w[0] for w in lines} == sliced and len(sliced) == 4
     assert all(w[1] == "30" and w[2].startswith("0=") and w[3] == "nopipe" for w in lines), lines
     # a second run plans the same slices: nothing warmed again
-    engine._loop.run_until_complete(go())
+    engine.run(go())
     assert sum("warm_command exited 0" in e.message for e in engine.ledger.events(100)) == 8
 
 

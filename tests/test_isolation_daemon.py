@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.conftest import wait_until
-from tests.inproc import InProcDaemon
+from tests.daemons import InProcDaemon
 from xpud.api.client import Client
 from xpud.errors import Conflict, NoCapacity
 from xpud.hw.check import check_hardware

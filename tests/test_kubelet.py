@@ -23,7 +23,8 @@ import grpc
 import pytest
 
 from tests import driver_tree
-from tests.conftest import DaemonProc, wait_until
+from tests.conftest import wait_until
+from tests.daemons import DaemonProc
 from tests.kubelet_standin import StandInKubelet
 
 GPU, HALF, QUARTER = "xpu.dev/gpu", "xpu.dev/vxpu-half", "xpu.dev/vxpu-quarter"

@@ -78,7 +78,7 @@ def test_a_restored_lease_of_a_size_since_removed_is_kept_released_and_never_mov
     assert [x.mode for x in e2.restore()] == ["vxpu-tiny"]
     e2.hold_opened(lease.id)
     with pytest.raises(Conflict, match="a vxpu-tiny slice, a size the config no longer has"):
-        asyncio.run(e2._engine.moves.start(lease.id, "card unhealthy"))
+        asyncio.run(e2.engine.moves.start(lease.id, "card unhealthy"))
     with pytest.raises(BadRequest, match="no such slice size"):
         e2.try_grant(Request("vxpu-tiny", owner_uid=1000))
     assert e2.release(lease.id, Caller(1000), token).id == lease.id

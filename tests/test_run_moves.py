@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.conftest import BIN, xpu_env
-from tests.inproc import InProcDaemon
+from tests.daemons import InProcDaemon
 
 CONFIG = "[leases]\ngrace_s = 30.0\n[cards]\nmig_idle_keep_s = 0\n"
 

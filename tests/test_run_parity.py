@@ -19,7 +19,7 @@ def runtime(tmp_path_factory):
     import tempfile
     from pathlib import Path
 
-    from tests.conftest import DaemonProc
+    from tests.daemons import DaemonProc
 
     base = Path(tempfile.mkdtemp(prefix="xpu-", dir="/tmp"))
     d = DaemonProc(base, "pcie-8x-l40s", "[leases]\ngrace_s = 30.0\n").start()

@@ -17,7 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import DaemonProc
+from tests.daemons import DaemonProc
 from tests.test_service_input import Raw
 from xpud.api.v1 import xpu_pb2 as pb
 

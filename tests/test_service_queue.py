@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT, wait_until
-from tests.inproc import InProcDaemon
+from tests.daemons import InProcDaemon
 from xpud.model import Caller, Mode, Request
 
 N_WAITERS = 5000

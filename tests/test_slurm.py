@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, DaemonProc, poll, wait_until, xpu_env
+from tests.conftest import BIN, poll, wait_until, xpu_env
+from tests.daemons import DaemonProc
 from tests.slurm_site import SlurmSite, install
 
 # real Slurm daemons: their set-up took over 120 s on a heavily loaded host

@@ -15,7 +15,8 @@ from xpu_cli.main import app as xpu_app
 from xpu_tui.app import XpuTop
 from xpu_tui.source import LocalHosts
 
-from tests.test_tui_pilot import InProcessDaemon
+from tests.daemons import InProcDaemon
+from tests.test_tui_pilot import HOLDERLESS
 
 BIN = Path(sys.executable).parent
 
@@ -52,8 +53,8 @@ def test_bad_interval_is_a_usage_error():
 def test_wiring_admin_auto_hosts_and_interval(short_tmp, launched):
     (short_tmp / "a").mkdir()
     (short_tmp / "b").mkdir()
-    a = InProcessDaemon(short_tmp / "a", "workstation-2x").start()
-    b = InProcessDaemon(short_tmp / "b", "workstation-2x").start()
+    a = InProcDaemon(short_tmp / "a", "workstation-2x", HOLDERLESS)
+    b = InProcDaemon(short_tmp / "b", "workstation-2x", HOLDERLESS)
     try:
         r = CliRunner().invoke(
             xpu_app,

@@ -49,8 +49,8 @@ def test_daemon_cli_and_tui_data_side_import_without_textual():
         for m in pkgutil.walk_packages(xpud.__path__, "xpud."):
             importlib.import_module(m.name)
         import xpu_cli.main, xpu_cli.top
-        # The dashboard's data side is plain Python too (federation may feed HostSummary).
-        import xpu_tui.hoststate, xpu_tui.hostsummary, xpu_tui.source, xpu_tui.topogroups
+        # The dashboard's data side is plain Python too (federation may feed HostRow).
+        import xpu_tui.hoststate, xpu_tui.hostrow, xpu_tui.source, xpu_tui.topogroups
         import xpu_tui.mailbox, xpu_tui.render, xpu_tui.demo
         assert not [m for m in sys.modules if m.split(".")[0] == "textual"]
         assert "top" in [c.name for c in xpu_cli.main.app.registered_commands]

@@ -7,14 +7,16 @@ import threading
 from pathlib import Path
 
 import pytest
+from xpu_cli.vocab import age
 from xpu_tui import demo
+from xpu_tui.hostrow import HostRow, from_watch, totals
 from xpu_tui.hoststate import HostState
-from xpu_tui.hostsummary import HostSummary, slices_that_fit, summarize, totals, whole_free
 from xpu_tui.mailbox import Mailbox
-from xpu_tui.render import age, bar, spark
+from xpu_tui.render import bar, spark
 from xpu_tui.source import HostSpec, RecordedSource, follow
 from xpu_tui.topogroups import card_list, group_cards
 
+from xpud.api.capacity import slices_that_fit, whole_free
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.config.schema import DEFAULT_SLICES
 from xpud.errors import Unavailable
@@ -123,7 +125,7 @@ def test_slices_that_fit_take_the_tighter_of_memory_and_compute():
 
 def test_summarize_the_demo_host():
     update = demo.dgx_source()._updates[-1]
-    h = summarize("dgx-a07", update, seen=demo.now(), domain="rack-7")
+    h = from_watch("dgx-a07", update, seen=demo.now(), domain="rack-7")
     assert (h.cards, h.healthy, h.degraded, h.unhealthy, h.drained) == (8, 6, 1, 1, 2)
     # cards 3 and 4 are idle whole cards; 5 and 7 are drained; 0 and 6 hold slices; 1, 2 a lease.
     assert h.whole_free == 2
@@ -133,9 +135,9 @@ def test_summarize_the_demo_host():
 
 
 def test_stale_and_totals():
-    fresh = HostSummary("a", "r1", whole_free=2, slices_free={"vxpu-half": 1}, seen=100.0)
-    old = HostSummary("b", "r1", whole_free=1, degraded=1, seen=80.0)
-    down = HostSummary("c", "r1", unhealthy=2, seen=100.0, error="cannot reach xpud")
+    fresh = HostRow("a", "r1", whole_free=2, slices_free={"vxpu-half": 1}, seen=100.0)
+    old = HostRow("b", "r1", whole_free=1, degraded=1, seen=80.0)
+    down = HostRow("c", "r1", unhealthy=2, seen=100.0, error="cannot reach xpud")
     assert not fresh.stale(101.0, 5.0) and old.stale(101.0, 5.0) and down.stale(101.0, 5.0)
     t = totals("r1", [fresh, old, down], now=101.0, stale_after_s=5.0)
     assert (t.hosts, t.stale, t.down, t.whole_free, t.degraded, t.unhealthy) == (3, 1, 1, 3, 1, 2)

@@ -1,18 +1,17 @@
 """xpu top driven by key presses against real daemons on simulated hardware, in this process.
 
-Each daemon runs on its own asyncio loop in a background thread (the same ``Daemon`` class that
-``xpud --simulate`` runs), so a test can start several quickly and read their state with the ordinary
-client. Assertions go through the client: the key press must have changed the daemon, not just the screen.
+Each daemon (tests/daemons.py ``InProcDaemon``) runs on its own asyncio loop in a background thread (the
+same ``Daemon`` class that ``xpud --simulate`` runs), so a test can start several quickly and read their
+state with the ordinary client. Assertions go through the client: the key press must have changed the
+daemon, not just the screen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -23,13 +22,12 @@ from xpu_tui.app import XpuTop
 from xpu_tui.cardtile import CardTile
 from xpu_tui.clusterview import ClusterView
 from xpu_tui.eventlog import EventLog
-from xpu_tui.hostsummary import HostSummary
+from xpu_tui.hostrow import HostRow
 from xpu_tui.modals import CardScreen, ConfirmScreen, HelpScreen, ModeScreen
 from xpu_tui.source import HostSpec, LocalHosts, RecordedSource, StaticCluster
 
+from tests.daemons import InProcDaemon
 from xpud.api.client import Client
-from xpud.config import schema as config
-from xpud.daemon.cli import Daemon, open_hardware
 
 SIZE = (120, 40)
 
@@ -44,58 +42,18 @@ def in_asyncio(test):
     return run
 
 
-class InProcessDaemon:
-    """A simulated xpud on a background event loop of this process."""
-
-    # Leases taken by the tests have no holder process: a long grace keeps them from being reclaimed.
-    def __init__(self, base: Path, machine: str, config_text: str = "[leases]\ngrace_s = 600.0\n"):
-        cfg = config.parse(config_text).replace("devices", backend="simulated", machine=machine)
-        self.runtime_dir = base / "run"
-        self.cfg = cfg.replace("daemon", runtime_dir=str(self.runtime_dir), state_dir=str(base / "state"))
-        self.loop = asyncio.new_event_loop()
-        self.daemon: Daemon | None = None
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name=f"xpud {machine}")
-
-    def start(self) -> InProcessDaemon:
-        self._thread.start()
-        hw, fake = open_hardware(self.cfg)
-        self.daemon = Daemon(self.cfg, hw, fake)
-        asyncio.run_coroutine_threadsafe(self.daemon.start(), self.loop).result(20)
-        return self
-
-    def on_loop(self, fn: Callable, *args):
-        """Run ``fn(*args)`` on the daemon's loop (the engine is not thread-safe) and return its result."""
-
-        async def call():
-            return fn(*args)
-
-        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(10)
-
-    def client(self, admin: bool = False) -> Client:
-        return Client(self.runtime_dir, admin=admin)
-
-    def stop(self) -> None:
-        if not self._thread.is_alive():
-            return
-        if self.daemon is not None:
-            asyncio.run_coroutine_threadsafe(self.daemon.stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
+# Leases taken by the tests have no holder process: a long grace keeps them from being reclaimed.
+HOLDERLESS = "[leases]\ngrace_s = 600.0\n"
 
 
 @pytest.fixture
-def daemons(short_tmp):
-    made: list[InProcessDaemon] = []
+def daemons(inproc):
+    """In-process daemons (tests/daemons.py) for the app to watch: ``daemons(machine, config_text)``."""
 
-    def make(machine: str = "dgx-h100", *config_text: str) -> InProcessDaemon:
-        base = short_tmp / f"d{len(made)}"
-        base.mkdir()
-        made.append(InProcessDaemon(base, machine, *config_text).start())
-        return made[-1]
+    def make(machine: str = "dgx-h100", config_text: str = HOLDERLESS) -> InProcDaemon:
+        return inproc(machine, config_text)
 
-    yield make
-    for d in made:
-        d.stop()
+    return make
 
 
 async def until(pilot, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
@@ -331,7 +289,7 @@ async def test_a_silent_host_turns_stale_without_new_data():
     from xpu_tui import demo
 
     now = [demo.now()]
-    cluster = StaticCluster([HostSummary("a", "r1", cards=8, whole_free=8, seen=now[0])])
+    cluster = StaticCluster([HostRow("a", "r1", cards=8, whole_free=8, seen=now[0])])
     app = XpuTop(demo.dgx_source(), cluster, clock=lambda: now[0])
     async with app.run_test(size=SIZE) as pilot:
         table = app.cluster_view.query_one("#cluster-table", DataTable)

@@ -1,7 +1,8 @@
-"""Upgrades keep every lease and running job: the previous release's ledger (tests/data/ledger-v2.sql, made by
-tests/data/make_ledger_fixture.py) opens with the newest code, and a running daemon restarted onto a new
-version of the code (as `pip install -U xpud && systemctl restart xpud` does: SIGTERM to the daemon only,
-then the new code on the same directories) migrates its ledger while a wrapper's job runs on."""
+"""Upgrades keep every lease and running job: the ledger of every released schema version
+(tests/data/ledger-vN.sql, made by tests/data/make_ledger_fixture.py) opens with the newest code, and a
+running daemon restarted onto a new version of the code (as `pip install -U xpud && systemctl restart xpud`
+does: SIGTERM to the daemon only, then the new code on the same directories) migrates its ledger while a
+wrapper's job runs on."""
 
 from __future__ import annotations
 
@@ -18,21 +19,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DaemonProc, wait_until
+from tests.conftest import wait_until
+from tests.daemons import DaemonProc
 from xpud.api.client import Client
 from xpud.errors import XpudError
 from xpud.ledger.ledger import SCHEMA_VERSION
 
 DATA = Path(__file__).resolve().parent / "data"
+RECORDED = (2, 3, 4, 5, 6, 7)  # schema versions with a recorded ledger; the current one is made by every test
 FIXTURE = json.loads((DATA / "ledger-v2.json").read_text())
 NEXT_VERSION = "99.0.0+upgrade-test"
 
 
-def load_fixture(state_dir: Path) -> Path:
+def load_fixture(state_dir: Path, version: int = 2) -> Path:
     state_dir.mkdir(parents=True)
     path = state_dir / "ledger.sqlite"
     db = sqlite3.connect(path)
-    db.executescript((DATA / "ledger-v2.sql").read_text())
+    db.executescript((DATA / f"ledger-v{version}.sql").read_text())
     db.close()
     return path
 
@@ -105,23 +108,33 @@ def leases(d: DaemonProc) -> dict[str, object]:
         return {x.id: x for x in c.leases().leases}
 
 
-def test_the_previous_release_ledger_opens_with_the_newest_code(short_tmp):
-    d = DaemonProc(short_tmp, FIXTURE["machine"], "[leases]\ngrace_s = 30.0\n")
-    path = load_fixture(d.state_dir)
-    assert user_version(path) == FIXTURE["schema_version"] == 2
+def test_every_released_schema_has_a_recorded_ledger():
+    # a schema change records the ledger of the schema it replaces (tests/data/make_ledger_fixture.py)
+    assert RECORDED[-1] == SCHEMA_VERSION - 1
+    assert {int(p.stem.removeprefix("ledger-v")) for p in DATA.glob("ledger-v*.sql")} == set(RECORDED)
+
+
+@pytest.mark.parametrize("version", RECORDED)
+def test_the_previous_release_ledger_opens_with_the_newest_code(short_tmp, version):
+    fixture = json.loads((DATA / f"ledger-v{version}.json").read_text())
+    d = DaemonProc(short_tmp, fixture["machine"], "[leases]\ngrace_s = 30.0\n")
+    path = load_fixture(d.state_dir, version)
+    assert user_version(path) == fixture["schema_version"] == version
     d.start()
     try:
         assert user_version(path) == SCHEMA_VERSION
         active = leases(d)
-        assert set(active) == {x["id"] for x in FIXTURE["active"]}
-        for x in FIXTURE["active"]:
+        assert set(active) == {x["id"] for x in fixture["active"]}
+        for x in fixture["active"]:
             assert active[x["id"]].mode == x["mode"] and list(active[x["id"]].cards) == x["cards"]
         with d.client() as c:
             cards = {card.index: card for card in c.cards().cards}
             assert cards[1].drained and not cards[0].drained
             ended = {x.id: x for x in c.leases(all=True).leases}
-            assert ended[FIXTURE["released"][0]].state == "released"
-            for x in FIXTURE["active"]:  # the tokens the old daemon gave still work
+            assert ended[fixture["released"][0]].state == "released"
+            if "released_exit_code" in fixture:  # reported from schema v4 on
+                assert ended[fixture["released"][0]].exit_code == fixture["released_exit_code"]
+            for x in fixture["active"]:  # the tokens the old daemon gave still work
                 assert c.release(x["id"], x["token"]).state == "released"
         assert leases(d) == {}
     finally:

@@ -331,7 +331,7 @@ def test_a_green_request_waits_in_the_daemons_queue_until_its_start_with_a_froze
     is granted by the first queue pass at or after its start."""
     import asyncio
 
-    e, clock = engine._engine, engine._engine.clock
+    e, clock = engine.engine, engine.engine.clock
     start = clock.t + 7200.0
     why = "the greenest hour before 2026-12-04 06:00 (50; now 300)"
 
@@ -361,7 +361,7 @@ def test_a_green_request_waits_in_the_daemons_queue_until_its_start_with_a_froze
         big.cancel()
         return now
 
-    engine._loop.run_until_complete(go())
+    engine.run(go())
     with pytest.raises(Exception, match="not_before"):
         engine.validate(req("vxpu-half", wait_s=1.0, not_before=clock.t + 40 * 86400))
 
@@ -372,7 +372,7 @@ def test_a_deferred_request_starts_waiting_at_its_start_behind_a_waiter_of_its_k
     BeginTime once its start has come). Before: it kept BeginTime until some other change."""
     import asyncio
 
-    e, clock = engine._engine, engine._engine.clock
+    e, clock = engine.engine, engine.engine.clock
 
     async def go():
         for _ in e.cards:  # every card held whole: no room for a slice
@@ -392,7 +392,7 @@ def test_a_deferred_request_starts_waiting_at_its_start_behind_a_waiter_of_its_k
         later.cancel()
         await asyncio.sleep(0)
 
-    engine._loop.run_until_complete(go())
+    engine.run(go())
 
 
 def test_the_daemon_plans_a_green_start_from_its_signal():

@@ -24,8 +24,8 @@ from xpu_tui.cardtile import CardTile
 from xpu_tui.clusterview import ClusterView
 from xpu_tui.eventlog import EventLog, EventsView
 from xpu_tui.hostpanel import HostPanel
+from xpu_tui.hostrow import HostRow
 from xpu_tui.hoststate import HostState
-from xpu_tui.hostsummary import HostSummary
 from xpu_tui.hostview import HostView
 from xpu_tui.leasesview import LeasesView
 from xpu_tui.mailbox import Mailbox
@@ -148,7 +148,7 @@ class XpuTop(App[None]):
         self.live_word = getattr(self.source, "label", "live")  # "demo" for constructed data
         self._result: tuple[bool, str, float] | None = None  # the last action's result, shown until then
         self._mailbox: Mailbox[pb.WatchUpdate] = Mailbox()
-        self._cluster_box: Mailbox[HostSummary] = Mailbox(limit=100_000)
+        self._cluster_box: Mailbox[HostRow] = Mailbox(limit=100_000)
         self._stop = threading.Event()
         self._placed_focus = False
         self.refreshes = 0  # batches of updates applied (one screen refresh each)
@@ -212,7 +212,7 @@ class XpuTop(App[None]):
 
     @work(thread=True, group="cluster", exit_on_error=False)
     def _follow_cluster(self) -> None:
-        def publish(batch: list[HostSummary]) -> None:
+        def publish(batch: list[HostRow]) -> None:
             ring = False
             for h in batch:
                 ring = self._cluster_box.put(h) or ring

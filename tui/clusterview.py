@@ -15,9 +15,10 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.events import Key
 from textual.widgets import DataTable, Input, Static
+from xpu_cli.vocab import age
 from xpu_tui.eventlog import types_into_filter
-from xpu_tui.hostsummary import HostSummary, totals
-from xpu_tui.render import age, slice_count
+from xpu_tui.hostrow import HostRow, totals
+from xpu_tui.render import slice_count
 from xpu_tui.tablesync import sync_rows
 
 COLUMNS = ("HOST", "WHOLE", "½", "¼", "HEALTH", "SEEN", "CARDS", "LEASES", "QUEUE", "DRAINED")
@@ -37,7 +38,7 @@ def health_text(healthy: int, degraded: int, unhealthy: int) -> Text:
     return out
 
 
-def seen_text(h: HostSummary, now: float, stale_after_s: float) -> Text:
+def seen_text(h: HostRow, now: float, stale_after_s: float) -> Text:
     reach = h.reach(now, stale_after_s)
     if reach == "down":
         return Text(f"✖ down {age(now - h.seen)}" if h.seen else "✖ down", style="bold red")
@@ -52,7 +53,7 @@ def reach_totals(t) -> str:
     return ", ".join(parts) or "live"
 
 
-def matches(h: HostSummary, words: list[str], now: float, stale_after_s: float) -> bool:
+def matches(h: HostRow, words: list[str], now: float, stale_after_s: float) -> bool:
     """Every filter word is part of the domain, the name, or a state word (stale, down, degraded,
     unhealthy, free)."""
     if not words:
@@ -74,7 +75,7 @@ class ClusterView(Vertical):
         super().__init__(**kw)
         self.clock = clock
         self.stale_after_s = stale_after_s
-        self.hosts: dict[tuple[str, str], HostSummary] = {}
+        self.hosts: dict[tuple[str, str], HostRow] = {}
         self._ready = False  # hosts can arrive before this view has its table
 
     def compose(self) -> ComposeResult:
@@ -97,7 +98,7 @@ class ClusterView(Vertical):
         # A host that goes silent sends nothing: look again now and then so it shows as stale.
         self.set_interval(max(1.0, self.stale_after_s / 3), self.refresh_table)
 
-    def update_hosts(self, batch: Iterable[HostSummary]) -> None:
+    def update_hosts(self, batch: Iterable[HostRow]) -> None:
         for h in batch:
             self.hosts[h.key] = h
         self.refresh_table()
@@ -112,7 +113,7 @@ class ClusterView(Vertical):
             key=lambda h: h.key,
         )
         rows: list[tuple[str, list]] = []
-        by_domain: dict[str, list[HostSummary]] = {}
+        by_domain: dict[str, list[HostRow]] = {}
         for h in shown:
             by_domain.setdefault(h.domain, []).append(h)
         for domain, hosts in by_domain.items():
@@ -140,7 +141,7 @@ class ClusterView(Vertical):
         sync_rows(self.query_one("#cluster-table", DataTable), rows)
         self._summarise(shown, now)
 
-    def _host_row(self, h: HostSummary, now: float) -> list:
+    def _host_row(self, h: HostRow, now: float) -> list:
         dim = "dim" if h.stale(now, self.stale_after_s) else ""
         return [
             Text(f"  {h.name}", style=dim),
@@ -155,7 +156,7 @@ class ClusterView(Vertical):
             h.drained or "",
         ]
 
-    def _summarise(self, shown: list[HostSummary], now: float) -> None:
+    def _summarise(self, shown: list[HostRow], now: float) -> None:
         every = list(self.hosts.values())
         t = totals("", every, now, self.stale_after_s)
         domains = len({h.domain for h in every})

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 import random
 
-from xpu_tui.hostsummary import HostSummary
+from xpu_tui.hostrow import HostRow
 from xpu_tui.source import RecordedSource, StaticCluster
 
+from xpud.api import capacity
 from xpud.api.v1 import xpu_pb2 as pb
+from xpud.config.schema import DEFAULT_SLICES
 from xpud.topology import MULTIPLE, NODE, SINGLE, SYSTEM
 
 T0 = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
@@ -322,6 +324,11 @@ def card_health(card: pb.Card) -> pb.CardHealth:
     )
 
 
+def _cards_reply(cards: list[pb.Card], hostname: str) -> pb.ListCardsReply:
+    """The cards as a daemon with the default slice sizes sends them, with the capacity it counts."""
+    return pb.ListCardsReply(cards=cards, hostname=hostname, **capacity.free(cards, DEFAULT_SLICES))
+
+
 def dgx_source(admin: bool = False, samples: int = SAMPLES) -> RecordedSource:
     """The 8-card demo host as a recorded Watch stream of ``samples`` updates."""
     leases = _dgx_leases()
@@ -330,7 +337,7 @@ def dgx_source(admin: bool = False, samples: int = SAMPLES) -> RecordedSource:
         last = step == samples
         updates.append(
             pb.WatchUpdate(
-                cards=pb.ListCardsReply(cards=_dgx_cards(step, leases), hostname="dgx-a07"),
+                cards=_cards_reply(_dgx_cards(step, leases), "dgx-a07"),
                 leases=pb.ListLeasesReply(leases=leases, queue=_queue() if last else []),
                 events=_events() if step == 1 else [],
             )
@@ -399,7 +406,7 @@ def health_source(admin: bool = False) -> RecordedSource:
             ]
         updates.append(
             pb.WatchUpdate(
-                cards=pb.ListCardsReply(cards=cards, hostname="ws-03"),
+                cards=_cards_reply(cards, "ws-03"),
                 leases=pb.ListLeasesReply(leases=[lease]),
                 events=events,
             )
@@ -431,7 +438,7 @@ def cluster(hosts: int = 1000, seed: int = 7) -> StaticCluster:
         stale = rng.random() < 0.02
         error = "cannot reach xpud: connection refused" if rng.random() < 0.005 else ""
         out.append(
-            HostSummary(
+            HostRow(
                 name=f"gpu-r{rack:02d}-n{k % 32 + 1:02d}",
                 domain=f"dc1/rack-{rack:02d}",
                 cards=cards,

@@ -13,8 +13,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
+from xpu_cli.vocab import age, gib
 from xpu_tui.hoststate import HostState
-from xpu_tui.render import age, gib, short, slice_glyph
+from xpu_tui.render import short, slice_glyph
 from xpu_tui.tablesync import sync_rows
 
 from xpud.api.v1 import xpu_pb2 as pb

@@ -15,9 +15,10 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Static
 from xpu_cli import vocab
+from xpu_cli.vocab import age, gib
 from xpu_tui.cardtile import holders_text, mode_text
 from xpu_tui.eventlog import event_line
-from xpu_tui.render import HEALTH_BADGES, age, gib, health_badge, slice_count
+from xpu_tui.render import HEALTH_BADGES, health_badge, slice_count
 
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.errors import XpudError

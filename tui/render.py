@@ -9,10 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from xpu_cli.vocab import gib  # one memory format in every view: 79.6 GiB
-
-__all__ = ["gib"]
-
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 _SPARK = "▁▂▃▄▅▆▇█"
 
@@ -75,21 +71,6 @@ def spark(values: Sequence[float], width: int, high: float = 100.0) -> str:
         level = min(max(v / high, 0.0), 1.0) if high > 0 else 0.0
         cells.append(_SPARK[min(len(_SPARK) - 1, int(level * len(_SPARK)))])
     return "".join(cells).rjust(width)
-
-
-def age(seconds: float) -> str:
-    """A duration in two units at most: ``42s``, ``3m12s``, ``5h03m``, ``2d04h``."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
 
 
 def short(text: str, width: int) -> str:

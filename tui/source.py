@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from xpu_tui.hostsummary import HostSummary, from_cluster_host, slice_sizes, summarize
+from xpu_tui.hostrow import HostRow, from_cluster_host, from_watch
 
 from xpud.api.client import Client
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.config.schema import DEFAULT_SLICES
 from xpud.errors import Forbidden, NotFound, Unavailable, XpudError
 
 RETRY_S = 2.0  # wait between reconnect attempts
@@ -210,16 +209,16 @@ class HostSpec:
 class ClusterFeed(Protocol):
     """Publishes host summaries (in batches) until ``stop`` is set. Blocking; run in a worker thread."""
 
-    def run(self, publish: Callable[[list[HostSummary]], None], stop: threading.Event) -> None: ...
+    def run(self, publish: Callable[[list[HostRow]], None], stop: threading.Event) -> None: ...
 
 
 class StaticCluster:
     """A fixed set of summaries (generated or recorded), published once."""
 
-    def __init__(self, hosts: Iterable[HostSummary]):
+    def __init__(self, hosts: Iterable[HostRow]):
         self.hosts = list(hosts)
 
-    def run(self, publish: Callable[[list[HostSummary]], None], stop: threading.Event) -> None:
+    def run(self, publish: Callable[[list[HostRow]], None], stop: threading.Event) -> None:
         publish(self.hosts)
         stop.wait()
 
@@ -239,7 +238,7 @@ class LocalHosts:
         self.connect = connect or (lambda d: ClientSource(Client(d)))
         self.clock = clock
 
-    def run(self, publish: Callable[[list[HostSummary]], None], stop: threading.Event) -> None:
+    def run(self, publish: Callable[[list[HostRow]], None], stop: threading.Event) -> None:
         threads = [
             threading.Thread(target=self._follow, args=(h, publish, stop), daemon=True, name=f"host {h}")
             for h in self.hosts
@@ -252,16 +251,11 @@ class LocalHosts:
         source = self.connect(host.runtime_dir)
         # Several local daemons share one hostname: the runtime dir is what tells them apart.
         name = host.name or str(host.runtime_dir)
-        last = HostSummary(name=name, domain=host.domain)
-        sizes = dict(DEFAULT_SLICES)
-
-        def on_connect(info: pb.InfoReply, _topology) -> None:
-            nonlocal sizes
-            sizes = slice_sizes(info)
+        last = HostRow(name=name, domain=host.domain)
 
         def on_update(update: pb.WatchUpdate) -> None:
             nonlocal last
-            last = summarize(name, update, self.clock(), host.domain, sizes)
+            last = from_watch(name, update, self.clock(), host.domain)
             publish([last])
 
         def on_error(message: str) -> None:
@@ -270,7 +264,7 @@ class LocalHosts:
             publish([last])
 
         threading.Thread(target=lambda: (stop.wait(), source.close()), daemon=True).start()
-        follow(source, self.interval_s, stop, on_connect, on_update, on_error)
+        follow(source, self.interval_s, stop, lambda _info, _topology: None, on_update, on_error)
 
 
 class FederationHosts:
@@ -282,8 +276,8 @@ class FederationHosts:
         self.interval_s = interval_s
         self.clock = clock
 
-    def run(self, publish: Callable[[list[HostSummary]], None], stop: threading.Event) -> None:
-        last: list[HostSummary] = []
+    def run(self, publish: Callable[[list[HostRow]], None], stop: threading.Event) -> None:
+        last: list[HostRow] = []
         while not stop.is_set():
             try:
                 reply = self.client.cluster()

@@ -1,21 +1,44 @@
-"""Make tests/data/ledger-v2.sql and ledger-v2.json: a ledger written by a released xpud, with leases held.
+"""Make tests/data/ledger-vN.sql and ledger-vN.json: a ledger written by a released xpud, with leases held.
 
-The schema is that of the release before this one (ledger schema v2, xpud 0.1.0 at commit e864faf);
-tests/test_upgrade.py opens it with the newest code, which must migrate it and restore the active leases.
-Do not regenerate it with a newer xpud: it stands for what hosts in the field have on disk. It was made
-with that commit's code (first on PYTHONPATH, so the daemon the script starts runs it too) by
+One recorded ledger per released schema version N (v2 .. v7; the current schema's ledger is made by every
+test). tests/test_upgrade.py opens each with the newest code, which must migrate it to the current schema
+and restore the active leases. Do not regenerate them with a newer xpud: they stand for what hosts in the
+field have on disk. Each was made with the code of the first commit on main whose migrations are today's
+first N (first on PYTHONPATH, so the daemon the script starts runs it too):
+
+    v2  e864faf  xpud 0.1.0 (the first release)
+    v3  b3105e7  reservations (multi-host jobs), with rank_pid: main's e9caced..767ac28 had a v3 without
+                 rank_pid, changed in place by b3105e7; a ledger of those ten commits is not upgradable
+    v4  f01a597  how each lease's command ended (started, exit_code, exit_signal, name)
+    v5  dc40702  leases anchored to a Slurm job or a pod (anchor)
+    v6  428825a  right-sizing state (usage_readings, auto_leases)
+    v7  5d8a0af  standby slices (standby)
+
+v2 was made by
 
     mkdir /tmp/rel && git archive e864faf | tar -x -C /tmp/rel
     PYTHONPATH=/tmp/rel .venv/bin/python tests/data/make_ledger_fixture.py e864faf
 
+and v3 .. v7 by (N and COMMIT from the table; the first commits were found with the migrations of
+`git rev-list --first-parent` compared to today's)
+
+    git worktree add --detach /tmp/ledger-vN COMMIT
+    ln -s ../etc /tmp/ledger-vN/xpud/etc; ln -s ../systemd /tmp/ledger-vN/xpud/systemd  # package-dir data
+    python3 -m venv /tmp/fixvenv   # the dependencies without the editable xpud, whose finder beats PYTHONPATH
+    echo $PWD/.venv/lib/python3.*/site-packages > /tmp/fixvenv/lib/python3.*/site-packages/deps.pth
+    PYTHONPATH=/tmp/ledger-vN /tmp/fixvenv/bin/python tests/data/make_ledger_fixture.py COMMIT
+    git worktree remove --force /tmp/ledger-vN
+
 which runs a real daemon on the simulated workstation-2x, takes two slices and a whole card, releases one
-slice, drains card 1 (admin socket: run as root), stops the daemon with SIGTERM (what systemctl stop does)
-and dumps the ledger as SQL (with its PRAGMA user_version) next to a JSON file with the active leases'
-ids and tokens, which the test needs to hold and release them.
+slice (from v4 on, reporting that its command exited 3), drains card 1 (admin socket: run as root), stops
+the daemon with SIGTERM (what systemctl stop does) and dumps the ledger as SQL (with its PRAGMA
+user_version) next to a JSON file with the active leases' ids and tokens, which the test needs to hold and
+release them.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import signal
 import sqlite3
@@ -26,7 +49,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BIN = Path(sys.executable).parent
 MACHINE = "workstation-2x"
 
 
@@ -39,8 +61,20 @@ def main() -> None:
     print(f"xpud {__version__} from {Path(xpud.__file__).parent}")
     base = Path(tempfile.mkdtemp(prefix="xpu-fix-", dir="/tmp"))
     run, state = base / "run", base / "state"
+    # the daemon's entry point of the code on PYTHONPATH (xpud.daemon:main before the daemon/ package)
+    entry = (
+        "import sys\ntry:\n    from xpud.daemon.cli import main\nexcept ImportError:\n"
+        "    from xpud.daemon import main\nsys.exit(main())"
+    )
     proc = subprocess.Popen(
-        [str(BIN / "xpud"), "--simulate", MACHINE, "--runtime-dir", str(run), "--state-dir", str(state)],
+        [
+            sys.executable,
+            "-c",
+            entry,
+            "--simulate",
+            MACHINE,
+            *("--runtime-dir", str(run), "--state-dir", str(state)),
+        ],
         stderr=subprocess.DEVNULL,
     )
     try:
@@ -55,7 +89,11 @@ def main() -> None:
             half = c.acquire_lease("vxpu-half", command="python serve.py")
             quarter = c.acquire_lease("vxpu-quarter", command="python infer.py")
             whole = c.acquire_lease("xpu", gpus=1, command="python train.py")
-            c.release(quarter.lease.id, quarter.token)
+            reports_exit = "exit_code" in inspect.signature(c.release).parameters  # schema v4 on
+            if reports_exit:
+                c.release(quarter.lease.id, quarter.token, exit_code=3, started=time.time() - 1.0)
+            else:
+                c.release(quarter.lease.id, quarter.token)
         with Client(run, admin=True) as a:
             a.drain("1", "fixture: drained before the upgrade")
     finally:
@@ -81,6 +119,7 @@ def main() -> None:
             for g in (half, whole)
         ],
         "released": [quarter.lease.id],
+        **({"released_exit_code": 3} if reports_exit else {}),
         "drained": [1],
     }
     (HERE / f"ledger-v{version}.json").write_text(json.dumps(leases, indent=2) + "\n")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Mapping
 
+from xpud.api import capacity
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.model import CardSample, CardView, Lease, QueuedRequest, Slice
+from xpud.model import CardSample, CardView, Lease, QueuedRequest, Slice, SliceSpec
 
 # The sample's fields the protocol carries; the others (fabric state, recovery action) reach clients as
 # health signals (CardHealth), with their reasons.
@@ -59,6 +61,12 @@ def card_pb(v: CardView, isolation: str = "") -> pb.Card:
         nvlink_active_links=i.nvlink_active_links,
         minor_number=i.minor_number,
     )
+
+
+def cards_reply(cards: Iterable[pb.Card], hostname: str, sizes: Mapping[str, SliceSpec]) -> pb.ListCardsReply:
+    """The cards with the capacity they leave now (``capacity.free``): whole cards, slices per size."""
+    cards = list(cards)
+    return pb.ListCardsReply(cards=cards, hostname=hostname, **capacity.free(cards, sizes))
 
 
 def lease_pb(lease: Lease, show_env: bool, held: bool = False) -> pb.Lease:

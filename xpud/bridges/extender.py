@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from xpud.errors import XpudError
 from xpud.placement.multihost import HostOffer
 
 log = logging.getLogger("xpud.bridges")
@@ -44,7 +45,7 @@ MIN_GBPS_ANNOTATION = "xpu.dev/min-group-gbps"
 OfferSource = Callable[[], Mapping[str, HostOffer]]
 
 
-class BadArgs(ValueError):
+class BadArgs(XpudError, ValueError):
     """The request is not an ExtenderArgs this extender can read; one line."""
 
 

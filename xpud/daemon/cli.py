@@ -59,7 +59,7 @@ SERVER_OPTIONS = [
 ]
 
 
-class StartupError(Exception):
+class StartupError(XpudError):
     """A reason the daemon cannot start, as one line for the operator."""
 
 

@@ -1,30 +1,15 @@
 """One host's side of multi-host jobs: the Peer service's Reserve, Commit and Abort (and the hooks the
 Launch handler uses). This host stays the only authority over its cards.
 
-A reservation is a lease of this host's engine, granted like any other (so the engine never gives its
-cards to anyone else) and owned by the submitter's uid, plus a row in the ledger's ``reservations``
-table (job, attempt, lease, expiry). The lease is granted and the row written before the coordinator
-hears of it. The decision logic (idempotency per job + attempt, older attempts refused, late commits
-refused) is ``reserve.Reservations``'s; this module adds the engine, the ledger and the clock.
+Invariants: a reservation is a lease of this host's engine (so the engine never gives its cards to anyone
+else) plus a row in the ledger's ``reservations`` table, both written before the coordinator hears of it;
+expiry, commit and abort change the lease and the row in one ledger transaction; Reserve, Commit and
+Abort run to their end even when the caller goes away (``uninterrupted``), so the table and the ledger
+never disagree. The decision logic is ``reserve.Reservations``'s; this module adds the engine, the ledger
+and the clock.
 
-- **Expiry with no help**: the daemon's reaper calls ``expire`` (4 Hz); a held reservation past its TTL
-  ends the lease and marks the row expired in one ledger transaction, then the cards are free.
-- **Commit** marks the row committed and the lease ``job JOB`` (``xpu leases`` shows it) in one
-  transaction. A commit after the TTL is refused (the reservation is expired then, even if the reaper
-  has not run yet). A committed job must be launched (``launching``) within one TTL, or it is released.
-- **Abort** drops a held reservation, or releases a committed lease, killing its rank first (the kill
-  hook the Launch handler gave ``launching``). Aborting what is unknown or ended answers
-  ``dropped=False``.
-- **A caller that goes away** (a Peer call cancelled, a job cancelled while it coordinates here) does not
-  cut Reserve, Commit or Abort short: each runs to its end (``uninterrupted``), so the table and the
-  ledger never disagree; what the caller no longer wants ends by its TTL, or by the abort the
-  coordinator sends as it is cancelled (``reserve.coordinate``).
-- **Restart**: ``restore`` takes the rows back; a held one past its TTL is expired at once, a
-  committed one gets one TTL from the restart to be launched.
-
-Hooks for the Launch handler (``xpud/federation/rankproc.py``): ``launching(job, kill)`` before the rank
-starts (returns the job's lease; raises when the job is not committed here) and ``launch_ended(job,
-reason)`` once the rank is gone, however the stream ended: the lease is released then.
+The life of a reservation (expiry, commit, abort, restart) and the Launch hooks: see docs/federation.md,
+Reservations.
 """
 
 from __future__ import annotations

@@ -1,31 +1,16 @@
 """Cluster membership and failure detection: SWIM with suspicion, incarnations, piggy-backed gossip and
 push-pull anti-entropy. Pure: messages in, messages out, the time passed in by the caller.
 
-One ``Swim`` per host. The daemon feeds it what arrives from peers (``handle``) and calls ``tick``
-often (every ``tick_s``); both return the messages to send as ``(address, message)`` pairs. The same code
-runs over gRPC in the daemon and in-process in ``xpud.federation.simnet`` (1,000 hosts in one process).
+One ``Swim`` per host: the daemon feeds it what arrives from peers (``handle``) and calls ``tick`` often;
+both return the messages to send as ``(address, message)`` pairs. The same code runs over gRPC in the
+daemon and in-process in ``xpud.federation.simnet``.
 
-The protocol (after SWIM, Das et al. 2002, and HashiCorp memberlist's Lifeguard settings):
-- every ``probe_interval_s`` a host pings the next member of a shuffled round-robin list; with no ack
-  after ``probe_timeout_s`` it asks ``indirect_probes`` others to ping it; with no ack by the end of the
-  period the member is *suspect*;
-- a suspect member that does not refute within ``suspicion_s`` is declared *dead*; a member refutes a
-  suspicion (or a death) of itself by gossiping itself alive with a higher incarnation;
-- every fact (alive / suspect / dead / left, with the member's incarnation) travels piggy-backed on pings
-  and acks and in gossip rounds (every ``gossip_interval_s`` to ``gossip_fanout`` members), each fact
-  retransmitted ``retransmit_mult * ceil(log10(n + 1))`` times; every ``push_pull_interval_s`` a host
-  swaps its whole table with one member (anti-entropy: heals what gossip missed, and joins), less often
-  in a cluster of more than 32 members (``push_pull_scale``: 6x at 1,000);
-- precedence: a higher incarnation wins; at the same incarnation dead/left > suspect > alive. A host
-  starts with an incarnation taken from the clock in milliseconds, so a restarted host's old state loses.
-- incarnations are bounded by the clock: a fact whose incarnation is more than ``AHEAD_MS`` ahead of this
-  host's clock (its starting incarnation plus the milliseconds since) is a lie and is ignored, about this
-  host or another. So no peer can push a host's incarnation where the host cannot refute it (one
-  above), nor anywhere near ``MAX_INCARNATION`` (what the wire carries): a host wrongly declared dead,
-  or restarted, always rejoins (the ceiling moves up a thousand a second, faster than a host counts).
+Invariants: a higher incarnation wins, and at the same incarnation dead/left > suspect > alive; a fact
+whose incarnation is more than ``AHEAD_MS`` ahead of this host's clock is ignored, so no peer can push a
+host's incarnation out of its reach and a host wrongly declared dead, or restarted, always rejoins;
+``meta`` is at most ``MAX_META`` bytes, and changing it bumps the owner's incarnation.
 
-Each member carries ``meta``: a short string (at most ``MAX_META`` bytes) that the owner sets, e.g. its
-network location and the version of its capacity summary; changing it bumps the owner's incarnation.
+The protocol step by step (probes, suspicion, gossip, anti-entropy): see docs/federation.md, Membership.
 """
 
 from __future__ import annotations

@@ -1,48 +1,15 @@
 """One rank of a multi-host job on this host: the process the daemon starts for ``Peer.Launch``.
 
-``run_rank(spec, inputs, on_end)`` starts ``spec.argv`` as the submitter (``spec.uid``, and the gid and
-supplementary groups this host's user database gives that user: ``spec.gid`` only where the user is in that
-group here), in ``spec.cwd``, with exactly ``spec.env``, in a process
-group (and session) of its own, and yields ``LaunchEvent``s: ``started``, then the output as it comes
-(``RankOutput`` chunks of at most ``CHUNK_BYTES``, each stream in order), then one ``ended``. ``inputs``
-(the rest of the Launch stream) carries stdin bytes, stdin's end and signals for the group.
+``run_rank(spec, inputs, on_end)`` starts ``spec.argv`` as the submitter, in ``spec.cwd``, with exactly
+``spec.env``, in a process group (and session) of its own, and yields ``LaunchEvent``s: ``started``, the
+output as it comes, then one ``ended``. ``inputs`` carries stdin and signals for the group.
 
-- A signal is sent to the whole group; after INT, TERM, HUP or QUIT the group gets SIGKILL if it still
-  runs ``kill_grace_s`` later (as single-host ``xpu run`` does).
-- When the rank's process ends, whatever is left of its group is killed, and its output read to the end.
-- When the caller stops listening (the coordinator died or cancelled the call: the generator is closed or
-  cancelled) or ``inputs`` breaks, the group gets SIGTERM, then SIGKILL after ``stop_grace_s``. A clean
-  end of ``inputs`` only closes the rank's stdin: cancel the call to stop a rank.
-- ``Rank.kill()`` stops it from outside (an abort): SIGTERM, SIGKILL after ``stop_grace_s``; the
-  caller still hears ``ended``.
-- ``on_start(pid)`` (the daemon's ledger write of the pid) runs once the process exists and *before* it
-  runs the command: the process is ``sh -c GATE``, which reads one line from its stdin and runs the
-  command (``exec``, same pid) only when that line is ``go``, written once ``on_start`` returned. If
-  ``on_start`` fails or the daemon dies first, stdin ends and the process exits (125) having run nothing,
-  so a rank whose pid is not durable never runs. No event is seen before ``on_start`` returned.
-- However it ends, ``on_end(RankEnded)`` (the lease's release) is called once, after the process is
-  reaped and before ``ended`` is yielded. The clean-up runs in a task of its own, so the caller's
-  cancellation cannot cut it short; ``stop_all()`` finishes every rank at the daemon's shutdown.
-- Backpressure: output waits in memory up to ``HIGH_WATER`` bytes; past that the pipes are not read (the
-  rank blocks in write) until the caller takes events. Stdin is buffered up to ``STDIN_HIGH_WATER``
-  bytes before ``inputs`` is read again.
-- Refusals (``RankEnded.error``, one line): remote launch disabled here, a uid unknown here, a uid this
-  daemon cannot switch to (it is not root), a missing working directory, a command not found.
+Invariants: a rank whose pid is not durable never runs (the command is exec'd only after ``on_start``
+returned); ``on_end`` is called exactly once, after the process is reaped and before ``ended``; no Python
+code runs between fork and exec, and no user's environment reaches a root process (the switch first, then
+the environment); under systemd the rank is a transient unit outside xpud.service's sandbox (``sysunit``).
 
-No Python code runs between fork and exec (the daemon has gRPC threads): the session is set by
-``subprocess`` itself, the uid and groups by ``setpriv`` (``switch_user``). Run as root, setpriv starts with a
-clean, fixed environment and the rank's environment is handed over only after the switch (a user's
-``LD_PRELOAD`` never loads into a root process); the directory is entered after the switch too (``env
---chdir``) so the user gets no directory root alone may enter.
-
-**Under systemd** (``sysunit.Units.detect()``: xpud is a service and runs as root) the rank is a transient
-unit of its own instead, outside xpud.service's sandbox: the daemon starts ``systemd-run --pipe --wait``
-(as root, with a clean environment; the rank's environment goes in a 0600 ``EnvironmentFile`` removed
-once the unit's process runs) and reads the rank's output and exit code through it. Signals go to the
-unit (``systemctl kill --signal=N``), so the stop sequence is the same (SIGTERM, SIGKILL after the
-grace) for every process of the rank; if systemd-run still does not end, its own session is killed and
-``systemctl stop`` is asked. A rank that died by a signal is found with ``systemctl show`` (systemd-run
-only says "failed"), then ``systemctl reset-failed`` unloads the unit. ``units=`` injects all of it.
+Signals and stop sequences, backpressure, refusals and the systemd path: see docs/federation.md, Ranks.
 """
 
 from __future__ import annotations

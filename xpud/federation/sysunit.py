@@ -1,36 +1,14 @@
 """Ranks as transient systemd units, outside xpud.service's sandbox (ProtectSystem=strict, PrivateTmp,
 DevicePolicy=closed, NoNewPrivileges, RestrictAddressFamilies...), which a child process would inherit.
 
-``systemd-run --pipe --wait`` makes a *service* unit: systemd (pid 1) starts it with the unit's own
-(default, unsandboxed) settings, and ``--pipe`` hands it systemd-run's stdin/stdout/stderr, so the rank's
-output still reaches us through systemd-run's pipes and its exit code comes back as systemd-run's.
-(``--scope`` would not do: a scope only moves a process we forked into a cgroup, sandbox and all.)
-Its processes are the unit's cgroup, not one process group: signals go by ``systemctl kill --signal``,
-the last word by ``systemctl stop`` (KillMode=control-group: every process of the rank).
+Invariants: the rank gets exactly the submitter's environment, through a 0600 ``EnvironmentFile=`` that is
+removed once the unit's process runs (never on a command line, never in systemd-run's own environment); a
+death by a signal is reported as one (``Type=oneshot``, read back with ``systemctl show``). Argv builders
+and the file format are pure; the commands run through a ``Runner`` (``run`` by default) that tests
+replace.
 
-- ``Type=oneshot``: for other types systemd counts a death by SIGHUP, SIGINT, SIGTERM or SIGPIPE as a
-  clean exit and systemd-run would say 0; a oneshot unit that dies by a signal fails, stays loaded, and
-  ``ExecMainCode``/``ExecMainStatus`` (``systemctl show``) say which signal; ``systemctl reset-failed``
-  unloads it then. No ``--collect`` for that reason.
-- The environment goes in an ``EnvironmentFile=`` written 0600 in a 0700 directory of the daemon's
-  runtime directory, removed once the unit's process is started (``ExecMainPID`` set: systemd reads the
-  file before it forks): ``--setenv=NAME=VALUE`` would show every value in ``ps``, and systemd-run itself
-  must not run with the submitter's environment (it runs as root: ``LD_PRELOAD``, ``SYSTEMD_*``).
-- The command is ``env --chdir=CWD -- ARGV``, as a child rank's: ``systemd-run`` would look a bare name up
-  in its own ``PATH`` and a relative one from its own directory (``/``), and a directory the user may not
-  enter would fail the unit with status 200 and no word; ``env`` looks it up in the rank's ``PATH`` from
-  ``CWD``, as the user, and says what failed (exit 125/126/127, a line on stderr).
-- What systemd adds to a unit's environment (``INVOCATION_ID``, ``SYSTEMD_EXEC_PID``, ``USER``,
-  ``LOGNAME``, ``HOME``, ``SHELL``, its own ``PATH`` and locale) is unset unless the rank's environment
-  names it (``UnsetEnvironment=``): the rank gets exactly the submitter's environment, as a child does.
-  A site's ``DefaultEnvironment=`` is not undone.
-- Names that are not ``[A-Za-z_][A-Za-z0-9_]*`` (e.g. bash's exported functions ``BASH_FUNC_x%%``) are
-  left out and logged: systemd's parser takes shell-style names only (its ``env_name_is_valid``, as far
-  as we know).
-
-Argv builders and the file format are pure; the commands run through a ``Runner`` (``run`` by default) that
-tests replace, as tests/test_install.py records systemctl; tests/test_federation_sysunit_systemd.py runs
-them against a real systemd (pid 1 of new namespaces, tests/systemd_ns.py).
+Why ``systemd-run --pipe --wait``, a oneshot unit, the environment file and ``env --chdir``, and how the
+tests run it against a real systemd: see docs/federation.md, Ranks as systemd units.
 """
 
 from __future__ import annotations

@@ -5,24 +5,10 @@ A host runs one rank process per job; with ``LaunchSpec.tasks_per_node`` that pr
 Python and this very file, started as the user (after the switch) with the rank's environment. Standard
 library only.
 
-- Task ``i`` gets the launcher's environment plus ``LOCAL_RANK`` = i and ``RANK`` = NODE_RANK x T + i
-  (``task_env``; the rest of torch's ``env://`` contract is the host's: ``launch.rank_envs``). The task
-  with ``RANK`` 0 gets the launcher's stdin, the others ``/dev/null``; all share stdout and stderr. With
-  ``--label`` (``xpu run --label``) their output comes through pipes instead and every line is written
-  ``RANK: line`` (as ``srun --label``), never split, never mixed with another task's (a line longer than
-  ``LINE_MAX`` is cut into labelled pieces; a task's unfinished last line ends with a newline).
-- The tasks stay in the launcher's process group: a signal for the rank (xpud sends it to the group, or
-  to every process of the rank's systemd unit) reaches every task once, as srun's forwarding does. The
-  launcher catches those signals only to outlive its tasks and report how they ended; it forwards none
-  (that would deliver each twice). A terminating signal that arrives while the tasks start stops the
-  starting.
-- The first task that fails (a non-zero exit or a signal) stops the others, as ``--kill-on-bad-exit``
-  stops ranks: SIGTERM to the group, SIGKILL to the tasks still running ``KILL_GRACE_S`` later. With
-  ``--keep-going`` (``--no-kill-on-bad-exit``) the others run on, as they do when the task ended by a
-  signal the group got (128 + N): every task got it and handles it itself.
-- The launcher exits with the first failing task's status: its exit code, or 128 + N for a death by
-  signal N (as a shell shows it); 0 when every task exited 0. A command that cannot start: 127 (not
-  found) or 126, with one line on stderr.
+Invariants: each signal for the rank reaches every task once (the launcher forwards none); the launcher
+exits with the first failing task's status (its exit code, or 128 + N for signal N), 0 when all exited 0.
+
+Task environments, stdin, labelled output, kill-on-bad-exit: see docs/federation.md, Tasks per node.
 """
 
 from __future__ import annotations

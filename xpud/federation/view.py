@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from xpud.errors import XpudError
 from xpud.federation.membership import MAX_META, Member, State
 from xpud.placement.multihost import HostOffer
 
@@ -38,7 +39,7 @@ class HostSummary:
     domain: str = ""
 
 
-class BadSummary(ValueError):
+class BadSummary(XpudError, ValueError):
     pass
 
 

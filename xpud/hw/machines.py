@@ -4,70 +4,12 @@ A description is a TOML file in ``etc/machines/<name>.toml`` (or any ``.toml``/`
 that ``xpud check-hardware --json`` prints is one, so a recording of a real host replays as a simulated
 machine). ``load_machine`` validates it; every mistake is one line naming the file and the key.
 
-Format (``etc/machines/dgx-h100.toml`` is a commented example)::
+Invariants: every number is checked against a range (``_Table.get``'s ``span``: what real hardware can
+report and what the NVML surface can carry), floats must be finite, strings and lists are bounded, and a
+file nested too deeply is refused (one line, not a traceback).
 
-    name = "dgx-h100"                 # required
-    description = "..."
-    driver_version = "550.90.07"      # what nvmlSystemGetDriverVersion returns
-    cuda_version = "12.4"             # major.minor; NVML reports 1000*major + 10*minor
-    numa_cpus = ["0-55,112-167", "56-111,168-223"]   # Linux cpulist per NUMA node, index = node id
-    nvswitch_count = 4                # NVSwitch chips that switch-attached links spread over
-
-    [models.<key>]                    # one table per card model used below
-    name = "NVIDIA H100 80GB HBM3"    # required: nvmlDeviceGetName
-    memory_mib = 81559                # required: total framebuffer, MiB
-    architecture = "hopper"           # NVML_DEVICE_ARCH_<NAME>, lower case
-    power_limit_w = 700.0             # enforced power limit
-    power_idle_w = 70.0               # draw at 0 % utilisation
-    temp_idle_c = 32                  # temperature when idle ...
-    temp_load_c = 68                  # ... and when busy for a while
-    temp_slowdown_c = 87              # thresholds; omit where the board reports none
-    temp_shutdown_c = 92
-    pcie_gen = 5                      # maximum link generation and width
-    pcie_width = 16
-    nvlink_version = "4.0"            # omit for no NVLink
-    nvlink_links = 12                 # links the board has (NVML's link count), wired or not; default:
-                                      # the card's wired links. A PCIe board without its bridge reports
-                                      # all of them, inactive.
-    ecc = true                        # ECC counters readable
-    memory_errors = "remap"           # "remap" (row remapping, Ampere+), "retire" (page retirement), "none"
-    fan = false                       # the board reports a fan speed (SXM and passive boards do not)
-    max_mig_devices = 7               # nvmlDeviceGetMaxMigDeviceCount, when MIG profiles are given
-
-    [[models.<key>.mig_profiles]]     # one per GPU-instance profile; none = not MIG capable
-    profile = 2                       # NVML_GPU_INSTANCE_PROFILE_* enum value (3_SLICE)
-    id = 9                            # the driver's profile id (what create/list calls take)
-    name = "3g.40gb"
-    slices = 3                        # compute slices (info.sliceCount)
-    memory_mib = 40448
-    instances = 2                     # at most this many at once (info.instanceCount)
-    placements = [0, 4]               # possible start slots (memory slices, 0..7)
-    placement_size = 4                # memory slices one instance covers
-    multiprocessors = 60
-
-    [[cards]]                         # one per card, in NVML index order
-    model = "<key>"                   # required
-    bus_id = "00000000:1B:00.0"       # required: NVML's PCI bus id
-    numa = 0                          # NUMA node (omit: unknown)
-    host_bridge = "rc0"               # PCIe root complex; default: one of its own
-    switches = ["plx0"]               # PCIe switches from the root down to the card
-    board = "b0"                      # cards on one board (dual-GPU card) are INTERNAL
-    nvlink_switch_links = 18          # links to NVSwitch (all pairs of such cards are connected)
-    nvlink_peers = [1, 1, 2]          # or: one entry per direct link, naming the card at its far end
-    mig_enabled = false               # MIG mode at start
-    minor = 0                         # /dev/nvidia<minor> (nvmlDeviceGetMinorNumber); default: the index.
-                                      # Real DGX/HGX hosts number their nodes in another order than NVML.
-    uuid = "GPU-..."                  # default: derived from machine name and index
-    serial = "..."
-
-    [topology]                        # optional: an explicit NVML level matrix overrides the PCIe tree
-    levels = [[0, 18, ...], ...]
-
-A top-level ``recording`` table (what check-hardware measured) is accepted and ignored.
-
-Every number is checked against a range (``_Table.get``'s ``span``: what real hardware can report and what
-the NVML surface can carry, e.g. memory that fits NVML's 64-bit byte counts), floats must be finite, strings
-and lists are bounded, and a file nested too deeply is refused (one line, not a traceback).
+The format, key by key (``etc/machines/dgx-h100.toml`` is a commented example): see docs/hw.md, Machine
+descriptions.
 """
 
 from __future__ import annotations

@@ -2,31 +2,11 @@
 
 ``FakeNvidiaTools(fake_nvml)`` is a ``Runner``: the simulated daemon and the tests use it where a real
 host runs the binaries. It records every call (``calls``) and plays the documented behaviour
-(``man nvidia-cuda-mps-control``; ../shared/REFERENCE.md, MPS):
+(``man nvidia-cuda-mps-control``; ../shared/REFERENCE.md, MPS). Process ids are made up: nothing here
+touches real processes.
 
-- ``nvidia-cuda-mps-control -d`` starts a control daemon for ``CUDA_MPS_PIPE_DIRECTORY`` (default
-  ``/tmp/nvidia-mps``), logging to ``CUDA_MPS_LOG_DIRECTORY``; both directories must exist. A second
-  ``-d`` on the same pipe directory fails. It leaves a ``control`` file in the pipe directory and a
-  ``control.log`` in the log directory, as the real one leaves its socket and log.
-- Without ``-d`` it reads commands from stdin and talks to the daemon of that pipe directory; with no
-  daemon it fails with "Cannot find MPS control daemon process". Commands: ``get_server_list``,
-  ``get_client_list PID``, ``start_server -uid UID``, ``shutdown_server PID [-f]``, ``quit``,
-  ``set_default_active_thread_percentage P``, ``get_default_active_thread_percentage``,
-  ``set_active_thread_percentage PID P``, ``get_active_thread_percentage PID``,
-  ``set_default_device_pinned_mem_limit DEV VALUE``, ``get_default_device_pinned_mem_limit DEV``.
-- One server uid at a time: a CUDA client (``connect``, the test's stand-in for a CUDA program starting)
-  of the server's uid joins it; with no server, one starts for the client's uid; a client of another uid
-  waits, the running server is asked to shut down once its clients are done, and then a server for the
-  waiting uid starts. A server is a compute process on its card in the fake NVML while it runs.
-- ``nvidia-smi -r -i ID`` (``--gpu-reset``) resets a card of the fake NVML (refused while processes run;
-  applies a pending MIG mode). ID is an index, a UUID or a PCI bus id.
-
-Process ids are made up (above Linux's largest pid_max, 4,194,304, and apart for each process that runs
-the fake, as a restarted control daemon's pid differs): nothing here touches real processes.
-
-Control daemons are processes of their own on a real host: they outlive xpud. ``dump``/``restore`` and
-the ``on_change`` hook (called after every change, with the lock held) let ``xpud.hw.simstate`` keep them
-across daemon restarts; a restored server is a compute process on its card again.
+The commands and behaviours played, and how state survives daemon restarts: see docs/isolation.md, The
+fake NVIDIA tools.
 """
 
 from __future__ import annotations

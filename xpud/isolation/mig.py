@@ -3,38 +3,12 @@
 Sizes map to profiles through the profile map (``mig_map``); where an instance goes is the pure choice of
 ``xpud.placement.mig.choose``; this module reads the card, applies the choice and keeps the books.
 
-Modes. A card with MIG on cannot do whole-card CUDA work across cards (no P2P, no NVLink collectives over
-MIG devices), so a MIG card is sliced exactly when MIG is on. With ``[cards] mig_switch = "idle"`` (the
-default) xpud switches MIG on when the engine turns an idle whole card into a sliced one, and off when it
-gives an idle sliced card back to whole-card work. The driver changes the mode only when no process and no
-NVML client holds the card (a monitoring agent such as DCGM does; so does xpud's own event registration),
-so the switch runs inside ``Nvml.card_released`` (xpud lets go of the card's events and handle, and takes
-them back after): ``nvmlDeviceSetMigMode``; where the driver cannot reset the card itself (a VM: "reset
-required") ``nvidia-smi --gpu-reset -i <bus id>`` through the runner; then a check that the mode took.
-When it did not (the card is held: "in use", or the reset was refused), the pending mode is cancelled, so
-that no later reset flips the card behind xpud's back, and the switch fails with what holds the card; the
-card is then not offered for a switch for ``SWITCH_RETRY_S``. Never while any process runs on the card or
-any instance is in use (``switch_blocker``; the engine asks before it chooses a card). Hysteresis comes
-from the engine: slices go to already-sliced cards first and whole-card work to whole cards first, so a
-card changes mode only when demand of the other kind finds no card in the right mode, never back and forth
-by itself. A switch blocks its caller for as long as the driver's reset takes (seconds on real boards).
-With ``mig_switch = "never"`` xpud leaves MIG modes to the operator (e.g. mig-parted): a card with MIG on
-serves only slices, one with MIG off only whole-card work (under ``isolation = "auto"`` its slices use MPS
-instead).
+Invariants: a MIG card is sliced exactly when MIG is on; the mode never switches while a process runs on
+the card or an instance is in use (``switch_blocker``), and a switch that did not take is cancelled, so no
+later reset flips the card behind xpud's back; an instance in which processes still run after its release
+is never reused; instances xpud did not make (``mig_book``) are never destroyed, under any ``mig_switch``.
 
-Idle instances. A released instance with no process left in it stays, idle, for ``[cards]
-mig_idle_keep_s`` seconds (0: destroyed at once): a new slice of a size it serves reuses it when that
-leaves as much room as creating one elsewhere (creating and destroying instances takes time on real
-cards). The chooser destroys idle instances that are in the way of a request; the periodic ``tidy``
-destroys those kept too long; all go when the card leaves sliced mode. An instance in which processes
-still run after its release is never reused: it is destroyed once they are gone.
-
-Start-up (``reconcile``): instances the ledger's leases hold are adopted; instances nobody holds are
-destroyed when this xpud made them (``mig_book``: the ledger records each instance it makes) and no
-process runs in them, and left alone (their space blocked, retried by ``tidy``) when processes do.
-Instances xpud did not make (mig-parted, the GPU Operator, an operator) are never destroyed, under any
-``mig_switch``: their space stays blocked and MIG stays on. Leases whose instance is gone are reported
-lost (the engine reclaims them).
+Mode switches, idle instances and start-up reconciliation: see docs/isolation.md, MIG.
 """
 
 from __future__ import annotations

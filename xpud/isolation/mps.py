@@ -1,50 +1,12 @@
 """MPS slices: one MPS control daemon per card, per-client limits in the child's environment.
 
-Life of a card under MPS (facts: ../shared/REFERENCE.md, MPS):
+Invariants: one server uid per card is a placement rule, not a hidden wait (a card whose live MPS slices
+belong to uid A takes no slice for uid B: ``fits`` says no, ``why_not`` says why); the card's compute mode
+is saved before it is set to EXCLUSIVE_PROCESS and restored when it leaves sliced mode, after a crash too;
+the limits bound well-behaved programs, not a hostile user (MIG is the hard isolation).
 
-- The card enters sliced mode (``enter_sliced``, or the first ``prepare``): its compute mode is saved and
-  set to EXCLUSIVE_PROCESS (so only the MPS server runs work on it), then a control daemon starts with its
-  own pipe and log directories, ``<runtime dir>/mps/<card index>/{pipe,log}``, and
-  ``CUDA_VISIBLE_DEVICES=<card UUID>``.
-- Each slice's child gets ``CUDA_VISIBLE_DEVICES=<card UUID>``, ``CUDA_MPS_PIPE_DIRECTORY`` and its limits:
-  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<pct>`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M``. The
-  memory limit names device 0: the index *as the client sees it*, which is the only card it sees (limits
-  keyed by UUID were seen to be ignored).
-- When the card's last slice ends, its MPS server stays, idle, for ``[cards] mps_idle_keep_s`` seconds
-  (0: it is shut down at once): the release is bookkeeping only, and the next slice of the same uid on
-  the card finds the server running (on real cards, no server start). A slice of another uid never joins
-  it (one user per MPS server): its ``prepare`` first shuts the idle server down, forced (no lease of its
-  uid remains, so any client still attached is a leftover and is cut off), which frees the server's
-  memory and lets the other user's server start. ``tidy`` shuts down an idle server kept longer. So a
-  leftover process of an ended lease lives until the grace ends or another user's slice comes to the
-  card (with 0, until the release).
-- The card leaves sliced mode (``leave_sliced``): the control daemon quits and the saved compute mode is
-  restored. The saved mode lives in a file beside the pipe directory, so a restart after a crash restores
-  it too.
-
-What the backend knows of the control daemon. It starts one per card and the daemon runs until told to
-``quit`` (the real tool's behaviour), so the backend remembers that it runs instead of asking
-(``get_server_list``) at every grant: a slice on a card whose daemon runs is bookkeeping only, which the
-engine does on its loop (``needs_tool``). What it learns from any command it runs (the daemon answered or
-did not) updates what it knows, and ``tidy`` asks again every ``CHECK_INTERVAL_S``: a control daemon that
-died (killed, crashed) is started again there, within that interval, instead of at the next grant.
-
-One server uid at a time: MPS runs one server per card for one uid; a client of another uid waits until
-that server's clients are done. xpud makes this a placement rule instead of a hidden wait: a card whose
-MPS slices belong to uid A takes no slice for uid B (``fits`` says no, ``why_not`` says why). B's request
-goes to another card, or waits in the queue, and its error or queue message names the reason. Only live
-slices count: a server kept idle for uid A does not keep B away (B's prepare shuts it down first). The
-control daemon runs as root (xpud's own uid), so it can start the server for whichever user comes.
-
-Limits are set in the client's environment: they bound well-behaved programs (allocations beyond the
-limit fail; CUDA >= 11.5), not a hostile user, who can change their own environment. MIG is the hard
-isolation.
-
-With a keeper (``[cards] mps_keeper = true``; containers, where the daemons would end with xpud's pod):
-the backend starts and quits no control daemon itself. It asks ``xpud mps-keeper`` (xpud.isolation.
-mps_keeper) through ``<runtime dir>/mps/<card>/want`` and waits, at most ``KEEPER_WAIT_S``, until the
-pipe directory answers (or no longer answers, after a quit). Everything else (compute mode, servers,
-limits) is the same.
+The life of a card under MPS, what the backend knows of the control daemon, and the keeper: see
+docs/isolation.md, MPS.
 """
 
 from __future__ import annotations

@@ -1,48 +1,9 @@
 """xpud's placement policy: FGD's fragmentation measure, learned online, made CPU/memory-aware, with a
 look-ahead on how well each card's leftover will be filled.
 
-What it adds to FGD (each measured on the openb trace; see ``bench/placement.md``):
-
-1. **Online mix.** The task mix is learned from arrivals (a live scheduler does not know the trace).
-2. **Stranding.** A host can only use as much GPU as its free CPU and memory can feed: the expected usable
-   share ``U`` is capped at ``kappa_cpu * cpu_free`` and ``kappa_mem * mem_free``, where ``kappa`` is the
-   GPU share per milli-core (per MiB) of the GPU tasks seen so far. Idle cards on a host whose CPU or memory
-   is nearly gone count as fragmentation.
-3. **Fill look-ahead.** ``V[r]`` is the expected waste of a card with ``r`` milli free if future tasks from
-   the mix that fit are put on it at random (a small dynamic programme over the mix). A fractional task is
-   scored ``saved - fill_weight * (V[free - share] - V[free])``, which pairs shares that complete a card.
-4. **Model scarcity.** Tasks that name a card model can only run on that model. The share ``q_m`` of the
-   arrived GPU request that names model ``m`` is learned online; if the cluster's free share ``F`` were
-   filled from the same mix, ``q_m * F`` of it would be claimed by tasks that can only run on ``m``. A task
-   that could also run elsewhere loses ``scarcity * min(1, q_m * F / free_m)`` score points on a host of
-   model ``m``, so flexible work leaves a model whose free share its own named tasks are about to need.
-   Nothing changes until a model-named task has arrived (the default trace has none).
-5. **Whole groups.** The same reasoning for multi-card tasks: a ``k``-card class ``c`` can only run on a
-   host with ``k`` idle cards and its CPU. Its share ``q_c`` of the arrived GPU request is learned online,
-   its expected claim on the free share is ``q_c * F``, and the hosts that can take it now hold a supply of
-   whole groups. A smaller task that would break such a host's last group for ``c`` loses
-   ``groups * r_c`` points, ``r_c = min(1, q_c * F / supply_c)``, so idle groups are spent last when they
-   are scarce; once ``r_c >= group_scarce`` (1/4) the points are ``groups * r_c * (k/4)^2`` (an 8-card class
-   weighs 4x, a 2-card one 1/4x: what a class loses when its task finds no group grows with its cards).
-   Smaller means fewer cards, or as many cards and less CPU when the task could also go to a host that
-   cannot serve ``c`` (an 8-card task needing 64 cores keeps off the only hosts with 120 free).
-6. **CPU kept for GPU work** (``cpu_reserve``). A host's *reserve* is the CPU its free GPU share needs at
-   the learnt CPU-per-GPU ratio of the GPU tasks seen so far (``cpu_per_gpu``, online like the mix).
-   ``"prefer"``: a CPU-only task goes first where it takes the fewest reserved cores (hosts whose cards are
-   all allocated, or whose spare CPU exceeds their reserve), the usual score among those. ``"reserve"``
-   (the default): moreover a CPU-only task may only use CPU beyond the reserve; one that fits nowhere else
-   is refused (the simulator counts refusals apart from drops). ``"off"``: scored like any task.
-7. **Most capable hosts kept whole** (``top_hosts``). A host is *top* when no host with as many cards has
-   more CPU or memory (the openb G3: 8 cards, 128 cores, 768 GiB). The group term only knows classes seen;
-   an 8-card, 120-core task that arrives after a 1-card task broke an idle G3 may find none left. So a
-   whole-card task with fewer cards than an idle top host loses ``top_hosts`` (3) points there, and a
-   single-card task's ties go to idle top hosts last. Fractional tasks are left alone (on the default trace
-   keeping them off G3 costs ~0.09 points; this way the default trace gains 0.005).
-8. **Score and ties.** FGD's coarse score (``int(100 * sigmoid(saved / scale))``), ties to hosts with fewer
-   cards; for a multi-card task then to hosts with fewer cores, then less memory (the most capable hosts
-   stay whole for the tasks only they can take, even before such a task has arrived: the group term only
-   knows the classes seen so far); then to ``ClusterState.tie_rank`` (random per seed in the simulator;
-   health or operator order in the daemon).
+What it adds to FGD (online mix, stranding, fill look-ahead, model scarcity, whole groups, CPU kept for GPU
+work, most capable hosts kept whole, score and ties), each measured on the openb trace (``bench/
+placement.md``): see docs/placement.md, The fragmentation-aware policy.
 """
 
 from __future__ import annotations

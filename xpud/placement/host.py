@@ -3,26 +3,9 @@
 The engine (live daemon), the simulator and the device plugin's preferred-allocation hook all call these
 with a snapshot; nothing here reads the hardware, the clock or the ledger.
 
-How a group of whole cards is chosen (``best_group``), in order of precedence:
-
-1. **Degraded cards** (``avoid``): as few as possible (none when enough other cards are free).
-2. **Modelled cost**: the ring all-reduce time of ``Topology.allreduce_seconds``; for a fixed size that
-   is the group's slowest link (its bus bandwidth). Links are ordered by modelled bandwidth and, where
-   that ties (all NVLink through NVSwitch), by their PCIe path: the same PCIe switch beats the same
-   socket beats across sockets. So on a DGX the group stays on one PCIe switch / socket, which keeps
-   its host threads on one NUMA node and is what NCCL falls back to if an NVLink goes down.
-3. **Impact on the free groups that remain** (``free_quality``): among groups of equal cost, the one
-   whose leftover free cards would give later jobs the best groups. The measure: for every job size
-   ``k`` from 2 to the number of cards left, hand the leftover out greedily to ``k``-card jobs (each
-   takes the best-connected ``k`` cards still free) and average their modelled bus bandwidth; then
-   average over ``k``. Breaking an NVLink island, orphaning a card's switch partner or leaving only
-   cross-socket pairs lowers it. Ties on bandwidth fall back to the same measure on PCIe paths.
-4. **Health**: the higher weakest score, then the higher total score.
-5. Lowest card indices.
-
-Exact search (every subset, vectorised over bitmasks) runs whenever at most ``EXACT_SEARCH_MAX_CARDS``
-cards are free. Larger free sets use ``cluster_group``: complete-linkage clustering of the free cards by
-link quality, groups assembled from whole clusters, then improved by swapping cards.
+``best_group`` orders candidate groups by: degraded cards avoided, modelled cost, the free groups left
+(``free_quality``), health, lowest indices; exact search up to ``EXACT_SEARCH_MAX_CARDS`` free cards,
+``cluster_group`` above. Each step explained: see docs/placement.md, Choosing a group of whole cards.
 """
 
 from __future__ import annotations

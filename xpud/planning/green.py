@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from xpud.errors import XpudError
 from xpud.planning.runfiles import publish_json
 
 MAX_HOURS = 24 * 31  # a month of hours at most
@@ -34,7 +35,7 @@ HOUR = timedelta(hours=1)
 MAX_DEFER = timedelta(days=31)  # a deferrable request's deadline is at most this far ahead
 
 
-class SignalError(ValueError):
+class SignalError(XpudError, ValueError):
     """A signal that cannot be used, with the reason (where, what, how to fix)."""
 
 

@@ -176,6 +176,9 @@ class Context:
         e = self.engine
         return [convert.card_pb(v, e.isolation_name(v.info.index)) for v in e.card_views()]
 
+    def cards_reply(self) -> pb.ListCardsReply:
+        return convert.cards_reply(self.card_msgs(), self.info["hostname"], self.engine.cfg.slices)
+
     def leases_reply(self, caller: Caller, budget: int, leases: list | None = None) -> pb.ListLeasesReply:
         """Leases (active ones unless given) then the queue, as many as fit in ``budget`` bytes; the reply
         counts what it left out, so no listing can outgrow gRPC's message limit."""
@@ -456,7 +459,7 @@ class NodeService(pbg.NodeServicer):
     @unary
     async def ListCards(self, request, context):
         self.ctx.caller(context)
-        return pb.ListCardsReply(cards=self.ctx.card_msgs(), hostname=self.ctx.info["hostname"])
+        return self.ctx.cards_reply()
 
     @unary
     async def ListLeases(self, request, context):
@@ -561,7 +564,7 @@ class NodeService(pbg.NodeServicer):
             recent = e.ledger.events(limit=50)
             events = collections.deque((convert.event_pb(ev) for ev in recent), MAX_WATCH_EVENTS)
             while True:
-                cards = pb.ListCardsReply(cards=self.ctx.card_msgs(), hostname=self.ctx.info["hostname"])
+                cards = self.ctx.cards_reply()
                 budget = REPLY_BUDGET - cards.ByteSize() - sum(ev.ByteSize() + 8 for ev in events)
                 yield pb.WatchUpdate(
                     cards=cards, leases=self.ctx.leases_reply(caller, budget), events=list(events)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from xpud.errors import XpudError
+
 DEFAULT_RATIO = 1.3
 DEFAULT_SEEDS = tuple(range(42, 52))
 
@@ -14,7 +16,7 @@ DEFAULT_TRACE = "openb_pod_list_default.csv"
 OPENB_ENV = "XPUD_OPENB_DIR"
 
 
-class TraceError(Exception):
+class TraceError(XpudError):
     """A cluster or trace file that cannot be used; the message says why and how to fix it."""
 
 

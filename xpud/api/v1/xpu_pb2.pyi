@@ -421,12 +421,23 @@ class ListCardsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListCardsReply(_message.Message):
-    __slots__ = ("cards", "hostname")
+    __slots__ = ("cards", "hostname", "free_whole", "free_slices")
+    class FreeSlicesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     CARDS_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    FREE_WHOLE_FIELD_NUMBER: _ClassVar[int]
+    FREE_SLICES_FIELD_NUMBER: _ClassVar[int]
     cards: _containers.RepeatedCompositeFieldContainer[Card]
     hostname: str
-    def __init__(self, cards: _Optional[_Iterable[_Union[Card, _Mapping]]] = ..., hostname: _Optional[str] = ...) -> None: ...
+    free_whole: int
+    free_slices: _containers.ScalarMap[str, int]
+    def __init__(self, cards: _Optional[_Iterable[_Union[Card, _Mapping]]] = ..., hostname: _Optional[str] = ..., free_whole: _Optional[int] = ..., free_slices: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ListLeasesRequest(_message.Message):
     __slots__ = ("all", "limit", "lease_id")

@@ -1,24 +1,23 @@
-"""``HostSummary``: one host as the cluster view shows it, and how to make one from a Watch snapshot.
+"""``HostRow``: one host as the cluster view shows it, made from a daemon's Watch snapshot or cluster host.
 
 The cluster view is fed either by federation (``from_cluster_host``: the hosts of the daemon's
 ``Node.GetCluster``) or, for daemons without ``[cluster]``, from several local daemons (``xpu top --host
-DIR ...``), each summarised from its own Watch stream. No Textual here, and nothing but the protocol
-messages and the default slice sizes, so the daemon side can build these too.
+DIR ...``), each from its own Watch stream (``from_watch``). The free capacity is the daemon's count in
+both cases (``ListCardsReply.free_whole``/``free_slices``, ``ClusterHost``): the dashboard does not
+recompute it. Not ``federation.view.HostSummary``, which is what a host gossips about itself (location,
+group bandwidth, weakest health); this row adds health counts, leases and staleness. No Textual here.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.config.schema import DEFAULT_SLICES
-from xpud.model import SliceSpec
 
 
 @dataclass(frozen=True)
-class HostSummary:
+class HostRow:
     """Free capacity and health of one host. Times are seconds since the epoch."""
 
     name: str
@@ -51,52 +50,16 @@ class HostSummary:
         return "stale" if now - self.seen > after_s else "live"
 
 
-def _usable(card: pb.Card) -> bool:
-    lost = card.HasField("sample") and card.sample.lost
-    return not card.drained and card.health_state != "unhealthy" and not lost
-
-
-def slices_that_fit(card: pb.Card, spec: SliceSpec) -> int:
-    """Slices of ``spec`` that fit in a sliced card's free memory and compute (MPS arithmetic).
-
-    A MIG card's geometry may allow fewer; this is the summary's estimate, not a placement.
-    """
-    if not _usable(card) or card.mode != "sliced" or card.whole_lease:
-        return 0
-    by_memory = card.free_memory_fraction / spec.memory_fraction
-    by_compute = card.free_compute_pct / spec.compute_pct
-    return max(0, math.floor(min(by_memory, by_compute) + 1e-9))
-
-
-def whole_free(card: pb.Card) -> bool:
-    """An idle usable card a whole-card lease could take: whole, or sliced but empty and not pinned."""
-    if not _usable(card) or card.whole_lease or card.slices:
-        return False
-    return card.mode == "whole" or not card.mode_pinned
-
-
-def slice_sizes(info: pb.InfoReply) -> dict[str, SliceSpec]:
-    """The daemon's slice sizes (its config's [slices]), or the defaults from a daemon that does not say."""
-    sizes = {s.name: SliceSpec(s.name, s.memory_fraction, s.compute_pct) for s in info.slice_sizes}
-    return sizes or dict(DEFAULT_SLICES)
-
-
-def summarize(
-    name: str,
-    update: pb.WatchUpdate,
-    seen: float,
-    domain: str = "",
-    slices: Mapping[str, SliceSpec] = DEFAULT_SLICES,
-) -> HostSummary:
-    """The summary of one host's Watch snapshot."""
+def from_watch(name: str, update: pb.WatchUpdate, seen: float, domain: str = "") -> HostRow:
+    """The row of one host's Watch snapshot."""
     cards = list(update.cards.cards)
     states = [c.health_state for c in cards]
-    return HostSummary(
+    return HostRow(
         name=name,
         domain=domain,
         cards=len(cards),
-        whole_free=sum(whole_free(c) for c in cards),
-        slices_free={size: sum(slices_that_fit(c, spec) for c in cards) for size, spec in slices.items()},
+        whole_free=update.cards.free_whole,
+        slices_free=dict(update.cards.free_slices),
         healthy=states.count("healthy"),
         degraded=states.count("degraded"),
         unhealthy=states.count("unhealthy"),
@@ -107,14 +70,14 @@ def summarize(
     )
 
 
-def from_cluster_host(h: pb.ClusterHost, now: float) -> HostSummary:
+def from_cluster_host(h: pb.ClusterHost, now: float) -> HostRow:
     """A federation peer as the cluster view shows it. Its summary carries the free capacity and the
     weakest free card's score, not per-card states: a score under 100 shows as one degraded card. A dead
     or departed host shows as down; a suspect one ages like any host not heard from."""
     error = "" if h.state in ("alive", "suspect") else h.state
     if not h.summary_valid and not error:
         error = "its summary failed the checks"
-    return HostSummary(
+    return HostRow(
         name=h.name,
         domain=h.domain,
         cards=h.cards,
@@ -142,7 +105,7 @@ class DomainTotals:
     unhealthy: int
 
 
-def totals(domain: str, hosts: Iterable[HostSummary], now: float, stale_after_s: float) -> DomainTotals:
+def totals(domain: str, hosts: Iterable[HostRow], now: float, stale_after_s: float) -> DomainTotals:
     hosts = list(hosts)
     sizes: dict[str, int] = {}
     for h in hosts:
