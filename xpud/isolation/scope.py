@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xpud.errors import XpudError
 from xpud.hw.devnodes import DevNodeError, DevTree
 from xpud.isolation.devices import allow_list, grant_of
 
@@ -50,7 +51,7 @@ END_AFTER_S = 3.0  # a released lease's scope is stopped this much later (its ho
 Runner = Callable[[Sequence[str]], Awaitable[tuple[int, str]]]  # argv -> (exit code, stdout + stderr)
 
 
-class ScopeError(Exception):
+class ScopeError(XpudError):
     """The lease's scope could not be made or changed; one line that says why."""
 
 
