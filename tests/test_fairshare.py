@@ -139,6 +139,18 @@ def test_reclaim_waits_for_an_account_above_its_share_and_honours_the_mode_and_t
     assert len(_plan(Waiter("w", "a", 2.0), running, protected={"b": 999.0})) == 2
 
 
+def test_a_task_bigger_than_the_room_left_in_the_share_may_still_reclaim_but_never_past_the_limit():
+    """a holds a half-card slice of its share of 4 and waits for a 4-card task: it may reclaim (else the
+    big task starves while others backfill); with limit 4 it may not (4.5 > 4)."""
+    running = [Running("a0", "a", 0.5, False, 0.0)] + [
+        Running(f"b{i}", "b", 1.0, True, 0.0) for i in range(7)
+    ]
+    w = Waiter("w", "a", 4.0)
+    assert len(_plan(w, running, free=1.0)) == 3  # b keeps 4 = its share
+    limited = {"a": AccountSpec("a", quota=4, limit=4), "b": AccountSpec("b", quota=4)}
+    assert _plan(w, running, free=1.0, specs=limited) == []
+
+
 def test_quota_mode_reclaims_only_up_to_the_quota_fair_share_beyond_it():
     specs = {"a": AccountSpec("a", quota=2), "b": AccountSpec("b", quota=2), "c": AccountSpec("c", quota=4)}
     # c idle: a's fair share is 4 (quota 2 plus half of c's 4); b holds 8
@@ -289,8 +301,8 @@ def test_reclaim_never_touches_non_restartable_work_and_keeps_victims_at_their_f
         for a in {r.account for r in plan}:
             after = allocated[a] - sum(r.gpus for r in plan if r.account == a)
             assert after >= floor[a] - 1e-6
-        mine = allocated.get(waiter.account, 0.0) + waiter.gpus
+        held = allocated.get(waiter.account, 0.0)
         bound = specs[waiter.account].quota if mode == "quota" else shares[waiter.account]
-        assert mine <= bound + 1e-6
+        assert held < bound
         limit = specs[waiter.account].limit
-        assert limit is None or mine <= limit + 1e-6
+        assert limit is None or held + waiter.gpus <= limit + 1e-6

@@ -13,8 +13,8 @@ Policies, all backfilling (a task that fits starts even if one before it does no
 
 - ``fifo``: the oldest waiting task first; accounts are not looked at.
 - ``fairshare``: the queue ordered by ``xpud.planning.fairshare.queue_key`` (the account furthest below
-  its deserved share first, then age); an account below its share whose waiting task its share admits
-  reclaims restartable tasks of accounts above theirs, never below their share (reclaim "fair-share").
+  its deserved share first, then age); an account below its share reclaims restartable tasks of accounts
+  above theirs for its oldest waiting task, never taking them below their share (reclaim "fair-share").
 - ``quota``: the same order; reclaim only for an account below its quota, down to the victims' quotas
   (KAI's behaviour).
 
@@ -300,7 +300,7 @@ def replay(
                 idle, most = room()
                 continue
             bound = quota if mode == "quota" else shares[k]
-            want = next((i for _, i in waiting[k] if alloc[k] + tasks[i].gpus <= bound + 1e-9), None)
+            want = waiting[k][0][1] if alloc[k] < bound - 1e-9 else None  # its oldest task
             if want is not None and try_reclaim(want):
                 idle, most = room()
             else:
