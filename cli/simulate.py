@@ -326,6 +326,7 @@ def _tenants(trace, policy, seeds, tenants, skew, gpus, restartable, grace, json
         _fail(f"--restartable must be be, all or none, got {restartable!r}", 2)
     if not 0 <= grace <= 86400:
         _fail(f"--reclaim-grace is seconds from 0 to 86400, got {grace}", 2)
+    from xpud.sim import tenant_report
     from xpud.sim import tenants as tn
 
     say = (lambda _m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
@@ -348,9 +349,9 @@ def _tenants(trace, policy, seeds, tenants, skew, gpus, restartable, grace, json
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     if json_out:
-        typer.echo(json.dumps(tn.json_rows(results, restartable)))
+        typer.echo(json.dumps(tenant_report.json_rows(results, restartable)))
     else:
-        typer.echo(tn.table(results))
+        typer.echo(tenant_report.table(results))
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from xpu_cli.simulate import register
 
 from tests.test_cli_json import check
+from xpud.sim import tenant_report
 from xpud.sim import tenants as tn
 from xpud.sim.tenants import TimedTask
 
@@ -21,10 +22,10 @@ def task(name, created, duration, *, cards=1, milli=1000, restartable=True):
 
 
 def test_jain_index():
-    assert tn.jain([1.0, 1.0, 1.0]) == 1.0
-    assert tn.jain([0.5, 0.5]) == 1.0
-    assert tn.jain([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
-    assert tn.jain([2.0, 0.0]) == pytest.approx(0.5)
+    assert tenant_report.jain([1.0, 1.0, 1.0]) == 1.0
+    assert tenant_report.jain([0.5, 0.5]) == 1.0
+    assert tenant_report.jain([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    assert tenant_report.jain([2.0, 0.0]) == pytest.approx(0.5)
 
 
 def test_equal_service_is_fairness_one_under_every_policy():

@@ -26,7 +26,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import heapq
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from xpud.planning import fairshare as fs
-from xpud.sim.trace import _int, _rows
+from xpud.sim import tenant_report
+from xpud.sim.trace import TraceError, _int, _rows
 
 POLICIES = ("fairshare", "quota", "fifo")
 RECLAIM_MODE = {"fairshare": "fair-share", "quota": "quota", "fifo": "off"}
@@ -69,8 +69,6 @@ def load_timed(path: str | Path) -> list[TimedTask]:
         if gpus == 0:
             continue
         if not 0 < milli <= CARD:
-            from xpud.sim.trace import TraceError
-
             raise TraceError(f"{path}:{line}: gpu_milli must be 1..{CARD} for a GPU task, got {milli}")
         created = _int(path, line, row, "creation_time")
         deleted = _int(path, line, row, "deletion_time")
@@ -86,8 +84,6 @@ def load_timed(path: str | Path) -> list[TimedTask]:
             )
         )
     if not out:
-        from xpud.sim.trace import TraceError
-
         raise TraceError(f"{path}: no GPU task with creation and deletion times")
     out.sort(key=lambda t: t.created)
     return out
@@ -140,19 +136,6 @@ class TenantResult:
     reclaims: int  # stops, a task reclaimed twice counted twice
     ratios: list[float] = field(default_factory=list)  # received / deserved GPU-time per account
     wall_s: float = 0.0
-
-
-def jain(xs: Sequence[float]) -> float:
-    """Jain's fairness index: 1 when all are equal, 1/n when one has everything."""
-    xs = [x for x in xs if math.isfinite(x)]
-    if not xs:
-        return 1.0
-    sq = sum(x * x for x in xs)
-    return 1.0 if sq == 0 else sum(xs) ** 2 / (len(xs) * sq)
-
-
-def p95(values: Sequence[float]) -> float:
-    return float(np.percentile(values, 95)) if len(values) else 0.0
 
 
 def replay(
@@ -340,9 +323,9 @@ def replay(
         tenants=tenants,
         skew=skew,
         gpus=gpus,
-        jain_fairness=jain(ratios),
+        jain_fairness=tenant_report.jain(ratios),
         alloc_pct=100.0 * used_time / (gpus * span),
-        p95_wait_s=p95(waits),
+        p95_wait_s=tenant_report.p95(waits),
         reclaimed_pct=100.0 * len(reclaimed) / max(len(tasks), 1),
         tasks=len(tasks),
         reclaims=reclaims,
@@ -391,41 +374,3 @@ def run(
             if progress is not None:
                 progress(f"seed {seed} {policy}: jain {r.jain_fairness:.4f} in {r.wall_s:.1f} s")
     return out
-
-
-ROW_KEYS = ("jain_fairness", "alloc_pct", "p95_wait_s", "reclaimed_pct")
-
-
-def json_rows(results: Sequence[TenantResult], restartable: str = "be") -> list[dict]:
-    """One row per policy and seed (docs/json.md, ``xpu simulate --tenants``)."""
-    return [
-        {
-            "policy": r.policy,
-            "seed": r.seed,
-            "tenants": r.tenants,
-            "tenant_skew": r.skew,
-            "gpus": r.gpus,
-            "restartable": restartable,
-            "jain_fairness": round(r.jain_fairness, 4),
-            "alloc_pct": round(r.alloc_pct, 2),
-            "p95_wait_s": round(r.p95_wait_s, 1),
-            "reclaimed_pct": round(r.reclaimed_pct, 2),
-            "tasks": r.tasks,
-            "reclaims": r.reclaims,
-        }
-        for r in results
-    ]
-
-
-def table(results: Sequence[TenantResult]) -> str:
-    """Per policy, the mean over seeds (min..max of Jain's index)."""
-    lines = [f"{'policy':<12}{'jain_fairness':>22}{'alloc_pct':>11}{'p95_wait_s':>12}{'reclaimed_pct':>15}"]
-    for policy in dict.fromkeys(r.policy for r in results):
-        rs = [r for r in results if r.policy == policy]
-        js = [r.jain_fairness for r in rs]
-        jain_cell = f"{np.mean(js):.4f} ({min(js):.3f}..{max(js):.3f})"
-        lines.append(
-            f"{policy:<12}{jain_cell:>22}{np.mean([r.alloc_pct for r in rs]):>11.2f}"
-            f"{np.mean([r.p95_wait_s for r in rs]):>12.0f}{np.mean([r.reclaimed_pct for r in rs]):>15.2f}"
-        )
-    return "\n".join(lines)
