@@ -28,6 +28,11 @@ def test_usage_halves_over_a_half_life_and_accrues_exactly():
     assert fs.accrue(0.0, 4.0, 1.0, 7 * 86400) == pytest.approx(4.0, rel=1e-5)
 
 
+def test_a_slice_counts_its_memory_fraction():
+    assert fs.gpu_equivalents(2) == 2.0
+    assert fs.gpu_equivalents(0, [0.5, 0.25]) == 0.75
+
+
 def test_quota_first_then_idle_capacity_by_weight():
     specs = {
         "a": AccountSpec("a", quota=4, weight=1),

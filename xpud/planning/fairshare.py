@@ -39,6 +39,11 @@ def specs_from_config(named: Mapping[str, object]) -> dict[str, AccountSpec]:
     }
 
 
+def gpu_equivalents(whole_cards: int, slice_fractions: Iterable[float] = ()) -> float:
+    """What a lease counts against its account: 1 per whole card, a slice its memory fraction."""
+    return float(whole_cards) + sum(slice_fractions)
+
+
 # ---- decayed usage -------------------------------------------------------------------------------------
 
 
