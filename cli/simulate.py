@@ -37,6 +37,8 @@ from xpud.sim.defaults import (
 )
 
 SLICE_MODES = tuple(m for m in PROFILE_SETS if m != "whole")
+TENANT_POLICIES = ("fairshare", "quota", "fifo")  # xpud.sim.tenants.POLICIES (NumPy is not imported here)
+MAX_TENANTS = 1000
 BOUND_POINTS = (100, 130)
 
 HELP = f"""Replay a trace (openb CSV format) through placement policies; print GPU allocation (% of capacity)
@@ -177,7 +179,50 @@ def simulate(
     ] = DEFAULT_RATIO,
     workers: Annotated[int, typer.Option(help="Worker processes (0 = one per CPU).")] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+    tenants: Annotated[
+        int | None,
+        typer.Option(
+            help="Accounts sharing the cluster: replay the trace in time (creation and deletion times) "
+            f"with policies {', '.join(TENANT_POLICIES)} instead (docs: bench/fairshare.md).",
+        ),
+    ] = None,
+    tenant_skew: Annotated[
+        float, typer.Option(help="With --tenants: Zipf exponent of the tasks' accounts (0 = uniform).")
+    ] = 1.0,
+    gpus: Annotated[
+        int, typer.Option(help="With --tenants: cards in the cluster (a pool; hosts not modelled).")
+    ] = 32,
+    restartable: Annotated[
+        str,
+        typer.Option(help="With --tenants: which tasks may be reclaimed: be (QoS BE), all, none."),
+    ] = "be",
+    reclaim_grace: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS", help="With --tenants: an account that got cards back is spared this long."
+        ),
+    ] = 300.0,
 ) -> None:
+    if tenants is not None:
+        return _tenants(
+            trace,
+            policy,
+            seeds,
+            tenants,
+            tenant_skew,
+            gpus,
+            restartable,
+            reclaim_grace,
+            json_out,
+            quiet,
+            refused={
+                "--defrag": defrag,
+                "--bound": bound,
+                "--plot": plot,
+                "--save": save,
+                "--extras": extras,
+            },
+        )
     from xpud.sim import report as rep
     from xpud.sim.runner import SimConfig, run
 
@@ -254,6 +299,59 @@ def simulate(
         except OSError as e:
             _fail(f"cannot write {plot}: {e.strerror}")
         say(f"wrote {plot}")
+
+
+def _tenants(trace, policy, seeds, tenants, skew, gpus, restartable, grace, json_out, quiet, refused) -> None:
+    """``xpu simulate --tenants N``: accounts sharing ``gpus`` cards, the trace replayed in time."""
+    for flag, value in refused.items():
+        if value:
+            _fail(f"{flag} does not go with --tenants (the in-time replay of accounts)", 2)
+    names: list[str] = []
+    for v in policy or [",".join(TENANT_POLICIES)]:
+        for part in (p.strip() for p in v.split(",")):
+            if part not in TENANT_POLICIES:
+                _fail(f"unknown policy {part!r} with --tenants: choose from {', '.join(TENANT_POLICIES)}", 2)
+            names.append(part)
+    try:
+        seed_list = parse_seeds(seeds)
+    except ValueError as e:
+        _fail(str(e), 2)
+    if not 1 <= tenants <= MAX_TENANTS:
+        _fail(f"--tenants must be 1 to {MAX_TENANTS}, got {tenants}", 2)
+    if not 0 <= skew <= 10:  # nan too
+        _fail(f"--tenant-skew is a Zipf exponent from 0 (uniform) to 10, got {skew}", 2)
+    if not 1 <= gpus <= 100_000:
+        _fail(f"--gpus must be 1 to 100000, got {gpus}", 2)
+    if restartable not in ("be", "all", "none"):
+        _fail(f"--restartable must be be, all or none, got {restartable!r}", 2)
+    if not 0 <= grace <= 86400:
+        _fail(f"--reclaim-grace is seconds from 0 to 86400, got {grace}", 2)
+    from xpud.sim import tenant_report
+    from xpud.sim import tenants as tn
+
+    say = (lambda _m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        tasks = tn.with_restartable(tn.load_timed(trace or default_path(DEFAULT_TRACE)), restartable)
+    except TraceError as e:
+        _fail(str(e))
+    say(f"replaying {len(tasks)} GPU tasks in time: {len(names)} policies x {len(seed_list)} seeds ...")
+    try:
+        results = tn.run(
+            tasks,
+            tenants=tenants,
+            skew=skew,
+            gpus=gpus,
+            policies=tuple(dict.fromkeys(names)),
+            seeds=seed_list,
+            grace_s=grace,
+            progress=say,
+        )
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if json_out:
+        typer.echo(json.dumps(tenant_report.json_rows(results, restartable)))
+    else:
+        typer.echo(tenant_report.table(results))
 
 
 def register(app: typer.Typer) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import tomli_w
 
+from xpud.config import accounts as accounts_config
 from xpud.errors import ConfigError
 from xpud.model import SLICE_NAME, SliceSpec
 from xpud.planning.windows import MAX_WINDOWS, WindowSpec
@@ -642,6 +643,7 @@ SECTIONS: dict[str, type] = {
     "kubelet": KubeletSection,
     "auto": AutoSection,
     "isolation": IsolationSection,
+    "accounts": accounts_config.AccountsSection,  # and [accounts.NAME] tables: Config.named_accounts
 }
 
 DEFAULT_SLICES: dict[str, SliceSpec] = {
@@ -672,6 +674,8 @@ class Config:
     kubelet: KubeletSection = field(default_factory=KubeletSection)
     auto: AutoSection = field(default_factory=AutoSection)
     isolation: IsolationSection = field(default_factory=IsolationSection)
+    accounts: accounts_config.AccountsSection = field(default_factory=accounts_config.AccountsSection)
+    named_accounts: dict[str, accounts_config.Account] = field(default_factory=dict)  # [accounts.NAME]
     slices: dict[str, SliceSpec] = field(default_factory=lambda: dict(DEFAULT_SLICES))
     windows: tuple[WindowSpec, ...] = ()  # [[windows]]: capacity windows (xpud.planning.windows)
     path: str = ""  # the file it came from ("" = defaults only)
@@ -897,6 +901,9 @@ def parse(text: str, path: str = "<string>", environ: typing.Mapping[str, str] |
             kwargs["slices"] = _slices(src, value)
         elif table == "windows":
             kwargs["windows"] = _windows(src, value)
+        elif table == "accounts" and isinstance(value, dict):
+            kwargs["accounts"] = _section(src, table, SECTIONS[table], accounts_config.section_data(value))
+            kwargs["named_accounts"] = accounts_config.accounts(src, value)
         elif table in SECTIONS:
             kwargs[table] = _section(src, table, SECTIONS[table], value)
         else:
@@ -925,6 +932,7 @@ def parse(text: str, path: str = "<string>", environ: typing.Mapping[str, str] |
     for entry in cfg.isolation.extra_devices:
         if why := _device_entry_problem(entry):
             raise src.error("isolation", "extra_devices", why)
+    accounts_config.check_refs(src, cfg.accounts, cfg.named_accounts)
     for name in cfg.kubelet.resources:
         domain, _, kind = name.partition("/")
         if not (_RESOURCE_DOMAIN.fullmatch(domain) and (kind == "gpu" or kind in cfg.slices)):
@@ -1049,6 +1057,7 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     out["slices"] = {
         n: {"memory_fraction": s.memory_fraction, "compute_pct": s.compute_pct} for n, s in cfg.slices.items()
     }
+    out["accounts"].update(accounts_config.to_dict(cfg.named_accounts))
     if cfg.windows:
         out["windows"] = [
             {"name": w.name, "cron": w.cron, "whole_share": w.whole_share}
