@@ -5,12 +5,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from xpud.sim.tenants import TenantResult
+
+@dataclass
+class TenantResult:
+    policy: str
+    seed: int
+    tenants: int
+    skew: float
+    gpus: int
+    jain_fairness: float
+    alloc_pct: float
+    p95_wait_s: float
+    reclaimed_pct: float
+    tasks: int
+    reclaims: int  # stops, a task reclaimed twice counted twice
+    ratios: list[float] = field(default_factory=list)  # received / deserved GPU-time per account
+    wall_s: float = 0.0
 
 
 def jain(xs: Sequence[float]) -> float:

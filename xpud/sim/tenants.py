@@ -28,13 +28,14 @@ import dataclasses
 import heapq
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from xpud.planning import fairshare as fs
 from xpud.sim import tenant_report
+from xpud.sim.tenant_report import TenantResult
 from xpud.sim.trace import TraceError, _int, _rows
 
 POLICIES = ("fairshare", "quota", "fifo")
@@ -119,23 +120,6 @@ class Pool:
 
     def give(self, t: TimedTask, cards: np.ndarray) -> None:
         self.free[cards] += t.milli
-
-
-@dataclass
-class TenantResult:
-    policy: str
-    seed: int
-    tenants: int
-    skew: float
-    gpus: int
-    jain_fairness: float
-    alloc_pct: float
-    p95_wait_s: float
-    reclaimed_pct: float
-    tasks: int
-    reclaims: int  # stops, a task reclaimed twice counted twice
-    ratios: list[float] = field(default_factory=list)  # received / deserved GPU-time per account
-    wall_s: float = 0.0
 
 
 def replay(
