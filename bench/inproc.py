@@ -123,7 +123,7 @@ def main() -> None:
 
     import load
 
-    from xpud.config import schema as config
+    from xpud import config
     from xpud.daemon.cli import Daemon, StartupError, open_hardware
 
     base = Path(tempfile.mkdtemp(prefix="xpu-inproc-", dir="/tmp"))

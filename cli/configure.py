@@ -27,9 +27,9 @@ from typing import Annotated, Any
 import typer
 from xpu_cli.output import handled
 
+from xpud import config
 from xpud.api.client import Client
 from xpud.api.client import runtime_dir as resolve_runtime
-from xpud.config import schema as config
 from xpud.config import write as configedit
 from xpud.daemon import reload
 from xpud.errors import BadRequest, ConfigError, XpudError

@@ -7,7 +7,7 @@ import asyncio
 import threading
 from pathlib import Path
 
-from xpud.config import schema as config
+from xpud import config
 from xpud.daemon.cli import Daemon, open_hardware
 
 

@@ -14,7 +14,7 @@ import pynvml as N
 import pytest
 
 from tests.conftest import DaemonProc, xpu_env
-from xpud.config import schema as config
+from xpud import config
 from xpud.daemon import doctor
 from xpud.isolation.faketools import FakeNvidiaTools
 

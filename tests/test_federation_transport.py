@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from xpud import config
 from xpud.api import validate
-from xpud.config import schema as config
 from xpud.errors import ConfigError
 from xpud.federation import summary, transport
 from xpud.federation.membership import Ack, Gossip, Ping, PingReq, PushPull, State, Update
@@ -209,7 +209,7 @@ def test_engine_news_during_a_summary_refresh_waits_for_the_next_refresh(tmp_pat
     after it ends refreshes again (before, it was taken and lost until the periodic refresh, 1 s)."""
     import asyncio
 
-    from xpud.config import schema as config
+    from xpud import config
     from xpud.federation import node
     from xpud.federation.certs import init_ca, issue
 
@@ -258,7 +258,7 @@ def test_a_second_daemon_on_the_same_peer_address_refuses_to_start(tmp_path):
 
     import pytest
 
-    from xpud.config import schema as config
+    from xpud import config
     from xpud.federation import node, view
     from xpud.federation.certs import init_ca, issue
 

@@ -49,7 +49,6 @@ ALLOWED = {
     ("xpu_cli.main", "xpud.controllers.provisioner"),
     ("xpud.api.convert", "xpud.ledger.ledger"),
     ("xpud.api.validate", "xpud.federation.membership"),
-    ("xpud.config.schema", "xpud.planning.windows"),
     ("xpud.controllers.health", "xpud.api.v1"),
     ("xpud.controllers.rightsizer", "xpud.api.v1"),
     ("xpud.engine.engine", "xpud.controllers.rightsizer"),

@@ -27,8 +27,8 @@ from xpu_tui.hostsummary import HostSummary
 from xpu_tui.modals import CardScreen, ConfirmScreen, HelpScreen, ModeScreen
 from xpu_tui.source import HostSpec, LocalHosts, RecordedSource, StaticCluster
 
+from xpud import config
 from xpud.api.client import Client
-from xpud.config import schema as config
 from xpud.daemon.cli import Daemon, open_hardware
 
 SIZE = (120, 40)

@@ -24,12 +24,11 @@ import typer
 from grpc import aio
 from typer.core import TyperGroup
 
-from xpud import __version__
+from xpud import __version__, config
 from xpud.api.auth import CredentialIssuer
 from xpud.bridges.anchors import AnchorReaper
 from xpud.bridges.kubelet import Delivery, KubeletBridge, PodCheck
 from xpud.bridges.slurm import JobCheck
-from xpud.config import schema as config
 from xpud.controllers.defragmenter import Defragmenter
 from xpud.controllers.health import HealthMonitor
 from xpud.daemon.periodic import OPTS, Jobs

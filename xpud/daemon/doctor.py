@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from xpud.config import schema as config
+from xpud import config
 from xpud.errors import XpudError
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"

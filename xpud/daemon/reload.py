@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from xpud.config import schema as config
+from xpud import config
 from xpud.errors import XpudError
 
 log = logging.getLogger("xpud.daemon.reload")

@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from xpud.config import schema as config
+from xpud import config
 from xpud.federation import certs, summary, transport, view
 from xpud.federation.membership import State, Swim, SwimConfig
 from xpud.federation.peer_service import PeerService

@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from xpud.config.schema import read_text
+from xpud.config.read import read_text
 from xpud.errors import ConfigError
 from xpud.hw.types import MigProfile
 from xpud.model import SliceSpec
