@@ -73,7 +73,7 @@ def test_invalid_toml_is_refused():
 def test_a_file_that_is_not_utf8_is_one_line_with_its_line(tmp_path):
     """It was a UnicodeDecodeError traceback from the daemon's start (a crash loop under systemd), from a
     reload and from `xpu config set`."""
-    from xpud.isolation import mig_map
+    from xpud.hw import mig_map
 
     path = tmp_path / "xpud.toml"
     path.write_bytes(b"[leases]\ngrace_s = 5  # caf\xe9\n")

@@ -148,11 +148,11 @@ def test_the_peer_service_forwards_to_hostjobs_with_the_callers_name(tmp_path):
     import grpc
     from grpc import aio
 
+    from xpud.api.server import add_to_server
     from xpud.api.v1 import xpu_pb2 as pb
     from xpud.api.v1 import xpu_pb2_grpc as pbg
     from xpud.federation.certs import init_ca, issue
     from xpud.federation.peer_service import PeerService
-    from xpud.service.node import add_to_server
 
     init_ca(tmp_path / "ca")
     a = issue("node-a", tmp_path / "ca", tmp_path / "a", ips=["127.0.0.1"])

@@ -26,6 +26,7 @@ from typer.core import TyperGroup
 
 from xpud import __version__, config
 from xpud.api.auth import CredentialIssuer
+from xpud.api.server import add_to_server
 from xpud.bridges.anchors import AnchorReaper
 from xpud.bridges.kubelet import Delivery, KubeletBridge, PodCheck
 from xpud.bridges.slurm import JobCheck
@@ -38,7 +39,7 @@ from xpud.federation.hostjobs import HostJobs
 from xpud.hw.devnodes import DevTree
 from xpud.ledger.ledger import Ledger, LedgerDamaged
 from xpud.planning.green import Signal
-from xpud.service.node import AdminService, Context, NodeService, add_to_server
+from xpud.service.node import AdminService, Context, NodeService
 
 log = logging.getLogger("xpud")
 

@@ -31,12 +31,12 @@ import grpc
 from grpc import aio
 
 from xpud import config
+from xpud.api.server import add_to_server
 from xpud.federation import certs, summary, transport, view
 from xpud.federation.membership import State, Swim, SwimConfig
 from xpud.federation.peer_service import PeerService
 from xpud.federation.room import Room
 from xpud.placement.multihost import HostOffer
-from xpud.service.node import add_to_server
 
 log = logging.getLogger("xpud.federation")
 

@@ -31,12 +31,12 @@ import grpc
 from grpc import aio
 
 from xpud.api import validate
+from xpud.api.server import streaming, unary
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, Forbidden, Unauthenticated
 from xpud.federation import certs, transport
 from xpud.federation.probe import TIME_KEY
-from xpud.service.node import streaming, unary
 
 log = logging.getLogger("xpud.federation")
 

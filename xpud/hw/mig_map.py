@@ -19,7 +19,7 @@ from xpud.hw.types import MigProfile
 from xpud.model import SliceSpec
 from xpud.placement.mig import Geometry, Profile
 
-log = logging.getLogger("xpud.isolation.mig")
+log = logging.getLogger("xpud.hw.mig_map")
 
 DEFAULT_PATH = Path(__file__).resolve().parents[1].parent / "etc" / "mig-profiles.toml"
 
