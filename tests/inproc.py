@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from xpud import config
-from xpud.daemon.cli import Daemon, open_hardware
+from xpud.daemon.app import Daemon, open_hardware
 
 
 class InProcDaemon:

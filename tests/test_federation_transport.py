@@ -143,7 +143,6 @@ class _HostJobs:
 
 def test_the_peer_service_forwards_to_hostjobs_with_the_callers_name(tmp_path):
     import asyncio
-    from types import SimpleNamespace
 
     import grpc
     from grpc import aio
@@ -161,7 +160,7 @@ def test_the_peer_service_forwards_to_hostjobs_with_the_callers_name(tmp_path):
 
     async def main():
         server = aio.server()
-        add_to_server(PeerService(None, SimpleNamespace(hostjobs=jobs)), server)
+        add_to_server(PeerService(None, jobs), server)
         creds = grpc.ssl_server_credentials(
             [(a.key.read_bytes(), a.cert.read_bytes())], a.ca.read_bytes(), require_client_auth=True
         )

@@ -29,7 +29,7 @@ from xpu_tui.source import HostSpec, LocalHosts, RecordedSource, StaticCluster
 
 from xpud import config
 from xpud.api.client import Client
-from xpud.daemon.cli import Daemon, open_hardware
+from xpud.daemon.app import Daemon, open_hardware
 
 SIZE = (120, 40)
 

@@ -10,7 +10,7 @@ import asyncio
 import collections
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpc import aio
 
@@ -24,7 +24,11 @@ from xpud.engine.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, Unavailable
 from xpud.model import Caller, CommandEnd, Mode, QueuedRequest, Request
 from xpud.planning import green as carbon
+from xpud.planning.green import Signal
 from xpud.planning.usage import job_class
+
+if TYPE_CHECKING:
+    from xpud.federation.hostjobs import HostJobs
 
 
 @dataclass
@@ -38,7 +42,8 @@ class Context:
     health: Any = None  # the health monitor, when running
     defrag: Any = None  # xpud.controllers.defragmenter.Defragmenter
     federation: Any = None  # xpud.federation.node.Federation, when [cluster] is configured
-    extras: dict[str, Any] = field(default_factory=dict)
+    hostjobs: HostJobs | None = None  # multi-host jobs (Node.RunJob coordinates them through it)
+    carbon: Signal | None = None  # the carbon signal (Acquire plans --when-green starts from it)
     # lease id -> (the active Lease, its message as Acquire answered it): its Release answers a copy
     granted: dict[str, tuple[Any, pb.Lease]] = field(default_factory=dict)
 
@@ -135,7 +140,7 @@ def _green_start(request: pb.AcquireRequest, ctx: Context) -> tuple[float, str]:
         return 0.0, ""
     if not (request.when_green and request.green_deadline):
         raise BadRequest("when_green and green_deadline go together (xpu run --when-green --deadline T)")
-    signal = ctx.extras.get("carbon")
+    signal = ctx.carbon
     if signal is None or not signal.configured:
         raise BadRequest(
             "this daemon has no carbon signal: set [carbon] signal or command in xpud.toml for --when-green"
@@ -441,10 +446,11 @@ class NodeService(pbg.NodeServicer):
         first = await anext(request_iterator, None)
         if first is None or first.WhichOneof("what") != "start":
             raise BadRequest("RunJob: the first message must be start (a JobSpec)")
-        daemon = self.ctx.extras.get("daemon")
-        if daemon is None or getattr(daemon, "hostjobs", None) is None:
+        if self.ctx.hostjobs is None:
             raise Conflict("this daemon runs no multi-host jobs")
-        async for ev in JobRun(daemon, first.start, caller).events(request_iterator):
+        async for ev in JobRun(self.ctx.hostjobs, self.ctx.federation, first.start, caller).events(
+            request_iterator
+        ):
             yield ev
 
     @unary
