@@ -38,7 +38,9 @@ from xpud.federation.hostjobs import HostJobs
 from xpud.hw.devnodes import DevTree
 from xpud.ledger.ledger import Ledger
 from xpud.planning.green import Signal
-from xpud.service.node import AdminService, Context, NodeService
+from xpud.service.admin import AdminService
+from xpud.service.context import Context, DaemonInfo
+from xpud.service.node import NodeService
 
 log = logging.getLogger("xpud")
 
@@ -196,16 +198,16 @@ class Daemon:
             federation=self.federation,
             hostjobs=self.hostjobs,  # Node.RunJob coordinates multi-host jobs through it
             carbon=self.carbon,
-            info={
-                "version": __version__,
-                "hostname": socket.gethostname(),
-                "backend": backend,
-                "driver_version": self.hw.driver_version() or "",
-                "started": self.started,
-                "user_socket": str(self.user_socket),
-                "admin_socket": str(self.admin_socket),
-                "config_path": str(Path(self.cfg.path).absolute()) if self.cfg.path else "",
-            },
+            info=DaemonInfo(
+                version=__version__,
+                hostname=socket.gethostname(),
+                backend=backend,
+                driver_version=self.hw.driver_version() or "",
+                started=self.started,
+                user_socket=str(self.user_socket),
+                admin_socket=str(self.admin_socket),
+                config_path=str(Path(self.cfg.path).absolute()) if self.cfg.path else "",
+            ),
         )
         self.context = ctx
         if self.cfg.metrics.listen:

@@ -1,4 +1,6 @@
-"""gRPC servicers: short methods that check the caller, convert messages and call the engine.
+"""The ``Node`` gRPC servicer (users' requests, on xpud.sock and admin.sock): short methods that check the
+caller, convert messages and call the engine through the ``Context``. The operators' ``Admin`` servicer is
+``xpud.service.admin``.
 
 Each method goes through ``xpud.api.server``'s ``unary``/``streaming``: errors cross the wire as status
 codes from one table, and the daemon never dies on a bad request.
@@ -8,111 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from dataclasses import dataclass, field
+import dataclasses
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
-
-from grpc import aio
 
 from xpud.api import convert, validate
-from xpud.api.auth import METADATA_KEY, CredentialIssuer, member_of
+from xpud.api.auth import member_of
 from xpud.api.server import streaming, unary
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.controllers.rightsizer import resize, usage_rows
-from xpud.engine.engine import Engine
 from xpud.errors import BadRequest, Conflict, Forbidden, Unavailable
-from xpud.model import Caller, CommandEnd, Mode, QueuedRequest, Request
+from xpud.model import CommandEnd, Mode, QueuedRequest, Request
 from xpud.planning import green as carbon
-from xpud.planning.green import Signal
 from xpud.planning.usage import job_class
+from xpud.service.context import REPLY_BUDGET, Context, fit
 
-if TYPE_CHECKING:
-    from xpud.federation.hostjobs import HostJobs
-
-
-@dataclass
-class Context:
-    """What the servicers share: the engine, the credential issuer and facts about this daemon."""
-
-    engine: Engine
-    issuer: CredentialIssuer
-    info: dict[str, Any]
-    fake: Any = None  # the simulated NVML (fault injection is refused without it)
-    health: Any = None  # the health monitor, when running
-    defrag: Any = None  # xpud.controllers.defragmenter.Defragmenter
-    federation: Any = None  # xpud.federation.node.Federation, when [cluster] is configured
-    hostjobs: HostJobs | None = None  # multi-host jobs (Node.RunJob coordinates them through it)
-    carbon: Signal | None = None  # the carbon signal (Acquire plans --when-green starts from it)
-    # lease id -> (the active Lease, its message as Acquire answered it): its Release answers a copy
-    granted: dict[str, tuple[Any, pb.Lease]] = field(default_factory=dict)
-
-    def remember_grant(self, lease, msg: pb.Lease) -> None:
-        """Keep the message of a lease just granted (``lease_pb(lease, True)``): its release answers a copy
-        of it with the end's fields, one Lease message built per grant+release instead of two. Leases
-        ended otherwise (reclaimed, evicted) are dropped whenever the table has doubled."""
-        kept = self.granted
-        if len(kept) >= 2 * len(self.engine.leases) + 64:
-            leases = self.engine.leases
-            self.granted = kept = {k: v for k, v in kept.items() if leases.get(k) is v[0]}
-        kept[lease.id] = (lease, msg)
-
-    def ended_msg(self, msg: pb.Lease, active, ended) -> None:
-        """Fill ``msg`` (empty) with ``lease_pb(ended, True)``; ``active``: the lease object that was
-        ended (``ended`` is its copy with the end's fields). From the grant's message when it was made
-        from that very object (a Lease is frozen: a move or a restart count makes a new one)."""
-        kept = self.granted.pop(ended.id, None)
-        if kept is None or active is None or kept[0] is not active:
-            msg.CopyFrom(convert.lease_pb(ended, True))
-            return
-        msg.CopyFrom(kept[1])
-        convert.end_lease_pb(msg, ended)
-
-    def caller(self, context: aio.ServicerContext) -> Caller:
-        md = dict(context.invocation_metadata() or ())
-        return self.issuer.check(md.get(METADATA_KEY))
-
-    def card_msgs(self) -> list[pb.Card]:
-        e = self.engine
-        return [convert.card_pb(v, e.isolation_name(v.info.index)) for v in e.card_views()]
-
-    def leases_reply(self, caller: Caller, budget: int, leases: list | None = None) -> pb.ListLeasesReply:
-        """Leases (active ones unless given) then the queue, as many as fit in ``budget`` bytes; the reply
-        counts what it left out, so no listing can outgrow gRPC's message limit."""
-        e = self.engine
-        leases = e.lease_list() if leases is None else leases
-        lease_msgs = (
-            convert.lease_pb(le, caller.admin or caller.uid == le.owner_uid, e.is_held(le.id))
-            for le in leases
-        )
-        kept, budget = _fit(lease_msgs, budget)
-        queue = e.queue_view()
-        queued, _ = _fit((convert.queue_pb(q) for q in queue), budget)
-        return pb.ListLeasesReply(
-            leases=kept,
-            queue=queued,
-            leases_omitted=len(leases) - len(kept),
-            queue_omitted=len(queue) - len(queued),
-        )
-
-
-REPLY_BUDGET = 3 * 1024 * 1024  # bytes per reply: gRPC refuses messages over 4 MiB unless told otherwise
 MAX_ENDED_LEASES = 1000  # `ListLeases(all)` lists at most this many
 MAX_EVENTS = 10_000  # `ListEvents` lists at most this many
 MAX_WATCH_EVENTS = 200  # a Watch update carries at most the latest this many events
 MIN_WATCH_INTERVAL_S = 0.1
-
-
-def _fit(msgs, budget: int) -> tuple[list, int]:
-    """The leading messages of ``msgs`` whose encoded sizes fit in ``budget`` bytes; and what is left."""
-    kept = []
-    for m in msgs:
-        size = m.ByteSize() + 8  # + the field's tag and length
-        if size > budget:
-            break
-        kept.append(m)
-        budget -= size
-    return kept, budget
 
 
 def _mode(text: str, ctx: Context) -> Mode:
@@ -164,7 +80,7 @@ class NodeService(pbg.NodeServicer):
     async def Info(self, request, context):
         caller = self.ctx.caller(context)
         return pb.InfoReply(
-            **self.ctx.info,
+            **dataclasses.asdict(self.ctx.info),
             cards=len(self.ctx.engine.cards),
             caller_uid=caller.uid,
             caller_is_admin=caller.admin,
@@ -319,7 +235,7 @@ class NodeService(pbg.NodeServicer):
     @unary
     async def ListCards(self, request, context):
         self.ctx.caller(context)
-        return pb.ListCardsReply(cards=self.ctx.card_msgs(), hostname=self.ctx.info["hostname"])
+        return pb.ListCardsReply(cards=self.ctx.card_msgs(), hostname=self.ctx.info.hostname)
 
     @unary
     async def ListLeases(self, request, context):
@@ -351,7 +267,7 @@ class NodeService(pbg.NodeServicer):
             min(request.limit or 100, MAX_EVENTS), card=card, lease_id=request.lease_id
         )
         return pb.EventsReply(
-            events=_fit((convert.event_pb(ev) for ev in events[::-1]), REPLY_BUDGET)[0][::-1]
+            events=fit((convert.event_pb(ev) for ev in events[::-1]), REPLY_BUDGET)[0][::-1]
         )
 
     @unary
@@ -421,7 +337,7 @@ class NodeService(pbg.NodeServicer):
             recent = e.ledger.events(limit=50)
             events = collections.deque((convert.event_pb(ev) for ev in recent), MAX_WATCH_EVENTS)
             while True:
-                cards = pb.ListCardsReply(cards=self.ctx.card_msgs(), hostname=self.ctx.info["hostname"])
+                cards = pb.ListCardsReply(cards=self.ctx.card_msgs(), hostname=self.ctx.info.hostname)
                 budget = REPLY_BUDGET - cards.ByteSize() - sum(ev.ByteSize() + 8 for ev in events)
                 yield pb.WatchUpdate(
                     cards=cards, leases=self.ctx.leases_reply(caller, budget), events=list(events)
@@ -470,114 +386,3 @@ def raise_not_found(lease_id: str):
     from xpud.errors import NotFound
 
     raise NotFound(f"no active lease {lease_id!r}: it was released or reclaimed (see `xpu leases --all`)")
-
-
-FAULT_KINDS = ("xid", "ecc-dbe", "ecc-sbe", "overheat", "nvlink-down", "lost", "inforom")
-
-
-class AdminService(pbg.AdminServicer):
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-
-    def _operator(self, context) -> Caller:
-        caller = self.ctx.caller(context)
-        if not caller.admin:
-            raise Forbidden(f"uid {caller.uid} is not an operator: use root or a member of the admin group")
-        return caller
-
-    def _card(self, view) -> pb.CardReply:
-        return pb.CardReply(card=convert.card_pb(view, self.ctx.engine.isolation_name(view.info.index)))
-
-    @unary
-    async def Drain(self, request, context):
-        self._operator(context)
-        return self._card(await self.ctx.engine.drain(request.card, request.reason))
-
-    @unary
-    async def Undrain(self, request, context):
-        self._operator(context)
-        return self._card(await self.ctx.engine.undrain(request.card))
-
-    @unary
-    async def SetCardMode(self, request, context):
-        self._operator(context)
-        return self._card(await self.ctx.engine.set_mode(request.card, request.mode))
-
-    @unary
-    async def Evict(self, request, context):
-        self._operator(context)
-        return pb.EvictReply(
-            lease=convert.lease_pb(await self.ctx.engine.evict(request.lease_id, request.reason), True)
-        )
-
-    @unary
-    async def InjectFault(self, request, context):
-        self._operator(context)
-        fake = self._fake()
-        card = self.ctx.engine.resolve_card(request.card).info.index
-        kind = request.kind
-        if kind == "xid":
-            if request.xid <= 0:
-                raise BadRequest("fault xid needs an XID number, e.g. `xpu fault inject 3 xid 79`")
-            fake.inject_xid(card, request.xid)
-        elif kind == "ecc-dbe":
-            fake.inject_ecc_dbe(card)
-        elif kind == "ecc-sbe":
-            fake.inject_ecc_sbe(card)
-        elif kind == "inforom":
-            fake.corrupt_inforom(card)
-        elif kind == "overheat":
-            fake.set_overheat(card)
-        elif kind == "nvlink-down":
-            fake.nvlink_down(card)
-        elif kind == "lost":
-            fake.lose(card)
-        else:
-            raise BadRequest(f"fault {kind!r}: use one of {', '.join(FAULT_KINDS)}")
-        what = f"xid {request.xid}" if kind == "xid" else kind
-        self.ctx.engine.event("fault", f"fault injected on card {card}: {what}", card=card)
-        return pb.FaultReply(message=f"injected {what} on card {card}")
-
-    @unary
-    async def ClearFault(self, request, context):
-        self._operator(context)
-        fake = self._fake()
-        card = self.ctx.engine.resolve_card(request.card).info.index
-        fake.clear(card)
-        self.ctx.engine.event("fault", f"faults cleared on card {card}", card=card)
-        return pb.FaultReply(message=f"cleared faults on card {card}")
-
-    @unary
-    async def Defrag(self, request, context):
-        caller = self._operator(context)
-        d = self.ctx.defrag
-        if d is None:
-            raise Conflict("this daemon runs no defragmenter")
-        if request.apply:
-            d.check_idle()
-        budget = request.move_budget_pct if request.HasField("move_budget_pct") else None
-        plan = await d.plan_async(budget, request.gpus)
-        if not request.apply or not plan.moves:
-            return convert.defrag_pb(plan)
-        from xpud.controllers.defragmenter import MoveOutcome
-
-        outcomes = [MoveOutcome(m) for m in plan.moves]
-        started = asyncio.Event()
-        # Shielded: a caller that stops waiting does not stop the run half-way (later waves go on).
-        task = asyncio.ensure_future(d.apply(plan, f"operator uid {caller.uid}", started, outcomes))
-        if request.wait:
-            await asyncio.shield(task)
-        else:
-            await started.wait()
-            if task.done():
-                task.result()
-        counts: dict[str, int] = {}
-        for o in outcomes:
-            counts[o.state] = counts.get(o.state, 0) + 1
-        what = ", ".join(f"{n} {state}" for state, n in counts.items())
-        return convert.defrag_pb(plan, outcomes, applied=True, summary=f"{len(outcomes)} move(s): {what}")
-
-    def _fake(self):
-        if self.ctx.fake is None:
-            raise Conflict("fault injection is refused on real hardware: run the daemon with --simulate")
-        return self.ctx.fake
