@@ -4,6 +4,12 @@ socket, the two gRPC servers, federation, bridges, controllers and the periodic 
 ``Daemon.start`` builds them; each part gets the objects or callables it uses (the engine, the ledger,
 the config section), never the daemon itself. ``run_daemon`` runs one until SIGTERM/SIGINT and reloads
 the config on SIGHUP. The command line is ``xpud.daemon.cli``.
+
+The order holds these: no socket of a live daemon is taken over; the ledger opens (and refuses a damaged
+file) before the engine is built; the cluster certificates are checked before anything serves; leases, then
+reservations, then health states come back from the ledger before the servers start; restored leases'
+grace starts only once the servers answer (``engine.serving``); systemd hears READY last. ``stop`` undoes
+what started, jobs and requests first and NVML last.
 """
 
 from __future__ import annotations
