@@ -2,7 +2,7 @@
 
 Every key lives in one dataclass field below, with its default and its documentation (``doc``).
 ``etc/xpud.toml`` documents every key, and a test checks that it lists exactly these keys with these
-defaults. Reading a file into a ``Config``: ``xpud.config.load``.
+defaults. Reading a file into a ``Config``: ``xpud.config.read``.
 """
 
 from __future__ import annotations
