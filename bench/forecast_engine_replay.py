@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import forecast_replay as model
 
-from xpud.config import schema as config
+from xpud import config
 from xpud.controllers.provisioner import Provisioner
 from xpud.engine.engine import Engine
 from xpud.hw.fakenvml import FakeNvml

@@ -50,7 +50,7 @@ async def measure(
 ) -> dict:
     from xpud.api.auth import METADATA_KEY
     from xpud.api.v1 import xpu_pb2 as pb
-    from xpud.daemon.cli import keep_out_of_collections
+    from xpud.daemon.app import keep_out_of_collections
     from xpud.model import CommandEnd, Mode, Request
     from xpud.service.node import NodeService
 
@@ -123,8 +123,8 @@ def main() -> None:
 
     import load
 
-    from xpud.config import schema as config
-    from xpud.daemon.cli import Daemon, StartupError, open_hardware
+    from xpud import config
+    from xpud.daemon.app import Daemon, StartupError, open_hardware
 
     base = Path(tempfile.mkdtemp(prefix="xpu-inproc-", dir="/tmp"))
     cfg = config.parse(load.DAEMON_CONFIG, str(base / "xpud.toml"))  # as tests/daemons.py builds it

@@ -109,7 +109,7 @@ def bare_server(path: str, loop: str = "asyncio", durable: str | None = None) ->
         return b"info"
 
     async def serve() -> None:
-        from xpud.daemon.cli import SERVER_OPTIONS  # as xpud's (pending-request limits: see there)
+        from xpud.daemon.app import SERVER_OPTIONS  # as xpud's (pending-request limits: see there)
 
         server = aio.server(options=SERVER_OPTIONS)
         handler = grpc.method_handlers_generic_handler(

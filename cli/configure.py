@@ -9,7 +9,7 @@ sets it in the file's text in place (``xpud.config.write``: comments, order and 
 the file did not give stay defaults), validates the whole new file with the daemon's own checks before
 writing anything, keeps the old file as ``xpud.toml.bak``, replaces the file atomically, signals the daemon
 named by ``xpud.pid`` in the runtime directory (what ``systemctl reload xpud`` does), and says when the key
-needs a restart instead (``xpud.daemon.reload``: the running value stays until then).
+needs a restart instead (``xpud.config.live``: the running value stays until then).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from typing import Annotated, Any
 import typer
 from xpu_cli.output import handled
 
+from xpud import config
 from xpud.api.client import Client
 from xpud.api.client import runtime_dir as resolve_runtime
-from xpud.config import schema as config
+from xpud.config import live
 from xpud.config import write as configedit
-from xpud.daemon import reload
 from xpud.errors import BadRequest, ConfigError, XpudError
 
 config_app = typer.Typer(no_args_is_help=True, help="Show and change xpud.toml; the daemon reloads it.")
@@ -133,12 +133,12 @@ def edited(raw: dict, key: str, value: Any) -> dict:
 
 
 def restart_note(old_text: str, new_text: str, path: Path) -> str | None:
-    """A line naming the changed keys that apply only at a restart (``xpud.daemon.reload.merge``), or None."""
+    """A line naming the changed keys that apply only at a restart (``xpud.config.live.merge``), or None."""
     try:
         old = config.parse(old_text, str(path))
     except XpudError:
         return None  # the old file did not load: the daemon runs on what it had; its reload says the rest
-    _, _, restart = reload.merge(old, config.parse(new_text, str(path)))
+    _, _, restart = live.merge(old, config.parse(new_text, str(path)))
     if not restart:
         return None
     return (

@@ -571,9 +571,9 @@ def forecast(
     from datetime import datetime
 
     from xpud.api.client import runtime_dir
-    from xpud.controllers.provisioner import FILE_NAME
+    from xpud.planning.runfiles import FORECAST_FILE
 
-    path = runtime_dir(state.runtime_dir) / FILE_NAME
+    path = runtime_dir(state.runtime_dir) / FORECAST_FILE
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

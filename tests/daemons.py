@@ -20,8 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from xpud import config
 from xpud.api.client import Client
-from xpud.config import schema as config
 from xpud.errors import XpudError
 
 BIN = Path(sys.executable).parent
@@ -134,7 +134,7 @@ class InProcDaemon(_TestDaemon):
     machine's fresh ones. ``stop()`` it (the ``inproc`` fixture does)."""
 
     def __init__(self, base: Path, machine: str, config_text: str = "", fake=None):
-        from xpud.daemon.cli import Daemon, open_hardware
+        from xpud.daemon.app import Daemon, open_hardware
 
         super().__init__(base, machine, config_text)
         cfg = config.parse(config_text, str(self.config))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from xpud.config import schema as config
+from xpud import config
+from xpud.config.read import _line_of
 from xpud.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ def test_documented_file_lists_every_key_with_its_default():
     text = DOC.read_text()
     for section, fields in keys.items():  # every key has a comment line right above it
         for key in fields:
-            line = config._line_of(text, section, key)
+            line = _line_of(text, section, key)
             assert text.splitlines()[line - 2].lstrip().startswith("#"), f"[{section}] {key} undocumented"
 
 
@@ -72,7 +73,7 @@ def test_invalid_toml_is_refused():
 def test_a_file_that_is_not_utf8_is_one_line_with_its_line(tmp_path):
     """It was a UnicodeDecodeError traceback from the daemon's start (a crash loop under systemd), from a
     reload and from `xpu config set`."""
-    from xpud.isolation import mig_map
+    from xpud.hw import mig_map
 
     path = tmp_path / "xpud.toml"
     path.write_bytes(b"[leases]\ngrace_s = 5  # caf\xe9\n")

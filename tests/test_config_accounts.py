@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from xpud import config
 from xpud.config import accounts
-from xpud.config import schema as config
 from xpud.errors import ConfigError
 
 SITE = """

@@ -14,7 +14,8 @@ from xpud.api.auth import METADATA_KEY, CredentialIssuer
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.controllers.defragmenter import Defragmenter
 from xpud.model import CardMode
-from xpud.service.node import AdminService, Context
+from xpud.service.admin import AdminService
+from xpud.service.context import Context
 
 
 class Aborted(Exception):
@@ -39,7 +40,7 @@ class FakeCall:
 def servicer(engine):
     issuer = CredentialIssuer()
     d = Defragmenter(engine, engine.cfg)
-    service = AdminService(Context(engine, issuer, info={}, defrag=d))
+    service = AdminService(Context(engine, issuer, defrag=d))
     operator, _ = issuer.issue(pid=1, uid=os.getuid(), gid=os.getgid())
     user, _ = issuer.issue(pid=2, uid=4242, gid=4242)
     return service, d, FakeCall(operator), FakeCall(user)

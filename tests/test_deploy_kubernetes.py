@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from xpud.config import schema as config
+from xpud import config
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 KUBERNETES = "1.34.0"

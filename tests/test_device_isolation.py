@@ -419,7 +419,7 @@ def test_doctor_says_enforced_under_systemd_and_cgroup2(tmp_path):
 
 
 def test_doctor_checks_exclusive_process_on_cards_serving_mps(tmp_path):
-    from xpud.config import schema as config
+    from xpud import config
     from xpud.daemon.doctor_isolation import mps_compute_mode
     from xpud.hw.fakenvml import FakeNvml
     from xpud.hw.machines import load_machine

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import xpu_env
 from tests.daemons import DaemonProc
-from xpud.config import schema as config
+from xpud import config
 from xpud.daemon import doctor
 from xpud.isolation.faketools import FakeNvidiaTools
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from xpud.daemon.cli import StartupError, loop_factory
+from xpud.daemon.app import StartupError, loop_factory
 
 try:
     import uvloop  # noqa: F401

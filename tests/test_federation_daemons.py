@@ -21,9 +21,9 @@ from xpu_cli.output import to_dict
 
 from tests.conftest import BIN, wait_until, xpu_env
 from tests.daemons import DaemonProc
+from xpud import config
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
-from xpud.config import schema as config
 from xpud.federation.certs import init_ca, issue
 
 DEAD_AFTER_S = 4.0

@@ -245,11 +245,20 @@ def test_the_coordinator_holds_the_submitter_to_this_hosts_limits(inproc):
     nobody = pwd.getpwnam("nobody")
     d = inproc(MACHINE, "[limits]\nmax_leases_per_uid = 1\n")
     d.call(d.engine.acquire, Request(Mode.XPU, gpus=1, owner_uid=nobody.pw_uid))
-    run = JobRun(d.daemon, spec(["true"]), Caller(uid=nobody.pw_uid, gid=nobody.pw_gid))
+    run = JobRun(
+        d.daemon.hostjobs, d.daemon.federation, spec(["true"]), Caller(uid=nobody.pw_uid, gid=nobody.pw_gid)
+    )
     with pytest.raises(NoCapacity, match=r"max_leases_per_uid \(1\)"):
         d.call(run.check)
     # an operator is not held to it
-    d.call(JobRun(d.daemon, spec(["true"]), Caller(uid=nobody.pw_uid, gid=nobody.pw_gid, admin=True)).check)
+    d.call(
+        JobRun(
+            d.daemon.hostjobs,
+            d.daemon.federation,
+            spec(["true"]),
+            Caller(uid=nobody.pw_uid, gid=nobody.pw_gid, admin=True),
+        ).check
+    )
 
 
 def test_a_restarted_rank_0_gets_eof_when_the_clients_stdin_had_ended(inproc):
@@ -285,7 +294,9 @@ def test_input_sent_while_a_restart_has_no_ranks_reaches_the_new_ones(inproc):
     from xpud.model import Caller
 
     d = inproc(MACHINE)
-    run = JobRun(d.daemon, spec(["true"]), Caller(uid=os.getuid(), gid=os.getgid()))
+    run = JobRun(
+        d.daemon.hostjobs, d.daemon.federation, spec(["true"]), Caller(uid=os.getuid(), gid=os.getgid())
+    )
 
     async def inputs():
         yield pb.JobInput(signal=signal.SIGINT)

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from xpud import config
 from xpud.api import validate
-from xpud.config import schema as config
 from xpud.errors import ConfigError
 from xpud.federation import summary, transport
 from xpud.federation.membership import Ack, Gossip, Ping, PingReq, PushPull, State, Update
@@ -143,16 +143,15 @@ class _HostJobs:
 
 def test_the_peer_service_forwards_to_hostjobs_with_the_callers_name(tmp_path):
     import asyncio
-    from types import SimpleNamespace
 
     import grpc
     from grpc import aio
 
+    from xpud.api.server import add_to_server
     from xpud.api.v1 import xpu_pb2 as pb
     from xpud.api.v1 import xpu_pb2_grpc as pbg
     from xpud.federation.certs import init_ca, issue
     from xpud.federation.peer_service import PeerService
-    from xpud.service.node import add_to_server
 
     init_ca(tmp_path / "ca")
     a = issue("node-a", tmp_path / "ca", tmp_path / "a", ips=["127.0.0.1"])
@@ -161,7 +160,7 @@ def test_the_peer_service_forwards_to_hostjobs_with_the_callers_name(tmp_path):
 
     async def main():
         server = aio.server()
-        add_to_server(PeerService(None, SimpleNamespace(hostjobs=jobs)), server)
+        add_to_server(PeerService(None, jobs), server)
         creds = grpc.ssl_server_credentials(
             [(a.key.read_bytes(), a.cert.read_bytes())], a.ca.read_bytes(), require_client_auth=True
         )
@@ -209,7 +208,7 @@ def test_engine_news_during_a_summary_refresh_waits_for_the_next_refresh(tmp_pat
     after it ends refreshes again (before, it was taken and lost until the periodic refresh, 1 s)."""
     import asyncio
 
-    from xpud.config import schema as config
+    from xpud import config
     from xpud.federation import node
     from xpud.federation.certs import init_ca, issue
 
@@ -258,7 +257,7 @@ def test_a_second_daemon_on_the_same_peer_address_refuses_to_start(tmp_path):
 
     import pytest
 
-    from xpud.config import schema as config
+    from xpud import config
     from xpud.federation import node, view
     from xpud.federation.certs import init_ca, issue
 

@@ -15,7 +15,7 @@ from tests.conftest import wait_until
 from tests.syncengine import sync_engine
 from tests.test_cli_json import check
 from tests.test_engine import cards, pcie_box, req
-from xpud.config import schema as config
+from xpud import config
 from xpud.controllers.provisioner import Provisioner
 from xpud.ledger.ledger import Ledger
 from xpud.model import CardMode, Lease, LeaseState, Mode

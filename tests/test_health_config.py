@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from xpud.config import schema as config
+from xpud import config
 from xpud.errors import ConfigError
 from xpud.ledger.ledger import MIGRATIONS, SCHEMA_VERSION, HealthChangeRecord, Ledger, _statements
 

@@ -197,7 +197,7 @@ def test_the_whole_conversation(site, short_tmp):
     ],
 )
 def test_resource_names_are_checked(resources, error):
-    from xpud.config import schema as config
+    from xpud import config
     from xpud.errors import ConfigError
 
     sizes = "[slices.vxpu-a-very-long-slice-name]\nmemory_fraction = 0.1\ncompute_pct = 10\n"

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_until
-from xpud.config import schema as config
+from xpud import config
 from xpud.daemon.metrics import NAMES
 from xpud.errors import ConfigError
 

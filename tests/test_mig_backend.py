@@ -8,9 +8,9 @@ import pytest
 
 from xpud.config.schema import DEFAULT_SLICES
 from xpud.errors import ConfigError, Conflict, NoCapacity
+from xpud.hw import mig_map
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml, NvmlError
-from xpud.isolation import mig_map
 from xpud.isolation.base import Held
 from xpud.isolation.faketools import FakeNvidiaTools
 from xpud.isolation.mig import MigIsolation

@@ -16,9 +16,9 @@ from functools import cache
 import pytest
 
 from xpud.config.schema import DEFAULT_SLICES
+from xpud.hw import mig_map
 from xpud.hw.fakenvml import FakeNvml
 from xpud.hw.nvml import Nvml
-from xpud.isolation import mig_map
 from xpud.model import SliceSpec
 from xpud.placement.mig import Geometry, Instance, Plan, choose, room, valid
 

@@ -13,7 +13,8 @@ import pytest
 from tests.conftest import wait_until
 from tests.syncengine import sync_engine
 from tests.test_engine import Clock, cards, pcie_box
-from xpud.config.schema import Config, parse
+from xpud.config.read import parse
+from xpud.config.schema import Config
 from xpud.errors import BadRequest, Conflict
 from xpud.ledger.ledger import Ledger
 from xpud.model import Caller, Mode, Request

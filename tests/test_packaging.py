@@ -183,7 +183,7 @@ def test_systemd_unit_verifies(tmp_path):
 def test_sd_notify_sends_ready(tmp_path, monkeypatch):
     import socket
 
-    from xpud.daemon.cli import sd_notify
+    from xpud.daemon.systemd import sd_notify
 
     path = str(tmp_path / "notify")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:

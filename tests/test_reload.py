@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import BIN, wait_until, xpu_env
 from tests.otheruser import NOBODY
-from xpud.config import schema as config
-from xpud.daemon.reload import merge
+from xpud import config
+from xpud.config.live import merge
 
 BASE = "[leases]\ngrace_s = 30.0\n\n[bursts]\nhold_s = 60.0\n"
 

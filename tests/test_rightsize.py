@@ -105,7 +105,7 @@ def test_first_mode_from_the_class_history():
 def test_auto_first_must_be_a_mode_and_numbers_are_bounded():
     import pytest
 
-    from xpud.config.schema import parse
+    from xpud.config.read import parse
     from xpud.errors import ConfigError
 
     assert parse('[auto]\nfirst = "xpu"\n').auto.first == "xpu"

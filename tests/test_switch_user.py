@@ -114,8 +114,8 @@ __attribute__((constructor)) static void mark(void) {
 
 
 def event_loops():
-    """The loops ``[daemon] event_loop`` picks from (``xpud.daemon.cli.loop_factory``)."""
-    from xpud.daemon.cli import loop_factory
+    """The loops ``[daemon] event_loop`` picks from (``xpud.daemon.app.loop_factory``)."""
+    from xpud.daemon.app import loop_factory
 
     yield pytest.param(loop_factory("asyncio"), id="asyncio")
     try:

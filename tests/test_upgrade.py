@@ -63,14 +63,14 @@ def next_release(dest: Path) -> Path:
     text, n = re.subn(r'__version__ = "[^"]*"', f'__version__ = "{NEXT_VERSION}"', init.read_text())
     assert n == 1
     init.write_text(text)
-    ledger = pkg / "ledger" / "ledger.py"
+    ledger = pkg / "ledger" / "schema.py"
     text, n = re.subn(
         r"(?m)^SCHEMA_VERSION = len\(MIGRATIONS\)$",
         'MIGRATIONS.append("CREATE TABLE upgrade_probe (id INTEGER PRIMARY KEY, note TEXT NOT NULL);")\n'
         "SCHEMA_VERSION = len(MIGRATIONS)",
         ledger.read_text(),
     )
-    assert n == 1, "ledger/ledger.py no longer ends its migrations with SCHEMA_VERSION = len(MIGRATIONS)"
+    assert n == 1, "ledger/schema.py no longer ends its migrations with SCHEMA_VERSION = len(MIGRATIONS)"
     ledger.write_text(text)
     return dest
 

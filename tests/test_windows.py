@@ -14,7 +14,8 @@ from tests.conftest import wait_until
 from tests.syncengine import sync_engine
 from tests.test_cli_json import check
 from tests.test_engine import Clock, cards, pcie_box, req
-from xpud.config import schema as config
+from xpud import config
+from xpud.config.windows import crontab_days
 from xpud.errors import ConfigError, NoCapacity
 from xpud.ledger.ledger import Ledger
 from xpud.model import Caller, CardMode
@@ -81,7 +82,7 @@ def test_window_in_force_with_a_frozen_clock(now, name, next_day):
 )
 def test_day_of_week_reads_as_crontab(field, days):
     # APScheduler 3's from_crontab reads "1-5" as Tuesday..Saturday (0 = Monday): translated to names
-    assert windows.crontab_days(field) == days
+    assert crontab_days(field) == days
 
 
 def test_whole_needed_rounds_up():

@@ -1,5 +1,6 @@
-"""Setting one key in xpud.toml's text in place (``xpu config set``): the other lines, the comments, the
-order and the ``[[windows]]`` tables stay as the operator wrote them.
+"""Writing xpud.toml: a ``Config`` as TOML text (``dumps``), and one key set in the file's text in place
+(``xpu config set``): the other lines, the comments, the order and the ``[[windows]]`` tables stay as the
+operator wrote them.
 
 Only the plain shape is edited: a ``[section]`` (or ``[slices.NAME]``) header and ``key = value`` lines
 under it. The caller checks the result parses to what it meant (``set_key`` returns None where the file
@@ -8,11 +9,15 @@ gives the table another way: dotted keys, an inline table, a value over several 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from typing import Any
 
 import tomli_w
+
+from xpud.config import accounts as accounts_config
+from xpud.config.schema import SECTIONS, Config
 
 _HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
 _ANY_HEADER = re.compile(r"^\s*\[")
@@ -61,3 +66,31 @@ def set_key(text: str, table: list[str], key: str, value: Any, expected: dict) -
     except tomllib.TOMLDecodeError:
         return None
     return out
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        name: {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(getattr(cfg, name)).items()
+        }
+        for name in SECTIONS
+    }
+    out["slices"] = {
+        n: {"memory_fraction": s.memory_fraction, "compute_pct": s.compute_pct} for n, s in cfg.slices.items()
+    }
+    out["accounts"].update(accounts_config.to_dict(cfg.named_accounts))
+    if cfg.windows:
+        out["windows"] = [
+            {"name": w.name, "cron": w.cron, "whole_share": w.whole_share}
+            | ({"timezone": w.timezone} if w.timezone else {})
+            for w in cfg.windows
+        ]
+    return out
+
+
+def dumps(cfg: Config) -> str:
+    """The config as TOML text (tomli-w), ``[[windows]]`` as tables, as xpud.toml writes them."""
+    data = to_dict(cfg)
+    windows = data.pop("windows", [])
+    return tomli_w.dumps(data) + "".join("\n[[windows]]\n" + tomli_w.dumps(w) for w in windows)

@@ -28,12 +28,12 @@ from xpud.controllers import warm
 from xpud.ledger.ledger import LedgerUnavailable
 from xpud.model import CardMode
 from xpud.planning import forecast
-from xpud.planning.runfiles import publish_json
+from xpud.planning.runfiles import FORECAST_FILE, publish_json
 
 log = logging.getLogger("xpud.controllers.provisioner")
 
 SLACK = 0.2  # a forecast remainder below this share of a card does not get a card of its own
-FILE_NAME = "forecast.json"
+FILE_NAME = FORECAST_FILE
 SHOW_HOURS = 24
 
 

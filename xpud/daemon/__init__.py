@@ -1,2 +1,2 @@
-"""The daemon process: its command line, the parts it builds, periodic jobs, metrics, reload, doctor,
-install."""
+"""The daemon process: the parts it builds in order (``app``), its command line (``cli``), systemd
+notify, periodic jobs, metrics, reload, doctor, install."""

@@ -23,7 +23,7 @@ import stat
 from dataclasses import asdict
 from pathlib import Path
 
-from xpud.config import schema as config
+from xpud import config
 from xpud.daemon.checks import FAIL, OK, SKIP, WARN, Check, DeviceNode, Host
 from xpud.errors import XpudError
 

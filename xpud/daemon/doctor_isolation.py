@@ -14,7 +14,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from xpud.config import schema as config
+from xpud import config
 from xpud.daemon.checks import FAIL, OK, SKIP, WARN, Check, Host
 from xpud.isolation.scope import detect
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xpud.config import schema as config
+from xpud import config
 from xpud.errors import XpudError
 
 UNIT = "etc/systemd/system/xpud.service"

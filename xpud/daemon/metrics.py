@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -39,6 +40,10 @@ from xpud.config.schema import listen_address
 from xpud.engine.stats import Histogram
 from xpud.hw.signals import ABSENT, FAIL, INFO, OK, WARN
 from xpud.model import CardMode, HealthState, Mode
+
+if TYPE_CHECKING:
+    from xpud.controllers.health import HealthMonitor
+    from xpud.engine.engine import Engine
 
 log = logging.getLogger("xpud.daemon.metrics")
 
@@ -84,19 +89,18 @@ NAMES = (
 )
 
 
-def families(daemon) -> list[Metric]:
+def families(engine: Engine, monitor: HealthMonitor | None, version: str, backend: str) -> list[Metric]:
     """The daemon's metrics now. Runs on the daemon's loop (reads engine and monitor state)."""
-    engine, cfg = daemon.engine, daemon.cfg
-    info = daemon.context.info
+    cfg = engine.cfg
     out: list[Metric] = []
     g = GaugeMetricFamily(
         "xpud_info", "The daemon's version and hardware backend.", labels=["version", "backend"]
     )
-    g.add_metric([info["version"], info["backend"]], 1)
+    g.add_metric([version, backend], 1)
     out.append(g)
     views = engine.card_views()
     out.append(GaugeMetricFamily("xpud_cards", "Cards on this host.", value=len(views)))
-    out += _card_families(daemon, views, list(cfg.slices))
+    out += _card_families(engine, monitor, views, list(cfg.slices))
     out += _lease_families(engine, [Mode.XPU, *cfg.slices])
     out += _queue_families(engine)
     w = engine.window
@@ -115,8 +119,7 @@ def _gauge(name: str, doc: str, labels: Iterable[str] = CARD) -> GaugeMetricFami
     return GaugeMetricFamily(name, doc, labels=list(labels))
 
 
-def _card_families(daemon, views, sizes: list[str]) -> list[Metric]:
-    monitor = daemon.monitor
+def _card_families(engine: Engine, monitor: HealthMonitor | None, views, sizes: list[str]) -> list[Metric]:
     score = _gauge("xpud_card_health_score", "Health score, 0 (failing) to 100 (healthy).")
     state = _gauge(
         "xpud_card_health_state", "1 for the card's health state, 0 for the others.", [*CARD, "state"]
@@ -139,7 +142,7 @@ def _card_families(daemon, views, sizes: list[str]) -> list[Metric]:
         "Slices pre-created on the card ahead of a forecast peak, held by no lease yet, by size.",
         [*CARD, "size"],
     )
-    ready = Counter((s.card_index, s.size) for s in daemon.engine.standby.slices.values())
+    ready = Counter((s.card_index, s.size) for s in engine.standby.slices.values())
     free_mem = _gauge("xpud_card_free_memory_ratio", "Share of the card's memory free for slices (0-1).")
     free_sm = _gauge("xpud_card_free_compute_ratio", "Share of the card's compute free for slices (0-1).")
     mem_total = _gauge("xpud_card_memory_total_bytes", "The card's memory.")
@@ -363,10 +366,11 @@ def metrics_only(app):
 
 
 class MetricsServer:
-    """``/metrics`` on ``listen`` (host:port) for the daemon; ``start`` on its loop, ``stop`` at the end."""
+    """``/metrics`` on ``listen`` (host:port) for the daemon; ``start`` on its loop, ``stop`` at the end.
+    ``snapshot`` builds the metric families (``families``), on the loop."""
 
-    def __init__(self, daemon, listen: str):
-        self.daemon, self.listen = daemon, listen
+    def __init__(self, listen: str, snapshot: Callable[[], list[Metric]]):
+        self.listen, self.snapshot = listen, snapshot
         self.httpd = None
         self.thread = None
 
@@ -377,7 +381,7 @@ class MetricsServer:
     def start(self) -> None:
         host, port = listen_address(self.listen)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(LoopCollector(asyncio.get_running_loop(), lambda: families(self.daemon)))
+        registry.register(LoopCollector(asyncio.get_running_loop(), self.snapshot))
         try:
             self.httpd = make_server(
                 host,

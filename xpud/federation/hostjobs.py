@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from xpud.api.auth import member_of
 from xpud.api.v1 import xpu_pb2 as pb
+from xpud.config.schema import ClusterSection
 from xpud.engine.uninterrupted import uninterrupted
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
 from xpud.federation import trust
@@ -93,8 +94,12 @@ class HostJobs:
     """Reserve/Commit/Abort for this host. ``peer`` is the calling host's name (from its certificate),
     or None/"" when this host coordinates the job itself."""
 
-    def __init__(self, daemon, clock: Callable[[], float] = time.time) -> None:
-        self.daemon = daemon
+    def __init__(
+        self, engine, ledger, cluster: ClusterSection | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.engine = engine
+        self.ledger = ledger
+        self.cluster = cluster  # [cluster]: this host's name, remote_launch, the uids peers may send
         self.clock = clock
         self.table = Reservations()
         self.jobs: dict[str, _Job] = {}
@@ -106,16 +111,8 @@ class HostJobs:
         self.turn = asyncio.Lock()  # queued jobs plan again one at a time, in queue order
 
     @property
-    def engine(self):
-        return self.daemon.engine
-
-    @property
-    def ledger(self):
-        return self.daemon.ledger
-
-    @property
     def name(self) -> str:
-        cluster = getattr(self.daemon.cfg, "cluster", None)
+        cluster = self.cluster
         return (getattr(cluster, "name", "") or socket.gethostname()) if cluster else socket.gethostname()
 
     def _lock(self, job: str) -> asyncio.Lock:
@@ -153,7 +150,7 @@ class HostJobs:
 
     @uninterrupted
     async def reserve(self, req: pb.ReserveRequest, peer: str | None = None) -> pb.ReserveReply:
-        cluster = getattr(self.daemon.cfg, "cluster", None)
+        cluster = self.cluster
         if peer and peer != self.name and cluster is not None and not cluster.remote_launch:
             raise Forbidden(
                 f"host {self.name} takes no jobs from other hosts ([cluster] remote_launch = false there)"
@@ -379,7 +376,7 @@ class HostJobs:
         if first is None or first.WhichOneof("what") != "start":
             raise BadRequest("Launch: the first message must be start (a LaunchSpec)")
         spec = first.start
-        cluster = getattr(self.daemon.cfg, "cluster", None)
+        cluster = self.cluster
         trust.check_uid(spec.uid, peer, self.name, cluster)
         held = self.table.get(spec.job)
         if held is not None:

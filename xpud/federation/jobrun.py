@@ -3,7 +3,7 @@ and commits it on every chosen host, starts one rank per host and relays the ran
 
 1. **Check** the ``JobSpec``: ``nodes`` x ``gpus_per_node`` whole cards, or ``replicas`` slices of one
    size with ``spread`` (distinct hosts); a command; an absolute working directory.
-2. **Place** with ``placement.multihost`` over ``daemon.federation.offers()`` (this host included); with
+2. **Place** with ``placement.multihost`` over ``federation.offers()`` (this host included); with
    federation off, this host is the whole cluster.
 3. **Reserve** with ``reserve.coordinate``: ``Reserve`` on every host, ``Commit`` when all hold,
    ``Abort`` and re-plan without a host that refused. Peers are reached over the federation's mutual-TLS
@@ -34,6 +34,7 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -41,10 +42,13 @@ from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, NoCapacity, XpudError
 from xpud.federation import launch, reserve
-from xpud.federation.hostjobs import RESTART
+from xpud.federation.hostjobs import RESTART, HostJobs
 from xpud.federation.room import Room
 from xpud.model import Caller, Mode, Request
 from xpud.placement import multihost
+
+if TYPE_CHECKING:
+    from xpud.federation.node import Federation
 
 log = logging.getLogger("xpud.jobrun")
 
@@ -118,12 +122,13 @@ async def _rpc(call, host: str):
 class JobRun:
     """One RunJob call. ``events(inputs)`` yields the JobEvents; its end (however) cleans up."""
 
-    def __init__(self, daemon, spec: pb.JobSpec, caller: Caller) -> None:
-        self.daemon = daemon
+    def __init__(
+        self, hostjobs: HostJobs, federation: Federation | None, spec: pb.JobSpec, caller: Caller
+    ) -> None:
         self.spec = spec
         self.caller = caller
-        self.hostjobs = daemon.hostjobs
-        self.federation = getattr(daemon, "federation", None)
+        self.hostjobs = hostjobs
+        self.federation = federation  # None: federation is off, this host is the whole cluster
         self.me = self.federation.name if self.federation is not None else self.hostjobs.name
         self.job = secrets.token_hex(8)
         self.user = ""

@@ -25,18 +25,21 @@ import math
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc import aio
 
-from xpud.config import schema as config
+from xpud import config
+from xpud.api.server import add_to_server
 from xpud.federation import certs, summary, transport, view
 from xpud.federation.membership import State, Swim, SwimConfig
 from xpud.federation.peer_service import PeerService
 from xpud.federation.room import Room
 from xpud.placement.multihost import HostOffer
-from xpud.service.node import add_to_server
+
+if TYPE_CHECKING:
+    from xpud.federation.hostjobs import HostJobs
 
 log = logging.getLogger("xpud.federation")
 
@@ -52,7 +55,7 @@ class Federation:
         self,
         cfg: config.ClusterSection,
         engine: Any,
-        daemon: Any = None,
+        hostjobs: HostJobs | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         """Reads and checks the certificate files (raises ``certs.CertError`` with one line); starts
@@ -63,7 +66,7 @@ class Federation:
         host, _ = config.split_host_port(cfg.listen)
         self.creds = certs.load_host(cfg.ca, cfg.cert, cfg.key, self.name, host)
         self.engine = engine
-        self.daemon = daemon
+        self.hostjobs = hostjobs  # Peer's Reserve/Commit/Abort/Launch go there (None: refused)
         self.clock = clock  # the protocol's timers (monotonic: a clock step must not expire suspicions)
         self.swim: Swim | None = None
         self.channels = transport.Channels(self.creds.ca, self.creds.cert, self.creds.key)
@@ -97,7 +100,7 @@ class Federation:
             cfg=SwimConfig.for_dead_after(self.cfg.dead_after_s),
         )
         server = aio.server(options=transport.SERVER_OPTIONS)
-        add_to_server(PeerService(self, self.daemon), server)
+        add_to_server(PeerService(self, self.hostjobs), server)
         creds = grpc.ssl_server_credentials(
             [(self.creds.key, self.creds.cert)], root_certificates=self.creds.ca, require_client_auth=True
         )

@@ -5,8 +5,8 @@ who called from the certificate (``peer_of``: its common name, the host name `xp
 Every request is checked by ``xpud.api.validate`` like the local services' requests.
 
 - ``Swim``: a membership message, handed to the ``Federation`` (it must come from the host it says sent it).
-- ``Reserve`` / ``Commit`` / ``Abort`` / ``Launch``: forwarded to ``daemon.hostjobs`` when the daemon has
-  one, else answered UNIMPLEMENTED. The interface ``hostjobs`` provides (all async, ``peer`` the caller's
+- ``Reserve`` / ``Commit`` / ``Abort`` / ``Launch``: forwarded to the ``hostjobs`` the service was given,
+  else answered UNIMPLEMENTED. The interface ``hostjobs`` provides (all async, ``peer`` the caller's
   host name):
 
       await hostjobs.reserve(request: pb.ReserveRequest, peer: str) -> pb.ReserveReply
@@ -25,18 +25,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 from grpc import aio
 
 from xpud.api import validate
+from xpud.api.server import streaming, unary
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, Forbidden, Unauthenticated
 from xpud.federation import certs, transport
 from xpud.federation.probe import TIME_KEY
-from xpud.service.node import streaming, unary
+
+if TYPE_CHECKING:
+    from xpud.federation.hostjobs import HostJobs
 
 log = logging.getLogger("xpud.federation")
 
@@ -53,19 +56,18 @@ def peer_of(context: aio.ServicerContext) -> str:
     raise Unauthenticated("no client certificate: peers must show one from the site CA (xpu certs issue)")
 
 
-def _hostjobs(daemon: Any, what: str):
-    jobs = getattr(daemon, "hostjobs", None)
+def _hostjobs(jobs: HostJobs | None, what: str):
     if jobs is None:
         return None
     return getattr(jobs, what, None)
 
 
 def _forwarded(what: str) -> Callable:
-    """A unary Peer method that hands the request and the caller to ``daemon.hostjobs.<what>``."""
+    """A unary Peer method that hands the request and the caller to ``hostjobs.<what>``."""
 
     async def method(self, request, context):
         peer = peer_of(context)
-        handler = _hostjobs(self.daemon, what)
+        handler = _hostjobs(self.hostjobs, what)
         if handler is None:
             await context.abort(
                 grpc.StatusCode.UNIMPLEMENTED, f"this host does not take multi-host jobs ({what})"
@@ -76,10 +78,16 @@ def _forwarded(what: str) -> Callable:
     return unary(method)
 
 
+class Receiver(Protocol):
+    """What the servicer hands membership messages to (``xpud.federation.node.Federation``)."""
+
+    def receive(self, msg: transport.Message) -> None: ...
+
+
 class PeerService(pbg.PeerServicer):
-    def __init__(self, federation: Any, daemon: Any = None):
+    def __init__(self, federation: Receiver, hostjobs: HostJobs | None = None):
         self.federation = federation
-        self.daemon = daemon
+        self.hostjobs = hostjobs
 
     @unary
     async def Swim(self, request, context):
@@ -104,7 +112,7 @@ class PeerService(pbg.PeerServicer):
     @streaming
     async def Launch(self, request_iterator, context):
         peer = peer_of(context)
-        handler = _hostjobs(self.daemon, "launch")
+        handler = _hostjobs(self.hostjobs, "launch")
         if handler is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this host does not take multi-host jobs")
         async for event in handler(request_iterator, peer, context):

@@ -77,7 +77,7 @@ def _mig_mapping(report: dict, slices, profile_map) -> dict[str, dict[str, tuple
     """Card model -> slice size -> (profile names xpud would use, where they come from). Pure but for
     reading the packaged machine descriptions: it uses the profiles already probed (or known by model)."""
     from xpud.config.schema import DEFAULT_SLICES
-    from xpud.isolation import mig_map
+    from xpud.hw import mig_map
 
     try:
         table = mig_map.load(profile_map)

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 
 from xpud.config.schema import Config
-from xpud.isolation import mig_map
+from xpud.hw import mig_map
 from xpud.isolation.base import Accounting, Isolation
 from xpud.isolation.mig import MigIsolation
 from xpud.isolation.mig_book import MemoryBook, MigBook

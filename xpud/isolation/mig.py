@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from xpud.errors import Conflict, NoCapacity
+from xpud.hw.mig_map import ProfileMap, geometry, profiles_for
 from xpud.hw.types import MigInstance, NvmlError, NvmlInsufficientResources, NvmlInUse, NvmlNotFound
 from xpud.isolation.base import STANDBY, Reconciled
 from xpud.isolation.mig_book import MemoryBook, MigBook, ours
-from xpud.isolation.mig_map import ProfileMap, geometry, profiles_for
 from xpud.isolation.runner import Runner
 from xpud.model import CardInfo, CardMode, Slice, SliceSpec
 from xpud.placement.mig import Geometry, Instance, choose

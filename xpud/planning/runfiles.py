@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+FORECAST_FILE = "forecast.json"  # the demand forecast (xpud.controllers.provisioner; `xpu forecast`)
+
 
 def publish_json(data, runtime_dir: str | os.PathLike, name: str) -> Path:
     """Write ``data`` as ``runtime_dir/name`` (mode 0644) by write-and-rename. Blocking: off the loop."""

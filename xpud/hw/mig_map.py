@@ -13,13 +13,13 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from xpud.config.schema import read_text
+from xpud.config.read import read_text
 from xpud.errors import ConfigError
 from xpud.hw.types import MigProfile
 from xpud.model import SliceSpec
 from xpud.placement.mig import Geometry, Profile
 
-log = logging.getLogger("xpud.isolation.mig")
+log = logging.getLogger("xpud.hw.mig_map")
 
 DEFAULT_PATH = Path(__file__).resolve().parents[1].parent / "etc" / "mig-profiles.toml"
 
