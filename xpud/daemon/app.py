@@ -178,7 +178,8 @@ class Daemon:
             self.hw.cards(), self.hw.topology(), self.cfg, self.ledger, isolation=self._isolation()
         )
         # multi-host reservations (held ones outlive a restart): restored below, once the leases are
-        self.hostjobs = HostJobs(self.engine, self.ledger, self.cfg.cluster)
+        self.scopes = device_scopes(self.cfg, self.engine, self.fake is not None)
+        self.hostjobs = HostJobs(self.engine, self.ledger, self.cfg.cluster, scopes=self.scopes)
         if self.cfg.cluster.enabled:  # the certificate files are checked before anything serves
             from xpud.federation.certs import CertError
             from xpud.federation.node import Federation
@@ -196,7 +197,6 @@ class Daemon:
         backend = f"simulated:{self.cfg.devices.machine}" if self.fake is not None else "nvml"
         self.carbon = Signal()  # the jobs refresh it; Acquire plans green starts
         self.carbon.configured = bool(self.cfg.carbon.signal or self.cfg.carbon.command)
-        self.scopes = device_scopes(self.cfg, self.engine, self.fake is not None)
         ctx = Context(
             self.engine,
             issuer,

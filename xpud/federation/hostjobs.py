@@ -95,9 +95,15 @@ class HostJobs:
     or None/"" when this host coordinates the job itself."""
 
     def __init__(
-        self, engine, ledger, cluster: ClusterSection | None = None, clock: Callable[[], float] = time.time
+        self,
+        engine,
+        ledger,
+        cluster: ClusterSection | None = None,
+        clock: Callable[[], float] = time.time,
+        scopes=None,
     ) -> None:
         self.engine = engine
+        self.scopes = scopes  # xpud.isolation.scope.Scopes: ranks in their lease's device scope (or None)
         self.ledger = ledger
         self.cluster = cluster  # [cluster]: this host's name, remote_launch, the uids peers may send
         self.clock = clock
@@ -407,13 +413,13 @@ class HostJobs:
             if r is not None:
                 await self.ledger.write(self.ledger.set_rank_pid_op(spec.job, r.attempt, pid))
             if devices and rank is not None and not rank.unit:  # a child, not a unit: into the lease's scope
-                await self.daemon.scopes.place(lease, pid)
+                await self.scopes.place(lease, pid)
 
         devices: tuple[str, ...] = ()
         try:
             r = self.table.get(spec.job)  # committed (``launching`` checked): its attempt names the unit
             attempt = r.attempt if r is not None else 0
-            devices = await rank_devices(getattr(self.daemon, "scopes", None), lease)
+            devices = await rank_devices(self.scopes, lease)
             # --tasks-per-node: the user's command runs under the task launcher, as the user
             rank = rankproc.Rank(tasks.wrap(spec), requests, on_end, on_start=on_start,
                                  remote_launch=allowed, attempt=attempt, devices=devices)  # fmt: skip
