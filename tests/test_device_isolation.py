@@ -525,3 +525,37 @@ def test_a_rank_started_as_a_child_is_placed_in_the_scope_at_its_gate(host):
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     check(opened(r.stdout.strip().splitlines()[-1])[1], {MINORS[4]})
+
+
+# one process in a session of its own (out of the command's process group), then the command goes on
+ESCAPE = "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 300"
+
+
+def _gone(host, pids, within_s: float = 15.0) -> None:
+    deadline = time.monotonic() + within_s
+    while any(host.run(["kill", "-0", p]).returncode == 0 for p in pids):
+        assert time.monotonic() < deadline, f"a process of an ended lease still runs: {pids}"
+        time.sleep(0.2)
+
+
+def _scope_state(host, lease_id: str) -> str:
+    return host.run(["systemctl", "is-active", f"xpu-lease-{lease_id}.scope"]).stdout.strip()
+
+
+def test_an_evicted_lease_ends_with_its_scope_and_what_escaped(host, daemons):
+    """Not only a release: however a lease ends (here an operator's eviction; the reaper, a health
+    move-off, a multi-host job's end go the same way, ``engine.on_ended``), its scope is stopped."""
+    d = daemons["mig"]
+    argv = [*host.prefix, str(BIN / "xpu"), "run", "-m", "xpu", "--name", "evicted", "--", "sh", "-c", ESCAPE]
+    p = subprocess.Popen(argv, env=xpu_env(d.runtime_dir), stdout=-1, stderr=-1, text=True)
+    try:
+        escaped = p.stdout.readline().strip()
+        lease = lease_named(d, "evicted")
+        assert _scope_state(host, lease.id) == "active"
+        with d.client(admin=True) as c:
+            c.evict(lease.id, "test")
+        assert p.wait(30) != 0
+        _gone(host, [escaped])
+        assert _scope_state(host, lease.id) != "active"
+    finally:
+        p.kill()

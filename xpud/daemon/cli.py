@@ -217,6 +217,8 @@ class Daemon:
         ctx.extras["daemon"] = self  # Node.RunJob coordinates multi-host jobs through it
         ctx.extras["scopes"] = self.scopes = device_scopes(self.cfg, self.engine, self.fake is not None)
         ctx.info["device_isolation"] = self.scopes.enforcement.text
+        # however a lease ends, what escaped its command's process group ends too (its scope is stopped)
+        self.engine.on_ended.append(lambda lease: self.scopes.end_later(lease.id))
         ctx.extras["carbon"] = self.carbon = Signal()  # the jobs refresh it; Acquire plans green starts
         self.carbon.configured = bool(self.cfg.carbon.signal or self.cfg.carbon.command)
         self.context = ctx
