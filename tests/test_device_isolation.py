@@ -559,3 +559,47 @@ def test_an_evicted_lease_ends_with_its_scope_and_what_escaped(host, daemons):
         assert _scope_state(host, lease.id) != "active"
     finally:
         p.kill()
+
+
+def test_a_restarted_daemon_stops_the_scopes_of_leases_that_ended_and_keeps_the_active_ones(host):
+    """A daemon SIGKILLed between a lease's end and its scope's stop: the next one stops that scope at
+    start-up (``Scopes.reconcile``); the scope of a lease still active is kept (its job outlives the
+    daemon)."""
+    short = Path(f"/tmp/xpu-iso-r{os.getpid()}")
+    short.mkdir()
+    d = DaemonProc(short, "dgx-a100", config(host.base / "proc"), prefix=host.prefix).start()
+    env = xpu_env(d.runtime_dir)
+    kept = subprocess.Popen(
+        [*host.prefix, str(BIN / "xpu"), "run", "-m", "xpu", "--name", "kept", "--", "sh", "-c", ESCAPE],
+        env=env,
+        stdout=-1,
+        stderr=-1,
+        text=True,
+    )
+
+    def kill_daemon() -> None:
+        pid = (d.runtime_dir / "xpud.pid").read_text().strip()  # as systemd's pid namespace numbers it
+        host.run(["kill", "-9", pid])
+        d.proc.wait(10)
+
+    try:
+        kept_escaped = kept.stdout.readline().strip()
+        argv = [*host.prefix, str(BIN / "xpu"), "run", "-m", "xpu", "--name", "left", "--"]
+        r = subprocess.run([*argv, "sh", "-c", ESCAPE.split(";")[0]], env=env, capture_output=True, text=True)
+        kill_daemon()  # at once: its scope's stop was due END_AFTER_S later
+        left_escaped = r.stdout.strip()
+        assert r.returncode == 0 and left_escaped, r.stderr
+        d.start()
+        left, kept_lease = lease_named(d, "left"), lease_named(d, "kept")
+        _gone(host, [left_escaped])
+        assert _scope_state(host, left.id) != "active"
+        assert _scope_state(host, kept_lease.id) == "active"
+        assert host.run(["kill", "-0", kept_escaped]).returncode == 0
+        with d.client(admin=True) as c:  # and the kept one still ends with its lease
+            c.evict(kept_lease.id, "test")
+        _gone(host, [kept_escaped])
+    finally:
+        kept.kill()
+        if d.alive():
+            kill_daemon()
+        shutil.rmtree(short, ignore_errors=True)

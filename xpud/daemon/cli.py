@@ -219,6 +219,7 @@ class Daemon:
         ctx.info["device_isolation"] = self.scopes.enforcement.text
         # however a lease ends, what escaped its command's process group ends too (its scope is stopped)
         self.engine.on_ended.append(lambda lease: self.scopes.end_later(lease.id))
+        await self.scopes.reconcile(self.engine.leases, self.engine.ledger.lease_ids())  # ended while down
         ctx.extras["carbon"] = self.carbon = Signal()  # the jobs refresh it; Acquire plans green starts
         self.carbon.configured = bool(self.cfg.carbon.signal or self.cfg.carbon.command)
         self.context = ctx
