@@ -542,6 +542,14 @@ def _scope_state(host, lease_id: str) -> str:
     return host.run(["systemctl", "is-active", f"xpu-lease-{lease_id}.scope"]).stdout.strip()
 
 
+def _kill_in(host, d: DaemonProc) -> None:
+    """SIGKILL the daemon itself (``d.proc`` is nsenter, which forked it into systemd's pid namespace)."""
+    if d.alive():
+        pid = (d.runtime_dir / "xpud.pid").read_text().strip()  # as systemd's pid namespace numbers it
+        host.run(["kill", "-9", pid])
+        d.proc.wait(10)
+
+
 def test_an_evicted_lease_ends_with_its_scope_and_what_escaped(host, daemons):
     """Not only a release: however a lease ends (here an operator's eviction; the reaper, a health
     move-off, a multi-host job's end go the same way, ``engine.on_ended``), its scope is stopped."""
@@ -577,16 +585,11 @@ def test_a_restarted_daemon_stops_the_scopes_of_leases_that_ended_and_keeps_the_
         text=True,
     )
 
-    def kill_daemon() -> None:
-        pid = (d.runtime_dir / "xpud.pid").read_text().strip()  # as systemd's pid namespace numbers it
-        host.run(["kill", "-9", pid])
-        d.proc.wait(10)
-
     try:
         kept_escaped = kept.stdout.readline().strip()
         argv = [*host.prefix, str(BIN / "xpu"), "run", "-m", "xpu", "--name", "left", "--"]
         r = subprocess.run([*argv, "sh", "-c", ESCAPE.split(";")[0]], env=env, capture_output=True, text=True)
-        kill_daemon()  # at once: its scope's stop was due END_AFTER_S later
+        _kill_in(host, d)  # at once: its scope's stop was due END_AFTER_S later
         left_escaped = r.stdout.strip()
         assert r.returncode == 0 and left_escaped, r.stderr
         d.start()
@@ -600,6 +603,52 @@ def test_a_restarted_daemon_stops_the_scopes_of_leases_that_ended_and_keeps_the_
         _gone(host, [kept_escaped])
     finally:
         kept.kill()
-        if d.alive():
-            kill_daemon()
+        _kill_in(host, d)
         shutil.rmtree(short, ignore_errors=True)
+
+
+def test_a_two_host_jobs_ranks_open_only_their_own_hosts_cards(host, short_tmp):
+    """``xpu run --nodes 2`` between two federated daemons (mutual TLS on 127.0.0.2/.3), both in this
+    systemd: each rank, started by its host's daemon (a child: xpud is no systemd service here), is in
+    its host's lease's scope before its command runs, and opens that lease's cards only."""
+    from tests.conftest import wait_until
+    from tests.test_federation_daemons import DEAD_AFTER_S, Host, cluster_config, converged, free_port
+    from xpud.federation.certs import init_ca, issue
+
+    init_ca(short_tmp / "ca")
+    hosts: list[Host] = []
+    try:
+        for i in (1, 2):
+            name, ip = f"h{i}", f"127.0.0.{i + 1}"
+            issue(name, short_tmp / "ca", short_tmp / name, ips=[ip])
+            port, seeds = free_port(ip), [hosts[0].addr] if hosts else []
+            keys = cluster_config(
+                name, f"{ip}:{port}", seeds, short_tmp / name, "rack-1", allow_root_jobs=True
+            )
+            (short_tmp / f"d{i}").mkdir()
+            d = DaemonProc(
+                short_tmp / f"d{i}", "dgx-a100", config(host.base / "proc") + keys, prefix=host.prefix
+            )
+            hosts.append(Host(name, ip, port, short_tmp / name, d))
+            d.start()
+        wait_until(lambda: converged(hosts), timeout=10 * DEAD_AFTER_S, step=0.3)
+        argv = [*host.prefix, str(BIN / "xpu"), "run", "--nodes", "2", "--label", "--json", "--"]
+        r = subprocess.run(
+            [*argv, sys.executable, "-c", PROBE],
+            env=xpu_env(hosts[0].daemon.runtime_dir),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        seen = dict(line.split(": ", 1) for line in r.stdout.splitlines() if re.match(r"\d+: ", line))
+        assert set(seen) == {"0", "1"}, r.stdout
+        ranks_on = json.loads(r.stdout.splitlines()[-1])["hosts"]  # rank -> host name
+        for h in hosts:  # a fresh daemon: the job's lease on it is its only one
+            with h.daemon.client(admin=True) as c:
+                (lease,) = c.leases(all=True).leases
+            check(opened(seen[str(ranks_on.index(h.name))])[1], {MINORS[i] for i in lease.cards})
+    finally:
+        for h in hosts:
+            _kill_in(host, h.daemon)
