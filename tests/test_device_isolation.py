@@ -652,3 +652,36 @@ def test_a_two_host_jobs_ranks_open_only_their_own_hosts_cards(host, short_tmp):
     finally:
         for h in hosts:
             _kill_in(host, h.daemon)
+
+
+def test_a_json_env_launchers_work_is_confined_through_xpu_confine(host, daemons):
+    """`xpu run --json-env` starts nothing itself: the launcher runs its work as ``xpu confine -- COMMAND``
+    under the printed env (the lease's id and token), which confines itself and execs COMMAND. The token
+    is not passed on; the work ends with the lease (its scope is stopped)."""
+    d = daemons["mig"]
+    argv = [*host.prefix, str(BIN / "xpu"), "run", "-m", "xpu", "--json-env", "--name", "launcher"]
+    holder = subprocess.Popen(argv, env=xpu_env(d.runtime_dir), stdin=-1, stdout=-1, stderr=-1, text=True)
+    try:
+        record = json.loads(holder.stdout.readline())
+        env = {**xpu_env(d.runtime_dir), **record["env"]}
+        confine = [*host.prefix, str(BIN / "xpu"), "confine", "--"]
+        script = 'echo "${XPU_LEASE_TOKEN:-no token}"; exec "$0" -c "$1"'
+        argv = [*confine, "sh", "-c", script, sys.executable, PROBE]
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        said, line = r.stdout.splitlines()
+        assert said == "no token"
+        check(opened(line)[1], {MINORS[i] for i in record["cards"]})
+        work = subprocess.Popen(
+            [*confine, "sh", "-c", "echo $$; exec sleep 300"], env=env, stdout=-1, text=True
+        )
+        pid = work.stdout.readline().strip()
+        holder.stdin.close()  # the launcher is done: the lease is released, and what still runs ends
+        assert holder.wait(30) == 0
+        _gone(host, [pid])
+        work.wait(10)
+    finally:
+        holder.kill()
+    no_env = subprocess.run([str(BIN / "xpu"), "confine", "--", "true"], env=xpu_env(d.runtime_dir),
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert no_env.returncode == 2 and "XPU_LEASE_TOKEN" in no_env.stderr
