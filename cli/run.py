@@ -16,7 +16,8 @@ thread sleeps on one self-pipe that signals, SIGCHLD and that thread all poke.
 - ``--restartable``: on a ``move`` event the command is stopped (SIGTERM, SIGKILL after the grace), the
   move acknowledged (the daemon answers with the new placement) and the command started again with the
   new environment; ``XPU_RESTART_COUNT`` counts the restarts.
-- ``--json-env``: no command; once granted, one line of JSON (lease id, mode, cards, environment) goes to
+- ``--json-env``: no command; once granted, one line of JSON (lease id, mode, cards, environment with the
+  lease's token: ``xpu confine -- COMMAND`` under it confines the launcher's work, ``xpu_cli.confine``) to
   stdout, and the wrapper keeps holding the lease until its stdin reaches end of file or it gets SIGINT,
   SIGTERM or SIGHUP; then it releases the lease and exits 0. If the daemon ends the lease first, it says
   so on stderr and exits 1 (its stdout closes: a launcher reading it sees end of file). For launchers:
@@ -410,7 +411,13 @@ def _hold_for_launcher(stream: LeaseStream, signals: Signals, wake: Wakeup, gran
         "lease_id": lease.id,
         "mode": lease.mode,
         "cards": list(lease.cards),
-        "env": {**dict(lease.env), "XPU_RESTART_COUNT": str(lease.restart_count)},
+        # the token: `xpu confine -- COMMAND` with this env puts COMMAND in the lease's device scope
+        # (xpu_cli.confine; not imported here: it brings Typer, which run's fast path keeps out)
+        "env": {
+            **dict(lease.env),
+            "XPU_RESTART_COUNT": str(lease.restart_count),
+            "XPU_LEASE_TOKEN": grant.token,
+        },
     }
     with contextlib.suppress(OSError):
         sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")

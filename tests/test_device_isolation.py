@@ -525,3 +525,163 @@ def test_a_rank_started_as_a_child_is_placed_in_the_scope_at_its_gate(host):
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     check(opened(r.stdout.strip().splitlines()[-1])[1], {MINORS[4]})
+
+
+# one process in a session of its own (out of the command's process group), then the command goes on
+ESCAPE = "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 300"
+
+
+def _gone(host, pids, within_s: float = 15.0) -> None:
+    deadline = time.monotonic() + within_s
+    while any(host.run(["kill", "-0", p]).returncode == 0 for p in pids):
+        assert time.monotonic() < deadline, f"a process of an ended lease still runs: {pids}"
+        time.sleep(0.2)
+
+
+def _scope_state(host, lease_id: str) -> str:
+    return host.run(["systemctl", "is-active", f"xpu-lease-{lease_id}.scope"]).stdout.strip()
+
+
+def _kill_in(host, d: DaemonProc) -> None:
+    """SIGKILL the daemon itself (``d.proc`` is nsenter, which forked it into systemd's pid namespace)."""
+    if d.alive():
+        pid = (d.runtime_dir / "xpud.pid").read_text().strip()  # as systemd's pid namespace numbers it
+        host.run(["kill", "-9", pid])
+        d.proc.wait(10)
+
+
+def test_an_evicted_lease_ends_with_its_scope_and_what_escaped(host, daemons):
+    """Not only a release: however a lease ends (here an operator's eviction; the reaper, a health
+    move-off, a multi-host job's end go the same way, ``engine.on_ended``), its scope is stopped."""
+    d = daemons["mig"]
+    argv = [*host.prefix, str(BIN / "xpu"), "run", "-m", "xpu", "--name", "evicted", "--", "sh", "-c", ESCAPE]
+    p = subprocess.Popen(argv, env=xpu_env(d.runtime_dir), stdout=-1, stderr=-1, text=True)
+    try:
+        escaped = p.stdout.readline().strip()
+        lease = lease_named(d, "evicted")
+        assert _scope_state(host, lease.id) == "active"
+        with d.client(admin=True) as c:
+            c.evict(lease.id, "test")
+        assert p.wait(30) != 0
+        _gone(host, [escaped])
+        assert _scope_state(host, lease.id) != "active"
+    finally:
+        p.kill()
+
+
+def test_a_restarted_daemon_stops_the_scopes_of_leases_that_ended_and_keeps_the_active_ones(host):
+    """A daemon SIGKILLed between a lease's end and its scope's stop: the next one stops that scope at
+    start-up (``Scopes.reconcile``); the scope of a lease still active is kept (its job outlives the
+    daemon)."""
+    short = Path(f"/tmp/xpu-iso-r{os.getpid()}")
+    short.mkdir()
+    d = DaemonProc(short, "dgx-a100", config(host.base / "proc"), prefix=host.prefix).start()
+    env = xpu_env(d.runtime_dir)
+    kept = subprocess.Popen(
+        [*host.prefix, str(BIN / "xpu"), "run", "-m", "xpu", "--name", "kept", "--", "sh", "-c", ESCAPE],
+        env=env,
+        stdout=-1,
+        stderr=-1,
+        text=True,
+    )
+
+    try:
+        kept_escaped = kept.stdout.readline().strip()
+        argv = [*host.prefix, str(BIN / "xpu"), "run", "-m", "xpu", "--name", "left", "--"]
+        r = subprocess.run([*argv, "sh", "-c", ESCAPE.split(";")[0]], env=env, capture_output=True, text=True)
+        _kill_in(host, d)  # at once: its scope's stop was due END_AFTER_S later
+        left_escaped = r.stdout.strip()
+        assert r.returncode == 0 and left_escaped, r.stderr
+        d.start()
+        left, kept_lease = lease_named(d, "left"), lease_named(d, "kept")
+        _gone(host, [left_escaped])
+        assert _scope_state(host, left.id) != "active"
+        assert _scope_state(host, kept_lease.id) == "active"
+        assert host.run(["kill", "-0", kept_escaped]).returncode == 0
+        with d.client(admin=True) as c:  # and the kept one still ends with its lease
+            c.evict(kept_lease.id, "test")
+        _gone(host, [kept_escaped])
+    finally:
+        kept.kill()
+        _kill_in(host, d)
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_a_two_host_jobs_ranks_open_only_their_own_hosts_cards(host, short_tmp):
+    """``xpu run --nodes 2`` between two federated daemons (mutual TLS on 127.0.0.2/.3), both in this
+    systemd: each rank, started by its host's daemon (a child: xpud is no systemd service here), is in
+    its host's lease's scope before its command runs, and opens that lease's cards only."""
+    from tests.conftest import wait_until
+    from tests.test_federation_daemons import DEAD_AFTER_S, Host, cluster_config, converged, free_port
+    from xpud.federation.certs import init_ca, issue
+
+    init_ca(short_tmp / "ca")
+    hosts: list[Host] = []
+    try:
+        for i in (1, 2):
+            name, ip = f"h{i}", f"127.0.0.{i + 1}"
+            issue(name, short_tmp / "ca", short_tmp / name, ips=[ip])
+            port, seeds = free_port(ip), [hosts[0].addr] if hosts else []
+            keys = cluster_config(
+                name, f"{ip}:{port}", seeds, short_tmp / name, "rack-1", allow_root_jobs=True
+            )
+            (short_tmp / f"d{i}").mkdir()
+            d = DaemonProc(
+                short_tmp / f"d{i}", "dgx-a100", config(host.base / "proc") + keys, prefix=host.prefix
+            )
+            hosts.append(Host(name, ip, port, short_tmp / name, d))
+            d.start()
+        wait_until(lambda: converged(hosts), timeout=10 * DEAD_AFTER_S, step=0.3)
+        argv = [*host.prefix, str(BIN / "xpu"), "run", "--nodes", "2", "--label", "--json", "--"]
+        r = subprocess.run(
+            [*argv, sys.executable, "-c", PROBE],
+            env=xpu_env(hosts[0].daemon.runtime_dir),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        seen = dict(line.split(": ", 1) for line in r.stdout.splitlines() if re.match(r"\d+: ", line))
+        assert set(seen) == {"0", "1"}, r.stdout
+        ranks_on = json.loads(r.stdout.splitlines()[-1])["hosts"]  # rank -> host name
+        for h in hosts:  # a fresh daemon: the job's lease on it is its only one
+            with h.daemon.client(admin=True) as c:
+                (lease,) = c.leases(all=True).leases
+            check(opened(seen[str(ranks_on.index(h.name))])[1], {MINORS[i] for i in lease.cards})
+    finally:
+        for h in hosts:
+            _kill_in(host, h.daemon)
+
+
+def test_a_json_env_launchers_work_is_confined_through_xpu_confine(host, daemons):
+    """`xpu run --json-env` starts nothing itself: the launcher runs its work as ``xpu confine -- COMMAND``
+    under the printed env (the lease's id and token), which confines itself and execs COMMAND. The token
+    is not passed on; the work ends with the lease (its scope is stopped)."""
+    d = daemons["mig"]
+    argv = [*host.prefix, str(BIN / "xpu"), "run", "-m", "xpu", "--json-env", "--name", "launcher"]
+    holder = subprocess.Popen(argv, env=xpu_env(d.runtime_dir), stdin=-1, stdout=-1, stderr=-1, text=True)
+    try:
+        record = json.loads(holder.stdout.readline())
+        env = {**xpu_env(d.runtime_dir), **record["env"]}
+        confine = [*host.prefix, str(BIN / "xpu"), "confine", "--"]
+        script = 'echo "${XPU_LEASE_TOKEN:-no token}"; exec "$0" -c "$1"'
+        argv = [*confine, "sh", "-c", script, sys.executable, PROBE]
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        said, line = r.stdout.splitlines()
+        assert said == "no token"
+        check(opened(line)[1], {MINORS[i] for i in record["cards"]})
+        work = subprocess.Popen(
+            [*confine, "sh", "-c", "echo $$; exec sleep 300"], env=env, stdout=-1, text=True
+        )
+        pid = work.stdout.readline().strip()
+        holder.stdin.close()  # the launcher is done: the lease is released, and what still runs ends
+        assert holder.wait(30) == 0
+        _gone(host, [pid])
+        work.wait(10)
+    finally:
+        holder.kill()
+    no_env = subprocess.run([str(BIN / "xpu"), "confine", "--", "true"], env=xpu_env(d.runtime_dir),
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert no_env.returncode == 2 and "XPU_LEASE_TOKEN" in no_env.stderr

@@ -220,6 +220,9 @@ class Daemon:
             ),
         )
         self.context = ctx
+        # however a lease ends, what escaped its command's process group ends too (its scope is stopped)
+        self.engine.on_ended.append(lambda lease: self.scopes.end_later(lease.id))
+        await self.scopes.reconcile(self.engine.leases, self.engine.ledger.lease_ids())  # ended while down
         if self.cfg.metrics.listen:
             from xpud.daemon.metrics import MetricsServer, families
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from xpud.engine.effects import Effects
@@ -28,6 +29,7 @@ class Endings(Effects):
     unheld_since: dict[str, float]
     restored_unheld: set[str]
     _next_tidy: float
+    on_ended: list[Callable[[Lease], None]]
 
     def check_authority(self, lease: Lease, caller: Caller, token: str) -> None:
         """Token, ownership or operator rights; a wrong token is refused even for the owner."""
@@ -165,6 +167,11 @@ class Endings(Effects):
             self.notify_holder(lease, "revoke", revoke)
         self.notify_holder(ended, "released", reason)
         self._committed([event])
+        for hook in self.on_ended:  # every end passes here: release, eviction, reclaim (reaper, health, ...)
+            try:
+                hook(ended)
+            except Exception:
+                log.exception("after the end of lease %s", lease.id)
         return ended
 
     def _frees_at_once(self, lease: Lease) -> bool:

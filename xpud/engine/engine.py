@@ -82,6 +82,9 @@ class Engine(Granting, Endings):
         self._busy: set[int] = set()  # cards with backend work in flight
         self._freed: list[asyncio.Future] = []  # woken when a busy card is free again
         self._ending: set[str] = set()  # leases whose end is being committed
+        # called on the loop with each ended lease once its end is committed, however it ended; a hook
+        # answers at once (hooks.py's rule). The daemon's: stop the lease's device scope (isolation/scope.py)
+        self.on_ended: list[Callable[[Lease], None]] = []
         self._granting: set = set()  # waiters whose grant is under way
         self._tasks: set[asyncio.Task] = set()
         self._pump_scheduled = False

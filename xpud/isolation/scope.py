@@ -15,7 +15,9 @@ EPERM, whoever owns the process and whatever the node's mode. One transient scop
   --property=`` arguments, for a unit systemd starts itself (a rank's service, a detached job's unit);
   ``follow(lease, unit)`` changes that unit's list after a move.
 - ``end_later(lease_id)``: the lease ended; its scope is stopped a little later (what escaped the
-  command's process group included).
+  command's process group included). The daemon calls it for every end (``engine.on_ended``).
+- ``reconcile(active, known)``: daemon start-up; the scopes of this daemon's leases that ended while no
+  daemon could stop them (a SIGKILL between an end and its stop) are stopped; active leases' are kept.
 
 The calls go through ``busctl`` (systemd's own D-Bus client: no D-Bus library in the daemon) off the event
 loop, with the fixed clean environment. Where this cannot work, ``detect`` says why and isolation is
@@ -26,12 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,6 +133,20 @@ def attach_argv(unit: str, pid: int) -> list[str]:
 def stop_argv(unit: str) -> list[str]:
     """``StopUnit``: SIGTERM to every process left in ``unit`` (then SIGKILL after its stop time-out)."""
     return [BUSCTL, "call", *DEST, "StopUnit", "ss", unit, "replace"]
+
+
+def list_argv() -> list[str]:
+    """``ListUnitsByPatterns``: the loaded lease scopes (any state), as JSON."""
+    pattern = ("asas", "0", "1", "xpu-lease-*.scope")  # no state filter, one name pattern
+    return [BUSCTL, "--json=short", "call", *DEST, "ListUnitsByPatterns", *pattern]
+
+
+def listed_leases(out: str) -> list[str]:
+    """The lease ids in ``list_argv``'s answer (``{"type": "a(ssssssouso)", "data": [[[name, ...], ...]]}``,
+    systemd's ``org.freedesktop.systemd1.Manager.ListUnitsByPatterns``); ValueError when it is not that."""
+    data = json.loads(out)["data"][0]
+    names = [row[0] for row in data if isinstance(row, list) and row and isinstance(row[0], str)]
+    return [n[len("xpu-lease-") : -len(".scope")] for n in names if re.fullmatch(r"xpu-lease-.+\.scope", n)]
 
 
 def set_argv(unit: str, allow: Sequence[str]) -> list[str]:
@@ -270,6 +287,33 @@ class Scopes:
         task = asyncio.ensure_future(stop())
         self._ending.add(task)
         task.add_done_callback(self._ending.discard)
+
+    async def reconcile(self, active: Collection[str], known: Collection[str]) -> list[str]:
+        """Start-up: stop the scopes of leases in ``known`` (this daemon's ledger) that are not ``active``
+        any more, now; those of active leases are kept (their jobs outlived the daemon), others' (another
+        daemon's, a warm command's) left alone. Returns the stopped units; failures are logged."""
+        if not self.enforcement.enforced:
+            return []
+        rc, out = await self.runner(list_argv())
+        try:
+            if rc != 0:
+                raise ValueError(out or f"exit {rc}")
+            listed = listed_leases(out)
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            log.warning("could not list the lease scopes left from before: %s", e)
+            return []
+        stopped = []
+        for lease_id in listed:
+            if lease_id in active or lease_id not in known:
+                continue
+            unit = unit_name(lease_id)
+            rc, out = await self.runner(stop_argv(unit))
+            if rc != 0 and "not loaded" not in out:
+                log.warning("%s: could not stop it: %s", unit, out or f"exit {rc}")
+                continue
+            log.info("%s: stopped (lease %s ended while no daemon ran)", unit, lease_id)
+            stopped.append(unit)
+        return stopped
 
     def warn_today(self, today: Callable[[], str] = lambda: time.strftime("%Y-%m-%d")) -> bool:
         """Whether an advisory state is worth a word to `xpu run`'s user now: once per host and day."""

@@ -222,9 +222,6 @@ class NodeService(pbg.NodeServicer):
         e = self.ctx.engine
         active = e.leases.get(request.lease_id)  # what release ends when it is a whole id: no await between
         ended = await e.release(request.lease_id, caller, request.token, end)
-        scopes = self.ctx.scopes
-        if scopes is not None:  # what escaped the command's process group ends too, once the holder has left
-            scopes.end_later(ended.id)
         reply = pb.ReleaseReply()
         self.ctx.ended_msg(reply.lease, active, ended)
         return reply
