@@ -19,10 +19,6 @@ MAX_CARD_MINOR = 253
 # A slice size's name: what [slices.<name>] in xpud.toml may be called, and what a request may name.
 SLICE_NAME = re.compile(r"vxpu-[a-z0-9][a-z0-9-]{0,39}")
 
-# The most a host's SWIM incarnation may be on the wire (xpud.federation.membership bounds its own below it;
-# xpud.api.validate checks what peers send).
-MAX_INCARNATION = 2**63 - 1
-
 
 class Mode(str):
     """How a lease uses cards: ``xpu`` (N whole cards) or a slice size (``vxpu-half``, ``vxpu-quarter`` or

@@ -21,12 +21,12 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from xpud.errors import BadRequest
-from xpud.model import MAX_INCARNATION
 
 log = logging.getLogger("xpud.service.node")
 
 ECHO_CHARS = 80  # the most characters of a caller's input an error message repeats
 MAX_TASKS_PER_NODE = 512  # --tasks-per-node: Slurm's MaxTasksPerNode default
+MAX_INCARNATION = 2**63 - 1  # a Swim incarnation on the wire (int64); membership bounds it further
 COMMAND_CHARS = 500  # a command is a label for listings: kept to this many characters on the way in
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
-from xpud.model import MAX_INCARNATION  # the most an incarnation may be on the wire
+from xpud.api.validate import MAX_INCARNATION  # the most an incarnation may be on the wire
 
 MAX_META = 1024  # bytes of a member's meta string
 MAX_UPDATES = 24  # facts piggy-backed on one message
