@@ -211,3 +211,37 @@ def cluster_host_pb(e, is_self: bool = False) -> pb.ClusterHost:
         host.free_slices.update(s.free_slices)
         host.group_gbps.extend(0.0 if math.isinf(x) else x for x in s.group_gbps)
     return host
+
+
+def job_pb(r, full: bool) -> pb.JobRecord:
+    """A job record (``xpud.ledger.jobs.JobRecord``, or any object with its fields) as a message;
+    ``full``: with its command, directory and files (its owner and operators)."""
+    s = r.spec
+    msg = pb.JobRecord(
+        id=r.id,
+        name=r.name,
+        kind=r.kind,
+        uid=r.uid,
+        gid=r.gid,
+        state=r.state,
+        hosts=list(r.hosts),
+        submitted=r.submitted,
+        reason=r.reason,
+        lease_id=r.lease_id,
+        mode=str(s.get("mode", "")),
+        gpus=int(s.get("gpus", 0)),
+        priority=int(s.get("priority", 0)),
+        time_limit_s=float(s.get("time_limit_s", 0.0)),
+        after=list(s.get("after", [])),
+    )
+    for name in ("exit_code", "exit_signal", "started", "ended"):
+        if (v := getattr(r, name)) is not None:
+            setattr(msg, name, v)
+    if full:
+        import shlex
+
+        msg.command = shlex.join(r.argv)[:500]
+        msg.cwd = r.cwd
+        msg.output = str(s.get("output", ""))
+        msg.error = str(s.get("error", ""))
+    return msg

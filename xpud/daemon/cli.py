@@ -39,7 +39,8 @@ from xpud.federation.hostjobs import HostJobs
 from xpud.hw.devnodes import DevTree
 from xpud.ledger.ledger import Ledger, LedgerDamaged
 from xpud.planning.green import Signal
-from xpud.service.node import AdminService, Context, NodeService, add_to_server
+from xpud.service.jobs import NodeService
+from xpud.service.node import AdminService, Context, add_to_server
 
 log = logging.getLogger("xpud")
 
@@ -217,6 +218,7 @@ class Daemon:
         ctx.extras["carbon"] = self.carbon = Signal()  # the jobs refresh it; Acquire plans green starts
         self.carbon.configured = bool(self.cfg.carbon.signal or self.cfg.carbon.command)
         self.context = ctx
+        await self._start_jobs()
         if self.cfg.metrics.listen:
             from xpud.daemon.metrics import MetricsServer
 
@@ -280,6 +282,19 @@ class Daemon:
         (self.runtime_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         sd_notify("READY=1\nSTATUS=serving")
 
+    async def _start_jobs(self) -> None:
+        """Detached jobs (``xpud.jobs``): their supervisors are transient units under systemd."""
+        from xpud.federation.sysunit import Units
+        from xpud.jobs.book import JobBook
+
+        units = Units.detect()
+        self.jobbook = JobBook(
+            self.engine, self.state_dir, socket.gethostname(), units.systemd_run if units else None
+        )
+        self.context.extras["jobs"] = self.jobbook
+        await self.jobbook.restore()
+        self.jobbook.start()
+
     def _start_rightsizing(self) -> None:
         """Measure leases every [auto] sample_s and act on --mode auto (xpud.controllers.rightsizer)."""
         from xpud.controllers.rightsizer import Rightsizer
@@ -325,6 +340,8 @@ class Daemon:
             await self.kubelet.stop()
         for s in self.servers:
             await s.stop(grace=0.5)
+        if getattr(self, "jobbook", None) is not None:
+            await self.jobbook.stop()  # queued jobs stay queued in the ledger; running ones run on
         from xpud.federation import rankproc
 
         await rankproc.stop_all()  # ranks of multi-host jobs started here: their groups are killed

@@ -114,6 +114,26 @@ class NodeStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobInput.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobEvent.FromString,
                 _registered_method=True)
+        self.SubmitJob = channel.unary_unary(
+                '/xpud.v1.Node/SubmitJob',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobReply.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/xpud.v1.Node/ListJobs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.FromString,
+                _registered_method=True)
+        self.CancelJobs = channel.unary_unary(
+                '/xpud.v1.Node/CancelJobs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.FromString,
+                _registered_method=True)
+        self.JobLogs = channel.unary_stream(
+                '/xpud.v1.Node/JobLogs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -230,6 +250,37 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitJob(self, request, context):
+        """Jobs (`xpu submit/jobs/cancel/logs/wait`, xpud/service/jobs.py): a detached job is queued and the
+        call answers at once; the daemon starts it as the caller when it is granted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """The jobs this daemon knows (detached, attached `xpu run`s), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJobs(self, request, context):
+        """Cancel jobs by id or name (the owner or an operator): queued ones leave the queue, running ones get
+        TERM, then KILL after their kill grace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JobLogs(self, request, context):
+        """A job's output file (its owner or an operator), from the start; with `follow` as it grows until the
+        job has ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -312,6 +363,26 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.RunJob,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobInput.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobEvent.SerializeToString,
+            ),
+            'SubmitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobReply.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.SerializeToString,
+            ),
+            'CancelJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJobs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.SerializeToString,
+            ),
+            'JobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.JobLogs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -746,6 +817,114 @@ class Node:
             '/xpud.v1.Node/RunJob',
             xpud_dot_api_dot_v1_dot_xpu__pb2.JobInput.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.JobEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/SubmitJob',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/ListJobs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/CancelJobs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/xpud.v1.Node/JobLogs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,293 @@
+"""`xpu submit`, `xpu jobs`, `xpu cancel`, `xpu logs`: batch jobs (sbatch, squeue/sacct, scancel, tail -f).
+
+`xpu submit` checks what it can as the submitting user, in its own process, before anything is queued: the
+time limit, and that the output file(s) can be written by this user (the daemon then opens them as this
+user too, never as root).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pwd
+import sys
+import time
+from typing import Annotated
+
+import typer
+from xpu_cli import output
+
+from xpud.errors import BadRequest
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+STATES = ("queued", "running", "completed", "failed", "cancelled", "timeout", "dependency-failed", "lost")
+WAIT_POLL_S = 0.25
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _writable(path: str, what: str) -> None:
+    """Refuse (one line) a file this user could not create or write."""
+    if os.path.isdir(path):
+        raise BadRequest(f"{what} {path}: is a directory; give a file name")
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            raise BadRequest(f"{what} {path}: you cannot write it; choose another file")
+        return
+    parent = os.path.dirname(path) or "."
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BadRequest(f"{what} {path}: you cannot create files in {parent}; choose another place")
+
+
+def _time_limit(text: str | None) -> float:
+    if text is None:
+        return 0.0
+    from xpu_cli.entry import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise BadRequest(f"--time {e}") from None
+    if not 0 < seconds < math.inf or seconds > 366 * 86400:
+        raise BadRequest(f"--time {text}: give a duration above 0 and within a year (e.g. 30m, 2h)")
+    return seconds
+
+
+def submit(
+    command: Annotated[
+        list[str] | None, typer.Argument(help="The command and its arguments (after --).")
+    ] = None,
+    mode: Annotated[str, typer.Option("--mode", "-m", help="xpu (whole cards) or a slice size.")] = "xpu",
+    gpus: Annotated[int, typer.Option("--gpus", "-g", help="Whole cards (mode xpu).", min=1)] = 1,
+    priority: Annotated[int, typer.Option("--priority", "-p", help="Higher goes first in the queue.")] = 0,
+    wait: Annotated[
+        str | None, typer.Option("--wait", help="Give up when not started within this long (default: inf).")
+    ] = None,
+    name: Annotated[str, typer.Option("--name", "-J", help="A name for the job (as sbatch -J).")] = "",
+    out: Annotated[
+        str | None, typer.Option("--output", "-o", help="Output file (default xpu-<id>.out here).")
+    ] = None,
+    err: Annotated[
+        str | None, typer.Option("--error", "-e", help="Errors to this file (default: --output).")
+    ] = None,
+    time_limit: Annotated[
+        str | None,
+        typer.Option("--time", "-t", help="Time limit (30m, 2h, 1d): TERM, then KILL after the grace."),
+    ] = None,
+    after: Annotated[
+        list[str] | None, typer.Option("--after", help="Start after these jobs completed with 0 (JOB[,JOB]).")
+    ] = None,
+    kill_grace: Annotated[
+        float, typer.Option(help="Seconds between TERM and KILL (cancel, --time).", min=0, max=86400)
+    ] = 10.0,
+    restartable: Annotated[bool, typer.Option(help="Not for submitted jobs yet.")] = False,
+    nodes: Annotated[int | None, typer.Option("--nodes", "-N", help="Not for submitted jobs yet.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help='Print {"id", "name"}.')] = False,
+) -> None:
+    """Queue COMMAND as a detached job and print its id at once (as sbatch). The daemon starts it as you,
+    in this directory, with this environment and the lease's, stdin from /dev/null, output to a file."""
+    from xpu_cli.main import client
+
+    if not command:
+        raise BadRequest("no command: `xpu submit [OPTIONS] -- COMMAND ...`")
+    if restartable or nodes is not None:
+        raise BadRequest("--restartable and --nodes are for `xpu run` for now: submit a one-host job")
+    seconds = _time_limit(time_limit)
+    wait_s = None
+    if wait is not None:
+        from xpu_cli.entry import parse_duration
+
+        try:
+            wait_s = parse_duration(wait)
+        except ValueError as e:
+            raise BadRequest(f"--wait {e}") from None
+    cwd = os.getcwd()
+    files = {}
+    for flag, path in (("--output", out), ("--error", err)):
+        if path:
+            full = os.path.abspath(path)
+            _writable(full, flag)
+            files[flag] = full
+    if not out and not os.access(cwd, os.W_OK | os.X_OK):
+        raise BadRequest(f"--output: you cannot create xpu-<id>.out in {cwd}; give --output FILE")
+    deps = [a for item in (after or []) for a in item.split(",") if a]
+    fields = dict(
+        argv=list(command),
+        cwd=cwd,
+        env=dict(os.environ),
+        name=name,
+        mode=mode,
+        gpus=gpus,
+        priority=priority,
+        output=files.get("--output", ""),
+        error=files.get("--error", ""),
+        time_limit_s=seconds,
+        after=deps,
+        kill_grace_s=kill_grace,
+    )
+    if wait_s is not None and wait_s != math.inf:
+        fields["wait_s"] = wait_s
+    with client() as c:
+        job = c.submit_job(**fields)
+    if as_json:
+        output.print_json({"id": job.id, "name": job.name or None})
+    else:
+        print(job.id)
+
+
+def _row(j, now: float) -> dict:
+    started = j.started if j.HasField("started") else None
+    ended = j.ended if j.HasField("ended") else None
+    return {
+        "id": j.id,
+        "name": j.name or None,
+        "kind": j.kind,
+        "user": user_name(j.uid),
+        "uid": j.uid,
+        "state": j.state,
+        "exit_code": j.exit_code if j.HasField("exit_code") else None,
+        "exit_signal": j.exit_signal if j.HasField("exit_signal") else None,
+        "hosts": list(j.hosts),
+        "mode": j.mode or None,
+        "gpus": j.gpus,
+        "submitted": j.submitted,
+        "started": started,
+        "ended": ended,
+        "elapsed_s": ((ended or now) - started) if started else None,
+        "time_limit_s": j.time_limit_s or None,
+        "after": list(j.after),
+        "reason": j.reason or None,
+        "command": j.command or None,
+        "output": j.output or None,
+    }
+
+
+def _end(row: dict) -> str:
+    if row["exit_signal"] is not None:
+        return f"signal {row['exit_signal']}"
+    if row["exit_code"] is not None:
+        return f"exit {row['exit_code']}"
+    return ""
+
+
+def jobs(
+    all_: Annotated[bool, typer.Option("--all", "-a", help="Ended jobs too (as sacct).")] = False,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's (name or uid).")] = None,
+    state: Annotated[
+        str | None, typer.Option("--state", "-s", help=f"Only jobs in this state: {', '.join(STATES)}.")
+    ] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Submitted within this long (2h, 1d).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Queued and running jobs (as squeue); with --all, ended ones too (as sacct)."""
+    from xpu_cli.entry import parse_duration
+    from xpu_cli.leases import user_uid
+    from xpu_cli.main import client
+
+    if state is not None and state not in STATES:
+        raise BadRequest(f"--state {state!r}: use one of {', '.join(STATES)}")
+    fields: dict = {"all": all_ or state is not None or since is not None, "state": state or ""}
+    if user is not None:
+        fields["uid"] = user_uid(user)
+    if since is not None:
+        try:
+            fields["since"] = max(time.time() - parse_duration(since), 0.0)
+        except ValueError as e:
+            raise BadRequest(f"--since {e}") from None
+    with client() as c:
+        reply = c.jobs(**fields)
+    now = time.time()
+    rows = [_row(j, now) for j in reply.jobs]
+    if as_json:
+        output.print_json({"jobs": rows, "omitted": reply.omitted})
+        return
+    table = [
+        [
+            r["id"],
+            r["name"] or "-",
+            r["user"],
+            r["state"],
+            output.age(now - r["elapsed_s"], now) if r["elapsed_s"] is not None else "-",
+            ",".join(r["hosts"]) or "-",
+            _end(r) or r["reason"] or "",
+        ]
+        for r in rows
+    ]
+    output.table(["JOBID", "NAME", "USER", "STATE", "TIME", "HOSTS", "END/REASON"], table)
+    if reply.omitted:
+        output.note(f"{reply.omitted} more not shown")
+
+
+def cancel(
+    selectors: Annotated[list[str], typer.Argument(help="Job ids or names (yours).", show_default=False)],
+) -> None:
+    """Cancel jobs in any state (as scancel): queued ones leave the queue, running ones get TERM, then KILL
+    after their kill grace."""
+    from xpu_cli.main import client
+
+    with client() as c:
+        for j in c.cancel_jobs(selectors):
+            named = f" ({j.name})" if j.name else ""
+            print(f"job {j.id}{named}: {j.state}{', ' + j.reason if j.reason else ''}")
+
+
+def logs(
+    selector: Annotated[str, typer.Argument(help="A job id or name (yours).")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Follow the output until the job ends.")
+    ] = False,
+    rank: Annotated[int, typer.Option("--rank", help="The rank (multi-host jobs).", min=0)] = 0,
+    error: Annotated[bool, typer.Option("--error", help="The --error file.")] = False,
+) -> None:
+    """A job's output (as `tail -f slurm-N.out` with -f), read by the daemon for its owner."""
+    from xpu_cli.main import client
+
+    out = sys.stdout.buffer
+    with client() as c:
+        for data in c.job_logs(selector, follow=follow, rank=rank, error=error):
+            out.write(data)
+            out.flush()
+
+
+def exit_status(j) -> int:
+    """The job's end as a shell's `$?`: its exit code; 128 + the signal; 143 cancelled, 124 timeout, 1 lost
+    or dependency-failed (when no process status tells more)."""
+    if j.HasField("exit_signal"):
+        return 128 + j.exit_signal
+    if j.HasField("exit_code") and j.state in ("completed", "failed"):
+        return j.exit_code
+    return {"completed": 0, "cancelled": 143, "timeout": 124}.get(j.state, 1)
+
+
+def wait_job(c, selector: str, timeout: float | None, as_json: bool) -> int:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    j = c.job(selector)
+    while j.state in ("queued", "running"):
+        if deadline is not None and time.monotonic() >= deadline:
+            print(f"xpu: job {j.id} is still {j.state} after {timeout:g} s", file=sys.stderr)
+            return 124
+        time.sleep(
+            WAIT_POLL_S if deadline is None else min(WAIT_POLL_S, max(0.0, deadline - time.monotonic()))
+        )
+        j = c.job(j.id)
+    row = _row(j, time.time())
+    if as_json:
+        output.print_json(row)
+    else:
+        what = _end(row)
+        print(f"job {j.id} {j.state}{' (' + what + ')' if what else ''}{': ' + j.reason if j.reason else ''}")
+    return exit_status(j)
+
+
+def register(app: typer.Typer) -> None:
+    from xpu_cli.output import handled
+
+    app.command(context_settings={"allow_interspersed_args": False})(handled(submit))
+    app.command("jobs")(handled(jobs))
+    app.command()(handled(cancel))
+    app.command()(handled(logs))

@@ -1,0 +1,207 @@
+"""Jobs on the wire: ``SubmitJob``, ``ListJobs``, ``CancelJobs``, ``JobLogs`` (mixed into NodeService).
+
+Detached jobs are ``xpud.jobs.book.JobBook``'s; an attached ``xpu run`` is its lease, shown as a job with
+the lease's id (``kind`` attached). The caller is who the credential handshake proved (SO_PEERCRED): a job
+is cancelled, waited on and read by its owner or an operator only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from xpud.api import convert
+from xpud.api.v1 import xpu_pb2 as pb
+from xpud.errors import BadRequest, Conflict, Forbidden, NotFound
+from xpud.ledger import jobs as jobdb
+from xpud.ledger.jobs import JobRecord
+from xpud.model import Caller, LeaseState, Mode, Request
+from xpud.service import node
+from xpud.service.node import REPLY_BUDGET, _fit, streaming, unary
+
+CHUNK = 64 * 1024
+FOLLOW_POLL_S = 0.2
+MAX_JOBS = 1000  # a listing holds at most this many (and what fits in REPLY_BUDGET)
+
+
+def attached(lease) -> JobRecord:
+    """An `xpu run`'s lease as a job record (its id is the lease's)."""
+    if lease.state == LeaseState.ACTIVE:
+        state = jobdb.RUNNING
+    elif lease.state == LeaseState.EVICTED:
+        state = jobdb.CANCELLED
+    elif lease.state == LeaseState.RECLAIMED:
+        state = jobdb.LOST
+    elif lease.exit_signal is not None or (lease.exit_code or 0) != 0:
+        state = jobdb.FAILED
+    else:
+        state = jobdb.COMPLETED
+    return JobRecord(
+        id=lease.id,
+        uid=lease.owner_uid,
+        gid=-1,
+        state=state,
+        submitted=lease.created,
+        kind=jobdb.ATTACHED,
+        name=lease.name,
+        argv=[lease.command] if lease.command else [],
+        spec={"mode": str(lease.mode), "gpus": len(lease.cards), "priority": lease.priority},
+        lease_id=lease.id,
+        exit_code=lease.exit_code,
+        exit_signal=lease.exit_signal,
+        started=lease.started or lease.created,
+        ended=lease.ended,
+        reason=lease.end_reason,
+    )
+
+
+class JobsHandlers:
+    """The jobs' RPCs; needs ``self.ctx`` (``xpud.service.node.Context``) with ``extras["jobs"]``."""
+
+    def _book(self):
+        book = self.ctx.extras.get("jobs")
+        if book is None:
+            raise Conflict("this daemon runs no detached jobs yet: retry in a moment")
+        return book
+
+    def _job(self, selector: str, caller: Caller) -> JobRecord:
+        """The job ``selector`` names: a detached one, else an attached run by its lease id."""
+        try:
+            return self._book().resolve(selector, caller)
+        except NotFound:
+            found = self.ctx.engine.ledger.find_lease(selector)
+            found = [le for le in found if not le.anchor]
+            if not found:
+                raise
+            if len(found) > 1 and found[0].id != selector:
+                raise BadRequest(f"{selector!r} matches more than one lease: give more of the id") from None
+            lease = self.ctx.engine.leases.get(found[0].id, found[0])
+            r = attached(lease)
+            if not (caller.admin or caller.uid == r.uid):
+                raise Forbidden(f"job {r.id} belongs to uid {r.uid}: only its owner or an operator") from None
+            return r
+
+    @unary
+    async def SubmitJob(self, request, context):
+        caller = self.ctx.caller(context)
+        e = self.ctx.engine
+        try:
+            mode = Mode(request.mode or "xpu")
+        except ValueError:
+            raise BadRequest(
+                f"mode {request.mode!r}: use one of {', '.join(['xpu', *e.cfg.slices])}"
+            ) from None
+        leases = e.cfg.leases
+        wait_s = request.wait_s if request.HasField("wait_s") else leases.max_wait_s
+        r = await self._book().submit(
+            caller,
+            list(request.argv),
+            request.cwd,
+            dict(request.env),
+            Request(
+                mode=mode,
+                gpus=request.gpus or 1,
+                priority=request.priority,
+                wait_s=wait_s,
+                owner_uid=caller.uid,
+            ),
+            name=request.name,
+            output=request.output,
+            error=request.error,
+            time_limit_s=request.time_limit_s,
+            after=list(request.after),
+            kill_grace_s=request.kill_grace_s,
+        )
+        return pb.SubmitJobReply(job=convert.job_pb(r, True))
+
+    @unary
+    async def ListJobs(self, request, context):
+        caller = self.ctx.caller(context)
+        if request.job:
+            r = self._job(request.job, caller)
+            return pb.ListJobsReply(jobs=[convert.job_pb(r, True)])
+        uid = request.uid if request.HasField("uid") else None
+        limit = min(request.limit or MAX_JOBS, MAX_JOBS)
+        found = jobdb.jobs(self.ctx.engine.ledger, request.all, uid, request.state, request.since, limit)
+        e = self.ctx.engine
+        leases = e.ledger.recent_leases(limit) if request.all else e.lease_list()
+        for le in leases:
+            if le.anchor or (uid is not None and le.owner_uid != uid) or le.created < request.since:
+                continue
+            r = attached(e.leases.get(le.id, le))
+            if not request.state or r.state == request.state:
+                found.append(r)
+        found.sort(key=lambda r: r.submitted, reverse=True)
+        found = found[:limit]
+        msgs = (convert.job_pb(r, caller.admin or caller.uid == r.uid) for r in found)
+        kept, _ = _fit(msgs, REPLY_BUDGET)
+        return pb.ListJobsReply(jobs=kept, omitted=len(found) - len(kept))
+
+    @unary
+    async def CancelJobs(self, request, context):
+        caller = self.ctx.caller(context)
+        book = self._book()
+        if not request.jobs:
+            raise BadRequest("name a job to cancel: `xpu cancel JOB|NAME ...`")
+        targets = []
+        for sel in request.jobs:  # all resolved first: one bad name cancels nothing
+            r = self._job(sel, caller)
+            targets.append(r)
+        out = []
+        for r in targets:
+            if r.kind == jobdb.ATTACHED:
+                if r.state == jobdb.RUNNING:
+                    await self.ctx.engine.evict(r.lease_id, f"cancelled by uid {caller.uid}")
+                    r = attached(self.ctx.engine.ledger.find_lease(r.lease_id)[0])
+            else:
+                r = await book.cancel(r, caller)
+            out.append(convert.job_pb(r, True))
+        return pb.CancelJobsReply(jobs=out)
+
+    @streaming
+    async def JobLogs(self, request, context):
+        caller = self.ctx.caller(context)
+        r = self._job(request.job, caller)
+        if r.kind != jobdb.DETACHED:
+            raise BadRequest(f"job {r.id} is an attached `xpu run`: its output went to its terminal")
+        if request.rank:
+            raise BadRequest(f"job {r.id} has one rank (0)")
+        path = r.spec.get("error") if request.error else r.spec.get("output")
+        if not path:
+            raise BadRequest(f"job {r.id} has no separate --error file: its errors are in its output")
+        book = self._book()
+        f, offset = None, 0
+        try:
+            while True:
+                current = book.get(r.id) or r
+                if f is None:
+                    f = await asyncio.to_thread(_open_owned, path, r.uid)
+                while f is not None and (data := await asyncio.to_thread(os.pread, f, CHUNK, offset)):
+                    offset += len(data)
+                    yield pb.JobLogChunk(data=data)
+                if current.done or not request.follow:
+                    break
+                await asyncio.sleep(FOLLOW_POLL_S)
+        finally:
+            if f is not None:
+                os.close(f)
+        if f is None and current.state != jobdb.QUEUED:
+            raise NotFound(f"job {r.id}: no output file {path} (not written yet, gone, or not the owner's)")
+
+
+class NodeService(JobsHandlers, node.NodeService):
+    """The user socket's Node service with the jobs' RPCs."""
+
+
+def _open_owned(path: str, uid: int) -> int | None:
+    """An fd of ``path`` for reading when the file is the job owner's (the job created it as that user),
+    else None: a file swapped for a link to another's file is never read for the owner."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if os.geteuid() == 0 and st.st_uid != uid:
+        os.close(fd)
+        return None
+    return fd
