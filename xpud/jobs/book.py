@@ -226,15 +226,23 @@ class JobBook:
             self.waiting.pop(r.id, None)
 
     async def _wait_for(self, r: JobRecord) -> None:
-        for dep in r.spec.get("after", []):
-            d = self.get(dep)
-            if d is None or not d.done:
-                await asyncio.shield(self._end_future(dep))
+        deps = list(r.spec.get("after", []))
+        while deps:  # any one that ends otherwise than completed fails the job at once
+            for dep in list(deps):
                 d = self.get(dep)
-            if d is None or d.state != jobdb.COMPLETED:
-                why = f"job {dep} ended {d.state if d else 'unknown'}"
-                await self._end(r, jobdb.DEPENDENCY_FAILED, reason=why)
-                return
+                if d is not None and d.done and d.state != jobdb.COMPLETED or d is None:
+                    why = f"job {dep} ended {d.state if d else 'unknown (gone from the ledger)'}"
+                    await self._end(r, jobdb.DEPENDENCY_FAILED, reason=why)
+                    return
+                if d.done:
+                    deps.remove(dep)
+            if deps:
+                pending = [asyncio.shield(self._end_future(dep)) for dep in deps]
+                try:
+                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for p in pending:
+                        p.cancel()
         if r.reason == "Dependency":
             r.reason = "Resources"
             await self.ledger.write(jobdb.save_job_op(r))
