@@ -191,7 +191,7 @@ def test_after_starts_a_job_only_when_its_jobs_completed_with_0(daemon, workdir)
         daemon, workdir, "--name", "first", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"
     )
     then = submit(daemon, workdir, "--after", "first", "--", "sh", "-c", "echo then > then")
-    bad = submit(daemon, workdir, "--name", "bad", "--", "false")
+    submit(daemon, workdir, "--name", "bad", "--", "false")
     never = submit(daemon, workdir, "--after", f"{first},bad", "--", "touch", "never")
     assert state(daemon, then) == "queued"
     wait_until(lambda: state(daemon, never) == "dependency-failed", 20)

@@ -230,7 +230,7 @@ class JobBook:
         while deps:  # any one that ends otherwise than completed fails the job at once
             for dep in list(deps):
                 d = self.get(dep)
-                if d is not None and d.done and d.state != jobdb.COMPLETED or d is None:
+                if d is None or (d.done and d.state != jobdb.COMPLETED):
                     why = f"job {dep} ended {d.state if d else 'unknown (gone from the ledger)'}"
                     await self._end(r, jobdb.DEPENDENCY_FAILED, reason=why)
                     return
