@@ -300,3 +300,32 @@ def test_client_errors_map_to_their_classes(daemon, workdir):
             c.job("nosuchjob")
         with pytest.raises(BadRequest):
             c.submit_job(argv=["true"], cwd="relative/dir", env={})
+
+
+def test_xpu_run_is_a_job_too_and_a_queued_run_that_gave_up_is_recorded(daemon, workdir):
+    r = daemon.xpu("run", "--name", "attached", "--", "sh", "-c", "exit 4")
+    assert r.returncode == 4
+    (job,) = [j for j in jobs(daemon) if j["name"] == "attached"]
+    assert job["kind"] == "attached" and job["state"] == "failed" and job["exit_code"] == 4
+    with daemon.client() as c:
+        (lease,) = c.leases(all=True).leases
+    assert job["id"] == lease.id  # one id: the lease's
+    # all cards busy: a run that may queue 1 s gives up, and that is on record
+    big = submit(daemon, workdir, "--gpus", "8", "--", "sleep", "60")
+    wait_until(lambda: state(daemon, big) == "running", 20)
+    r = daemon.xpu("run", "--name", "impatient", "--wait", "1", "--", "true")
+    assert r.returncode != 0
+    (gave_up,) = wait_until(lambda: [j for j in jobs(daemon) if j["name"] == "impatient"])
+    assert gave_up["state"] == "cancelled" and gave_up["reason"].startswith("gave up: waited 1 s")
+    # a running `xpu run` is cancelled by its lease id: evicted, and `xpu wait` says it did not complete
+    daemon.xpu("cancel", big)
+    go = workdir / "go"
+    p = daemon.xpu_popen("run", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done")
+    (running,) = wait_until(
+        lambda: [j for j in jobs(daemon) if j["kind"] == "attached" and j["state"] == "running"]
+    )
+    assert daemon.xpu("cancel", running["id"]).returncode == 0
+    r = daemon.xpu("wait", running["id"])
+    assert r.returncode != 0 and "evicted" in r.stderr
+    go.touch()
+    p.wait(30)

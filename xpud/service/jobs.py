@@ -55,6 +55,31 @@ def attached(lease) -> JobRecord:
     )
 
 
+def record_unserved(engine, w, caller: Caller) -> None:
+    """Record a queued `xpu run` that gave up (its wait ran out) or was cancelled (its caller went away)
+    as an attached job that never ran; the ticket is its id. Written without waiting (the caller is
+    gone); a failure is logged by the ledger."""
+    f = w.future
+    gave_up = f.done() and not f.cancelled() and f.exception() is not None
+    why = f"gave up: {f.exception()}" if gave_up else "cancelled while queued (its `xpu run` went away)"
+    q = w.request
+    r = JobRecord(
+        id=w.ticket,
+        uid=q.owner_uid,
+        gid=caller.gid,
+        state=jobdb.CANCELLED,
+        submitted=w.enqueued,
+        kind=jobdb.ATTACHED,
+        name=q.name,
+        argv=[q.command] if q.command else [],
+        spec={"mode": str(q.mode), "gpus": q.gpus, "priority": q.priority, "wait_s": q.wait_s},
+        ended=engine.clock(),
+        reason=why[:500],
+    )
+    engine.ledger.submit(jobdb.save_job_op(r))
+    engine.event("job", f"queued request {w.ticket} (uid {q.owner_uid}) {why}")
+
+
 class JobsHandlers:
     """The jobs' RPCs; needs ``self.ctx`` (``xpud.service.node.Context``) with ``extras["jobs"]``."""
 
