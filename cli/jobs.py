@@ -148,7 +148,7 @@ def _row(j, now: float) -> dict:
         "name": j.name or None,
         "kind": j.kind,
         "user": user_name(j.uid),
-        "uid": j.uid,
+        "owner_uid": j.uid,
         "state": j.state,
         "exit_code": j.exit_code if j.HasField("exit_code") else None,
         "exit_signal": j.exit_signal if j.HasField("exit_signal") else None,

@@ -329,3 +329,29 @@ def test_xpu_run_is_a_job_too_and_a_queued_run_that_gave_up_is_recorded(daemon, 
     assert r.returncode != 0 and "evicted" in r.stderr
     go.touch()
     p.wait(30)
+
+
+def test_the_jobs_json_follows_docs_json_md(daemon, workdir):
+    from tests.test_cli_json import check
+
+    r = subprocess.run(
+        [str(BIN / "xpu"), "submit", "--json", "--name", "doc", "--time", "1h", "--", "sh", "-c", "exit 2"],
+        env=xpu_env(daemon.runtime_dir),
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+    )
+    submitted = json.loads(r.stdout)
+    check(submitted, "Submitted", "xpu submit")
+    assert submitted["name"] == "doc"
+    r = daemon.xpu("wait", submitted["id"], "--json", timeout=30)
+    assert r.returncode == 2
+    check(json.loads(r.stdout), "Job", "xpu wait")
+    queued = submit(daemon, workdir, "--after", submitted["id"], "--", "true")  # dependency-failed at once
+    daemon.xpu("run", "--", "true")
+    listing = json.loads(daemon.xpu("jobs", "--all", "--json").stdout)
+    check(listing, "JobList", "xpu jobs")
+    assert {j["kind"] for j in listing["jobs"]} == {"detached", "attached"} and len(listing["jobs"]) == 3
+    shown = json.loads(daemon.xpu("show", queued, "--json").stdout)
+    check(shown, "JobShow", "xpu show")
+    assert shown["job"]["after"] == [submitted["id"]] and shown["job"]["time_limit_s"] is None
