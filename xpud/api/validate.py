@@ -203,6 +203,11 @@ LIMITS: dict[str, Limit] = {
     "JobLogsRequest.follow": Limit(),
     "JobLogsRequest.rank": Limit(lo=0, hi=1023),
     "JobLogsRequest.error": Limit(),
+    "ListJobsRequest.here": Limit(),
+    "PeerJobsRequest.uid": Limit(lo=0, hi=2**31 - 1),
+    "PeerJobsRequest.list": Limit(),
+    "PeerJobsRequest.jobs": Limit(items=1000, chars=64, pattern=_NAME),
+    "PeerJobsRequest.logs": Limit(),
 }
 
 

@@ -288,10 +288,12 @@ class Daemon:
         from xpud.jobs.book import JobBook
 
         units = Units.detect()
-        self.jobbook = JobBook(
-            self.engine, self.state_dir, socket.gethostname(), units.systemd_run if units else None
-        )
+        host = self.federation.name if self.federation is not None else socket.gethostname()
+        self.jobbook = JobBook(self.engine, self.state_dir, host, units.systemd_run if units else None)
         self.context.extras["jobs"] = self.jobbook
+        from xpud.service.jobs import PeerJobs
+
+        self.peer_jobs = PeerJobs(NodeService(self.context))  # what the other hosts ask of our jobs
         await self.jobbook.restore()
         self.jobbook.start()
 

@@ -33,7 +33,7 @@ from grpc import aio
 from xpud.api import validate
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
-from xpud.errors import BadRequest, Forbidden, Unauthenticated
+from xpud.errors import BadRequest, Forbidden, Unauthenticated, Unavailable
 from xpud.federation import certs, transport
 from xpud.federation.probe import TIME_KEY
 from xpud.service.node import streaming, unary
@@ -100,6 +100,27 @@ class PeerService(pbg.PeerServicer):
     Reserve = _forwarded("reserve")
     Commit = _forwarded("commit")
     Abort = _forwarded("abort")
+
+    # jobs from any host (xpud/service/jobs.py's PeerJobs, as the daemon built it)
+    def _jobs(self, context):
+        peer_of(context)
+        jobs = getattr(self.daemon, "peer_jobs", None)
+        if jobs is None:
+            raise Unavailable("this host serves no jobs yet: retry in a moment")
+        return jobs
+
+    @unary
+    async def PeerListJobs(self, request, context):
+        return await self._jobs(context).list(request)
+
+    @unary
+    async def PeerCancelJobs(self, request, context):
+        return await self._jobs(context).cancel(request)
+
+    @streaming
+    async def PeerJobLogs(self, request, context):
+        async for chunk in self._jobs(context).logs(request):
+            yield chunk
 
     @streaming
     async def Launch(self, request_iterator, context):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+import grpc
+
 from xpud.api import convert
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.errors import BadRequest, Conflict, Forbidden, NotFound
@@ -22,6 +24,7 @@ from xpud.service.node import REPLY_BUDGET, _fit, streaming, unary
 CHUNK = 64 * 1024
 FOLLOW_POLL_S = 0.2
 MAX_JOBS = 1000  # a listing holds at most this many (and what fits in REPLY_BUDGET)
+PEER_TIMEOUT_S = 5.0  # a peer's answer about its jobs
 
 
 def attached(lease) -> JobRecord:
@@ -139,39 +142,29 @@ class JobsHandlers:
         )
         return pb.SubmitJobReply(job=convert.job_pb(r, True))
 
-    @unary
-    async def ListJobs(self, request, context):
-        caller = self.ctx.caller(context)
+    # ---------------------------------------------------------------- the core, for local and peer callers
+    def _here(self, caller: Caller, request) -> list[pb.JobRecord]:
+        """This host's jobs that ``request`` (a ListJobsRequest) asks for, as messages."""
         if request.job:
-            r = self._job(request.job, caller)
-            return pb.ListJobsReply(jobs=[convert.job_pb(r, True)])
+            return [convert.job_pb(self._job(request.job, caller), True)]
         uid = request.uid if request.HasField("uid") else None
         limit = min(request.limit or MAX_JOBS, MAX_JOBS)
         found = jobdb.jobs(self.ctx.engine.ledger, request.all, uid, request.state, request.since, limit)
         e = self.ctx.engine
         leases = e.ledger.recent_leases(limit) if request.all else e.lease_list()
+        host = self.ctx.info.get("hostname", "")
         for le in leases:
             if le.anchor or (uid is not None and le.owner_uid != uid) or le.created < request.since:
                 continue
             r = attached(e.leases.get(le.id, le))
+            r.hosts = [self.ctx.federation.name if self.ctx.federation else host]
             if not request.state or r.state == request.state:
                 found.append(r)
         found.sort(key=lambda r: r.submitted, reverse=True)
-        found = found[:limit]
-        msgs = (convert.job_pb(r, caller.admin or caller.uid == r.uid) for r in found)
-        kept, _ = _fit(msgs, REPLY_BUDGET)
-        return pb.ListJobsReply(jobs=kept, omitted=len(found) - len(kept))
+        return [convert.job_pb(r, caller.admin or caller.uid == r.uid) for r in found[:limit]]
 
-    @unary
-    async def CancelJobs(self, request, context):
-        caller = self.ctx.caller(context)
-        book = self._book()
-        if not request.jobs:
-            raise BadRequest("name a job to cancel: `xpu cancel JOB|NAME ...`")
-        targets = []
-        for sel in request.jobs:  # all resolved first: one bad name cancels nothing
-            r = self._job(sel, caller)
-            targets.append(r)
+    async def _cancel_here(self, caller: Caller, selectors) -> list[pb.JobRecord]:
+        targets = [self._job(sel, caller) for sel in selectors]  # all found first: a bad one cancels none
         out = []
         for r in targets:
             if r.kind == jobdb.ATTACHED:
@@ -179,13 +172,11 @@ class JobsHandlers:
                     await self.ctx.engine.evict(r.lease_id, f"cancelled by uid {caller.uid}")
                     r = attached(self.ctx.engine.ledger.find_lease(r.lease_id)[0])
             else:
-                r = await book.cancel(r, caller)
+                r = await self._book().cancel(r, caller)
             out.append(convert.job_pb(r, True))
-        return pb.CancelJobsReply(jobs=out)
+        return out
 
-    @streaming
-    async def JobLogs(self, request, context):
-        caller = self.ctx.caller(context)
+    async def _logs_here(self, caller: Caller, request):
         r = self._job(request.job, caller)
         if r.kind != jobdb.DETACHED:
             raise BadRequest(f"job {r.id} is an attached `xpu run`: its output went to its terminal")
@@ -212,6 +203,140 @@ class JobsHandlers:
                 os.close(f)
         if f is None and current.state != jobdb.QUEUED:
             raise NotFound(f"job {r.id}: no output file {path} (not written yet, gone, or not the owner's)")
+
+    # ---------------------------------------------------------------- the other hosts
+    def _peers(self) -> list:
+        fed = self.ctx.federation
+        if fed is None:
+            return []
+        from xpud.federation.membership import State
+
+        return [m for m in fed.members() if m.name != fed.name and m.state == State.ALIVE]
+
+    def _stub(self, member):
+        from xpud.api.v1 import xpu_pb2_grpc as pbg
+
+        return pbg.PeerStub(self.ctx.federation.channel(member.addr))
+
+    async def _ask_peers(self, method: str, request) -> list:
+        """``method``'s replies from every alive peer (those that fail or are slow are left out)."""
+
+        async def one(m):
+            try:
+                return await getattr(self._stub(m), method)(request, timeout=PEER_TIMEOUT_S)
+            except grpc.RpcError as e:
+                return e
+
+        return await asyncio.gather(*(one(m) for m in self._peers()))
+
+    async def _on_a_peer(self, method: str, request, selector: str):
+        """The first peer's answer that is not "no such job" (the job lives on one host)."""
+        from xpud.api.client import to_error
+
+        for reply in await self._ask_peers(method, request):
+            if not isinstance(reply, grpc.RpcError):
+                return reply
+            if reply.code() != grpc.StatusCode.NOT_FOUND and reply.code() != grpc.StatusCode.UNAVAILABLE:
+                raise to_error(reply, "a peer")
+        raise NotFound(f"no job {selector!r} on any host of the cluster (see `xpu jobs --all`)")
+
+    # ---------------------------------------------------------------- the RPCs
+    @unary
+    async def ListJobs(self, request, context):
+        caller = self.ctx.caller(context)
+        try:
+            msgs = self._here(caller, request)
+        except NotFound:
+            if request.here or not self._peers():
+                raise
+            msgs = None
+        if msgs is None:  # one job by id or name, not here: ask the others
+            asked = pb.ListJobsRequest()
+            asked.CopyFrom(request)
+            asked.here = True
+            reply = await self._on_a_peer(
+                "PeerListJobs", pb.PeerJobsRequest(uid=caller.uid, list=asked), request.job
+            )
+            return reply
+        if not request.here and not request.job and self._peers():
+            asked = pb.ListJobsRequest()
+            asked.CopyFrom(request)
+            asked.here = True
+            for reply in await self._ask_peers(
+                "PeerListJobs", pb.PeerJobsRequest(uid=caller.uid, list=asked)
+            ):
+                if not isinstance(reply, grpc.RpcError):
+                    msgs.extend(reply.jobs)
+            msgs.sort(key=lambda j: j.submitted, reverse=True)
+        kept, _ = _fit(msgs, REPLY_BUDGET)
+        return pb.ListJobsReply(jobs=kept, omitted=len(msgs) - len(kept))
+
+    @unary
+    async def CancelJobs(self, request, context):
+        caller = self.ctx.caller(context)
+        if not request.jobs:
+            raise BadRequest("name a job to cancel: `xpu cancel JOB|NAME ...`")
+        out = []
+        for sel in request.jobs:
+            try:
+                out += await self._cancel_here(caller, [sel])
+            except NotFound:
+                if not self._peers():
+                    raise
+                reply = await self._on_a_peer(
+                    "PeerCancelJobs", pb.PeerJobsRequest(uid=caller.uid, jobs=[sel]), sel
+                )
+                out += reply.jobs
+        return pb.CancelJobsReply(jobs=out)
+
+    @streaming
+    async def JobLogs(self, request, context):
+        caller = self.ctx.caller(context)
+        try:
+            self._job(request.job, caller)
+        except NotFound:
+            if not self._peers():
+                raise
+            async for chunk in self._logs_from_a_peer(caller, request):
+                yield chunk
+            return
+        async for chunk in self._logs_here(caller, request):
+            yield chunk
+
+    async def _logs_from_a_peer(self, caller: Caller, request):
+        from xpud.api.client import to_error
+
+        for m in self._peers():
+            call = self._stub(m).PeerJobLogs(pb.PeerJobsRequest(uid=caller.uid, logs=request))
+            try:
+                async for chunk in call:
+                    yield chunk
+                return
+            except grpc.RpcError as e:
+                if e.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                    raise to_error(e, m.name) from None
+        raise NotFound(f"no job {request.job!r} on any host of the cluster (see `xpu jobs --all`)")
+
+
+class PeerJobs:
+    """What the other hosts ask of this one's jobs (``Peer.PeerListJobs`` ...): their caller acts as its
+    uid, never as an operator."""
+
+    def __init__(self, handlers: JobsHandlers):
+        self.handlers = handlers
+
+    async def list(self, request) -> pb.ListJobsReply:
+        msgs = self.handlers._here(Caller(uid=request.uid), request.list)
+        kept, _ = _fit(msgs, REPLY_BUDGET)
+        return pb.ListJobsReply(jobs=kept, omitted=len(msgs) - len(kept))
+
+    async def cancel(self, request) -> pb.CancelJobsReply:
+        return pb.CancelJobsReply(
+            jobs=await self.handlers._cancel_here(Caller(uid=request.uid), request.jobs)
+        )
+
+    def logs(self, request):
+        return self.handlers._logs_here(Caller(uid=request.uid), request.logs)
 
 
 class NodeService(JobsHandlers, node.NodeService):

@@ -1260,20 +1260,22 @@ class SubmitJobReply(_message.Message):
     def __init__(self, job: _Optional[_Union[JobRecord, _Mapping]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("all", "uid", "state", "since", "job", "limit")
+    __slots__ = ("all", "uid", "state", "since", "job", "limit", "here")
     ALL_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    HERE_FIELD_NUMBER: _ClassVar[int]
     all: bool
     uid: int
     state: str
     since: float
     job: str
     limit: int
-    def __init__(self, all: _Optional[bool] = ..., uid: _Optional[int] = ..., state: _Optional[str] = ..., since: _Optional[float] = ..., job: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    here: bool
+    def __init__(self, all: _Optional[bool] = ..., uid: _Optional[int] = ..., state: _Optional[str] = ..., since: _Optional[float] = ..., job: _Optional[str] = ..., limit: _Optional[int] = ..., here: _Optional[bool] = ...) -> None: ...
 
 class ListJobsReply(_message.Message):
     __slots__ = ("jobs", "omitted")
@@ -1312,3 +1314,15 @@ class JobLogChunk(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class PeerJobsRequest(_message.Message):
+    __slots__ = ("uid", "list", "jobs", "logs")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    LIST_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
+    uid: int
+    list: ListJobsRequest
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    logs: JobLogsRequest
+    def __init__(self, uid: _Optional[int] = ..., list: _Optional[_Union[ListJobsRequest, _Mapping]] = ..., jobs: _Optional[_Iterable[str]] = ..., logs: _Optional[_Union[JobLogsRequest, _Mapping]] = ...) -> None: ...

@@ -973,6 +973,21 @@ class PeerStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.FromString,
                 _registered_method=True)
+        self.PeerListJobs = channel.unary_unary(
+                '/xpud.v1.Peer/PeerListJobs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.FromString,
+                _registered_method=True)
+        self.PeerCancelJobs = channel.unary_unary(
+                '/xpud.v1.Peer/PeerCancelJobs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.FromString,
+                _registered_method=True)
+        self.PeerJobLogs = channel.unary_stream(
+                '/xpud.v1.Peer/PeerJobLogs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -1021,6 +1036,26 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PeerListJobs(self, request, context):
+        """Jobs from any host (`xpu jobs`, `cancel`, `logs`): the asking host speaks for its caller's uid, as
+        Launch does for a rank's; a peer's word never makes its caller an operator here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PeerCancelJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PeerJobLogs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1048,6 +1083,21 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Launch,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.SerializeToString,
+            ),
+            'PeerListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeerListJobs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.SerializeToString,
+            ),
+            'PeerCancelJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeerCancelJobs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.SerializeToString,
+            ),
+            'PeerJobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.PeerJobLogs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1188,6 +1238,87 @@ class Peer:
             '/xpud.v1.Peer/Launch',
             xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/PeerListJobs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerCancelJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/PeerCancelJobs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerJobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/xpud.v1.Peer/PeerJobLogs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,68 @@
+"""Jobs seen from any host of a cluster (issue #31): three ``xpud --simulate`` daemons on 127.0.0.2-4 with
+mutual TLS (the fixtures of test_federation_daemons.py); a job submitted on one is listed, followed,
+waited on and cancelled from another, over the peer channel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, wait_until, xpu_env
+from tests.test_federation_daemons import converged, make_host, site, three  # noqa: F401 (fixtures)
+
+
+@pytest.fixture
+def cluster(three):  # noqa: F811
+    wait_until(lambda: converged(three), timeout=40, step=0.3)
+    return three
+
+
+def xpu(host, *args, cwd=None, timeout=60):
+    return subprocess.run(
+        [str(BIN / "xpu"), *args],
+        env=xpu_env(host.daemon.runtime_dir),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+def test_a_job_is_listed_followed_waited_on_and_cancelled_from_another_host(cluster):
+    a, _, c = cluster
+    work = Path(tempfile.mkdtemp(prefix="xpu-jobs-", dir="/tmp"))
+    go = work / "go"
+    script = f"echo hello from a; while [ ! -e {go} ]; do sleep 0.05; done; echo bye; exit 6"
+    r = xpu(a, "submit", "--name", "on-a", "--", "sh", "-c", script, cwd=work)
+    assert r.returncode == 0, r.stderr
+    done_id = r.stdout.strip()
+    r = xpu(a, "submit", "--name", "long", "--", "sleep", "60", cwd=work)
+    long_id = r.stdout.strip()
+    wait_until(lambda: (work / f"xpu-{done_id}.out").exists(), 20)
+    # listed once from the third host, with the host it runs on
+    listing = json.loads(xpu(c, "jobs", "--json").stdout)["jobs"]
+    seen = sorted((j["id"], j["hosts"]) for j in listing)
+    assert seen == sorted([(done_id, [a.name]), (long_id, [a.name])])
+    # its output, followed from the third host as it grows, to its end
+    follower = subprocess.Popen(
+        [str(BIN / "xpu"), "logs", "-f", "on-a"],
+        env=xpu_env(c.daemon.runtime_dir),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert follower.stdout.readline() == "hello from a\n"
+    go.touch()
+    assert follower.wait(30) == 0 and follower.stdout.read() == "bye\n"
+    r = xpu(c, "wait", done_id)
+    assert r.returncode == 6 and "failed (exit 6)" in r.stdout
+    # cancelled by name from the third host
+    r = xpu(c, "cancel", "long")
+    assert r.returncode == 0, r.stderr
+    r = xpu(c, "wait", "long", timeout=60)
+    assert r.returncode == 143 and "cancelled" in r.stdout
+    assert xpu(c, "cancel", "nosuchjob").stderr.startswith("xpu: no job 'nosuchjob' on any host")
+    subprocess.run(["rm", "-rf", str(work)], check=False)
