@@ -34,7 +34,7 @@ from xpud.api import validate
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, Forbidden, Unauthenticated, Unavailable
-from xpud.federation import certs, transport
+from xpud.federation import certs, transport, trust
 from xpud.federation.probe import TIME_KEY
 from xpud.service.node import streaming, unary
 
@@ -102,8 +102,11 @@ class PeerService(pbg.PeerServicer):
     Abort = _forwarded("abort")
 
     # jobs from any host (xpud/service/jobs.py's PeerJobs, as the daemon built it)
-    def _jobs(self, context):
-        peer_of(context)
+    def _jobs(self, context, uid: int | None = None):
+        """The jobs' peer half; ``uid``: the caller acts on jobs (root's only where allow_root_jobs)."""
+        peer = peer_of(context)
+        if uid is not None:
+            trust.check_uid(uid, peer, self.federation.name, self.federation.cfg)
         jobs = getattr(self.daemon, "peer_jobs", None)
         if jobs is None:
             raise Unavailable("this host serves no jobs yet: retry in a moment")
@@ -115,11 +118,11 @@ class PeerService(pbg.PeerServicer):
 
     @unary
     async def PeerCancelJobs(self, request, context):
-        return await self._jobs(context).cancel(request)
+        return await self._jobs(context, request.uid).cancel(request)
 
     @streaming
     async def PeerJobLogs(self, request, context):
-        async for chunk in self._jobs(context).logs(request):
+        async for chunk in self._jobs(context, request.uid).logs(request):
             yield chunk
 
     @streaming
