@@ -272,6 +272,7 @@ def run_with(client, opts: dict, command: list[str]):
             restartable=opts["restartable"],
             quiet=opts["quiet"],
             as_json=opts["as_json"],
+            name=opts["name"],
         )
     if opts["gpus_per_node"] is not None:
         raise BadRequest("--gpus-per-node needs --nodes N (the hosts to spread the job over)")

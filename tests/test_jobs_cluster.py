@@ -66,3 +66,16 @@ def test_a_job_is_listed_followed_waited_on_and_cancelled_from_another_host(clus
     assert r.returncode == 143 and "cancelled" in r.stdout
     assert xpu(c, "cancel", "nosuchjob").stderr.startswith("xpu: no job 'nosuchjob' on any host")
     subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+def test_a_two_host_job_is_one_job_listed_and_waited_on_from_a_third_host(cluster):
+    a, _, c = cluster
+    r = xpu(
+        a, "run", "--nodes", "2", "--name", "pair", "--", "sh", "-c", '[ "$NODE_RANK" = 1 ] && exit 3; exit 0'
+    )
+    assert r.returncode == 3, r.stderr
+    (job,) = [j for j in json.loads(xpu(c, "jobs", "--all", "--json").stdout)["jobs"] if j["name"] == "pair"]
+    assert job["kind"] == "multi-host" and len(job["hosts"]) == 2 and job["state"] == "failed"
+    assert job["exit_code"] == 3
+    r = xpu(c, "wait", "pair")
+    assert r.returncode == 3 and "failed (exit 3)" in r.stdout

@@ -142,6 +142,57 @@ class JobsHandlers:
         )
         return pb.SubmitJobReply(job=convert.job_pb(r, True))
 
+    @streaming
+    async def RunJob(self, request_iterator, context):
+        """``NodeService.RunJob`` (a job across hosts), recorded as one job: queued at its first event,
+        running with its hosts once placed, ended as its ``JobEnded`` says (or cancelled: its caller went
+        away first). Its id is the multi-host job's."""
+        from xpud.federation.jobrun import JobRun
+
+        caller = self.ctx.caller(context)
+        first = await anext(request_iterator, None)
+        if first is None or first.WhichOneof("what") != "start":
+            raise BadRequest("RunJob: the first message must be start (a JobSpec)")
+        daemon = self.ctx.extras.get("daemon")
+        if daemon is None or getattr(daemon, "hostjobs", None) is None:
+            raise Conflict("this daemon runs no multi-host jobs")
+        s, ledger, clock = first.start, self.ctx.engine.ledger, self.ctx.engine.clock
+        run = JobRun(daemon, s, caller)
+        r, ended = None, None
+        try:
+            async for ev in run.events(request_iterator):
+                what = ev.WhichOneof("what")
+                if r is None:  # checked: on record from now
+                    r = JobRecord(
+                        id=run.job,
+                        uid=caller.uid,
+                        gid=caller.gid,
+                        state=jobdb.QUEUED,
+                        submitted=clock(),
+                        kind=jobdb.MULTI_HOST,
+                        name=s.name,
+                        cwd=s.cwd,
+                        argv=list(s.argv),
+                        spec={"mode": s.mode or "xpu", "gpus": s.gpus_per_node or (0 if s.replicas else 1)},
+                    )
+                    await ledger.write(jobdb.save_job_op(r))
+                if what == "placed":
+                    r.state, r.started = jobdb.RUNNING, r.started or clock()
+                    r.hosts = sorted({x.host for x in ev.placed.ranks})
+                    await ledger.write(jobdb.save_job_op(r))
+                elif what == "ended":
+                    ended = ev.ended
+                yield ev
+        finally:
+            if r is not None:
+                if ended is not None:
+                    r.state = jobdb.COMPLETED if ended.exit_code == 0 else jobdb.FAILED
+                    r.exit_code, r.reason = ended.exit_code, ended.reason
+                else:
+                    r.state, r.reason = jobdb.CANCELLED, "its `xpu run` went away before the job ended"
+                r.ended = clock()
+                ledger.submit(jobdb.save_job_op(r))  # not awaited: the caller may be gone
+
     # ---------------------------------------------------------------- the core, for local and peer callers
     def _here(self, caller: Caller, request) -> list[pb.JobRecord]:
         """This host's jobs that ``request`` (a ListJobsRequest) asks for, as messages."""
