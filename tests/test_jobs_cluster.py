@@ -79,3 +79,30 @@ def test_a_two_host_job_is_one_job_listed_and_waited_on_from_a_third_host(cluste
     assert job["exit_code"] == 3
     r = xpu(c, "wait", "pair")
     assert r.returncode == 3 and "failed (exit 3)" in r.stdout
+
+
+def test_a_two_host_job_is_cancelled_from_a_third_host(cluster):
+    a, _, c = cluster
+    p = subprocess.Popen(
+        [str(BIN / "xpu"), "run", "--nodes", "2", "--name", "pair2", "--", "sleep", "60"],
+        env=xpu_env(a.daemon.runtime_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def running():
+        found = [j for j in json.loads(xpu(c, "jobs", "--json").stdout)["jobs"] if j["name"] == "pair2"]
+        return found and found[0]["state"] == "running" and found[0]
+
+    job = wait_until(running, 30, step=0.3)
+    assert job["kind"] == "multi-host" and len(job["hosts"]) == 2
+    third = next(h for h in cluster if h.name not in job["hosts"])  # runs no rank of it
+    r = xpu(third, "cancel", "pair2")
+    assert r.returncode == 0, r.stderr
+    assert p.wait(30) != 0
+    r = xpu(third, "wait", job["id"])
+    assert r.returncode != 0 and "cancelled" in r.stdout
+    for h in cluster:
+        with h.daemon.client() as cl:
+            wait_until(lambda cl=cl: not cl.leases().leases, 20)  # every rank's cards given back

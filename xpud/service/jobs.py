@@ -159,6 +159,8 @@ class JobsHandlers:
         s, ledger, clock = first.start, self.ctx.engine.ledger, self.ctx.engine.clock
         run = JobRun(daemon, s, caller)
         r, ended = None, None
+        live = self.ctx.extras.setdefault("multi_host", {})  # job id -> [JobRun, its task, its record]
+        entry = live[run.job] = [run, asyncio.current_task(), None]
         try:
             async for ev in run.events(request_iterator):
                 what = ev.WhichOneof("what")
@@ -175,6 +177,7 @@ class JobsHandlers:
                         argv=list(s.argv),
                         spec={"mode": s.mode or "xpu", "gpus": s.gpus_per_node or (0 if s.replicas else 1)},
                     )
+                    entry[2] = r
                     await ledger.write(jobdb.save_job_op(r))
                 if what == "placed":
                     r.state, r.started = jobdb.RUNNING, r.started or clock()
@@ -184,8 +187,13 @@ class JobsHandlers:
                     ended = ev.ended
                 yield ev
         finally:
+            live.pop(run.job, None)
             if r is not None:
-                if ended is not None:
+                if r.reason.startswith("cancelled by"):
+                    r.state = jobdb.CANCELLED
+                    if ended is not None:
+                        r.exit_code = ended.exit_code
+                elif ended is not None:
                     r.state = jobdb.COMPLETED if ended.exit_code == 0 else jobdb.FAILED
                     r.exit_code, r.reason = ended.exit_code, ended.reason
                 else:
@@ -218,7 +226,16 @@ class JobsHandlers:
         targets = [self._job(sel, caller) for sel in selectors]  # all found first: a bad one cancels none
         out = []
         for r in targets:
-            if r.kind == jobdb.ATTACHED:
+            if r.kind == jobdb.MULTI_HOST and not r.done:
+                run, task, record = self.ctx.extras.get("multi_host", {}).get(r.id, (None, None, None))
+                if run is None or record is None:
+                    raise Conflict(f"job {r.id} is {r.state} but not coordinated by this daemon any more")
+                r = record
+                r.reason = f"cancelled by uid {caller.uid}"
+                await self.ctx.engine.ledger.write(jobdb.save_job_op(r))
+                if not run.cancel():
+                    task.cancel()  # still queued or being placed: its call ends, nothing started
+            elif r.kind == jobdb.ATTACHED:
                 if r.state == jobdb.RUNNING:
                     await self.ctx.engine.evict(r.lease_id, f"cancelled by uid {caller.uid}")
                     r = attached(self.ctx.engine.ledger.find_lease(r.lease_id)[0])
