@@ -1,6 +1,7 @@
 """Batch jobs (issue #31): how soon a submitted job runs, and what a long history of jobs costs.
 
-    .venv/bin/python bench/jobs.py [--machine pcie-8x-l40s] [--runs 10] [--history 10000] [--json bench/jobs.json]
+    .venv/bin/python bench/jobs.py [--machine pcie-8x-l40s] [--runs 10] [--history 10000] \
+        [--json bench/jobs.json]
 
 Starts a real simulated daemon on temp sockets, then
 1. submit-to-running on an idle host: from just before `xpu submit -- sh -c 'date +%s.%N > FILE'` is
@@ -78,7 +79,7 @@ def fill_history(state: Path, n: int) -> None:
                 spec={"mode": "xpu", "gpus": 1, "priority": 0, "wait_s": 3600.0, "output": "/tmp/x.out"},
                 hosts=["node-a"],
                 lease_id=f"{i:08x}",
-                exit_code=i % 3 and 1 or 0,
+                exit_code=0 if i % 3 == 0 else 1,
                 started=now - n + i,
                 ended=now - n + i + 0.5,
             )
