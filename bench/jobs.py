@@ -1,6 +1,6 @@
 """Batch jobs (issue #31): how soon a submitted job runs, and what a long history of jobs costs.
 
-    .venv/bin/python bench/jobs.py [--machine pcie-8x-l40s] [--runs 10] [--history 10000] \
+    .venv/bin/python bench/jobs.py [--machine pcie-8x-l40s] [--runs 10] [--history 10000]
         [--json bench/jobs.json]
 
 Starts a real simulated daemon on temp sockets, then
