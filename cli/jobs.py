@@ -87,7 +87,7 @@ def submit(
     ] = 10.0,
     restartable: Annotated[bool, typer.Option(help="Not for submitted jobs yet.")] = False,
     nodes: Annotated[int | None, typer.Option("--nodes", "-N", help="Not for submitted jobs yet.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help='Print {"id", "name"}.')] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the job's id and name as JSON.")] = False,
 ) -> None:
     """Queue COMMAND as a detached job and print its id at once (as sbatch). The daemon starts it as you,
     in this directory, with this environment and the lease's, stdin from /dev/null, output to a file."""
