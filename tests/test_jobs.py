@@ -158,6 +158,9 @@ def test_cancel_by_name_of_a_queued_and_a_running_job(daemon, workdir):
     run_id = submit(daemon, workdir, "--gpus", "8", "--name", "big", "--", "sleep", "60")
     wait_until(lambda: state(daemon, run_id) == "running", 20)
     pid = wait_until(lambda: status_file(daemon, run_id).get("pid"))
+    with daemon.client() as c:  # its lease carries its name and command (`xpu top`, `xpu leases`)
+        (lease,) = c.leases().leases
+        assert lease.name == "big" and lease.command == "sleep 60" and lease.anchor == f"job:{run_id}"
     queued_id = submit(daemon, workdir, "--gpus", "8", "--name", "next", "--", "touch", "ran")
     assert state(daemon, queued_id) == "queued"
     r = daemon.xpu("cancel", "next")
@@ -355,3 +358,38 @@ def test_the_jobs_json_follows_docs_json_md(daemon, workdir):
     shown = json.loads(daemon.xpu("show", queued, "--json").stdout)
     check(shown, "JobShow", "xpu show")
     assert shown["job"]["after"] == [submitted["id"]] and shown["job"]["time_limit_s"] is None
+
+
+def test_a_queued_job_stays_queued_across_a_sigkill_of_the_daemon_and_runs_later(daemon, workdir):
+    first = submit(daemon, workdir, "--gpus", "8", "--", "sleep", "60")
+    wait_until(lambda: state(daemon, first) == "running", 20)
+    second = submit(daemon, workdir, "--gpus", "8", "--", "sh", "-c", "echo $XPU_JOB_ID > second")
+    assert state(daemon, second) == "queued"
+    daemon.kill(signal.SIGKILL)
+    daemon.start()
+    assert state(daemon, first) == "running" and state(daemon, second) == "queued"
+    assert daemon.xpu("cancel", first).returncode == 0
+    assert daemon.xpu("wait", second, timeout=30).returncode == 0
+    assert (workdir / "second").read_text() == f"{second}\n"
+    with daemon.client() as c:
+        wait_until(lambda: not c.leases().leases, 10)
+
+
+def test_a_lease_granted_to_a_job_that_never_recorded_it_is_reclaimed_at_start(daemon):
+    from xpud.ledger.ledger import Ledger
+    from xpud.model import Lease, Mode
+
+    with daemon.client() as c:
+        uuid = c.cards().cards[0].uuid
+    daemon.kill(signal.SIGTERM)
+    led = Ledger(daemon.state_dir / "ledger.sqlite")
+    orphan = Lease(
+        id="0dd0dd00", mode=Mode.XPU, owner_uid=0, cards=(0,), card_uuids=(uuid,), anchor="job:0badc0de"
+    )
+    led.write_sync(led.insert_lease_op(orphan, "token"))
+    led.close()
+    daemon.start()
+    with daemon.client() as c:
+        assert not c.leases().leases
+        (ended,) = c.leases(all=True).leases
+        assert ended.id == "0dd0dd00" and ended.state == "reclaimed" and "job 0badc0de" in ended.end_reason

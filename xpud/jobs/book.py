@@ -81,7 +81,14 @@ class JobBook:
     # ------------------------------------------------------------------ start-up and shutdown
     async def restore(self) -> None:
         """Re-queue queued jobs; collect the ends of running ones (or keep watching them)."""
-        for r in jobdb.unfinished(self.ledger):
+        unfinished = jobdb.unfinished(self.ledger)
+        holding = {r.lease_id for r in unfinished if r.state == jobdb.RUNNING}
+        for lease in list(self.engine.leases.values()):  # granted to a job that never recorded it
+            kind, _, job_id = lease.anchor.partition(":")
+            if kind == "job" and lease.id not in holding:
+                why = f"job {job_id} holds it no more (the daemon stopped between its grant and its start)"
+                await self.engine.reclaim(lease.id, why)
+        for r in unfinished:
             if r.state == jobdb.QUEUED:
                 self.waiting[r.id] = asyncio.ensure_future(self._run(r))
             else:
@@ -105,7 +112,9 @@ class JobBook:
     def resolve(self, selector: str, caller: Caller) -> JobRecord:
         """The one job ``selector`` (id, id prefix, or a name of the caller's) names. Raises NotFound, or
         BadRequest listing the jobs when it names several; Forbidden when it is not the caller's."""
-        found = jobdb.find(self.ledger, selector, None if caller.admin else caller.uid)
+        found = jobdb.find(self.ledger, selector, caller.uid)
+        if not found and caller.admin:  # an operator names anyone's job when none of theirs has that name
+            found = jobdb.find(self.ledger, selector, None)
         if not found:
             raise NotFound(f"no job {selector!r} (see `xpu jobs --all`)")
         if len(found) > 1:
