@@ -319,7 +319,78 @@ def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
     return die_like(outcome)
 
 
+def parse_submit(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
+    """(runtime dir, submit's options, command) for ``xpu [--runtime-dir DIR] submit [OPTIONS] [--]
+    COMMAND``, or None when Typer should handle ``args`` (as ``parse_run``)."""
+    from xpu_cli.submitting import SUBMIT_DEFAULTS, SUBMIT_OPTIONS
+
+    runtime_dir, i = None, 0
+    if args[:1] == ["--runtime-dir"] and len(args) > 1 and args[1][:1] != "-":
+        runtime_dir, i = args[1], 2
+    if args[i : i + 1] != ["submit"]:
+        return None
+    opts, i = dict(SUBMIT_DEFAULTS), i + 1
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg[:1] != "-" or arg == "-":
+            break
+        name, eq, attached = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if not arg.startswith("--") and len(arg) > 2:
+            name, eq, attached = arg[:2], "", arg[2:]
+        spec = SUBMIT_OPTIONS.get(name)
+        if spec is None:
+            return None
+        param, kind = spec
+        if isinstance(kind, bool):
+            if eq or attached:
+                return None
+            opts[param], i = kind, i + 1
+            continue
+        if eq or attached:
+            text, i = attached, i + 1
+        elif i + 1 < len(args):
+            text, i = args[i + 1], i + 2
+        else:
+            return None
+        value = _value("str" if kind == "list" else kind, text) if text else None
+        if value is None:
+            return None
+        if param == "runtime_dir":
+            runtime_dir = value
+        elif kind == "list":
+            opts[param] = [*(opts[param] or []), value]
+        else:
+            opts[param] = value
+    return runtime_dir, opts, args[i:]
+
+
+def submit_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
+    from xpu_cli.submitting import submit_with
+
+    from xpud.api.client import Client
+    from xpud.errors import XpudError
+
+    try:
+        with Client(runtime_dir) as c:
+            submit_with(c, command, **opts)
+    except XpudError as e:
+        sys.stderr.write(f"xpu: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
 def main() -> None:
+    submitted = parse_submit(sys.argv[1:]) if "submit" in sys.argv[1:3] else None
+    if submitted is not None:
+        code = submit_fast(*submitted)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        os._exit(code)
     parsed = parse_run(sys.argv[1:])
     if parsed is None:
         from xpu_cli.main import main as typer_main

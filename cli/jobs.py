@@ -7,8 +7,6 @@ user too, never as root).
 
 from __future__ import annotations
 
-import math
-import os
 import pwd
 import sys
 import time
@@ -29,33 +27,6 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
-
-
-def _writable(path: str, what: str) -> None:
-    """Refuse (one line) a file this user could not create or write."""
-    if os.path.isdir(path):
-        raise BadRequest(f"{what} {path}: is a directory; give a file name")
-    if os.path.exists(path):
-        if not os.access(path, os.W_OK):
-            raise BadRequest(f"{what} {path}: you cannot write it; choose another file")
-        return
-    parent = os.path.dirname(path) or "."
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise BadRequest(f"{what} {path}: you cannot create files in {parent}; choose another place")
-
-
-def _time_limit(text: str | None) -> float:
-    if text is None:
-        return 0.0
-    from xpu_cli.entry import parse_duration
-
-    try:
-        seconds = parse_duration(text)
-    except ValueError as e:
-        raise BadRequest(f"--time {e}") from None
-    if not 0 < seconds < math.inf or seconds > 366 * 86400:
-        raise BadRequest(f"--time {text}: give a duration above 0 and within a year (e.g. 30m, 2h)")
-    return seconds
 
 
 def submit(
@@ -92,52 +63,14 @@ def submit(
     """Queue COMMAND as a detached job and print its id at once (as sbatch). The daemon starts it as you,
     in this directory, with this environment and the lease's, stdin from /dev/null, output to a file."""
     from xpu_cli.main import client
+    from xpu_cli.submitting import submit_with
 
-    if not command:
-        raise BadRequest("no command: `xpu submit [OPTIONS] -- COMMAND ...`")
     if restartable or nodes is not None:
         raise BadRequest("--restartable and --nodes are for `xpu run` for now: submit a one-host job")
-    seconds = _time_limit(time_limit)
-    wait_s = None
-    if wait is not None:
-        from xpu_cli.entry import parse_duration
-
-        try:
-            wait_s = parse_duration(wait)
-        except ValueError as e:
-            raise BadRequest(f"--wait {e}") from None
-    cwd = os.getcwd()
-    files = {}
-    for flag, path in (("--output", out), ("--error", err)):
-        if path:
-            full = os.path.abspath(path)
-            _writable(full, flag)
-            files[flag] = full
-    if not out and not os.access(cwd, os.W_OK | os.X_OK):
-        raise BadRequest(f"--output: you cannot create xpu-<id>.out in {cwd}; give --output FILE")
-    deps = [a for item in (after or []) for a in item.split(",") if a]
-    fields = dict(
-        argv=list(command),
-        cwd=cwd,
-        env=dict(os.environ),
-        name=name,
-        mode=mode,
-        gpus=gpus,
-        priority=priority,
-        output=files.get("--output", ""),
-        error=files.get("--error", ""),
-        time_limit_s=seconds,
-        after=deps,
-        kill_grace_s=kill_grace,
-    )
-    if wait_s is not None and wait_s != math.inf:
-        fields["wait_s"] = wait_s
     with client() as c:
-        job = c.submit_job(**fields)
-    if as_json:
-        output.print_json({"id": job.id, "name": job.name or None})
-    else:
-        print(job.id)
+        submit_with(
+            c, command, mode, gpus, priority, wait, name, out, err, time_limit, after, kill_grace, as_json
+        )
 
 
 def _row(j, now: float) -> dict:
