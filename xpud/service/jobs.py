@@ -247,7 +247,7 @@ class JobsHandlers:
     async def _logs_here(self, caller: Caller, request):
         r = self._job(request.job, caller)
         if r.kind != jobdb.DETACHED:
-            raise BadRequest(f"job {r.id} is an attached `xpu run`: its output went to its terminal")
+            raise BadRequest(f"job {r.id} is an `xpu run` ({r.kind}): its output went to its terminal")
         if request.rank:
             raise BadRequest(f"job {r.id} has one rank (0)")
         path = r.spec.get("error") if request.error else r.spec.get("output")
