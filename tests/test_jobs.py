@@ -393,3 +393,25 @@ def test_a_lease_granted_to_a_job_that_never_recorded_it_is_reclaimed_at_start(d
         assert not c.leases().leases
         (ended,) = c.leases(all=True).leases
         assert ended.id == "0dd0dd00" and ended.state == "reclaimed" and "job 0badc0de" in ended.end_reason
+
+
+def test_a_queued_xpu_run_is_listed_and_cancelled_by_name(daemon, workdir):
+    big = submit(daemon, workdir, "--gpus", "8", "--", "sleep", "60")
+    wait_until(lambda: state(daemon, big) == "running", 20)
+    p = subprocess.Popen(
+        [str(BIN / "xpu"), "run", "--wait", "60", "--name", "waiting", "--", "touch", str(workdir / "ran")],
+        env=xpu_env(daemon.runtime_dir),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    (queued,) = wait_until(lambda: [j for j in jobs(daemon) if j["name"] == "waiting"], 20)
+    assert queued["state"] == "queued" and queued["kind"] == "attached"
+    r = daemon.xpu("cancel", "waiting")
+    assert r.returncode == 0, r.stderr
+    assert p.wait(20) == 1 and "cancelled by uid 0 while queued" in p.stderr.read()
+    assert not (workdir / "ran").exists()
+    (ended,) = wait_until(
+        lambda: [j for j in jobs(daemon) if j["name"] == "waiting" and j["state"] != "queued"]
+    )
+    assert ended["state"] == "cancelled" and ended["id"] == queued["id"]
+    daemon.xpu("cancel", big)

@@ -58,6 +58,23 @@ def attached(lease) -> JobRecord:
     )
 
 
+def queued_run(w) -> JobRecord:
+    """A queued `xpu run` (a waiter of the engine's queue; its ticket is its id) as a job record."""
+    q = w.request
+    return JobRecord(
+        id=w.ticket,
+        uid=q.owner_uid,
+        gid=-1,
+        state=jobdb.QUEUED,
+        submitted=w.enqueued,
+        kind=jobdb.ATTACHED,
+        name=q.name,
+        argv=[q.command] if q.command else [],
+        spec={"mode": str(q.mode), "gpus": q.gpus, "priority": q.priority, "wait_s": q.wait_s},
+        reason=w.reason,
+    )
+
+
 def record_unserved(engine, w, caller: Caller) -> None:
     """Record a queued `xpu run` that gave up (its wait ran out) or was cancelled (its caller went away)
     as an attached job that never ran; the ticket is its id. Written without waiting (the caller is
@@ -65,6 +82,8 @@ def record_unserved(engine, w, caller: Caller) -> None:
     f = w.future
     gave_up = f.done() and not f.cancelled() and f.exception() is not None
     why = f"gave up: {f.exception()}" if gave_up else "cancelled while queued (its `xpu run` went away)"
+    if gave_up and isinstance(f.exception(), Conflict):  # `xpu cancel` of the queued run
+        why = str(f.exception())
     q = w.request
     r = JobRecord(
         id=w.ticket,
@@ -100,7 +119,15 @@ class JobsHandlers:
             found = self.ctx.engine.ledger.find_lease(selector)
             found = [le for le in found if not le.anchor]
             if not found:
-                raise
+                w = self._waiter(selector)
+                if w is None:
+                    return self._run_named(selector, caller)
+                r = queued_run(w)
+                if not (caller.admin or caller.uid == r.uid):
+                    raise Forbidden(
+                        f"job {r.id} belongs to uid {r.uid}: only its owner or an operator"
+                    ) from None
+                return r
             if len(found) > 1 and found[0].id != selector:
                 raise BadRequest(f"{selector!r} matches more than one lease: give more of the id") from None
             lease = self.ctx.engine.leases.get(found[0].id, found[0])
@@ -108,6 +135,32 @@ class JobsHandlers:
             if not (caller.admin or caller.uid == r.uid):
                 raise Forbidden(f"job {r.id} belongs to uid {r.uid}: only its owner or an operator") from None
             return r
+
+    def _run_named(self, name: str, caller: Caller) -> JobRecord:
+        """The caller's one running or queued `xpu run` named ``name``. Raises NotFound, or BadRequest
+        listing them when several have it."""
+        e = self.ctx.engine
+        own = (lambda uid: True) if caller.admin else (lambda uid: uid == caller.uid)
+        found = [
+            attached(le) for le in e.lease_list() if not le.anchor and le.name == name and own(le.owner_uid)
+        ]
+        found += [
+            queued_run(w)
+            for w in e.waitlist
+            if not w.request.anchor and w.request.name == name and own(w.request.owner_uid)
+        ]
+        if not found:
+            raise NotFound(f"no job {name!r} (see `xpu jobs --all`)")
+        if len(found) > 1:
+            listed = ", ".join(f"{r.id} ({r.state})" for r in found[:10])
+            raise BadRequest(f"{name!r} names {len(found)} jobs: {listed}; give one id")
+        return found[0]
+
+    def _waiter(self, ticket: str):
+        """The queued `xpu run` with this ticket (a whole one), or None."""
+        return next(
+            (w for w in self.ctx.engine.waitlist if w.ticket == ticket and not w.request.anchor), None
+        )
 
     @unary
     async def SubmitJob(self, request, context):
@@ -219,6 +272,13 @@ class JobsHandlers:
             r.hosts = [self.ctx.federation.name if self.ctx.federation else host]
             if not request.state or r.state == request.state:
                 found.append(r)
+        if not request.state or request.state == jobdb.QUEUED:
+            for w in e.waitlist:
+                mine = uid is None or w.request.owner_uid == uid
+                if not w.request.anchor and mine and w.enqueued >= request.since:
+                    r = queued_run(w)
+                    r.hosts = [self.ctx.federation.name if self.ctx.federation else host]
+                    found.append(r)
         found.sort(key=lambda r: r.submitted, reverse=True)
         return [convert.job_pb(r, caller.admin or caller.uid == r.uid) for r in found[:limit]]
 
@@ -235,6 +295,11 @@ class JobsHandlers:
                 await self.ctx.engine.ledger.write(jobdb.save_job_op(r))
                 if not run.cancel():
                     task.cancel()  # still queued or being placed: its call ends, nothing started
+            elif r.kind == jobdb.ATTACHED and r.state == jobdb.QUEUED:
+                w = self._waiter(r.id)
+                if w is not None and not w.future.done():  # its `xpu run` hears why and exits 1
+                    w.future.set_exception(Conflict(f"cancelled by uid {caller.uid} while queued"))
+                r.state, r.reason = jobdb.CANCELLED, f"cancelled by uid {caller.uid} while queued"
             elif r.kind == jobdb.ATTACHED:
                 if r.state == jobdb.RUNNING:
                     await self.ctx.engine.evict(r.lease_id, f"cancelled by uid {caller.uid}")
