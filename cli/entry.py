@@ -319,17 +319,37 @@ def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
     return die_like(outcome)
 
 
+JOBS_OPTIONS: dict[str, tuple[str, object]] = {
+    "--all": ("all_", True),
+    "-a": ("all_", True),
+    "--user": ("user", "str"),
+    "-u": ("user", "str"),
+    "--state": ("state", "str"),
+    "-s": ("state", "str"),
+    "--since": ("since", "str"),
+    "--json": ("as_json", True),
+    "--runtime-dir": ("runtime_dir", "str"),
+}
+JOBS_DEFAULTS = {"all_": False, "user": None, "state": None, "since": None, "as_json": False}
+
+
 def parse_submit(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
     """(runtime dir, submit's options, command) for ``xpu [--runtime-dir DIR] submit [OPTIONS] [--]
     COMMAND``, or None when Typer should handle ``args`` (as ``parse_run``)."""
     from xpu_cli.submitting import SUBMIT_DEFAULTS, SUBMIT_OPTIONS
 
+    return parse_verb(args, "submit", SUBMIT_OPTIONS, SUBMIT_DEFAULTS)
+
+
+def parse_verb(args: list[str], verb: str, options: dict, defaults: dict):
+    """``parse_submit`` for any command whose options are ``options`` (kinds as ``RUN_OPTIONS``', and
+    "list": repeatable)."""
     runtime_dir, i = None, 0
     if args[:1] == ["--runtime-dir"] and len(args) > 1 and args[1][:1] != "-":
         runtime_dir, i = args[1], 2
-    if args[i : i + 1] != ["submit"]:
+    if args[i : i + 1] != [verb]:
         return None
-    opts, i = dict(SUBMIT_DEFAULTS), i + 1
+    opts, i = dict(defaults), i + 1
     while i < len(args):
         arg = args[i]
         if arg == "--":
@@ -340,7 +360,7 @@ def parse_submit(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
         name, eq, attached = arg.partition("=") if arg.startswith("--") else (arg, "", "")
         if not arg.startswith("--") and len(arg) > 2:
             name, eq, attached = arg[:2], "", arg[2:]
-        spec = SUBMIT_OPTIONS.get(name)
+        spec = options.get(name)
         if spec is None:
             return None
         param, kind = spec
@@ -376,6 +396,8 @@ def submit_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
     try:
         with Client(runtime_dir) as c:
             submit_with(c, command, **opts)
+    except BrokenPipeError:
+        return 1
     except XpudError as e:
         sys.stderr.write(f"xpu: {e}\n")
         return 1
@@ -384,7 +406,32 @@ def submit_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
     return 0
 
 
+def jobs_fast(runtime_dir: str | None, opts: dict, rest: list[str]) -> int:
+    from xpu_cli.joblist import list_jobs
+
+    from xpud.api.client import Client
+    from xpud.errors import XpudError
+
+    try:
+        with Client(runtime_dir) as c:
+            list_jobs(c, **opts)
+    except XpudError as e:
+        sys.stderr.write(f"xpu: {e}\n")
+        return 1
+    except (BrokenPipeError, KeyboardInterrupt):  # a reader gone (| head), or Ctrl-C
+        return 1
+    return 0
+
+
 def main() -> None:
+    listed = (
+        parse_verb(sys.argv[1:], "jobs", JOBS_OPTIONS, JOBS_DEFAULTS) if "jobs" in sys.argv[1:3] else None
+    )
+    if listed is not None and not listed[2]:  # no stray arguments: Typer says what is wrong with those
+        code = jobs_fast(*listed)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        os._exit(code)
     submitted = parse_submit(sys.argv[1:]) if "submit" in sys.argv[1:3] else None
     if submitted is not None:
         code = submit_fast(*submitted)

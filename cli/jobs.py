@@ -7,26 +7,19 @@ user too, never as root).
 
 from __future__ import annotations
 
-import pwd
 import sys
 import time
 from typing import Annotated
 
 import typer
 from xpu_cli import output
+from xpu_cli.joblist import STATES, end_text, row
 
 from xpud.errors import BadRequest
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-STATES = ("queued", "running", "completed", "failed", "cancelled", "timeout", "dependency-failed", "lost")
+
 WAIT_POLL_S = 0.25
-
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
 
 
 def submit(
@@ -73,41 +66,6 @@ def submit(
         )
 
 
-def _row(j, now: float) -> dict:
-    started = j.started if j.HasField("started") else None
-    ended = j.ended if j.HasField("ended") else None
-    return {
-        "id": j.id,
-        "name": j.name or None,
-        "kind": j.kind,
-        "user": user_name(j.uid),
-        "owner_uid": j.uid,
-        "state": j.state,
-        "exit_code": j.exit_code if j.HasField("exit_code") else None,
-        "exit_signal": j.exit_signal if j.HasField("exit_signal") else None,
-        "hosts": list(j.hosts),
-        "mode": j.mode or None,
-        "gpus": j.gpus,
-        "submitted": j.submitted,
-        "started": started,
-        "ended": ended,
-        "elapsed_s": ((ended or now) - started) if started else None,
-        "time_limit_s": j.time_limit_s or None,
-        "after": list(j.after),
-        "reason": j.reason or None,
-        "command": j.command or None,
-        "output": j.output or None,
-    }
-
-
-def _end(row: dict) -> str:
-    if row["exit_signal"] is not None:
-        return f"signal {row['exit_signal']}"
-    if row["exit_code"] is not None:
-        return f"exit {row['exit_code']}"
-    return ""
-
-
 def jobs(
     all_: Annotated[bool, typer.Option("--all", "-a", help="Ended jobs too (as sacct).")] = False,
     user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's (name or uid).")] = None,
@@ -118,42 +76,11 @@ def jobs(
     as_json: JsonOpt = False,
 ) -> None:
     """Queued and running jobs (as squeue); with --all, ended ones too (as sacct)."""
-    from xpu_cli.entry import parse_duration
-    from xpu_cli.leases import user_uid
+    from xpu_cli.joblist import list_jobs
     from xpu_cli.main import client
 
-    if state is not None and state not in STATES:
-        raise BadRequest(f"--state {state!r}: use one of {', '.join(STATES)}")
-    fields: dict = {"all": all_ or state is not None or since is not None, "state": state or ""}
-    if user is not None:
-        fields["uid"] = user_uid(user)
-    if since is not None:
-        try:
-            fields["since"] = max(time.time() - parse_duration(since), 0.0)
-        except ValueError as e:
-            raise BadRequest(f"--since {e}") from None
     with client() as c:
-        reply = c.jobs(**fields)
-    now = time.time()
-    rows = [_row(j, now) for j in reply.jobs]
-    if as_json:
-        output.print_json({"jobs": rows, "omitted": reply.omitted})
-        return
-    table = [
-        [
-            r["id"],
-            r["name"] or "-",
-            r["user"],
-            r["state"],
-            output.age(now - r["elapsed_s"], now) if r["elapsed_s"] is not None else "-",
-            ",".join(r["hosts"]) or "-",
-            _end(r) or r["reason"] or "",
-        ]
-        for r in rows
-    ]
-    output.table(["JOBID", "NAME", "USER", "STATE", "TIME", "HOSTS", "END/REASON"], table)
-    if reply.omitted:
-        output.note(f"{reply.omitted} more not shown")
+        list_jobs(c, all_, user, state, since, as_json)
 
 
 def cancel(
@@ -208,11 +135,11 @@ def wait_job(c, selector: str, timeout: float | None, as_json: bool) -> int:
             WAIT_POLL_S if deadline is None else min(WAIT_POLL_S, max(0.0, deadline - time.monotonic()))
         )
         j = c.job(j.id)
-    row = _row(j, time.time())
+    shown = row(j, time.time())
     if as_json:
-        output.print_json(row)
+        output.print_json(shown)
     else:
-        what = _end(row)
+        what = end_text(shown)
         print(f"job {j.id} {j.state}{' (' + what + ')' if what else ''}{': ' + j.reason if j.reason else ''}")
     return exit_status(j)
 

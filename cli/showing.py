@@ -44,7 +44,8 @@ def show(c, what: str, as_json: bool) -> None:
 
 
 def _job(j, as_json: bool) -> None:
-    from xpu_cli.jobs import _end, _row
+    from xpu_cli.joblist import end_text as _end
+    from xpu_cli.joblist import row as _row
 
     row = _row(j, time.time())
     if as_json:
