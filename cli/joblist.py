@@ -3,6 +3,7 @@ job's row as its --json prints it (docs/json.md, Job)."""
 
 from __future__ import annotations
 
+import functools
 import pwd
 import time
 
@@ -13,6 +14,7 @@ from xpud.errors import BadRequest
 STATES = ("queued", "running", "completed", "failed", "cancelled", "timeout", "dependency-failed", "lost")
 
 
+@functools.cache  # one lookup per uid, not per row
 def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
