@@ -98,7 +98,9 @@ def cli_median(base: Path, *args: str, times: int = 5) -> float:
     walls = []
     for _ in range(times):
         t0 = time.perf_counter()
-        subprocess.run([str(simdaemon.BIN / "xpu"), *args], env=env, check=True, capture_output=True)
+        subprocess.run(
+            [str(simdaemon.BIN / "xpu"), *args], env=env, cwd=base, check=True, capture_output=True
+        )
         walls.append(time.perf_counter() - t0)
     return statistics.median(walls)
 
