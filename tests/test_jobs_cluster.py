@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, wait_until, xpu_env
+from tests.conftest import BIN, stop_job_supervisors, wait_until, xpu_env
 from tests.test_federation_daemons import converged, make_host, site, three  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
-def cluster(three):  # noqa: F811
+def cluster(three, site):  # noqa: F811
     wait_until(lambda: converged(three), timeout=40, step=0.3)
-    return three
+    yield three
+    stop_job_supervisors(site)  # detached jobs outlive their daemons
 
 
 def xpu(host, *args, cwd=None, timeout=60):
