@@ -272,6 +272,7 @@ def run_with(client, opts: dict, command: list[str]):
             restartable=opts["restartable"],
             quiet=opts["quiet"],
             as_json=opts["as_json"],
+            name=opts["name"],
         )
     if opts["gpus_per_node"] is not None:
         raise BadRequest("--gpus-per-node needs --nodes N (the hosts to spread the job over)")
@@ -318,7 +319,125 @@ def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
     return die_like(outcome)
 
 
+JOBS_OPTIONS: dict[str, tuple[str, object]] = {
+    "--all": ("all_", True),
+    "-a": ("all_", True),
+    "--user": ("user", "str"),
+    "-u": ("user", "str"),
+    "--state": ("state", "str"),
+    "-s": ("state", "str"),
+    "--since": ("since", "str"),
+    "--json": ("as_json", True),
+    "--runtime-dir": ("runtime_dir", "str"),
+}
+JOBS_DEFAULTS = {"all_": False, "user": None, "state": None, "since": None, "as_json": False}
+
+
+def parse_submit(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
+    """(runtime dir, submit's options, command) for ``xpu [--runtime-dir DIR] submit [OPTIONS] [--]
+    COMMAND``, or None when Typer should handle ``args`` (as ``parse_run``)."""
+    from xpu_cli.submitting import SUBMIT_DEFAULTS, SUBMIT_OPTIONS
+
+    return parse_verb(args, "submit", SUBMIT_OPTIONS, SUBMIT_DEFAULTS)
+
+
+def parse_verb(args: list[str], verb: str, options: dict, defaults: dict):
+    """``parse_submit`` for any command whose options are ``options`` (kinds as ``RUN_OPTIONS``', and
+    "list": repeatable)."""
+    runtime_dir, i = None, 0
+    if args[:1] == ["--runtime-dir"] and len(args) > 1 and args[1][:1] != "-":
+        runtime_dir, i = args[1], 2
+    if args[i : i + 1] != [verb]:
+        return None
+    opts, i = dict(defaults), i + 1
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg[:1] != "-" or arg == "-":
+            break
+        name, eq, attached = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if not arg.startswith("--") and len(arg) > 2:
+            name, eq, attached = arg[:2], "", arg[2:]
+        spec = options.get(name)
+        if spec is None:
+            return None
+        param, kind = spec
+        if isinstance(kind, bool):
+            if eq or attached:
+                return None
+            opts[param], i = kind, i + 1
+            continue
+        if eq or attached:
+            text, i = attached, i + 1
+        elif i + 1 < len(args):
+            text, i = args[i + 1], i + 2
+        else:
+            return None
+        value = _value("str" if kind == "list" else kind, text) if text else None
+        if value is None:
+            return None
+        if param == "runtime_dir":
+            runtime_dir = value
+        elif kind == "list":
+            opts[param] = [*(opts[param] or []), value]
+        else:
+            opts[param] = value
+    return runtime_dir, opts, args[i:]
+
+
+def submit_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
+    from xpu_cli.submitting import submit_with
+
+    from xpud.api.client import Client
+    from xpud.errors import XpudError
+
+    try:
+        with Client(runtime_dir) as c:
+            submit_with(c, command, **opts)
+    except BrokenPipeError:
+        return 1
+    except XpudError as e:
+        sys.stderr.write(f"xpu: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def jobs_fast(runtime_dir: str | None, opts: dict, rest: list[str]) -> int:
+    from xpu_cli.joblist import list_jobs
+
+    from xpud.api.client import Client
+    from xpud.errors import XpudError
+
+    try:
+        with Client(runtime_dir) as c:
+            list_jobs(c, **opts)
+    except XpudError as e:
+        sys.stderr.write(f"xpu: {e}\n")
+        return 1
+    except (BrokenPipeError, KeyboardInterrupt):  # a reader gone (| head), or Ctrl-C
+        return 1
+    return 0
+
+
 def main() -> None:
+    listed = (
+        parse_verb(sys.argv[1:], "jobs", JOBS_OPTIONS, JOBS_DEFAULTS) if "jobs" in sys.argv[1:3] else None
+    )
+    if listed is not None and not listed[2]:  # no stray arguments: Typer says what is wrong with those
+        code = jobs_fast(*listed)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        os._exit(code)
+    submitted = parse_submit(sys.argv[1:]) if "submit" in sys.argv[1:3] else None
+    if submitted is not None:
+        code = submit_fast(*submitted)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        os._exit(code)
     parsed = parse_run(sys.argv[1:])
     if parsed is None:
         from xpu_cli.main import main as typer_main

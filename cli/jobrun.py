@@ -263,6 +263,7 @@ def run_job(
     restartable: bool = False,
     quiet: bool = False,
     as_json: bool = False,
+    name: str = "",
 ) -> Outcome:
     """Run ``argv`` across hosts through the local daemon; returns how the job ended."""
     if not argv:
@@ -291,6 +292,7 @@ def run_job(
         wait_s=wait_s,
         kill_on_bad_exit=kill_on_bad_exit,
         restartable=restartable,
+        name=name,
     )
     wake = Wakeup()
     printer = Printer(labelled and not spec.label_tasks)

@@ -14,6 +14,8 @@ from typing import Annotated
 import typer
 from xpu_cli import output, vocab
 
+from xpud.errors import BadRequest, NotFound
+
 STATES = (
     "running",
     "unheld",
@@ -275,7 +277,10 @@ def leases(
 
 
 def show(
-    what: Annotated[str, typer.Argument(help="A lease id (or a unique prefix), or a card index or UUID.")],
+    what: Annotated[
+        str,
+        typer.Argument(help="A job id or name, a lease id (or a unique prefix), or a card index or UUID."),
+    ],
     as_json: JsonOpt = False,
 ) -> None:
     """Everything about one lease (active or ended) or one card."""
@@ -287,7 +292,7 @@ def show(
 
 
 def wait_cmd(
-    lease_id: Annotated[str, typer.Argument(help="A lease id (or a unique prefix).")],
+    lease_id: Annotated[str, typer.Argument(help="A job id or name, or a lease id (or a unique prefix).")],
     timeout: Annotated[
         float | None, typer.Option(help="Give up after this many seconds (exit 124).", min=0)
     ] = None,
@@ -295,11 +300,20 @@ def wait_cmd(
 ) -> None:
     """Wait until a lease ends; exit as its command did (its exit status, 128 + n for signal n, 0 when
     not reported), as the shell's `wait` does."""
+    from xpu_cli.jobs import wait_job
     from xpu_cli.main import client
 
     deadline = None if timeout is None else time.monotonic() + timeout
     with client() as c:
-        le = c.lease(lease_id)
+        try:
+            job = c.job(lease_id)
+        except (NotFound, BadRequest) as e:
+            if "names" in str(e):  # a name several of your jobs have: they are listed, none guessed
+                raise
+            job = None
+        if job is not None and job.kind != "attached":
+            raise typer.Exit(wait_job(c, job.id, timeout, as_json))
+        le = c.lease(job.lease_id if job is not None else lease_id)
         while le.state == "active" and (deadline is None or time.monotonic() < deadline):
             time.sleep(
                 WAIT_POLL_S if deadline is None else min(WAIT_POLL_S, max(0.0, deadline - time.monotonic()))
@@ -312,7 +326,11 @@ def wait_cmd(
         output.print_json({**output.to_dict(le), "status": status(le)})
     else:
         print(f"lease {le.id} {status(le)} after {vocab.age(run_time(le, time.time()))}")
-    raise typer.Exit(exit_status(le))
+    code = exit_status(le)
+    if code == 0 and le.state in ("evicted", "reclaimed"):
+        print(f"xpu: lease {le.id} was {le.state}: {le.end_reason or 'no reason given'}", file=sys.stderr)
+        code = 1
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

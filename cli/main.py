@@ -472,7 +472,7 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 def _register_commands() -> None:
     """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster, config,
-    leases, events, health, slurm, confine) register themselves."""
+    leases, events, health, slurm, confine, jobs) register themselves."""
     from xpu_cli import (
         certs,
         cluster,
@@ -481,13 +481,27 @@ def _register_commands() -> None:
         defrag,
         events,
         health,
+        jobs,
         leases,
         simulate,
         slurm,
         top,
     )
 
-    for module in (certs, cluster, configure, confine, defrag, events, health, leases, simulate, slurm, top):
+    for module in (
+        certs,
+        cluster,
+        configure,
+        confine,
+        defrag,
+        events,
+        health,
+        jobs,
+        leases,
+        simulate,
+        slurm,
+        top,
+    ):
         module.register(app)
 
 

@@ -25,6 +25,14 @@ def show(c, what: str, as_json: bool) -> None:
     if what.isdigit() and len(what) <= 4 and int(what) < len(cards):  # a card index (lease ids are 8 long)
         return _card(c, cards, int(what), as_json)
     try:
+        job = c.job(what)
+    except (NotFound, BadRequest) as e:
+        if "names" in str(e):  # several of your jobs have that name: listed, none guessed
+            raise
+        job = None
+    if job is not None and job.kind != "attached":
+        return _job(job, as_json)
+    try:
         lease = c.lease(what)
     except (NotFound, BadRequest) as lease_error:
         try:
@@ -33,6 +41,36 @@ def show(c, what: str, as_json: bool) -> None:
             raise NotFound(f"{what!r} is neither a lease nor a card: {lease_error}") from None
         return _card(c, cards, health.index, as_json)
     return _lease(c, lease, as_json)
+
+
+def _job(j, as_json: bool) -> None:
+    from xpu_cli.joblist import end_text as _end
+    from xpu_cli.joblist import row as _row
+
+    row = _row(j, time.time())
+    if as_json:
+        return output.print_json({"job": row})
+    _pairs(
+        [
+            ("job", j.id),
+            ("name", j.name or "-"),
+            ("user", row["user"]),
+            ("state", j.state + (f" ({_end(row)})" if _end(row) else "")),
+            ("reason", j.reason or "-"),
+            ("mode", f"{j.mode} x{j.gpus}" if j.mode == "xpu" else j.mode),
+            ("hosts", ", ".join(j.hosts) or "-"),
+            ("lease", j.lease_id or "-"),
+            ("command", j.command or "-"),
+            ("directory", j.cwd or "-"),
+            ("output", j.output or "-"),
+            ("error", j.error or "(with the output)"),
+            ("time limit", output.age(time.time() - j.time_limit_s) if j.time_limit_s else "-"),
+            ("after", ", ".join(j.after) or "-"),
+            ("submitted", when(j.submitted)),
+            ("started", when(row["started"])),
+            ("ended", when(row["ended"])),
+        ]
+    )
 
 
 def _pairs(rows: list[tuple[str, object]]) -> None:

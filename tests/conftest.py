@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
 import tempfile
@@ -66,6 +68,23 @@ def short_tmp():
     shutil.rmtree(d, ignore_errors=True)
 
 
+def stop_job_supervisors(under: Path) -> None:
+    """SIGTERM to the supervisors of detached jobs (``xpud.jobs.supervisor``) whose daemon's state is under
+    ``under``: they outlive their daemon by design, so a test's jobs are ended with the test (each
+    supervisor TERMs its job's group, then KILLs it after the job's grace)."""
+    marker = f"{under}/".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in cmdline and b"/jobs/" in cmdline and cmdline.rstrip(b"\0").endswith(b".spec"):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGTERM)
+
+
 @pytest.fixture
 def daemon_factory(short_tmp):
     made: list[DaemonProc] = []
@@ -86,6 +105,7 @@ def daemon_factory(short_tmp):
     yield make
     for d in made:
         d.kill(signal.SIGTERM)
+    stop_job_supervisors(short_tmp)  # detached jobs outlive their daemon
 
 
 @pytest.fixture

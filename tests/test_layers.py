@@ -34,6 +34,7 @@ RANK = {
     "federation": 5,
     "bridges": 5,
     "controllers": 5,
+    "jobs": 5,
     "service": 6,
     "daemon": 7,
 }

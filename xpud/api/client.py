@@ -262,6 +262,27 @@ class Client:
         """One lease, active or ended, by its id or a unique prefix."""
         return self.leases(lease_id=lease_id).leases[0]
 
+    # ------------------------------------------------------------------ jobs
+    def submit_job(self, **fields) -> pb.JobRecord:
+        """Queue a detached job (``pb.SubmitJobRequest``'s fields); its record, with its id."""
+        return self._unary(self.node.SubmitJob, _request(pb.SubmitJobRequest, **fields)).job
+
+    def jobs(self, **fields) -> pb.ListJobsReply:
+        return self._unary(self.node.ListJobs, _request(pb.ListJobsRequest, **fields))
+
+    def job(self, selector: str) -> pb.JobRecord:
+        """One job (the caller's, or any for an operator) by id, id prefix or name."""
+        return self.jobs(job=selector).jobs[0]
+
+    def cancel_jobs(self, selectors: list[str]) -> list[pb.JobRecord]:
+        return list(self._unary(self.node.CancelJobs, _request(pb.CancelJobsRequest, jobs=selectors)).jobs)
+
+    def job_logs(self, selector: str, follow: bool = False, rank: int = 0, error: bool = False):
+        """The job's output as it comes (bytes chunks)."""
+        request = _request(pb.JobLogsRequest, job=selector, follow=follow, rank=rank, error=error)
+        for chunk in self.iterate(self._stream(self.node.JobLogs, request)):
+            yield chunk.data
+
     def events(self, card: int | None = None, lease_id: str = "", limit: int = 0) -> list[pb.Event]:
         """The daemon's latest events (oldest first), about ``card`` and/or ``lease_id`` when given."""
         request = _request(pb.EventsRequest, card=card, lease_id=lease_id, limit=limit)

@@ -264,3 +264,37 @@ def card_health_pb(v) -> pb.CardHealth:
 def usage_row_pb(r) -> pb.UsageRow:
     """A ``LeaseUsage`` row (``xpud.controllers.rightsizer.UsageRow``) -> message."""
     return pb.UsageRow(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)})
+
+
+def job_pb(r, full: bool) -> pb.JobRecord:
+    """A job record (``xpud.ledger.jobs.JobRecord``, or any object with its fields) as a message;
+    ``full``: with its command, directory and files (its owner and operators)."""
+    s = r.spec
+    msg = pb.JobRecord(
+        id=r.id,
+        name=r.name,
+        kind=r.kind,
+        uid=r.uid,
+        gid=r.gid,
+        state=r.state,
+        hosts=list(r.hosts),
+        submitted=r.submitted,
+        reason=r.reason,
+        lease_id=r.lease_id,
+        mode=str(s.get("mode", "")),
+        gpus=int(s.get("gpus", 0)),
+        priority=int(s.get("priority", 0)),
+        time_limit_s=float(s.get("time_limit_s", 0.0)),
+        after=list(s.get("after", [])),
+    )
+    for name in ("exit_code", "exit_signal", "started", "ended"):
+        if (v := getattr(r, name)) is not None:
+            setattr(msg, name, v)
+    if full:
+        import shlex
+
+        msg.command = shlex.join(r.argv)[:500]
+        msg.cwd = r.cwd
+        msg.output = str(s.get("output", ""))
+        msg.error = str(s.get("error", ""))
+    return msg

@@ -47,7 +47,7 @@ from xpud.ledger.ledger import Ledger
 from xpud.planning.green import Signal
 from xpud.service.admin import AdminService
 from xpud.service.context import Context, DaemonInfo
-from xpud.service.node import NodeService
+from xpud.service.jobs import NodeService  # the node servicer with the jobs' RPCs
 
 log = logging.getLogger("xpud")
 
@@ -131,6 +131,7 @@ class Daemon:
         self.monitor: HealthMonitor | None = None
         self.defrag: Defragmenter | None = None
         self.hostjobs: HostJobs | None = None
+        self.jobbook = None  # xpud.jobs.book.JobBook, once started
         self.federation = None  # xpud.federation.node.Federation when [cluster] listen is set
         self.metrics = None  # xpud.daemon.metrics.MetricsServer when [metrics] listen is set
         self.kubelet: KubeletBridge | None = None  # the device plugin, when [kubelet] enabled
@@ -223,6 +224,7 @@ class Daemon:
         # however a lease ends, what escaped its command's process group ends too (its scope is stopped)
         self.engine.on_ended.append(lambda lease: self.scopes.end_later(lease.id))
         await self.scopes.reconcile(self.engine.leases, self.engine.ledger.lease_ids())  # ended while down
+        await self._start_jobs()
         if self.cfg.metrics.listen:
             from xpud.daemon.metrics import MetricsServer, families
 
@@ -288,6 +290,21 @@ class Daemon:
         (self.runtime_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         sd_notify("READY=1\nSTATUS=serving")
 
+    async def _start_jobs(self) -> None:
+        """Detached jobs (``xpud.jobs``): their supervisors are transient units under systemd."""
+        from xpud.federation.sysunit import Units
+        from xpud.jobs.book import JobBook
+        from xpud.service.jobs import PeerJobs
+
+        units = Units.detect()
+        host = self.federation.name if self.federation is not None else socket.gethostname()
+        self.jobbook = JobBook(self.engine, self.state_dir, host, units.systemd_run if units else None)
+        self.context.jobs = self.jobbook
+        if self.federation is not None:  # what the other hosts ask of our jobs
+            self.federation.peer_jobs = PeerJobs(NodeService(self.context))
+        await self.jobbook.restore()
+        self.jobbook.start()
+
     def _start_rightsizing(self) -> None:
         """Measure leases every [auto] sample_s and act on --mode auto (xpud.controllers.rightsizer)."""
         from xpud.controllers.rightsizer import Rightsizer
@@ -334,6 +351,8 @@ class Daemon:
             await self.kubelet.stop()
         for s in self.servers:
             await s.stop(grace=0.5)
+        if self.jobbook is not None:
+            await self.jobbook.stop()  # queued jobs stay queued in the ledger; running ones run on
         from xpud.federation import rankproc
 
         await rankproc.stop_all()  # ranks of multi-host jobs started here: their groups are killed

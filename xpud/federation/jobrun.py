@@ -510,6 +510,15 @@ class JobRun:
                 self._signal(pb.LaunchInput(signal=m.signal))
         await self._stdin(pb.LaunchInput(stdin_eof=True))  # the client closed its side
 
+    def cancel(self) -> bool:
+        """Stop the job from outside (`xpu cancel`): every running rank gets SIGTERM, and its stream is
+        cancelled ``STOP_GRACE_S`` later (its host kills what is left). False when no rank runs yet."""
+        if not self.ranks:
+            return False
+        self.user_signals.add(signal.SIGTERM)  # the ranks' ends by it are no "bad exit"
+        self._cancelling = asyncio.ensure_future(self._stop_others())
+        return True
+
     async def _stop_others(self) -> None:
         for r in self.ranks:
             if not r.ended:

@@ -66,6 +66,7 @@ class Federation:
         host, _ = config.split_host_port(cfg.listen)
         self.creds = certs.load_host(cfg.ca, cfg.cert, cfg.key, self.name, host)
         self.engine = engine
+        self.peer_jobs = None  # xpud.service.jobs.PeerJobs: the daemon sets it once its jobs run
         self.hostjobs = hostjobs  # Peer's Reserve/Commit/Abort/Launch go there (None: refused)
         self.clock = clock  # the protocol's timers (monotonic: a clock step must not expire suspicions)
         self.swim: Swim | None = None

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from grpc import aio
@@ -34,11 +34,12 @@ from xpud.api import validate
 from xpud.api.server import streaming, unary
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
-from xpud.errors import BadRequest, Forbidden, Unauthenticated
-from xpud.federation import certs, transport
+from xpud.errors import BadRequest, Forbidden, Unauthenticated, Unavailable
+from xpud.federation import certs, transport, trust
 from xpud.federation.probe import TIME_KEY
 
 if TYPE_CHECKING:
+    from xpud.config import ClusterSection
     from xpud.federation.hostjobs import HostJobs
 
 log = logging.getLogger("xpud.federation")
@@ -79,7 +80,13 @@ def _forwarded(what: str) -> Callable:
 
 
 class Receiver(Protocol):
-    """What the servicer hands membership messages to (``xpud.federation.node.Federation``)."""
+    """What the servicer serves for (``xpud.federation.node.Federation``): it takes membership messages,
+    names this host, holds ``[cluster]``, and the jobs' peer half once the daemon has started its jobs
+    (``xpud.service.jobs.PeerJobs``, or None)."""
+
+    name: str
+    cfg: ClusterSection
+    peer_jobs: Any
 
     def receive(self, msg: transport.Message) -> None: ...
 
@@ -108,6 +115,30 @@ class PeerService(pbg.PeerServicer):
     Reserve = _forwarded("reserve")
     Commit = _forwarded("commit")
     Abort = _forwarded("abort")
+
+    # jobs from any host (xpud/service/jobs.py's PeerJobs, as the daemon built it)
+    def _jobs(self, context, uid: int | None = None):
+        """The jobs' peer half; ``uid``: the caller acts on jobs (root's only where allow_root_jobs)."""
+        peer = peer_of(context)
+        if uid is not None:
+            trust.check_uid(uid, peer, self.federation.name, self.federation.cfg)
+        jobs = self.federation.peer_jobs
+        if jobs is None:
+            raise Unavailable("this host serves no jobs yet: retry in a moment")
+        return jobs
+
+    @unary
+    async def PeerListJobs(self, request, context):
+        return await self._jobs(context).list(request)
+
+    @unary
+    async def PeerCancelJobs(self, request, context):
+        return await self._jobs(context, request.uid).cancel(request)
+
+    @streaming
+    async def PeerJobLogs(self, request, context):
+        async for chunk in self._jobs(context, request.uid).logs(request):
+            yield chunk
 
     @streaming
     async def Launch(self, request_iterator, context):

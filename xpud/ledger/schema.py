@@ -143,6 +143,32 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (card_uuid, start)
     );
     """,
+    # 9: jobs (xpud.ledger.jobs): every command the daemon runs or was asked to, with its state and end
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL DEFAULT '',
+        kind TEXT NOT NULL,           -- detached (xpu submit), attached (xpu run), multi-host
+        uid INTEGER NOT NULL,
+        gid INTEGER NOT NULL,
+        cwd TEXT NOT NULL DEFAULT '',
+        argv TEXT NOT NULL DEFAULT '[]',  -- JSON list
+        env TEXT NOT NULL DEFAULT '{}',   -- JSON object, until the job has started
+        spec TEXT NOT NULL DEFAULT '{}',  -- JSON: mode, gpus, priority, wait_s, output, error, time, after
+        hosts TEXT NOT NULL DEFAULT '[]', -- JSON list
+        lease_id TEXT NOT NULL DEFAULT '',
+        state TEXT NOT NULL,
+        exit_code INTEGER,
+        exit_signal INTEGER,
+        submitted REAL NOT NULL,
+        started REAL,
+        ended REAL,
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX jobs_by_state ON jobs(state);
+    CREATE INDEX jobs_by_name ON jobs(uid, name);
+    CREATE INDEX jobs_by_submitted ON jobs(submitted);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from xpud.federation.node import Federation
     from xpud.hw.fakenvml import FakeNvml
     from xpud.isolation.scope import Scopes
+    from xpud.jobs.book import JobBook
 
 REPLY_BUDGET = 3 * 1024 * 1024  # bytes per reply: gRPC refuses messages over 4 MiB unless told otherwise
 
@@ -56,6 +57,9 @@ class Context:
     hostjobs: HostJobs | None = None  # multi-host jobs (Node.RunJob coordinates them through it)
     carbon: Signal | None = None  # the carbon signal (Acquire plans --when-green starts from it)
     scopes: Scopes | None = None  # each lease's device scope (xpud.isolation.scope)
+    jobs: JobBook | None = None  # detached jobs (xpud.jobs.book), once the daemon has started them
+    # multi-host jobs this daemon coordinates: job id -> [JobRun, its task, its JobRecord] (xpu cancel)
+    multi_host: dict[str, list] = field(default_factory=dict)
     # lease id -> (the active Lease, its message as Acquire answered it): its Release answers a copy
     granted: dict[str, tuple[Lease, pb.Lease]] = field(default_factory=dict)
 

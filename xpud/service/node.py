@@ -155,6 +155,10 @@ class NodeService(pbg.NodeServicer):
             finally:
                 w.future.remove_done_callback(updates.put_nowait)  # a leaver's cancel schedules nothing
                 e.leave(w)
+                if not isinstance(got, tuple) and not req.anchor:  # an `xpu run` that never ran: a job
+                    from xpud.service.jobs import record_unserved
+
+                    record_unserved(e, w, caller)
         lease, token = got
         if e.rightsizer is not None:
             e.rightsizer.track(lease.id, cls or job_class(lease.command), request.mode == "auto")

@@ -1198,3 +1198,164 @@ class LeaseLoad(_message.Message):
     waiting_for_size: int
     moving: bool
     def __init__(self, lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., t: _Optional[float] = ..., cap_pct: _Optional[float] = ..., used_pct: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., throttled: _Optional[bool] = ..., waiting_for_size: _Optional[int] = ..., moving: _Optional[bool] = ...) -> None: ...
+
+class JobRecord(_message.Message):
+    __slots__ = ("id", "name", "kind", "uid", "gid", "state", "exit_code", "exit_signal", "hosts", "submitted", "started", "ended", "reason", "command", "cwd", "output", "error", "lease_id", "mode", "gpus", "priority", "time_limit_s", "after")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    kind: str
+    uid: int
+    gid: int
+    state: str
+    exit_code: int
+    exit_signal: int
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    submitted: float
+    started: float
+    ended: float
+    reason: str
+    command: str
+    cwd: str
+    output: str
+    error: str
+    lease_id: str
+    mode: str
+    gpus: int
+    priority: int
+    time_limit_s: float
+    after: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ..., submitted: _Optional[float] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., reason: _Optional[str] = ..., command: _Optional[str] = ..., cwd: _Optional[str] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("argv", "cwd", "env", "name", "mode", "gpus", "priority", "wait_s", "output", "error", "time_limit_s", "after", "kill_grace_s")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    KILL_GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    cwd: str
+    env: _containers.ScalarMap[str, str]
+    name: str
+    mode: str
+    gpus: int
+    priority: int
+    wait_s: float
+    output: str
+    error: str
+    time_limit_s: float
+    after: _containers.RepeatedScalarFieldContainer[str]
+    kill_grace_s: float
+    def __init__(self, argv: _Optional[_Iterable[str]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., kill_grace_s: _Optional[float] = ...) -> None: ...
+
+class SubmitJobReply(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: JobRecord
+    def __init__(self, job: _Optional[_Union[JobRecord, _Mapping]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("all", "uid", "state", "since", "job", "limit", "here")
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    HERE_FIELD_NUMBER: _ClassVar[int]
+    all: bool
+    uid: int
+    state: str
+    since: float
+    job: str
+    limit: int
+    here: bool
+    def __init__(self, all: _Optional[bool] = ..., uid: _Optional[int] = ..., state: _Optional[str] = ..., since: _Optional[float] = ..., job: _Optional[str] = ..., limit: _Optional[int] = ..., here: _Optional[bool] = ...) -> None: ...
+
+class ListJobsReply(_message.Message):
+    __slots__ = ("jobs", "omitted")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    OMITTED_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobRecord]
+    omitted: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobRecord, _Mapping]]] = ..., omitted: _Optional[int] = ...) -> None: ...
+
+class CancelJobsRequest(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, jobs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CancelJobsReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobRecord]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobRecord, _Mapping]]] = ...) -> None: ...
+
+class JobLogsRequest(_message.Message):
+    __slots__ = ("job", "follow", "rank", "error")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    follow: bool
+    rank: int
+    error: bool
+    def __init__(self, job: _Optional[str] = ..., follow: _Optional[bool] = ..., rank: _Optional[int] = ..., error: _Optional[bool] = ...) -> None: ...
+
+class JobLogChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class PeerJobsRequest(_message.Message):
+    __slots__ = ("uid", "list", "jobs", "logs")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    LIST_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
+    uid: int
+    list: ListJobsRequest
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    logs: JobLogsRequest
+    def __init__(self, uid: _Optional[int] = ..., list: _Optional[_Union[ListJobsRequest, _Mapping]] = ..., jobs: _Optional[_Iterable[str]] = ..., logs: _Optional[_Union[JobLogsRequest, _Mapping]] = ...) -> None: ...

@@ -119,6 +119,26 @@ class NodeStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobInput.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobEvent.FromString,
                 _registered_method=True)
+        self.SubmitJob = channel.unary_unary(
+                '/xpud.v1.Node/SubmitJob',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobReply.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/xpud.v1.Node/ListJobs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.FromString,
+                _registered_method=True)
+        self.CancelJobs = channel.unary_unary(
+                '/xpud.v1.Node/CancelJobs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.FromString,
+                _registered_method=True)
+        self.JobLogs = channel.unary_stream(
+                '/xpud.v1.Node/JobLogs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -244,6 +264,37 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitJob(self, request, context):
+        """Jobs (`xpu submit/jobs/cancel/logs/wait`, xpud/service/jobs.py): a detached job is queued and the
+        call answers at once; the daemon starts it as the caller when it is granted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """The jobs this daemon knows (detached, attached `xpu run`s), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJobs(self, request, context):
+        """Cancel jobs by id or name (the owner or an operator): queued ones leave the queue, running ones get
+        TERM, then KILL after their kill grace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JobLogs(self, request, context):
+        """A job's output file (its owner or an operator), from the start; with `follow` as it grows until the
+        job has ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -331,6 +382,26 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.RunJob,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobInput.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobEvent.SerializeToString,
+            ),
+            'SubmitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobReply.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.SerializeToString,
+            ),
+            'CancelJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJobs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.SerializeToString,
+            ),
+            'JobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.JobLogs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -802,6 +873,114 @@ class Node:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def SubmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/SubmitJob',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.SubmitJobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/ListJobs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/CancelJobs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/xpud.v1.Node/JobLogs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class PeerStub:
     """Between the daemons of one cluster, over TCP with mutual TLS: both ends show a certificate from the
@@ -839,6 +1018,21 @@ class PeerStub:
                 '/xpud.v1.Peer/Launch',
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.FromString,
+                _registered_method=True)
+        self.PeerListJobs = channel.unary_unary(
+                '/xpud.v1.Peer/PeerListJobs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.FromString,
+                _registered_method=True)
+        self.PeerCancelJobs = channel.unary_unary(
+                '/xpud.v1.Peer/PeerCancelJobs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.FromString,
+                _registered_method=True)
+        self.PeerJobLogs = channel.unary_stream(
+                '/xpud.v1.Peer/PeerJobLogs',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
                 _registered_method=True)
 
 
@@ -888,6 +1082,26 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PeerListJobs(self, request, context):
+        """Jobs from any host (`xpu jobs`, `cancel`, `logs`): the asking host speaks for its caller's uid, as
+        Launch does for a rank's; a peer's word never makes its caller an operator here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PeerCancelJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PeerJobLogs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -915,6 +1129,21 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Launch,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.SerializeToString,
+            ),
+            'PeerListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeerListJobs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.SerializeToString,
+            ),
+            'PeerCancelJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeerCancelJobs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.SerializeToString,
+            ),
+            'PeerJobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.PeerJobLogs,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1055,6 +1284,87 @@ class Peer:
             '/xpud.v1.Peer/Launch',
             xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/PeerListJobs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ListJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerCancelJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/PeerCancelJobs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.CancelJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerJobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/xpud.v1.Peer/PeerJobLogs',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,396 @@
+"""The daemon's detached jobs (``xpu submit``): queue, start, watch, cancel, collect; restored at start-up.
+
+Each job's row (``xpud.ledger.jobs``) changes before the world does: ``queued`` is committed before the
+submitter hears the id; ``running`` with its lease before its supervisor starts; the end as the supervisor
+recorded it before the lease is released. A queued job waits first for its ``--after`` jobs (each must
+end ``completed``, else it ends ``dependency-failed``), then for cards in the engine's queue, holding its
+lease by the anchor ``job:<id>`` (no Hold stream). A running job belongs to its supervisor
+(``xpud.jobs.supervisor``), which outlives the daemon; the daemon reads its status file every
+``poll_s`` and, after a restart, collects what ended while it was away. A running job whose supervisor is
+gone without a word is ``lost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pwd
+import secrets
+import shlex
+import signal
+import time
+from pathlib import Path
+
+from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound, XpudError
+from xpud.isolation import switch_user
+from xpud.jobs import supervisor
+from xpud.ledger import jobs as jobdb
+from xpud.ledger.jobs import JobRecord
+from xpud.model import Caller, CommandEnd, Mode, Request
+
+log = logging.getLogger("xpud.jobs")
+
+POLL_S = 0.2  # how often running jobs' status files are read
+DEFAULT_KILL_GRACE_S = 10.0
+OPERATOR = Caller(uid=0, gid=0, admin=True)
+
+
+def may_act(r: JobRecord, caller: Caller) -> bool:
+    return caller.admin or caller.uid == r.uid
+
+
+def exit_status(r: JobRecord) -> int:
+    """``r``'s end as a shell's ``$?``: the exit code, 128 + the signal, else non-zero for an end without
+    one (cancelled before it ran 143, timeout 124, lost or dependency-failed 1)."""
+    if r.exit_signal is not None:
+        return 128 + r.exit_signal
+    if r.exit_code is not None and r.state in (jobdb.COMPLETED, jobdb.FAILED):
+        return r.exit_code
+    return {jobdb.COMPLETED: 0, jobdb.CANCELLED: 143, jobdb.TIMEOUT: 124}.get(r.state, 1)
+
+
+class JobBook:
+    """The detached jobs of this daemon. ``systemd_run``: start supervisors as transient units."""
+
+    def __init__(
+        self,
+        engine,
+        state_dir: Path,
+        host: str,
+        systemd_run: str | None = None,
+        poll_s: float = POLL_S,
+        clock=time.time,
+    ):
+        self.engine = engine
+        self.ledger = engine.ledger
+        self.dir = Path(state_dir) / "jobs"
+        self.host = host
+        self.systemd_run = systemd_run
+        self.poll_s = poll_s
+        self.clock = clock
+        self.waiting: dict[str, asyncio.Task] = {}  # queued jobs: for their --after jobs, then cards
+        self.running: dict[str, JobRecord] = {}
+        self.ends: dict[str, asyncio.Future] = {}  # job id -> done once it has ended (--after, wait)
+        self.cancelling: set[str] = set()
+        self.cancelled_by: dict[str, int] = {}  # queued jobs being cancelled -> by whom
+        self._poller: asyncio.Task | None = None
+        self._stopping = False
+
+    # ------------------------------------------------------------------ start-up and shutdown
+    async def restore(self) -> None:
+        """Re-queue queued jobs; collect the ends of running ones (or keep watching them)."""
+        unfinished = jobdb.unfinished(self.ledger)
+        holding = {r.lease_id for r in unfinished if r.state == jobdb.RUNNING}
+        for lease in list(self.engine.leases.values()):  # granted to a job that never recorded it
+            kind, _, job_id = lease.anchor.partition(":")
+            if kind == "job" and lease.id not in holding:
+                why = f"job {job_id} holds it no more (the daemon stopped between its grant and its start)"
+                await self.engine.reclaim(lease.id, why)
+        for r in unfinished:
+            if r.state == jobdb.QUEUED:
+                self.waiting[r.id] = asyncio.ensure_future(self._run(r))
+            else:
+                self.running[r.id] = r
+                await self._check(r, restoring=True)
+
+    def start(self) -> None:
+        self._poller = asyncio.ensure_future(self._poll())
+
+    async def stop(self) -> None:
+        """The daemon stops: queued jobs stay queued in the ledger, running ones run on."""
+        self._stopping = True
+        tasks = [*self.waiting.values(), *([self._poller] if self._poller else [])]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+    # ------------------------------------------------------------------ lookups
+    def resolve(self, selector: str, caller: Caller) -> JobRecord:
+        """The one job ``selector`` (id, id prefix, or a name of the caller's) names. Raises NotFound, or
+        BadRequest listing the jobs when it names several; Forbidden when it is not the caller's."""
+        found = jobdb.find(self.ledger, selector, caller.uid)
+        if not found and caller.admin:  # an operator names anyone's job when none of theirs has that name
+            found = jobdb.find(self.ledger, selector, None)
+        if not found:
+            raise NotFound(f"no job {selector!r} (see `xpu jobs --all`)")
+        if len(found) > 1:
+            listed = ", ".join(f"{r.id} ({r.state})" for r in found[:10])
+            raise BadRequest(f"{selector!r} names {len(found)} jobs: {listed}; give one id")
+        r = found[0]
+        if not may_act(r, caller):
+            raise Forbidden(f"job {r.id} belongs to uid {r.uid}: only its owner or an operator may act on it")
+        return r
+
+    def get(self, job_id: str) -> JobRecord | None:
+        return self.running.get(job_id) or jobdb.job(self.ledger, job_id)
+
+    # ------------------------------------------------------------------ submit
+    async def submit(
+        self,
+        caller: Caller,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        request: Request,
+        name: str = "",
+        output: str = "",
+        error: str = "",
+        time_limit_s: float = 0.0,
+        after: list[str] = (),
+        kill_grace_s: float = 0.0,
+    ) -> JobRecord:
+        """Check, record ``queued``, and start waiting. Raises BadRequest (nothing recorded)."""
+        if not argv or not argv[0]:
+            raise BadRequest("no command: give it after --, e.g. `xpu submit -- python train.py`")
+        for path, what in ((cwd, "directory"), (output, "--output"), (error, "--error")):
+            if path and not os.path.isabs(path):
+                raise BadRequest(f"{what} {path!r}: give an absolute path")
+        if not cwd:
+            raise BadRequest("the job's directory is missing: send the submitter's working directory")
+        if os.geteuid() != 0 and caller.uid != os.geteuid():
+            raise Forbidden(
+                f"this daemon runs as uid {os.geteuid()}: it cannot start jobs as uid {caller.uid}"
+            )
+        try:
+            pwd.getpwuid(caller.uid)
+        except KeyError:
+            raise BadRequest(f"uid {caller.uid} is unknown on this host: jobs run as a known user") from None
+        try:
+            switch_user.env_bytes(env)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        deps = []
+        for sel in after:
+            dep = self.resolve(sel, caller)  # NotFound: unknown --after job
+            deps.append(dep.id)
+        req = self.engine.validate(request)
+        job_id = self._new_id()
+        r = JobRecord(
+            id=job_id,
+            uid=caller.uid,
+            gid=caller.gid if caller.gid >= 0 else pwd.getpwuid(caller.uid).pw_gid,
+            state=jobdb.QUEUED,
+            submitted=self.clock(),
+            name=name,
+            cwd=cwd,
+            argv=list(argv),
+            env=dict(env),
+            spec={
+                "mode": str(req.mode),
+                "gpus": req.gpus,
+                "priority": req.priority,
+                "wait_s": req.wait_s,
+                "output": output or os.path.join(cwd, f"xpu-{job_id}.out"),
+                "error": error,
+                "time_limit_s": time_limit_s,
+                "after": deps,
+                "kill_grace_s": kill_grace_s or DEFAULT_KILL_GRACE_S,
+            },
+            hosts=[self.host],
+            reason="Dependency" if deps else "Resources",
+        )
+        await self.ledger.write(jobdb.save_job_op(r))
+        self.engine.event("job", f"job {r.id} ({name or argv[0]}) submitted by uid {r.uid}")
+        self.waiting[r.id] = asyncio.ensure_future(self._run(r))
+        return r
+
+    def _new_id(self) -> str:
+        taken = self.ledger.lease_ids()
+        while True:
+            job_id = secrets.token_hex(4)
+            if job_id not in taken and jobdb.job(self.ledger, job_id) is None:
+                return job_id
+
+    def _request(self, r: JobRecord) -> Request:
+        s = r.spec
+        return Request(
+            mode=Mode(s["mode"]),
+            gpus=s["gpus"],
+            priority=s["priority"],
+            wait_s=s["wait_s"],
+            owner_uid=r.uid,
+            command=shlex.join(r.argv)[:500],
+            name=r.name,
+            anchor=f"job:{r.id}",
+        )
+
+    # ------------------------------------------------------------------ the life of a job
+    async def _run(self, r: JobRecord) -> None:
+        try:
+            await self._wait_for(r)
+        except asyncio.CancelledError:
+            by = self.cancelled_by.pop(r.id, None)
+            if by is not None and not r.done:
+                await self._end(r, jobdb.CANCELLED, reason=f"cancelled by uid {by} while queued ({r.reason})")
+            raise
+        except Exception as e:  # one job's trouble never stops the daemon
+            log.exception("job %s", r.id)
+            if not r.done:
+                await self._end(r, jobdb.FAILED, reason=f"could not start: {e}")
+        finally:
+            self.waiting.pop(r.id, None)
+
+    async def _wait_for(self, r: JobRecord) -> None:
+        deps = list(r.spec.get("after", []))
+        while deps:  # any one that ends otherwise than completed fails the job at once
+            for dep in list(deps):
+                d = self.get(dep)
+                if d is None or (d.done and d.state != jobdb.COMPLETED):
+                    why = f"job {dep} ended {d.state if d else 'unknown (gone from the ledger)'}"
+                    await self._end(r, jobdb.DEPENDENCY_FAILED, reason=why)
+                    return
+                if d.done:
+                    deps.remove(dep)
+            if deps:
+                pending = [asyncio.shield(self._end_future(dep)) for dep in deps]
+                try:
+                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for p in pending:
+                        p.cancel()
+        if r.reason == "Dependency":
+            r.reason = "Resources"
+            await self.ledger.write(jobdb.save_job_op(r))
+        try:
+            lease, _ = await self.engine.acquire(self._request(r))
+        except NoCapacity as e:
+            await self._end(r, jobdb.CANCELLED, reason=f"gave up waiting for cards: {e}")
+            return
+        env = {**r.env, **lease.env, "XPU_JOB_ID": r.id}
+        r.state, r.lease_id, r.started, r.reason = jobdb.RUNNING, lease.id, self.clock(), ""
+        r.env = {}
+        try:
+            await self.ledger.write(jobdb.save_job_op(r))
+        except XpudError:
+            await self.engine.release(lease.id, OPERATOR, "", None)
+            raise
+        self.waiting.pop(r.id, None)  # starting: a cancel now waits for the supervisor (Conflict)
+        try:
+            switch = self._switch(r)
+            await asyncio.shield(supervisor.launch(
+                self.dir, r.id, r.argv, env, r.cwd, r.spec["output"], r.spec.get("error", ""), switch,
+                r.spec.get("time_limit_s", 0.0), r.spec.get("kill_grace_s", DEFAULT_KILL_GRACE_S),
+                self.systemd_run,
+            ))  # fmt: skip
+        except (OSError, ValueError) as e:
+            await self._end(r, jobdb.FAILED, reason=f"could not start: {e}")
+            return
+        self.running[r.id] = r
+        self.engine.event("job", f"job {r.id} started on lease {lease.id}", lease_id=lease.id)
+
+    def _switch(self, r: JobRecord) -> list[str]:
+        if os.geteuid() != 0:
+            return []
+        pw = pwd.getpwuid(r.uid)
+        return switch_user.argv(r.uid, r.gid, os.getgrouplist(pw.pw_name, r.gid))
+
+    def _end_future(self, job_id: str) -> asyncio.Future:
+        fut = self.ends.get(job_id)
+        if fut is None:
+            fut = self.ends[job_id] = asyncio.get_running_loop().create_future()
+        return fut
+
+    async def wait_end(self, job_id: str) -> JobRecord | None:
+        r = self.get(job_id)
+        if r is None or r.done:
+            return r
+        await asyncio.shield(self._end_future(job_id))
+        return self.get(job_id)
+
+    async def _end(
+        self,
+        r: JobRecord,
+        state: str,
+        reason: str = "",
+        exit_code: int | None = None,
+        exit_signal: int | None = None,
+        ended: float | None = None,
+    ) -> None:
+        r.state, r.reason, r.env = state, reason, {}
+        r.exit_code, r.exit_signal = exit_code, exit_signal
+        r.ended = ended or self.clock()
+        await self.ledger.write(jobdb.save_job_op(r))
+        self.running.pop(r.id, None)
+        self.cancelling.discard(r.id)
+        if r.lease_id and r.lease_id in self.engine.leases:
+            end = CommandEnd(exit_code=exit_code, exit_signal=exit_signal, started=r.started)
+            try:
+                await self.engine.release(r.lease_id, OPERATOR, "", end)
+            except XpudError as e:
+                log.error("job %s: releasing lease %s: %s", r.id, r.lease_id, e)
+        what = (
+            f"exit {exit_code}" if exit_code is not None else f"signal {exit_signal}" if exit_signal else ""
+        )
+        self.engine.event(
+            "job", f"job {r.id} {state}{' (' + what + ')' if what else ''}{': ' + reason if reason else ''}"
+        )
+        fut = self.ends.pop(r.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            for r in list(self.running.values()):
+                try:
+                    await self._check(r)
+                except Exception:
+                    log.exception("job %s: reading its status", r.id)
+
+    async def _check(self, r: JobRecord, restoring: bool = False) -> None:
+        doc = supervisor.read_status(self.dir, r.id)
+        if doc is not None and doc.get("state") in jobdb.ENDED:
+            await self._end(
+                r,
+                doc["state"],
+                reason=str(doc.get("reason", ""))[:500] or r.reason,
+                exit_code=doc.get("exit_code"),
+                exit_signal=doc.get("exit_signal"),
+                ended=doc.get("ended"),
+            )
+            with contextlib.suppress(OSError):
+                supervisor.status_path(self.dir, r.id).unlink()
+            return
+        spid = doc.get("supervisor") if doc else None
+        if spid and supervisor.supervisor_alive(int(spid), r.id):
+            if r.id in self.cancelling and restoring:
+                with contextlib.suppress(OSError):
+                    os.kill(int(spid), signal.SIGTERM)
+            return
+        # a status that never reached an end, its supervisor gone (or never started): read once more, as
+        # the supervisor may have written its end between the two reads
+        doc = supervisor.read_status(self.dir, r.id)
+        if doc is not None and doc.get("state") in jobdb.ENDED:
+            return await self._check(r)
+        await self._end(r, jobdb.LOST, reason="its supervisor is gone without recording an end")
+
+    # ------------------------------------------------------------------ cancel
+    async def cancel(self, r: JobRecord, caller: Caller) -> JobRecord:
+        """Cancel ``r`` (its owner or an operator): a queued job leaves the queue and ends
+        ``cancelled``; a running one's supervisor gets SIGTERM (TERM to the job, KILL after its grace) and
+        ends it ``cancelled``. An ended job is left as it is."""
+        if not may_act(r, caller):
+            raise Forbidden(f"job {r.id} belongs to uid {r.uid}: only its owner or an operator may cancel it")
+        if r.done:
+            return r
+        task = self.waiting.get(r.id)
+        if task is not None:
+            self.cancelled_by[r.id] = caller.uid
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            return self.get(r.id) or r
+        live = self.running.get(r.id)
+        if live is None:
+            raise Conflict(f"job {r.id} is {r.state} but not in this daemon's hands: try again in a moment")
+        doc = supervisor.read_status(self.dir, r.id) or {}
+        spid = doc.get("supervisor")
+        self.cancelling.add(r.id)
+        if spid and supervisor.supervisor_alive(int(spid), r.id):
+            os.kill(int(spid), signal.SIGTERM)
+        live.reason = f"cancel asked by uid {caller.uid}"
+        return live

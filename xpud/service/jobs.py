@@ -1,0 +1,491 @@
+"""Jobs on the wire: ``SubmitJob``, ``ListJobs``, ``CancelJobs``, ``JobLogs`` (mixed into NodeService).
+
+Detached jobs are ``xpud.jobs.book.JobBook``'s; an attached ``xpu run`` is its lease, shown as a job with
+the lease's id (``kind`` attached). The caller is who the credential handshake proved (SO_PEERCRED): a job
+is cancelled, waited on and read by its owner or an operator only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import grpc
+
+from xpud.api import convert
+from xpud.api.server import streaming, unary
+from xpud.api.v1 import xpu_pb2 as pb
+from xpud.errors import BadRequest, Conflict, Forbidden, NotFound
+from xpud.ledger import jobs as jobdb
+from xpud.ledger.jobs import JobRecord
+from xpud.model import Caller, LeaseState, Mode, Request
+from xpud.service import node
+from xpud.service.context import REPLY_BUDGET
+from xpud.service.context import fit as _fit
+
+CHUNK = 64 * 1024
+FOLLOW_POLL_S = 0.2
+MAX_JOBS = 1000  # a listing holds at most this many (and what fits in REPLY_BUDGET)
+PEER_TIMEOUT_S = 5.0  # a peer's answer about its jobs
+
+
+def attached(lease) -> JobRecord:
+    """An `xpu run`'s lease as a job record (its id is the lease's)."""
+    if lease.state == LeaseState.ACTIVE:
+        state = jobdb.RUNNING
+    elif lease.state == LeaseState.EVICTED:
+        state = jobdb.CANCELLED
+    elif lease.state == LeaseState.RECLAIMED:
+        state = jobdb.LOST
+    elif lease.exit_signal is not None or (lease.exit_code or 0) != 0:
+        state = jobdb.FAILED
+    else:
+        state = jobdb.COMPLETED
+    return JobRecord(
+        id=lease.id,
+        uid=lease.owner_uid,
+        gid=-1,
+        state=state,
+        submitted=lease.created,
+        kind=jobdb.ATTACHED,
+        name=lease.name,
+        argv=[lease.command] if lease.command else [],
+        spec={"mode": str(lease.mode), "gpus": len(lease.cards), "priority": lease.priority},
+        lease_id=lease.id,
+        exit_code=lease.exit_code,
+        exit_signal=lease.exit_signal,
+        started=lease.started or lease.created,
+        ended=lease.ended,
+        reason=lease.end_reason,
+    )
+
+
+def queued_run(w) -> JobRecord:
+    """A queued `xpu run` (a waiter of the engine's queue; its ticket is its id) as a job record."""
+    q = w.request
+    return JobRecord(
+        id=w.ticket,
+        uid=q.owner_uid,
+        gid=-1,
+        state=jobdb.QUEUED,
+        submitted=w.enqueued,
+        kind=jobdb.ATTACHED,
+        name=q.name,
+        argv=[q.command] if q.command else [],
+        spec={"mode": str(q.mode), "gpus": q.gpus, "priority": q.priority, "wait_s": q.wait_s},
+        reason=w.reason,
+    )
+
+
+def record_unserved(engine, w, caller: Caller) -> None:
+    """Record a queued `xpu run` that gave up (its wait ran out) or was cancelled (its caller went away)
+    as an attached job that never ran; the ticket is its id. Written without waiting (the caller is
+    gone); a failure is logged by the ledger."""
+    f = w.future
+    gave_up = f.done() and not f.cancelled() and f.exception() is not None
+    why = f"gave up: {f.exception()}" if gave_up else "cancelled while queued (its `xpu run` went away)"
+    if gave_up and isinstance(f.exception(), Conflict):  # `xpu cancel` of the queued run
+        why = str(f.exception())
+    q = w.request
+    r = JobRecord(
+        id=w.ticket,
+        uid=q.owner_uid,
+        gid=caller.gid,
+        state=jobdb.CANCELLED,
+        submitted=w.enqueued,
+        kind=jobdb.ATTACHED,
+        name=q.name,
+        argv=[q.command] if q.command else [],
+        spec={"mode": str(q.mode), "gpus": q.gpus, "priority": q.priority, "wait_s": q.wait_s},
+        ended=engine.clock(),
+        reason=why[:500],
+    )
+    engine.ledger.submit(jobdb.save_job_op(r))
+    engine.event("job", f"queued request {w.ticket} (uid {q.owner_uid}) {why}")
+
+
+class JobsHandlers:
+    """The jobs' RPCs; needs ``self.ctx`` (``xpud.service.node.Context``) with ``jobs`` (the JobBook)."""
+
+    def _book(self):
+        book = self.ctx.jobs
+        if book is None:
+            raise Conflict("this daemon runs no detached jobs yet: retry in a moment")
+        return book
+
+    def _job(self, selector: str, caller: Caller) -> JobRecord:
+        """The job ``selector`` names: a detached one, else an attached run by its lease id."""
+        try:
+            return self._book().resolve(selector, caller)
+        except NotFound:
+            found = self.ctx.engine.ledger.find_lease(selector)
+            found = [le for le in found if not le.anchor]
+            if not found:
+                w = self._waiter(selector)
+                if w is None:
+                    return self._run_named(selector, caller)
+                r = queued_run(w)
+                if not (caller.admin or caller.uid == r.uid):
+                    raise Forbidden(
+                        f"job {r.id} belongs to uid {r.uid}: only its owner or an operator"
+                    ) from None
+                return r
+            if len(found) > 1 and found[0].id != selector:
+                raise BadRequest(f"{selector!r} matches more than one lease: give more of the id") from None
+            lease = self.ctx.engine.leases.get(found[0].id, found[0])
+            r = attached(lease)
+            if not (caller.admin or caller.uid == r.uid):
+                raise Forbidden(f"job {r.id} belongs to uid {r.uid}: only its owner or an operator") from None
+            return r
+
+    def _run_named(self, name: str, caller: Caller) -> JobRecord:
+        """The caller's one running or queued `xpu run` named ``name``. Raises NotFound, or BadRequest
+        listing them when several have it."""
+        e = self.ctx.engine
+        own = (lambda uid: True) if caller.admin else (lambda uid: uid == caller.uid)
+        found = [
+            attached(le) for le in e.lease_list() if not le.anchor and le.name == name and own(le.owner_uid)
+        ]
+        found += [
+            queued_run(w)
+            for w in e.waitlist
+            if not w.request.anchor and w.request.name == name and own(w.request.owner_uid)
+        ]
+        if not found:
+            raise NotFound(f"no job {name!r} (see `xpu jobs --all`)")
+        if len(found) > 1:
+            listed = ", ".join(f"{r.id} ({r.state})" for r in found[:10])
+            raise BadRequest(f"{name!r} names {len(found)} jobs: {listed}; give one id")
+        return found[0]
+
+    def _waiter(self, ticket: str):
+        """The queued `xpu run` with this ticket (a whole one), or None."""
+        return next(
+            (w for w in self.ctx.engine.waitlist if w.ticket == ticket and not w.request.anchor), None
+        )
+
+    @unary
+    async def SubmitJob(self, request, context):
+        caller = self.ctx.caller(context)
+        e = self.ctx.engine
+        try:
+            mode = Mode(request.mode or "xpu")
+        except ValueError:
+            raise BadRequest(
+                f"mode {request.mode!r}: use one of {', '.join(['xpu', *e.cfg.slices])}"
+            ) from None
+        leases = e.cfg.leases
+        wait_s = request.wait_s if request.HasField("wait_s") else leases.max_wait_s
+        r = await self._book().submit(
+            caller,
+            list(request.argv),
+            request.cwd,
+            dict(request.env),
+            Request(
+                mode=mode,
+                gpus=request.gpus or 1,
+                priority=request.priority,
+                wait_s=wait_s,
+                owner_uid=caller.uid,
+            ),
+            name=request.name,
+            output=request.output,
+            error=request.error,
+            time_limit_s=request.time_limit_s,
+            after=list(request.after),
+            kill_grace_s=request.kill_grace_s,
+        )
+        return pb.SubmitJobReply(job=convert.job_pb(r, True))
+
+    @streaming
+    async def RunJob(self, request_iterator, context):
+        """``NodeService.RunJob`` (a job across hosts), recorded as one job: queued at its first event,
+        running with its hosts once placed, ended as its ``JobEnded`` says (or cancelled: its caller went
+        away first). Its id is the multi-host job's."""
+        from xpud.federation.jobrun import JobRun
+
+        caller = self.ctx.caller(context)
+        first = await anext(request_iterator, None)
+        if first is None or first.WhichOneof("what") != "start":
+            raise BadRequest("RunJob: the first message must be start (a JobSpec)")
+        if self.ctx.hostjobs is None:
+            raise Conflict("this daemon runs no multi-host jobs")
+        s, ledger, clock = first.start, self.ctx.engine.ledger, self.ctx.engine.clock
+        run = JobRun(self.ctx.hostjobs, self.ctx.federation, s, caller)
+        r, ended = None, None
+        live = self.ctx.multi_host  # job id -> [JobRun, its task, its record]
+        entry = live[run.job] = [run, asyncio.current_task(), None]
+        try:
+            async for ev in run.events(request_iterator):
+                what = ev.WhichOneof("what")
+                if r is None:  # checked: on record from now
+                    r = JobRecord(
+                        id=run.job,
+                        uid=caller.uid,
+                        gid=caller.gid,
+                        state=jobdb.QUEUED,
+                        submitted=clock(),
+                        kind=jobdb.MULTI_HOST,
+                        name=s.name,
+                        cwd=s.cwd,
+                        argv=list(s.argv),
+                        spec={"mode": s.mode or "xpu", "gpus": s.gpus_per_node or (0 if s.replicas else 1)},
+                    )
+                    entry[2] = r
+                    await ledger.write(jobdb.save_job_op(r))
+                if what == "placed":
+                    r.state, r.started = jobdb.RUNNING, r.started or clock()
+                    r.hosts = sorted({x.host for x in ev.placed.ranks})
+                    await ledger.write(jobdb.save_job_op(r))
+                elif what == "ended":
+                    ended = ev.ended
+                yield ev
+        finally:
+            live.pop(run.job, None)
+            if r is not None:
+                if r.reason.startswith("cancelled by"):
+                    r.state = jobdb.CANCELLED
+                    if ended is not None:
+                        r.exit_code = ended.exit_code
+                elif ended is not None:
+                    r.state = jobdb.COMPLETED if ended.exit_code == 0 else jobdb.FAILED
+                    r.exit_code, r.reason = ended.exit_code, ended.reason
+                else:
+                    r.state, r.reason = jobdb.CANCELLED, "its `xpu run` went away before the job ended"
+                r.ended = clock()
+                ledger.submit(jobdb.save_job_op(r))  # not awaited: the caller may be gone
+
+    # ---------------------------------------------------------------- the core, for local and peer callers
+    def _here(self, caller: Caller, request) -> list[pb.JobRecord]:
+        """This host's jobs that ``request`` (a ListJobsRequest) asks for, as messages."""
+        if request.job:
+            return [convert.job_pb(self._job(request.job, caller), True)]
+        uid = request.uid if request.HasField("uid") else None
+        limit = min(request.limit or MAX_JOBS, MAX_JOBS)
+        found = jobdb.jobs(self.ctx.engine.ledger, request.all, uid, request.state, request.since, limit)
+        e = self.ctx.engine
+        leases = e.ledger.recent_leases(limit) if request.all else e.lease_list()
+        host = self.ctx.info.hostname
+        for le in leases:
+            if le.anchor or (uid is not None and le.owner_uid != uid) or le.created < request.since:
+                continue
+            r = attached(e.leases.get(le.id, le))
+            r.hosts = [self.ctx.federation.name if self.ctx.federation else host]
+            if not request.state or r.state == request.state:
+                found.append(r)
+        if not request.state or request.state == jobdb.QUEUED:
+            for w in e.waitlist:
+                mine = uid is None or w.request.owner_uid == uid
+                if not w.request.anchor and mine and w.enqueued >= request.since:
+                    r = queued_run(w)
+                    r.hosts = [self.ctx.federation.name if self.ctx.federation else host]
+                    found.append(r)
+        found.sort(key=lambda r: r.submitted, reverse=True)
+        return [convert.job_pb(r, caller.admin or caller.uid == r.uid) for r in found[:limit]]
+
+    async def _cancel_here(self, caller: Caller, selectors) -> list[pb.JobRecord]:
+        targets = [self._job(sel, caller) for sel in selectors]  # all found first: a bad one cancels none
+        out = []
+        for r in targets:
+            if r.kind == jobdb.MULTI_HOST and not r.done:
+                run, task, record = self.ctx.multi_host.get(r.id, (None, None, None))
+                if run is None or record is None:
+                    raise Conflict(f"job {r.id} is {r.state} but not coordinated by this daemon any more")
+                r = record
+                r.reason = f"cancelled by uid {caller.uid}"
+                await self.ctx.engine.ledger.write(jobdb.save_job_op(r))
+                if not run.cancel():
+                    task.cancel()  # still queued or being placed: its call ends, nothing started
+            elif r.kind == jobdb.ATTACHED and r.state == jobdb.QUEUED:
+                w = self._waiter(r.id)
+                if w is not None and not w.future.done():  # its `xpu run` hears why and exits 1
+                    w.future.set_exception(Conflict(f"cancelled by uid {caller.uid} while queued"))
+                r.state, r.reason = jobdb.CANCELLED, f"cancelled by uid {caller.uid} while queued"
+            elif r.kind == jobdb.ATTACHED:
+                if r.state == jobdb.RUNNING:
+                    await self.ctx.engine.evict(r.lease_id, f"cancelled by uid {caller.uid}")
+                    r = attached(self.ctx.engine.ledger.find_lease(r.lease_id)[0])
+            else:
+                r = await self._book().cancel(r, caller)
+            out.append(convert.job_pb(r, True))
+        return out
+
+    async def _logs_here(self, caller: Caller, request):
+        r = self._job(request.job, caller)
+        if r.kind != jobdb.DETACHED:
+            raise BadRequest(f"job {r.id} is an `xpu run` ({r.kind}): its output went to its terminal")
+        if request.rank:
+            raise BadRequest(f"job {r.id} has one rank (0)")
+        path = r.spec.get("error") if request.error else r.spec.get("output")
+        if not path:
+            raise BadRequest(f"job {r.id} has no separate --error file: its errors are in its output")
+        book = self._book()
+        f, offset = None, 0
+        try:
+            while True:
+                current = book.get(r.id) or r
+                if f is None:
+                    f = await asyncio.to_thread(_open_owned, path, r.uid)
+                while f is not None and (data := await asyncio.to_thread(os.pread, f, CHUNK, offset)):
+                    offset += len(data)
+                    yield pb.JobLogChunk(data=data)
+                if current.done or not request.follow:
+                    break
+                await asyncio.sleep(FOLLOW_POLL_S)
+        finally:
+            if f is not None:
+                os.close(f)
+        if f is None and current.state != jobdb.QUEUED:
+            raise NotFound(f"job {r.id}: no output file {path} (not written yet, gone, or not the owner's)")
+
+    # ---------------------------------------------------------------- the other hosts
+    def _peers(self) -> list:
+        fed = self.ctx.federation
+        if fed is None:
+            return []
+        from xpud.federation.membership import State
+
+        return [m for m in fed.members() if m.name != fed.name and m.state == State.ALIVE]
+
+    def _stub(self, member):
+        from xpud.api.v1 import xpu_pb2_grpc as pbg
+
+        return pbg.PeerStub(self.ctx.federation.channel(member.addr))
+
+    async def _ask_peers(self, method: str, request) -> list:
+        """``method``'s replies from every alive peer (those that fail or are slow are left out)."""
+
+        async def one(m):
+            try:
+                return await getattr(self._stub(m), method)(request, timeout=PEER_TIMEOUT_S)
+            except grpc.RpcError as e:
+                return e
+
+        return await asyncio.gather(*(one(m) for m in self._peers()))
+
+    async def _on_a_peer(self, method: str, request, selector: str):
+        """The first peer's answer that is not "no such job" (the job lives on one host)."""
+        from xpud.api.client import to_error
+
+        for reply in await self._ask_peers(method, request):
+            if not isinstance(reply, grpc.RpcError):
+                return reply
+            if reply.code() != grpc.StatusCode.NOT_FOUND and reply.code() != grpc.StatusCode.UNAVAILABLE:
+                raise to_error(reply, "a peer")
+        raise NotFound(f"no job {selector!r} on any host of the cluster (see `xpu jobs --all`)")
+
+    # ---------------------------------------------------------------- the RPCs
+    @unary
+    async def ListJobs(self, request, context):
+        caller = self.ctx.caller(context)
+        try:
+            msgs = self._here(caller, request)
+        except NotFound:
+            if request.here or not self._peers():
+                raise
+            msgs = None
+        if msgs is None:  # one job by id or name, not here: ask the others
+            asked = pb.ListJobsRequest()
+            asked.CopyFrom(request)
+            asked.here = True
+            reply = await self._on_a_peer(
+                "PeerListJobs", pb.PeerJobsRequest(uid=caller.uid, list=asked), request.job
+            )
+            return reply
+        if not request.here and not request.job and self._peers():
+            asked = pb.ListJobsRequest()
+            asked.CopyFrom(request)
+            asked.here = True
+            for reply in await self._ask_peers(
+                "PeerListJobs", pb.PeerJobsRequest(uid=caller.uid, list=asked)
+            ):
+                if not isinstance(reply, grpc.RpcError):
+                    msgs.extend(reply.jobs)
+            msgs.sort(key=lambda j: j.submitted, reverse=True)
+        kept, _ = _fit(msgs, REPLY_BUDGET)
+        return pb.ListJobsReply(jobs=kept, omitted=len(msgs) - len(kept))
+
+    @unary
+    async def CancelJobs(self, request, context):
+        caller = self.ctx.caller(context)
+        if not request.jobs:
+            raise BadRequest("name a job to cancel: `xpu cancel JOB|NAME ...`")
+        out = []
+        for sel in request.jobs:
+            try:
+                out += await self._cancel_here(caller, [sel])
+            except NotFound:
+                if not self._peers():
+                    raise
+                reply = await self._on_a_peer(
+                    "PeerCancelJobs", pb.PeerJobsRequest(uid=caller.uid, jobs=[sel]), sel
+                )
+                out += reply.jobs
+        return pb.CancelJobsReply(jobs=out)
+
+    @streaming
+    async def JobLogs(self, request, context):
+        caller = self.ctx.caller(context)
+        try:
+            self._job(request.job, caller)
+        except NotFound:
+            if not self._peers():
+                raise
+            async for chunk in self._logs_from_a_peer(caller, request):
+                yield chunk
+            return
+        async for chunk in self._logs_here(caller, request):
+            yield chunk
+
+    async def _logs_from_a_peer(self, caller: Caller, request):
+        from xpud.api.client import to_error
+
+        for m in self._peers():
+            call = self._stub(m).PeerJobLogs(pb.PeerJobsRequest(uid=caller.uid, logs=request))
+            try:
+                async for chunk in call:
+                    yield chunk
+                return
+            except grpc.RpcError as e:
+                if e.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                    raise to_error(e, m.name) from None
+        raise NotFound(f"no job {request.job!r} on any host of the cluster (see `xpu jobs --all`)")
+
+
+class PeerJobs:
+    """What the other hosts ask of this one's jobs (``Peer.PeerListJobs`` ...): their caller acts as its
+    uid, never as an operator."""
+
+    def __init__(self, handlers: JobsHandlers):
+        self.handlers = handlers
+
+    async def list(self, request) -> pb.ListJobsReply:
+        msgs = self.handlers._here(Caller(uid=request.uid), request.list)
+        kept, _ = _fit(msgs, REPLY_BUDGET)
+        return pb.ListJobsReply(jobs=kept, omitted=len(msgs) - len(kept))
+
+    async def cancel(self, request) -> pb.CancelJobsReply:
+        return pb.CancelJobsReply(
+            jobs=await self.handlers._cancel_here(Caller(uid=request.uid), request.jobs)
+        )
+
+    def logs(self, request):
+        return self.handlers._logs_here(Caller(uid=request.uid), request.logs)
+
+
+class NodeService(JobsHandlers, node.NodeService):
+    """The user socket's Node service with the jobs' RPCs."""
+
+
+def _open_owned(path: str, uid: int) -> int | None:
+    """An fd of ``path`` for reading when the file is the job owner's (the job created it as that user),
+    else None: a file swapped for a link to another's file is never read for the owner."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if os.geteuid() == 0 and st.st_uid != uid:
+        os.close(fd)
+        return None
+    return fd
