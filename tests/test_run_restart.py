@@ -68,6 +68,9 @@ class ScriptedClient:
             raise Conflict(f"no move is pending for lease {lease_id}")
         return self.moved
 
+    def confine(self, lease_id, token):  # the daemon of a simulated machine: isolation is advisory
+        return pb.ConfineReply(enforced=False, isolation="advisory (simulated cards)", warn=False)
+
     def release(self, lease_id, token="", exit_code=None, exit_signal=None, started=0.0):
         self.released.append(lease_id)
         self.reports.append((exit_code, exit_signal))

@@ -1,6 +1,6 @@
 """Make tests/data/ledger-vN.sql and ledger-vN.json: a ledger written by a released xpud, with leases held.
 
-One recorded ledger per released schema version N (v2 .. v7; the current schema's ledger is made by every
+One recorded ledger per released schema version N (v2 .. v8; the current schema's ledger is made by every
 test). tests/test_upgrade.py opens each with the newest code, which must migrate it to the current schema
 and restore the active leases. Do not regenerate them with a newer xpud: they stand for what hosts in the
 field have on disk. Each was made with the code of the first commit on main whose migrations are today's
@@ -13,20 +13,22 @@ first N (first on PYTHONPATH, so the daemon the script starts runs it too):
     v5  dc40702  leases anchored to a Slurm job or a pod (anchor)
     v6  428825a  right-sizing state (usage_readings, auto_leases)
     v7  5d8a0af  standby slices (standby)
+    v8  27416cc  the MIG instances xpud made (mig_made)
 
 v2 was made by
 
     mkdir /tmp/rel && git archive e864faf | tar -x -C /tmp/rel
     PYTHONPATH=/tmp/rel .venv/bin/python tests/data/make_ledger_fixture.py e864faf
 
-and v3 .. v7 by (N and COMMIT from the table; the first commits were found with the migrations of
+and v3 .. v8 by (N and COMMIT from the table; the first commits were found with the migrations of
 `git rev-list --first-parent` compared to today's)
 
     git worktree add --detach /tmp/ledger-vN COMMIT
     ln -s ../etc /tmp/ledger-vN/xpud/etc; ln -s ../systemd /tmp/ledger-vN/xpud/systemd  # package-dir data
     python3 -m venv /tmp/fixvenv   # the dependencies without the editable xpud, whose finder beats PYTHONPATH
     echo $PWD/.venv/lib/python3.*/site-packages > /tmp/fixvenv/lib/python3.*/site-packages/deps.pth
-    PYTHONPATH=/tmp/ledger-vN /tmp/fixvenv/bin/python tests/data/make_ledger_fixture.py COMMIT
+    (cd /tmp && PYTHONPATH=/tmp/ledger-vN /tmp/fixvenv/bin/python $REPO/tests/data/make_ledger_fixture.py COMMIT)
+    # (from /tmp: a -c child puts its directory first on sys.path, ahead of PYTHONPATH)
     git worktree remove --force /tmp/ledger-vN
 
 which runs a real daemon on the simulated workstation-2x, takes two slices and a whole card, releases one

@@ -156,7 +156,7 @@ class NodeService(pbg.NodeServicer):
                 w.future.remove_done_callback(updates.put_nowait)  # a leaver's cancel schedules nothing
                 e.leave(w)
                 if not isinstance(got, tuple) and not req.anchor:  # an `xpu run` that never ran: a job
-                    from xpud.service.jobs import record_unserved
+                    from xpud.service.jobrecords import record_unserved
 
                     record_unserved(e, w, caller)
         lease, token = got
