@@ -20,17 +20,7 @@ BUILTIN_EXCEPTIONS = {
 }
 ROOT_ERROR = ("xpud.errors", "XpudError")
 
-ALLOWED = {
-    ("xpud.hw.types", "NvmlError"),  # and its family: caught beside XpudError in hw/, isolation/, daemon
-    ("xpud.hw.machines", "MachineError"),  # `xpud check --simulate` would print it instead of a traceback
-    ("xpud.hw.devnodes", "DevNodeError"),  # an OSError: the kubelet plugin's OSError handlers take it
-    ("xpud.bridges.slurm", "SlurmError"),  # cli/slurm.py catches XpudError before SlurmError
-    ("xpud.federation.certs", "CertError"),  # the daemon and doctor catch it beside XpudError
-    ("xpud.federation.reserve", "Refused"),  # a refusal, told apart from an XpudError by the coordinator
-    ("xpud.federation.rankproc", "Refused"),  # likewise, for a rank's start
-    ("xpud.placement.multihost", "NoPlacement"),  # placement: a value of the search, not a user error
-    ("xpu_cli.child", "StartFailed"),  # `xpu run` catches XpudError around the child's start
-}
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def _classes() -> dict[tuple[str, str], list[tuple[str, str] | str]]:
@@ -125,8 +115,10 @@ def test_the_walk_sees_exceptions_through_imports_and_subclasses():
     assert verdicts[("xpud.errors", "Conflict")] == "tree"
     assert verdicts[("xpud.isolation.runner", "ToolError")] == "tree"  # Conflict, imported
     assert verdicts[("xpud.hw.simstate", "SimStateError")] == "tree"
-    assert verdicts[("xpud.hw.types", "NvmlError")] == "outside"  # RuntimeError
+    assert verdicts[("xpud.hw.types", "NvmlError")] == "tree"  # XpudError, and a RuntimeError still
+    assert verdicts[("xpud.hw.types", "NvmlNotFound")] == "tree"  # through NvmlError
     assert ("xpud.isolation.faketools", "_Refused") in verdicts  # private: seen, allowed
     assert ("xpud.isolation.faketools", "_Refused") not in outside_the_tree()
     assert ("xpud.model", "Card") not in verdicts  # not an exception at all
-    assert ("xpud.hw.types", "NvmlNotFound") not in outside_the_tree()  # NvmlError's family: one entry
+    made_up = {("m", "E"): ["ValueError"], ("m", "F"): [("m", "E")], ("m", "G"): [ROOT_ERROR, "OSError"]}
+    assert _verdicts(made_up) == {("m", "E"): "outside", ("m", "F"): "outside", ("m", "G"): "tree"}
