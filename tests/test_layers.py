@@ -15,11 +15,9 @@ longer occurs fails too: delete its entry.
 
 from __future__ import annotations
 
-import ast
-
 import pytest
 
-from tests.layers import ENGINE_NAMES, ROOT, graph, modules, private_reaches
+from tests.layers import ROOT, aliased_reaches, graph, modules, private_reaches
 
 VOCABULARY = {"model", "topology", "errors", "__init__", "etc", "systemd"}  # etc/systemd: package data
 RANK = {
@@ -106,28 +104,6 @@ def test_every_import_goes_down_the_stack(edges):
     gone = sorted(ALLOWED - set(found))
     assert not new, "imports against the layering (move the code down, or pass it in):\n" + "\n".join(new)
     assert not gone, "fixed, so delete from ALLOWED in tests/test_layers.py:\n" + "\n".join(map(str, gone))
-
-
-def aliased_reaches(path) -> list[tuple[str, int]]:
-    """``e = self.engine`` (any name bound to an engine holder: engine, _engine, eng), then ``e._x``: the
-    reaches ``tests.layers.private_reaches`` does not see, since it knows the engine only by those names."""
-    tree = ast.parse(path.read_text(), str(path))
-    aliases = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            v = node.value
-            holder = v.id if isinstance(v, ast.Name) else v.attr if isinstance(v, ast.Attribute) else None
-            if holder in ENGINE_NAMES:
-                aliases.add(node.targets[0].id)
-    return [
-        (node.attr, node.lineno)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id in aliases - ENGINE_NAMES
-        and node.attr.startswith("_")
-        and not node.attr.startswith("__")
-    ]
 
 
 def test_no_private_reach_into_the_engine():
@@ -288,4 +264,4 @@ def test_the_checker_sees_every_kind_of_import(tmp_path):
     assert layers.private_reaches(p) == [("_secret", 8)]
     q = tmp_path / "alias.py"
     q.write_text("def h(self):\n    e = self.engine\n    return e._fit, e.fit, e.__class__\n")
-    assert aliased_reaches(q) == [("_fit", 3)]
+    assert layers.aliased_reaches(q) == [("_fit", 3)]
