@@ -123,7 +123,8 @@ def test_no_private_reach_into_the_engine():
     )
 
 
-# import circles among xpud's modules that are known and owned elsewhere (each as its sorted members).
+# import circles among the modules of xpud, the CLI and the TUI that are known and owned elsewhere (each as
+# its sorted members).
 # Fix one, then delete its entry.
 ALLOWED_CYCLES: set[tuple[str, ...]] = set()
 
@@ -191,15 +192,22 @@ def _circle(adj: dict[str, set[str]], comp: set[str]) -> list[str]:
     raise AssertionError(f"no circle through {sorted(comp)}")  # a component always has one
 
 
-def test_no_import_circle(edges):
-    """No circle among xpud's modules (``if TYPE_CHECKING:`` imports count: a circle hidden there is
-    still a circle in the design). Break one by moving the shared part down, or by a Protocol (as
-    ``xpud.engine.hooks``)."""
+def import_graph(edges) -> dict[str, set[str]]:
+    """module -> the modules of the three trees (xpud, xpu_cli, xpu_tui) it imports, itself left out."""
     known = set(modules())
     adj: dict[str, set[str]] = {}
     for e in edges:
-        if e.importer.startswith("xpud") and e.imported in known and e.importer != e.imported:
+        if e.importer in known and e.imported in known and e.importer != e.imported:
             adj.setdefault(e.importer, set()).add(e.imported)
+    return adj
+
+
+def test_no_import_circle(edges):
+    """No circle among the modules of xpud, the CLI and the TUI (``if TYPE_CHECKING:`` imports and
+    imports inside functions count: a circle hidden there is still a circle in the design). Break one by
+    moving the shared part down (as ``xpu_cli.session``, ``xpu_cli.runopts``), or by a Protocol (as
+    ``xpud.engine.hooks``)."""
+    adj = import_graph(edges)
     found = {tuple(sorted(set(c))): c for c in cycles(adj)}
     new = [" -> ".join(c) for key, c in sorted(found.items()) if key not in ALLOWED_CYCLES]
     gone = sorted(ALLOWED_CYCLES - set(found))
@@ -209,6 +217,17 @@ def test_no_import_circle(edges):
     assert not gone, "fixed, so delete from ALLOWED_CYCLES in tests/test_layers.py:\n" + "\n".join(
         map(str, gone)
     )
+
+
+def test_the_circle_test_reads_the_cli_and_the_tui(edges):
+    """The CLI's and the TUI's modules are in the graph, lazy imports (inside functions) included."""
+    adj = import_graph(edges)
+    assert "xpu_cli.runopts" in adj["xpu_cli.entry"]  # at the top
+    assert "xpu_cli.main" in adj["xpu_cli.entry"]  # inside main(): the hand-over to Typer
+    assert "xpu_tui.app" in adj["xpu_cli.top"]  # inside the command: Textual stays optional
+    assert cycles({**adj, "xpu_tui.app": adj["xpu_tui.app"] | {"xpu_cli.top"}}) == [
+        ["xpu_cli.top", "xpu_tui.app", "xpu_cli.top"]
+    ]
 
 
 def test_the_circle_finder_finds_circles():
