@@ -122,3 +122,27 @@ def test_the_walk_sees_exceptions_through_imports_and_subclasses():
     assert ("xpud.model", "Card") not in verdicts  # not an exception at all
     made_up = {("m", "E"): ["ValueError"], ("m", "F"): [("m", "E")], ("m", "G"): [ROOT_ERROR, "OSError"]}
     assert _verdicts(made_up) == {("m", "E"): "outside", ("m", "F"): "outside", ("m", "G"): "tree"}
+
+
+def test_the_classes_moved_under_xpud_error_keep_what_their_handlers_and_callers_saw():
+    """Moved under XpudError (issue #30) without changing what catches them or what a gRPC caller gets:
+    the builtin base each had stays (the OSError/ValueError/RuntimeError handlers still take them), and one
+    that leaves a service method keeps the status an unexpected exception got (INTERNAL), or the one its
+    kind of error gets (a bad machine description: a bad configuration, INVALID_ARGUMENT)."""
+    import grpc
+
+    from xpud.errors import ConfigError, XpudError
+    from xpud.federation import rankproc
+    from xpud.hw.devnodes import DevNodeError
+    from xpud.hw.machines import MachineError
+    from xpud.hw.types import NvmlError, NvmlGpuLost
+    from xpud.service.node import _status
+
+    lost = NvmlGpuLost("card 0: lost (fallen off the bus)", 15)
+    assert isinstance(lost, XpudError) and isinstance(lost, RuntimeError) and lost.nvml_code == 15
+    assert _status(lost) is _status(NvmlError("x")) is grpc.StatusCode.INTERNAL
+    refused = rankproc.Refused("a: command not found on h", 127)
+    assert refused.exit_code == 127 and _status(refused) is grpc.StatusCode.INTERNAL
+    assert isinstance(MachineError("m"), ConfigError) and isinstance(MachineError("m"), ValueError)
+    assert _status(MachineError("m")) is grpc.StatusCode.INVALID_ARGUMENT
+    assert isinstance(DevNodeError("d"), OSError)
