@@ -27,6 +27,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from xpud.errors import XpudError
+
 TERMINATING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED = (*TERMINATING, signal.SIGUSR1, signal.SIGUSR2)
 # Dispositions as the wrapper inherited them (Python turns an inherited SIG_DFL for SIGINT into its
@@ -60,13 +62,13 @@ class Outcome:
     by_wrapper: bool = field(default=False, compare=False)
 
 
-class StartFailed(Exception):
-    """The command could not be started; ``code`` is what a shell returns (127 not found, 126 not
+class StartFailed(XpudError):
+    """The command could not be started; ``exit_code`` is what a shell returns (127 not found, 126 not
     executable)."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, exit_code: int, message: str):
         super().__init__(message)
-        self.code = code
+        self.exit_code = exit_code
 
 
 def controlling_tty() -> int | None:

@@ -24,7 +24,8 @@ NOT_ON = "federation is off on this daemon: set [cluster] listen, ca, cert and k
 
 
 def _reply() -> pb.ClusterReply:
-    from xpu_cli.main import client, fail
+    from xpu_cli.output import fail
+    from xpu_cli.session import client
 
     with client() as c:
         reply = c.cluster()
@@ -50,7 +51,7 @@ def cluster(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List the cluster's hosts as this daemon sees them (`topo` for the network tree)."""
     if ctx.invoked_subcommand:
         return
-    from xpu_cli.main import handled
+    from xpu_cli.output import handled
 
     handled(_list)(as_json)
 
@@ -78,7 +79,7 @@ def _list(as_json: bool) -> None:
 @cluster_app.command("topo")
 def topo(as_json: JsonOpt = False) -> None:
     """The zone / block / domain tree with the free capacity under each node (alive hosts only)."""
-    from xpu_cli.main import handled
+    from xpu_cli.output import handled
 
     handled(_topo)(as_json)
 

@@ -55,7 +55,7 @@ ConfigOpt = Annotated[
 
 def _runtime() -> str | None:
     """``xpu --runtime-dir`` (accepted after the command too: ``xpu_cli.grammar`` moves it to the group)."""
-    from xpu_cli.main import state
+    from xpu_cli.session import state
 
     return state.runtime_dir
 

@@ -28,8 +28,8 @@ def confine(
 ) -> None:
     """Run a command in the device scope of the lease named by XPU_LEASE_ID and XPU_LEASE_TOKEN (the
     environment `xpu run --json-env` prints): it can open only the lease's device nodes."""
-    from xpu_cli.main import client
     from xpu_cli.output import fail
+    from xpu_cli.session import client
 
     from xpud.errors import XpudError
 

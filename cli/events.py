@@ -37,7 +37,7 @@ def events(
 ) -> None:
     """The daemon's event log, oldest first: grants, releases, moves, health changes, drains, faults.
     With --json one object per event (with --follow one per line, as JSON Lines)."""
-    from xpu_cli.main import client
+    from xpu_cli.session import client
 
     with client() as c:
         history = c.events(card=card, lease_id=lease, limit=limit)

@@ -107,7 +107,7 @@ def health(
 ) -> None:
     """Each card's state, score, when it will be back and why; with a card (or --details) every signal
     with its threshold, the recovery and the history of state changes."""
-    from xpu_cli.main import client
+    from xpu_cli.session import client
 
     with client() as c:
         reply = c.health(card or "", history=history)

@@ -69,7 +69,7 @@ def uid_of(text: str) -> int:
 def list_jobs(c, all_: bool = False, user: str | None = None, state: str | None = None,
               since: str | None = None, as_json: bool = False) -> None:  # fmt: skip
     """Print the jobs (a table, or ``{"jobs", "omitted"}``) through the client ``c``."""
-    from xpu_cli.entry import parse_duration
+    from xpu_cli.runopts import parse_duration
 
     if state is not None and state not in STATES:
         raise BadRequest(f"--state {state!r}: use one of {', '.join(STATES)}")

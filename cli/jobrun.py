@@ -233,7 +233,7 @@ def _stdin_readable() -> bool:
 def _check_text(argv: list[str], env: dict[str, str]) -> None:
     """A job across hosts sends its command and environment as text: bytes that are not UTF-8 (which
     Python keeps as surrogates) cannot travel; say which one instead of failing inside protobuf."""
-    from xpu_cli.entry import is_text
+    from xpu_cli.runopts import is_text
 
     for i, arg in enumerate(argv):
         if not is_text(arg):

@@ -55,7 +55,7 @@ def submit(
 ) -> None:
     """Queue COMMAND as a detached job and print its id at once (as sbatch). The daemon starts it as you,
     in this directory, with this environment and the lease's, stdin from /dev/null, output to a file."""
-    from xpu_cli.main import client
+    from xpu_cli.session import client
     from xpu_cli.submitting import submit_with
 
     if restartable or nodes is not None:
@@ -77,7 +77,7 @@ def jobs(
 ) -> None:
     """Queued and running jobs (as squeue); with --all, ended ones too (as sacct)."""
     from xpu_cli.joblist import list_jobs
-    from xpu_cli.main import client
+    from xpu_cli.session import client
 
     with client() as c:
         list_jobs(c, all_, user, state, since, as_json)
@@ -88,7 +88,7 @@ def cancel(
 ) -> None:
     """Cancel jobs in any state (as scancel): queued ones leave the queue, running ones get TERM, then KILL
     after their kill grace."""
-    from xpu_cli.main import client
+    from xpu_cli.session import client
 
     with client() as c:
         for j in c.cancel_jobs(selectors):
@@ -105,7 +105,7 @@ def logs(
     error: Annotated[bool, typer.Option("--error", help="The --error file.")] = False,
 ) -> None:
     """A job's output (as `tail -f slurm-N.out` with -f), read by the daemon for its owner."""
-    from xpu_cli.main import client
+    from xpu_cli.session import client
 
     out = sys.stdout.buffer
     with client() as c:

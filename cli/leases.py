@@ -5,7 +5,6 @@ reported it, else how the lease ended (``released``, ``reclaimed``, ``evicted``)
 from __future__ import annotations
 
 import pwd
-import signal
 import sys
 import time
 from datetime import datetime
@@ -13,6 +12,7 @@ from typing import Annotated
 
 import typer
 from xpu_cli import output, vocab
+from xpu_cli.vocab import exit_status, run_time, status
 
 from xpud.errors import BadRequest, NotFound
 
@@ -38,40 +38,6 @@ LEGEND = (
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-
-def signal_name(n: int) -> str:
-    try:
-        return signal.Signals(n).name.removeprefix("SIG")
-    except ValueError:
-        return str(n)
-
-
-def status(le) -> str:
-    """A lease's state in one word or two: running / unheld while active (held by its wrapper or not);
-    once ended, how the command ended when its wrapper said (done, exit N, signal NAME), else the lease's
-    own end (released, reclaimed, evicted)."""
-    if le.state == "active":
-        return "running" if le.held else "unheld"
-    if le.HasField("exit_signal"):
-        return f"signal {signal_name(le.exit_signal)}"
-    if le.HasField("exit_code"):
-        return "done" if le.exit_code == 0 else f"exit {le.exit_code}"
-    return le.state
-
-
-def exit_status(le) -> int:
-    """The lease's command's end as a shell's `$?` (128 + n for signal n; 0 when not reported)."""
-    if le.HasField("exit_signal"):
-        return 128 + le.exit_signal
-    return le.exit_code if le.HasField("exit_code") else 0
-
-
-def run_time(le, now: float) -> float:
-    """Seconds the command ran (or has run so far): from its start (or the grant) to the lease's end."""
-    start = le.started if le.HasField("started") else le.created
-    end = le.ended if le.HasField("ended") else now
-    return max(0.0, end - start)
 
 
 def clock(ts: float, now: float) -> str:
@@ -255,7 +221,7 @@ def leases(
     uid = user_uid(user) if user is not None else None
     all_ = all_ or state not in (None, "running", "unheld", "queued", "active")
     filters = dict(mode=mode, state=state, uid=uid, sort=sort)
-    from xpu_cli.main import client
+    from xpu_cli.session import client
 
     if usage:
         from xpu_cli.usage import show_usage
@@ -285,7 +251,7 @@ def show(
 ) -> None:
     """Everything about one lease (active or ended) or one card."""
     from xpu_cli import showing
-    from xpu_cli.main import client
+    from xpu_cli.session import client
 
     with client() as c:
         showing.show(c, what, as_json)
@@ -301,7 +267,7 @@ def wait_cmd(
     """Wait until a lease ends; exit as its command did (its exit status, 128 + n for signal n, 0 when
     not reported), as the shell's `wait` does."""
     from xpu_cli.jobs import wait_job
-    from xpu_cli.main import client
+    from xpu_cli.session import client
 
     deadline = None if timeout is None else time.monotonic() + timeout
     with client() as c:

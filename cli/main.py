@@ -9,8 +9,7 @@ from typing import Annotated
 import typer
 from xpu_cli import grammar, output, vocab
 from xpu_cli.output import fail, handled
-
-from xpud.api.client import Client
+from xpu_cli.session import client, state
 
 app = typer.Typer(
     add_completion=True,  # xpu --install-completion (bash, zsh, fish, PowerShell): README
@@ -29,15 +28,8 @@ app.add_typer(fault_app, name="fault")
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
-class State:
-    runtime_dir: str | None = None
-
-
-state = State()
-
-
 def _run_value_options() -> frozenset[str]:
-    from xpu_cli.entry import RUN_OPTIONS
+    from xpu_cli.runopts import RUN_OPTIONS
 
     return frozenset(name for name, (_, kind) in RUN_OPTIONS.items() if not isinstance(kind, bool))
 
@@ -64,13 +56,9 @@ def main_callback(
     state.runtime_dir = runtime_dir
 
 
-def client(admin: bool = False) -> Client:
-    return Client(state.runtime_dir, admin=admin)
-
-
 # ---------------------------------------------------------------------------------------------- run
 def _duration(text: str) -> float:
-    from xpu_cli.entry import parse_duration
+    from xpu_cli.runopts import parse_duration
 
     try:
         return parse_duration(text)
@@ -204,7 +192,8 @@ def run(
     """Lease, run COMMAND with the lease's environment, end as it ended (exit code or signal), release.
     With --nodes (or --replicas --spread): the same across hosts, one rank per host."""
     from xpu_cli.child import die_like
-    from xpu_cli.entry import RUN_DEFAULTS, run_with
+    from xpu_cli.launch import run_with
+    from xpu_cli.runopts import RUN_DEFAULTS
 
     opts = dict(
         mode=mode,

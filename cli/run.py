@@ -380,7 +380,7 @@ def _supervise(
                 _say(f"lease {lease.id}: {ev.message}")
     except StartFailed as e:
         _say(str(e))
-        return Outcome(e.code)
+        return Outcome(e.exit_code)
     finally:
         if tty is not None:
             os.close(tty)

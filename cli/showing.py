@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from xpu_cli import output, vocab
-from xpu_cli.leases import exit_status, run_time, status
+from xpu_cli.vocab import exit_status, run_time, status
 
 from xpud.errors import BadRequest, NotFound
 

@@ -27,7 +27,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tex
 
 
 def _runtime() -> str | None:
-    from xpu_cli.main import state
+    from xpu_cli.session import state
 
     return state.runtime_dir
 
@@ -215,7 +215,7 @@ def install_hooks(
 ) -> None:
     """Write the four hook scripts slurm.conf points at, each running this xpu by its absolute path, and
     print the slurm.conf lines that name them."""
-    from xpu_cli.main import state
+    from xpu_cli.session import state
 
     try:
         scripts = slurm.hook_scripts(_this_xpu(), state.runtime_dir or "", slurm_conf, log)

@@ -62,7 +62,7 @@ def _writable(path: str, what: str) -> None:
 def _time_limit(text: str | None) -> float:
     if text is None:
         return 0.0
-    from xpu_cli.entry import parse_duration
+    from xpu_cli.runopts import parse_duration
 
     try:
         seconds = parse_duration(text)
@@ -96,7 +96,7 @@ def submit_with(
     seconds = _time_limit(time_limit)
     wait_s = None
     if wait is not None:
-        from xpu_cli.entry import parse_duration
+        from xpu_cli.runopts import parse_duration
 
         try:
             wait_s = parse_duration(wait)

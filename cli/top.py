@@ -1,4 +1,4 @@
-"""`xpu top` (also `xpu-top`): the live dashboard.
+"""`xpu top` (also `xpu-top`, ``main``): the live dashboard.
 
 Textual is imported inside the command, never at module level: `xpu` and the daemon must work where the
 `tui` extra is not installed (tests/test_tui_imports.py checks it).
@@ -104,3 +104,16 @@ def top(
 
 def register(app: typer.Typer) -> None:
     app.command("top")(top)
+
+
+def main() -> None:
+    """The ``xpu-top`` console script: the same command as ``xpu top``."""
+    from xpu_cli.grammar import HELP_OPTIONS, plain_metavars
+
+    app = typer.Typer(
+        add_completion=False, rich_markup_mode=None, context_settings={"help_option_names": HELP_OPTIONS}
+    )
+    app.command()(top)
+    command = typer.main.get_command(app)
+    plain_metavars(command)
+    command(prog_name="xpu-top")

@@ -9,12 +9,15 @@ dashboard (``xpu_tui``) all say "held by", "free", memory and owners the same wa
 - MEMORY: ``USED/TOTAL GiB`` with one decimal: ``0.5/79.6 GiB``; ``-`` for what a card cannot report.
 - Users: names, as this machine knows them, else ``uid N``.
 - Durations: two units at most (``age``: ``3m12s``); times: ``timestamp`` (``2026-12-07 08:20:10 UTC``).
+- A lease's end: ``status`` (``running``, ``done``, ``exit 3``, ``signal TERM``, ``released``...),
+  ``exit_status`` (as a shell's ``$?``), ``run_time``.
 """
 
 from __future__ import annotations
 
 import pwd
 import re
+import signal
 import time
 from functools import lru_cache
 
@@ -117,3 +120,38 @@ def signal_value(sig, name: str) -> str:
         return {"lost": ("no", "yes"), "inforom": ("invalid", "valid")}[sig.name][int(v)]
     text = f"{v:g}"
     return f"{text} {unit}" if unit and unit != "%" else text + unit
+
+
+# --------------------------------------------------------------------------- a lease's end
+def signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name.removeprefix("SIG")
+    except ValueError:
+        return str(n)
+
+
+def status(le) -> str:
+    """A lease's state in one word or two: running / unheld while active (held by its wrapper or not);
+    once ended, how the command ended when its wrapper said (done, exit N, signal NAME), else the lease's
+    own end (released, reclaimed, evicted)."""
+    if le.state == "active":
+        return "running" if le.held else "unheld"
+    if le.HasField("exit_signal"):
+        return f"signal {signal_name(le.exit_signal)}"
+    if le.HasField("exit_code"):
+        return "done" if le.exit_code == 0 else f"exit {le.exit_code}"
+    return le.state
+
+
+def exit_status(le) -> int:
+    """The lease's command's end as a shell's `$?` (128 + n for signal n; 0 when not reported)."""
+    if le.HasField("exit_signal"):
+        return 128 + le.exit_signal
+    return le.exit_code if le.HasField("exit_code") else 0
+
+
+def run_time(le, now: float) -> float:
+    """Seconds the command ran (or has run so far): from its start (or the grant) to the lease's end."""
+    start = le.started if le.HasField("started") else le.created
+    end = le.ended if le.HasField("ended") else now
+    return max(0.0, end - start)

@@ -79,3 +79,25 @@ def private_reaches(path: Path) -> list[tuple[str, int]]:
         if holder in ENGINE_NAMES:
             out.append((node.attr, node.lineno))
     return out
+
+
+def aliased_reaches(path: Path) -> list[tuple[str, int]]:
+    """``e = self.engine`` (any name bound to an engine holder: engine, _engine, eng), then ``e._x``: the
+    reaches ``private_reaches`` does not see, since it knows the engine only by those names."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            v = node.value
+            holder = v.id if isinstance(v, ast.Name) else v.attr if isinstance(v, ast.Attribute) else None
+            if holder in ENGINE_NAMES:
+                aliases.add(node.targets[0].id)
+    return [
+        (node.attr, node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in aliases - ENGINE_NAMES
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    ]

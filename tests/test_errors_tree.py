@@ -20,17 +20,7 @@ BUILTIN_EXCEPTIONS = {
 }
 ROOT_ERROR = ("xpud.errors", "XpudError")
 
-ALLOWED = {
-    ("xpud.hw.types", "NvmlError"),  # and its family: caught beside XpudError in hw/, isolation/, daemon
-    ("xpud.hw.machines", "MachineError"),  # `xpud check --simulate` would print it instead of a traceback
-    ("xpud.hw.devnodes", "DevNodeError"),  # an OSError: the kubelet plugin's OSError handlers take it
-    ("xpud.bridges.slurm", "SlurmError"),  # cli/slurm.py catches XpudError before SlurmError
-    ("xpud.federation.certs", "CertError"),  # the daemon and doctor catch it beside XpudError
-    ("xpud.federation.reserve", "Refused"),  # a refusal, told apart from an XpudError by the coordinator
-    ("xpud.federation.rankproc", "Refused"),  # likewise, for a rank's start
-    ("xpud.placement.multihost", "NoPlacement"),  # placement: a value of the search, not a user error
-    ("xpu_cli.child", "StartFailed"),  # `xpu run` catches XpudError around the child's start
-}
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def _classes() -> dict[tuple[str, str], list[tuple[str, str] | str]]:
@@ -125,8 +115,34 @@ def test_the_walk_sees_exceptions_through_imports_and_subclasses():
     assert verdicts[("xpud.errors", "Conflict")] == "tree"
     assert verdicts[("xpud.isolation.runner", "ToolError")] == "tree"  # Conflict, imported
     assert verdicts[("xpud.hw.simstate", "SimStateError")] == "tree"
-    assert verdicts[("xpud.hw.types", "NvmlError")] == "outside"  # RuntimeError
+    assert verdicts[("xpud.hw.types", "NvmlError")] == "tree"  # XpudError, and a RuntimeError still
+    assert verdicts[("xpud.hw.types", "NvmlNotFound")] == "tree"  # through NvmlError
     assert ("xpud.isolation.faketools", "_Refused") in verdicts  # private: seen, allowed
     assert ("xpud.isolation.faketools", "_Refused") not in outside_the_tree()
     assert ("xpud.model", "Card") not in verdicts  # not an exception at all
-    assert ("xpud.hw.types", "NvmlNotFound") not in outside_the_tree()  # NvmlError's family: one entry
+    made_up = {("m", "E"): ["ValueError"], ("m", "F"): [("m", "E")], ("m", "G"): [ROOT_ERROR, "OSError"]}
+    assert _verdicts(made_up) == {("m", "E"): "outside", ("m", "F"): "outside", ("m", "G"): "tree"}
+
+
+def test_the_classes_moved_under_xpud_error_keep_what_their_handlers_and_callers_saw():
+    """Moved under XpudError (issue #30) without changing what catches them or what a gRPC caller gets:
+    the builtin base each had stays (the OSError/ValueError/RuntimeError handlers still take them), and one
+    that leaves a service method keeps the status an unexpected exception got (INTERNAL), or the one its
+    kind of error gets (a bad machine description: a bad configuration, INVALID_ARGUMENT)."""
+    import grpc
+
+    from xpud.api.server import _status
+    from xpud.errors import ConfigError, XpudError
+    from xpud.federation import rankproc
+    from xpud.hw.devnodes import DevNodeError
+    from xpud.hw.machines import MachineError
+    from xpud.hw.types import NvmlError, NvmlGpuLost
+
+    lost = NvmlGpuLost("card 0: lost (fallen off the bus)", 15)
+    assert isinstance(lost, XpudError) and isinstance(lost, RuntimeError) and lost.nvml_code == 15
+    assert _status(lost) is _status(NvmlError("x")) is grpc.StatusCode.INTERNAL
+    refused = rankproc.Refused("a: command not found on h", 127)
+    assert refused.exit_code == 127 and _status(refused) is grpc.StatusCode.INTERNAL
+    assert isinstance(MachineError("m"), ConfigError) and isinstance(MachineError("m"), ValueError)
+    assert _status(MachineError("m")) is grpc.StatusCode.INVALID_ARGUMENT
+    assert isinstance(DevNodeError("d"), OSError)

@@ -15,11 +15,9 @@ longer occurs fails too: delete its entry.
 
 from __future__ import annotations
 
-import ast
-
 import pytest
 
-from tests.layers import ENGINE_NAMES, ROOT, graph, modules, private_reaches
+from tests.layers import ROOT, aliased_reaches, graph, modules, private_reaches
 
 VOCABULARY = {"model", "topology", "errors", "__init__", "etc", "systemd"}  # etc/systemd: package data
 RANK = {
@@ -102,28 +100,6 @@ def test_every_import_goes_down_the_stack(edges):
     assert not gone, "fixed, so delete from ALLOWED in tests/test_layers.py:\n" + "\n".join(map(str, gone))
 
 
-def aliased_reaches(path) -> list[tuple[str, int]]:
-    """``e = self.engine`` (any name bound to an engine holder: engine, _engine, eng), then ``e._x``: the
-    reaches ``tests.layers.private_reaches`` does not see, since it knows the engine only by those names."""
-    tree = ast.parse(path.read_text(), str(path))
-    aliases = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            v = node.value
-            holder = v.id if isinstance(v, ast.Name) else v.attr if isinstance(v, ast.Attribute) else None
-            if holder in ENGINE_NAMES:
-                aliases.add(node.targets[0].id)
-    return [
-        (node.attr, node.lineno)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id in aliases - ENGINE_NAMES
-        and node.attr.startswith("_")
-        and not node.attr.startswith("__")
-    ]
-
-
 def test_no_private_reach_into_the_engine():
     found = {}
     for name, path in modules().items():
@@ -141,7 +117,8 @@ def test_no_private_reach_into_the_engine():
     )
 
 
-# import circles among xpud's modules that are known and owned elsewhere (each as its sorted members).
+# import circles among the modules of xpud, the CLI and the TUI that are known and owned elsewhere (each as
+# its sorted members).
 # Fix one, then delete its entry.
 ALLOWED_CYCLES: set[tuple[str, ...]] = set()
 
@@ -209,15 +186,22 @@ def _circle(adj: dict[str, set[str]], comp: set[str]) -> list[str]:
     raise AssertionError(f"no circle through {sorted(comp)}")  # a component always has one
 
 
-def test_no_import_circle(edges):
-    """No circle among xpud's modules (``if TYPE_CHECKING:`` imports count: a circle hidden there is
-    still a circle in the design). Break one by moving the shared part down, or by a Protocol (as
-    ``xpud.engine.hooks``)."""
+def import_graph(edges) -> dict[str, set[str]]:
+    """module -> the modules of the three trees (xpud, xpu_cli, xpu_tui) it imports, itself left out."""
     known = set(modules())
     adj: dict[str, set[str]] = {}
     for e in edges:
-        if e.importer.startswith("xpud") and e.imported in known and e.importer != e.imported:
+        if e.importer in known and e.imported in known and e.importer != e.imported:
             adj.setdefault(e.importer, set()).add(e.imported)
+    return adj
+
+
+def test_no_import_circle(edges):
+    """No circle among the modules of xpud, the CLI and the TUI (``if TYPE_CHECKING:`` imports and
+    imports inside functions count: a circle hidden there is still a circle in the design). Break one by
+    moving the shared part down (as ``xpu_cli.session``, ``xpu_cli.runopts``), or by a Protocol (as
+    ``xpud.engine.hooks``)."""
+    adj = import_graph(edges)
     found = {tuple(sorted(set(c))): c for c in cycles(adj)}
     new = [" -> ".join(c) for key, c in sorted(found.items()) if key not in ALLOWED_CYCLES]
     gone = sorted(ALLOWED_CYCLES - set(found))
@@ -227,6 +211,17 @@ def test_no_import_circle(edges):
     assert not gone, "fixed, so delete from ALLOWED_CYCLES in tests/test_layers.py:\n" + "\n".join(
         map(str, gone)
     )
+
+
+def test_the_circle_test_reads_the_cli_and_the_tui(edges):
+    """The CLI's and the TUI's modules are in the graph, lazy imports (inside functions) included."""
+    adj = import_graph(edges)
+    assert "xpu_cli.runopts" in adj["xpu_cli.entry"]  # at the top
+    assert "xpu_cli.main" in adj["xpu_cli.entry"]  # inside main(): the hand-over to Typer
+    assert "xpu_tui.app" in adj["xpu_cli.top"]  # inside the command: Textual stays optional
+    assert cycles({**adj, "xpu_tui.app": adj["xpu_tui.app"] | {"xpu_cli.top"}}) == [
+        ["xpu_cli.top", "xpu_tui.app", "xpu_cli.top"]
+    ]
 
 
 def test_the_circle_finder_finds_circles():
@@ -282,4 +277,4 @@ def test_the_checker_sees_every_kind_of_import(tmp_path):
     assert layers.private_reaches(p) == [("_secret", 8)]
     q = tmp_path / "alias.py"
     q.write_text("def h(self):\n    e = self.engine\n    return e._fit, e.fit, e.__class__\n")
-    assert aliased_reaches(q) == [("_fit", 3)]
+    assert layers.aliased_reaches(q) == [("_fit", 3)]

@@ -20,7 +20,7 @@ RUN = GROUP.commands["run"]
 def typer_reads(args: list[str], monkeypatch):
     """(runtime dir, options, command) as the Typer command passes them on (None: Typer refuses them)."""
     from typer.testing import CliRunner
-    from xpu_cli import child, entry, main
+    from xpu_cli import child, launch, session
 
     seen = []
 
@@ -38,8 +38,8 @@ def typer_reads(args: list[str], monkeypatch):
         seen.append((opts, argv))
         return child.Outcome(0)
 
-    monkeypatch.setattr(main, "Client", Recorder)
-    monkeypatch.setattr(entry, "run_with", run_with)
+    monkeypatch.setattr(session, "Client", Recorder)
+    monkeypatch.setattr(launch, "run_with", run_with)
     monkeypatch.delenv("XPUD_RUNTIME_DIR", raising=False)
     r = CliRunner().invoke(app, args)
     if r.exit_code != 0 or len(seen) != 2:

@@ -482,18 +482,3 @@ class XpuTop(App[None]):
         )
         self.notify(f"{why}: pick one in view 2 (leases), then x", severity="warning")
         return None
-
-
-def main() -> None:
-    """The ``xpu-top`` console script: the same command as ``xpu top``."""
-    import typer
-    from xpu_cli.grammar import HELP_OPTIONS, plain_metavars
-    from xpu_cli.top import top
-
-    app = typer.Typer(
-        add_completion=False, rich_markup_mode=None, context_settings={"help_option_names": HELP_OPTIONS}
-    )
-    app.command()(top)
-    command = typer.main.get_command(app)
-    plain_metavars(command)
-    command(prog_name="xpu-top")

@@ -27,8 +27,8 @@ and v3 .. v8 by (N and COMMIT from the table; the first commits were found with 
     ln -s ../etc /tmp/ledger-vN/xpud/etc; ln -s ../systemd /tmp/ledger-vN/xpud/systemd  # package-dir data
     python3 -m venv /tmp/fixvenv   # the dependencies without the editable xpud, whose finder beats PYTHONPATH
     echo $PWD/.venv/lib/python3.*/site-packages > /tmp/fixvenv/lib/python3.*/site-packages/deps.pth
-    (cd /tmp && PYTHONPATH=/tmp/ledger-vN /tmp/fixvenv/bin/python $REPO/tests/data/make_ledger_fixture.py COMMIT)
-    # (from /tmp: a -c child puts its directory first on sys.path, ahead of PYTHONPATH)
+    (cd /tmp && PYTHONPATH=/tmp/ledger-vN /tmp/fixvenv/bin/python $REPO/tests/data/make_ledger_fixture.py C)
+    # (C: the COMMIT; from /tmp: a -c child puts its directory first on sys.path, ahead of PYTHONPATH)
     git worktree remove --force /tmp/ledger-vN
 
 which runs a real daemon on the simulated workstation-2x, takes two slices and a whole card, releases one

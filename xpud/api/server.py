@@ -34,6 +34,15 @@ def _detail(e: XpudError) -> str:
     return validate.clip(str(e), 1000)
 
 
+async def _abort(context: aio.ServicerContext, method: str, e: XpudError) -> None:
+    """End the call with the error's status and its one line. An INTERNAL one (a driver error no backend
+    translated, a rank that could not start) is a fault of this host: its traceback goes to the log too."""
+    status = _status(e)
+    if status is grpc.StatusCode.INTERNAL:
+        log.error("%s failed: %s", method, e, exc_info=e)
+    await context.abort(status, _detail(e))
+
+
 def add_to_server(servicer: Any, server: aio.Server) -> None:
     """Register ``servicer`` (a Node, Admin or Peer servicer) on ``server``, as the generated
     ``add_*Servicer_to_server`` does, but with deserializers that let a corrupt message be refused with
@@ -76,7 +85,7 @@ def unary(fn: Callable) -> Callable:
         except aio.AbortError:
             raise
         except XpudError as e:
-            await context.abort(_status(e), _detail(e))
+            await _abort(context, fn.__name__, e)
         except Exception:
             log.exception("%s failed", fn.__name__)
             await context.abort(
@@ -102,7 +111,7 @@ def streaming(fn: Callable) -> Callable:
         except aio.AbortError:
             raise
         except XpudError as e:
-            await context.abort(_status(e), _detail(e))
+            await _abort(context, fn.__name__, e)
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception:

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from xpud.errors import XpudError
+
 log = logging.getLogger("xpud.bridges")
 
 REASON_PREFIX = "xpud:"
@@ -37,7 +39,7 @@ LIVE_STATES = frozenset(
 _JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
 
 
-class SlurmError(Exception):
+class SlurmError(XpudError):
     """A Slurm command failed or Slurm's environment is not what the hook needs; one line."""
 
 

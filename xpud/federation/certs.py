@@ -22,12 +22,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from xpud.errors import XpudError
+
 CA_KEY, CA_CERT = "ca.key", "ca.crt"
 CA_DAYS, HOST_DAYS = 3650, 825  # 825 days: the longest validity most TLS clients accept for a leaf
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
-class CertError(Exception):
+class CertError(XpudError):
     """A certificate step that cannot be done; the message says why and how to fix it."""
 
 

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from xpud.api.v1 import xpu_pb2 as pb
+from xpud.errors import XpudError
 from xpud.federation import sysunit
 from xpud.isolation import scope, switch_user
 
@@ -56,12 +57,16 @@ def default_units() -> sysunit.Units | None:
     return _detected[0]
 
 
-class Refused(Exception):
-    """The rank was not started: ``code`` is what a shell would return (127 not found, 126 otherwise)."""
+class Refused(XpudError):
+    """The rank was not started: ``exit_code`` is what a shell would return (127 not found, 126
+    otherwise). One that leaves ``hostjobs.launch`` (a rank that cannot be fenced) is answered INTERNAL,
+    as before it was an XpudError."""
+
+    code = "INTERNAL"
 
     def __init__(self, message: str, code: int = 126):
         super().__init__(message)
-        self.code = code
+        self.exit_code = code
 
 
 def remote_launch_allowed(config) -> bool:
@@ -500,7 +505,7 @@ class Rank:
                 await self._start()
             except Refused as e:
                 self._released.set()
-                await self._end(pb.RankEnded(rank=self.spec.rank, exit_code=e.code, error=str(e)))
+                await self._end(pb.RankEnded(rank=self.spec.rank, exit_code=e.exit_code, error=str(e)))
                 return
             feeder = asyncio.ensure_future(self._feed(inputs))
             exited = asyncio.ensure_future(self._exited.wait())

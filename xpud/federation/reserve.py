@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from xpud.engine.uninterrupted import uninterrupted
+from xpud.errors import XpudError
 
 MIN_TTL_S, MAX_TTL_S = 0.5, 600.0
 MAX_ID = 64  # characters of a job id
@@ -34,7 +35,7 @@ class ResState(StrEnum):
     EXPIRED = "expired"
 
 
-class Refused(Exception):
+class Refused(XpudError):
     """A reservation step a host refuses; the message says why. ``committed``: hosts where the job was
     committed before a later commit failed (their leases are the caller's to release)."""
 

@@ -27,12 +27,14 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from xpud.errors import XpudError
+
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 CAPS_DIR = "nvidia-caps"  # under /dev
 MAX_MINOR = (1 << 20) - 1  # Linux minor numbers are 20 bits
 
 
-class DevNodeError(OSError):
+class DevNodeError(XpudError, OSError):
     """A node cannot be found or made; one line that says which and why."""
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from xpud.errors import ConfigError
 from xpud.model import MAX_CARD_MINOR
 from xpud.topology import HOSTBRIDGE, INTERNAL, MULTIPLE, NODE, SINGLE, SYSTEM
 
@@ -37,7 +38,7 @@ MAX_STRING = 256  # characters in a name, an id or a version
 MAX_LIST = 1024  # items in one list
 
 
-class MachineError(ValueError):
+class MachineError(ConfigError, ValueError):
     """A machine description that cannot be used; the message names the file and the key."""
 
 

@@ -296,8 +296,8 @@ class Nvml:
 
     def _record(self, err: NvmlError, name: str, card: int | None) -> None:
         self.errors.append(str(err))
-        if (name, card, err.code) not in self._logged:  # once per call, card and code: samples run at 1 Hz
-            self._logged.add((name, card, err.code))
+        if (name, card, err.nvml_code) not in self._logged:  # once per call, card and code (samples: 1 Hz)
+            self._logged.add((name, card, err.nvml_code))
             log.warning("%s", err)
 
     def _handle(self, index: int):
@@ -673,7 +673,7 @@ class Nvml:
         except NvmlGpuLost:
             raise
         except NvmlError as e:
-            if e.code == pynvml.NVML_ERROR_CORRUPTED_INFOROM:
+            if e.nvml_code == pynvml.NVML_ERROR_CORRUPTED_INFOROM:
                 return False
             self._record(e, "nvmlDeviceValidateInforom", index)
             return None
@@ -827,7 +827,7 @@ class Nvml:
         except NvmlGpuLost:
             raise
         except NvmlError as e:
-            if e.code not in _SKIP:
+            if e.nvml_code not in _SKIP:
                 self._record(e, name, index)
             return None
 

@@ -8,15 +8,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xpud.errors import XpudError
+
 # ------------------------------------------------------------------------------------------- errors
 
 
-class NvmlError(RuntimeError):
-    """An NVML call failed; the message is one line. ``code`` is the NVML_ERROR_* value, if any."""
+class NvmlError(XpudError, RuntimeError):
+    """An NVML call failed; the message is one line. ``nvml_code`` is the NVML_ERROR_* value, if any.
+
+    A driver failure the isolation backends did not turn into a Conflict/NoCapacity is the daemon's own
+    fault, so the service answers it INTERNAL (as for any unexpected error); still a RuntimeError for the
+    handlers that take those."""
+
+    code = "INTERNAL"
 
     def __init__(self, message: str, code: int | None = None):
         super().__init__(message)
-        self.code = code
+        self.nvml_code = code
 
 
 class NvmlUnavailable(NvmlError):

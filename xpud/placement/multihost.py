@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from xpud.errors import XpudError
+
 LEVELS = ("domain", "block", "zone", "cluster")
 
 
@@ -60,7 +62,7 @@ class GangChoice:
     reason: str
 
 
-class NoPlacement(Exception):
+class NoPlacement(XpudError):
     """No set of hosts fits; the message says what is short."""
 
 
