@@ -1,6 +1,6 @@
 """Make tests/data/ledger-vN.sql and ledger-vN.json: a ledger written by a released xpud, with leases held.
 
-One recorded ledger per released schema version N (v2 .. v7; the current schema's ledger is made by every
+One recorded ledger per released schema version N (v2 .. v8; the current schema's ledger is made by every
 test). tests/test_upgrade.py opens each with the newest code, which must migrate it to the current schema
 and restore the active leases. Do not regenerate them with a newer xpud: they stand for what hosts in the
 field have on disk. Each was made with the code of the first commit on main whose migrations are today's
@@ -13,6 +13,8 @@ first N (first on PYTHONPATH, so the daemon the script starts runs it too):
     v5  dc40702  leases anchored to a Slurm job or a pod (anchor)
     v6  428825a  right-sizing state (usage_readings, auto_leases)
     v7  5d8a0af  standby slices (standby)
+    v8  5ceab6e  MIG instances xpud made (mig_made); made from main's 5ceab6e (its migrations are the
+                 first 8 of today's), with the daemon's start-up wait raised (range(3000)) on a busy host
 
 v2 was made by
 

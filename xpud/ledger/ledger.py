@@ -194,6 +194,17 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (card_uuid, start)
     );
     """,
+    # 9: accounts (issue #33, xpud.ledger.accounts): each lease and reservation is charged to an account
+    # (those of older ledgers to "default"); each account's decayed usage, kept across restarts
+    """
+    ALTER TABLE leases ADD COLUMN account TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE reservations ADD COLUMN account TEXT NOT NULL DEFAULT 'default';
+    CREATE TABLE account_usage (
+        account TEXT PRIMARY KEY,
+        usage_s REAL NOT NULL,        -- decayed usage in GPU-seconds (xpud.planning.fairshare.accrue)
+        at REAL NOT NULL              -- when it was last accrued (wall time)
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -348,6 +359,7 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         exit_code=row["exit_code"],
         exit_signal=row["exit_signal"],
         anchor=row["anchor"],
+        account=row["account"],
     )
 
 
@@ -764,8 +776,8 @@ class Ledger:
         self._ids.add(lease.id)  # taken from now on, whether or not the insert commits
         return op(
             "INSERT INTO leases (id, token_hash, mode, owner_uid, cards, card_uuids, slices, env,"
-            " priority, restartable, holder_pid, command, created, state, restart_count, mark, name, anchor)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " priority, restartable, holder_pid, command, created, state, restart_count, mark, name, anchor,"
+            " account) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             lease.id,
             token_hash,
             lease.mode.value,
@@ -781,6 +793,7 @@ class Ledger:
             lease.mark,
             lease.name,
             lease.anchor,
+            lease.account,
             effect=effect,
         )
 
