@@ -24,6 +24,8 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "-g": ("gpus", "int>=1"),
     "--wait": ("wait", "duration"),
     "--name": ("name", "str"),
+    "--account": ("account", "str"),
+    "-A": ("account", "str"),
     "-J": ("name", "str"),
     "--priority": ("priority", "int"),
     "-p": ("priority", "int"),
@@ -60,6 +62,7 @@ RUN_DEFAULTS = {
     "json_env": False,
     "job_class": "",
     "name": "",
+    "account": "",
     "when_green": False,
     "deadline": None,
     "quiet": False,
@@ -203,7 +206,13 @@ def is_text(value: str) -> bool:
     return True
 
 
-_TEXTS = {"mode": "--mode", "name": "--name", "job_class": "--class", "deadline": "--deadline"}
+_TEXTS = {
+    "mode": "--mode",
+    "name": "--name",
+    "account": "--account",
+    "job_class": "--class",
+    "deadline": "--deadline",
+}
 
 
 def check_values(opts: dict) -> None:
@@ -296,6 +305,7 @@ def run_with(client, opts: dict, command: list[str]):
         job_class=opts["job_class"],
         name=opts["name"],
         green_deadline=green,
+        account=opts["account"],
     )
 
 

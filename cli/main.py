@@ -139,6 +139,15 @@ def run(
             "--name", "-J", help="A name for the job, shown in `xpu leases` and `xpu show` (as sbatch -J)."
         ),
     ] = "",
+    account: Annotated[
+        str,
+        typer.Option(
+            "--account",
+            "-A",
+            help="The account (team) to charge, one you are a member of (xpud.toml [accounts]); "
+            "default: your first account, else default (as sbatch -A).",
+        ),
+    ] = "",
     when_green: Annotated[
         bool,
         typer.Option(
@@ -216,6 +225,7 @@ def run(
         json_env=json_env,
         job_class=job_class,
         name=name,
+        account=account,
         quiet=quiet,
         nodes=nodes,
         gpus_per_node=gpus_per_node,

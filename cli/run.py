@@ -464,6 +464,7 @@ def run(
     name: str = "",
     quiet: bool = False,
     green_deadline: float = 0.0,
+    account: str = "",
 ) -> Outcome:
     """Lease, run ``argv`` under supervision (or hold for another launcher with ``json_env``), release
     (telling the daemon how the command ended, for `xpu leases --all`). ``wait_s``: None for the daemon's
@@ -484,6 +485,7 @@ def run(
         command=_label(argv) if argv else "(xpu run --json-env)",
         job_class=job_class,
         name=name,
+        account=account,
         **({"when_green": True, "green_deadline": green_deadline} if green_deadline else {}),
     )
     wake = Wakeup()

@@ -178,6 +178,7 @@ class Client:
         owner_uid: int | None = None,
         when_green: bool = False,
         green_deadline: float = 0.0,
+        account: str = "",
     ):
         """The Acquire stream call: iterate it (``iterate``) for ``queued`` updates, then ``granted``. With
         ``hold`` the same stream goes on as the lease's Hold stream (``event`` updates). ``wait_s``: None
@@ -197,6 +198,7 @@ class Client:
             owner_uid=owner_uid,
             when_green=when_green,
             green_deadline=green_deadline,
+            account=account,
         )
         if wait_s == math.inf:
             request.wait_longest = True

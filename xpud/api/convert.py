@@ -94,6 +94,7 @@ def lease_pb(lease: Lease, show_env: bool, held: bool = False) -> pb.Lease:
         end_reason=lease.end_reason,
         name=lease.name,
         anchor=lease.anchor,
+        account=lease.account,
     )
 
 
@@ -129,6 +130,7 @@ def queue_pb(q: QueuedRequest) -> pb.QueueEntry:
         name=r.name,
         not_before=r.not_before,
         not_before_reason=r.not_before_reason,
+        account=r.account,
     )
 
 

@@ -82,6 +82,7 @@ LIMITS: dict[str, Limit] = {
     "AcquireRequest.owner_uid": Limit(lo=0, hi=2**31 - 2),
     "AcquireRequest.when_green": Limit(),
     "AcquireRequest.green_deadline": Limit(lo=0, hi=2**40),  # the daemon allows 31 days ahead at most
+    "AcquireRequest.account": Limit(chars=64, pattern=_NAME),  # [accounts.NAME]: the service checks it
     "HoldRequest.lease_id": Limit(chars=64, pattern=_ID),
     "HoldRequest.token": Limit(chars=64, pattern=_TOKEN),
     "ReleaseRequest.lease_id": Limit(chars=64, pattern=_ID),

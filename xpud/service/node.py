@@ -30,6 +30,7 @@ from xpud.isolation.scope import ScopeError, process_uid
 from xpud.model import Caller, CommandEnd, Mode, QueuedRequest, Request
 from xpud.planning import green as carbon
 from xpud.planning.usage import job_class
+from xpud.service.accounts import charge
 
 log = logging.getLogger("xpud.service.node")
 
@@ -291,6 +292,8 @@ class NodeService(pbg.NodeServicer):
             else:
                 mode_text = e.cfg.auto.first
         not_before, green_why = _green_start(request, self.ctx)
+        owner = request.owner_uid if request.HasField("owner_uid") else caller.uid
+        account = charge(e.cfg, caller, request.account, owner, request.anchor)
         req = e.validate(
             Request(
                 mode=_mode(mode_text, self.ctx),
@@ -308,6 +311,7 @@ class NodeService(pbg.NodeServicer):
                 job_class=cls,
                 not_before=not_before,
                 not_before_reason=green_why,
+                account=account,
             )
         )
         # Granted at once (the common case), or queued in the same step: no helper task either way. A

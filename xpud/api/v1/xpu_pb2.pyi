@@ -186,7 +186,7 @@ class Card(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., numa_node: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., mode_pinned: _Optional[bool] = ..., drained: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., health_state: _Optional[str] = ..., health_score: _Optional[int] = ..., whole_lease: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., free_memory_fraction: _Optional[float] = ..., free_compute_pct: _Optional[int] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., isolation: _Optional[str] = ..., cpu_affinity: _Optional[_Iterable[int]] = ..., nvlink_active_links: _Optional[int] = ..., minor_number: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("id", "mode", "owner_uid", "cards", "card_uuids", "slices", "env", "priority", "restartable", "holder_pid", "command", "created", "state", "restart_count", "mark", "held", "exit_code", "exit_signal", "started", "ended", "end_reason", "name", "anchor")
+    __slots__ = ("id", "mode", "owner_uid", "cards", "card_uuids", "slices", "env", "priority", "restartable", "holder_pid", "command", "created", "state", "restart_count", "mark", "held", "exit_code", "exit_signal", "started", "ended", "end_reason", "name", "anchor", "account")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,7 @@ class Lease(_message.Message):
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ANCHOR_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     id: str
     mode: str
     owner_uid: int
@@ -240,10 +241,11 @@ class Lease(_message.Message):
     end_reason: str
     name: str
     anchor: str
-    def __init__(self, id: _Optional[str] = ..., mode: _Optional[str] = ..., owner_uid: _Optional[int] = ..., cards: _Optional[_Iterable[int]] = ..., card_uuids: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., env: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., restartable: _Optional[bool] = ..., holder_pid: _Optional[int] = ..., command: _Optional[str] = ..., created: _Optional[float] = ..., state: _Optional[str] = ..., restart_count: _Optional[int] = ..., mark: _Optional[str] = ..., held: _Optional[bool] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., end_reason: _Optional[str] = ..., name: _Optional[str] = ..., anchor: _Optional[str] = ...) -> None: ...
+    account: str
+    def __init__(self, id: _Optional[str] = ..., mode: _Optional[str] = ..., owner_uid: _Optional[int] = ..., cards: _Optional[_Iterable[int]] = ..., card_uuids: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., env: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., restartable: _Optional[bool] = ..., holder_pid: _Optional[int] = ..., command: _Optional[str] = ..., created: _Optional[float] = ..., state: _Optional[str] = ..., restart_count: _Optional[int] = ..., mark: _Optional[str] = ..., held: _Optional[bool] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., end_reason: _Optional[str] = ..., name: _Optional[str] = ..., anchor: _Optional[str] = ..., account: _Optional[str] = ...) -> None: ...
 
 class QueueEntry(_message.Message):
-    __slots__ = ("ticket", "mode", "gpus", "priority", "owner_uid", "command", "position", "enqueued", "deadline", "reason", "name", "not_before", "not_before_reason")
+    __slots__ = ("ticket", "mode", "gpus", "priority", "owner_uid", "command", "position", "enqueued", "deadline", "reason", "name", "not_before", "not_before_reason", "account")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +259,7 @@ class QueueEntry(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
     NOT_BEFORE_REASON_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     ticket: str
     mode: str
     gpus: int
@@ -270,10 +273,11 @@ class QueueEntry(_message.Message):
     name: str
     not_before: float
     not_before_reason: str
-    def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ..., reason: _Optional[str] = ..., name: _Optional[str] = ..., not_before: _Optional[float] = ..., not_before_reason: _Optional[str] = ...) -> None: ...
+    account: str
+    def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ..., reason: _Optional[str] = ..., name: _Optional[str] = ..., not_before: _Optional[float] = ..., not_before_reason: _Optional[str] = ..., account: _Optional[str] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold", "name", "wait_longest", "cards", "anchor", "owner_uid", "job_class", "when_green", "green_deadline")
+    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold", "name", "wait_longest", "cards", "anchor", "owner_uid", "job_class", "when_green", "green_deadline", "account")
     MODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +293,7 @@ class AcquireRequest(_message.Message):
     JOB_CLASS_FIELD_NUMBER: _ClassVar[int]
     WHEN_GREEN_FIELD_NUMBER: _ClassVar[int]
     GREEN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     mode: str
     gpus: int
     priority: int
@@ -304,7 +309,8 @@ class AcquireRequest(_message.Message):
     job_class: str
     when_green: bool
     green_deadline: float
-    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., wait_longest: _Optional[bool] = ..., cards: _Optional[_Iterable[int]] = ..., anchor: _Optional[str] = ..., owner_uid: _Optional[int] = ..., job_class: _Optional[str] = ..., when_green: _Optional[bool] = ..., green_deadline: _Optional[float] = ...) -> None: ...
+    account: str
+    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., wait_longest: _Optional[bool] = ..., cards: _Optional[_Iterable[int]] = ..., anchor: _Optional[str] = ..., owner_uid: _Optional[int] = ..., job_class: _Optional[str] = ..., when_green: _Optional[bool] = ..., green_deadline: _Optional[float] = ..., account: _Optional[str] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("ticket", "position", "queue_length", "deadline", "not_before", "not_before_reason")
