@@ -5,10 +5,12 @@ reclaim to fair share and ``limit``. The test runs as root: root is a member of 
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
-from xpud.errors import BadRequest
+from tests.conftest import wait_until
+from xpud.errors import BadRequest, NoCapacity
 
 ACCOUNTS = """
 [leases]
@@ -80,3 +82,103 @@ def test_a_user_in_no_account_is_charged_to_default_and_slurm_leases_to_slurm_ac
     with d.client(admin=True) as a:
         g = a.acquire_lease("vxpu-quarter", anchor="slurm:4242", owner_uid=1000, cards=(1,))
     assert g.lease.account == "batch"
+
+
+def fair(**over: str) -> str:
+    """Two accounts of quota 1 each on the two cards of workstation-2x; root is in both."""
+    extra = "\n".join(f"{k} = {v}" for k, v in over.items())
+    return f"""
+[leases]
+grace_s = 30.0
+
+[accounts]
+reclaim_grace_s = 0.0
+
+[accounts.vision]
+members = ["root"]
+quota = 1
+{extra}
+
+[accounts.nlp]
+members = ["root"]
+quota = 1
+"""
+
+
+def _run(d, account: str, out, *flags: str):
+    """`xpu run` of ``account`` holding a whole card, writing its XPU_RESTART_COUNT at each start."""
+    script = f'echo "$XPU_RESTART_COUNT" >> {out}; exec sleep 300'
+    return d.xpu_popen(
+        "run", "-A", account, "-m", "xpu", "--kill-grace", "2", *flags, "--", "sh", "-c", script
+    )
+
+
+def _held(d) -> dict[str, str]:
+    with d.client() as c:
+        return {x.id: x.account for x in c.leases().leases}
+
+
+def test_an_account_below_its_share_gets_a_card_back_from_restartable_work_within_seconds(
+    daemon_factory, short_tmp
+):
+    d = daemon_factory("workstation-2x", config=fair())
+    outs = [short_tmp / f"v{i}" for i in range(2)]
+    procs = [_run(d, "vision", out, "--restartable", "--wait", "inf") for out in outs]
+    try:
+        wait_until(lambda: list(_held(d).values()) == ["vision", "vision"], timeout=30)  # idle: it may borrow
+        t0 = time.monotonic()
+        with d.client() as c:
+            g = c.acquire_lease("xpu", account="nlp", wait_s=60)  # within nlp's quota: reclaimed for it
+            took = time.monotonic() - t0
+            assert g.lease.account == "nlp" and took < 15, took
+            wait_until(lambda: sorted(_held(d).values()) == ["nlp", "vision"], timeout=10)  # vision keeps 1
+            (queued,) = c.leases().queue  # the reclaimed one queued again, with why it waits
+            assert queued.account == "vision" and queued.reason == "Fairshare: vision over its share"
+            events = [e.message for e in c.events() if e.kind == "fairshare"]
+            assert len(events) == 1 and "of account vision" in events[0] and "for account nlp" in events[0]
+            c.release(g.lease.id, g.token)
+        # the reclaimed command starts again once a card is free, XPU_RESTART_COUNT counting
+        wait_until(lambda: sorted(o.read_text().split() for o in outs) == [["0"], ["0", "1"]], timeout=30)
+        assert all(p.poll() is None for p in procs)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(30)
+
+
+def test_non_restartable_work_is_never_reclaimed(daemon_factory, short_tmp):
+    d = daemon_factory("workstation-2x", config=fair())
+    procs = [_run(d, "vision", short_tmp / f"v{i}") for i in range(2)]
+    try:
+        wait_until(lambda: list(_held(d).values()) == ["vision", "vision"], timeout=30)
+        with d.client() as c:
+            with pytest.raises(NoCapacity, match="waited 4 s"):
+                c.acquire_lease("xpu", account="nlp", wait_s=4)  # several ticks of the controller
+            assert [e for e in c.events() if e.kind == "fairshare"] == []
+        assert list(_held(d).values()) == ["vision", "vision"]
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(30)
+
+
+def test_an_accounts_limit_holds_at_the_grant_even_with_a_card_free(daemon_factory):
+    d = daemon_factory("workstation-2x", config=fair(limit="1"))
+    with d.client() as c:
+        c.acquire_lease("xpu", account="vision")
+        with pytest.raises(NoCapacity, match=r"AccountLimit: vision holds 1 of its limit 1 GPU-equivalents"):
+            c.acquire_lease("vxpu-quarter", account="vision")
+        stream = c.acquire("vxpu-quarter", account="vision", wait_s=30)
+        first = next(iter(c.iterate(stream)))
+        assert first.HasField("queued")
+        wait_until(
+            lambda: (
+                [q.reason for q in c.leases().queue][:1]
+                == ["AccountLimit: vision holds 1 of its limit 1 GPU-equivalents ([accounts.vision] limit)"]
+            ),
+            timeout=10,
+        )
+        assert c.acquire_lease("vxpu-quarter", account="nlp").lease.account == "nlp"  # others go on
+        stream.cancel()

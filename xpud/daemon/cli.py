@@ -135,6 +135,7 @@ class Daemon:
         self.defrag: Defragmenter | None = None
         self.hostjobs: HostJobs | None = None
         self.federation = None  # xpud.federation.node.Federation when [cluster] listen is set
+        self.accounts = None  # xpud.controllers.accounts.Accounts when xpud.toml has [accounts.NAME]
         self.metrics = None  # xpud.daemon.metrics.MetricsServer when [metrics] listen is set
         self.kubelet: KubeletBridge | None = None  # the device plugin, when [kubelet] enabled
         self.started = time.time()
@@ -272,6 +273,7 @@ class Daemon:
         self.jobs.start()
         self.jobs.provisioner.scopes = self.scopes  # warm commands in their slice's device scope
         self._start_rightsizing()
+        self._start_accounts()
         self.monitor.start()
         log.info(
             "xpud %s serving %d card(s) (%s) on %s (event loop: %s)",
@@ -294,6 +296,26 @@ class Daemon:
         self.jobs.scheduler.add_job(
             rs.poll_logged, "interval", seconds=self.cfg.auto.sample_s, id="rightsize", **OPTS
         )
+
+    def _start_accounts(self) -> None:
+        """Fair share between the [accounts.NAME] of xpud.toml (xpud.controllers.accounts); without any,
+        the queue keeps its plain order (priority, then age)."""
+        from xpud.config.accounts import config_hash
+        from xpud.controllers.accounts import TICK_S, Accounts
+
+        self.accounts = None
+        if not self.cfg.named_accounts:
+            return
+        fed = self.federation
+        peers = fed.peer_accounts if fed is not None and hasattr(fed, "peer_accounts") else dict
+        acc = Accounts(
+            self.engine, peers, config_hash=config_hash(self.cfg.accounts, self.cfg.named_accounts)
+        )
+        acc.restore()
+        acc.refresh()
+        self.engine.queue_order = acc
+        self.accounts = acc
+        self.jobs.scheduler.add_job(acc.tick_logged, "interval", seconds=TICK_S, id="accounts", **OPTS)
 
     def reload(self) -> str:
         """SIGHUP (``systemctl reload xpud``): re-read the config file; apply what can change live
