@@ -483,9 +483,21 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 def _register_commands() -> None:
     """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster, config,
     leases, events, health, slurm) register themselves."""
-    from xpu_cli import certs, cluster, configure, defrag, events, health, leases, simulate, slurm, top
+    from xpu_cli import (
+        accounts,
+        certs,
+        cluster,
+        configure,
+        defrag,
+        events,
+        health,
+        leases,
+        simulate,
+        slurm,
+        top,
+    )
 
-    for module in (certs, cluster, configure, defrag, events, health, leases, simulate, slurm, top):
+    for module in (accounts, certs, cluster, configure, defrag, events, health, leases, simulate, slurm, top):
         module.register(app)
 
 

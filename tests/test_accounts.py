@@ -4,12 +4,14 @@ reclaim to fair share and ``limit``. The test runs as root: root is a member of 
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
 import pytest
 
 from tests.conftest import wait_until
+from tests.test_cli_json import check
 from xpud.errors import BadRequest, NoCapacity
 
 ACCOUNTS = """
@@ -136,6 +138,20 @@ def test_an_account_below_its_share_gets_a_card_back_from_restartable_work_withi
             assert queued.account == "vision" and queued.reason == "Fairshare: vision over its share"
             events = [e.message for e in c.events() if e.kind == "fairshare"]
             assert len(events) == 1 and "of account vision" in events[0] and "for account nlp" in events[0]
+            r = d.xpu("accounts", "--json")
+            assert r.returncode == 0, r.stderr
+            doc = json.loads(r.stdout)
+            check(doc, "Accounts", "xpu accounts")  # as docs/json.md documents it
+            by = {a["name"]: a for a in doc["accounts"]}
+            assert (doc["enabled"], doc["capacity"], doc["reclaim"]) == (True, 2.0, "fair-share")
+            assert (by["vision"]["share"], by["vision"]["allocated"], by["vision"]["waiting"]) == (
+                1.0,
+                1.0,
+                1.0,
+            )
+            assert (by["nlp"]["share"], by["nlp"]["allocated"], by["nlp"]["quota"]) == (1.0, 1.0, 1.0)
+            assert (by["vision"]["reclaimed_from"], by["nlp"]["reclaimed_for"]) == (1, 1)
+            assert by["vision"]["usage_gpu_hours"] > 0 and by["vision"]["limit"] is None
             c.release(g.lease.id, g.token)
         # the reclaimed command starts again once a card is free, XPU_RESTART_COUNT counting
         wait_until(lambda: sorted(o.read_text().split() for o in outs) == [["0"], ["0", "1"]], timeout=30)

@@ -123,6 +123,7 @@ def test_every_command_prints_its_documented_shape(daemon_factory):
                 ("events",): "[Event]",
                 ("events", "--lease", ended.id): "[Event]",
                 ("health", "--details"): "[CardHealth]",
+                ("accounts",): "Accounts",
             }
             seen = {}
             for args, typ in outputs.items():

@@ -264,6 +264,10 @@ class Client:
         """One lease, active or ended, by its id or a unique prefix."""
         return self.leases(lease_id=lease_id).leases[0]
 
+    def accounts(self) -> pb.AccountsReply:
+        """The accounts and how they stand across the cluster (``xpu accounts``)."""
+        return self._unary(self.node.ListAccounts, pb.AccountsRequest())
+
     def events(self, card: int | None = None, lease_id: str = "", limit: int = 0) -> list[pb.Event]:
         """The daemon's latest events (oldest first), about ``card`` and/or ``lease_id`` when given."""
         request = _request(pb.EventsRequest, card=card, lease_id=lease_id, limit=limit)

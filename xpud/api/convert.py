@@ -94,7 +94,7 @@ def lease_pb(lease: Lease, show_env: bool, held: bool = False) -> pb.Lease:
         end_reason=lease.end_reason,
         name=lease.name,
         anchor=lease.anchor,
-        account=lease.account,
+        account=lease.account or "default",
     )
 
 
@@ -130,7 +130,7 @@ def queue_pb(q: QueuedRequest) -> pb.QueueEntry:
         name=r.name,
         not_before=r.not_before,
         not_before_reason=r.not_before_reason,
-        account=r.account,
+        account=r.account or "default",
     )
 
 
@@ -220,6 +220,8 @@ def cluster_host_pb(e, is_self: bool = False) -> pb.ClusterHost:
         host.cards, host.free_whole, host.health, host.queue = s.cards, s.free_whole, s.health, s.queue
         host.free_slices.update(s.free_slices)
         host.group_gbps.extend(0.0 if math.isinf(x) else x for x in s.group_gbps)
+        if s.accounts is not None:
+            host.accounts_hash = s.accounts.config_hash
     return host
 
 

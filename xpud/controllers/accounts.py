@@ -3,10 +3,10 @@ usage (kept in the ledger), the wait queue's order (``hooks.QueueOrder``: distan
 priority, then age), ``limit`` at the moment of the grant, and reclaim to fair share.
 
 Every ``TICK_S`` (``tick``): this host's allocation per account (GPU-equivalents of its leases) and waiting
-demand (its queue), plus what every peer publishes (``peers``: ``Published`` per host, from the federation's
-summaries), give each account's demand; ``fairshare.deserved`` shares the cluster's capacity among them.
-Every host computes the same shares from the same view. Usage accrues for this host's leases
-(``fairshare.accrue``: exact, however often it runs) and is saved every ``SAVE_S``.
+demand (its queue), plus what every peer publishes (``peers``: its cards and ``fairshare.HostAccounts``,
+from the federation's summaries), give each account's demand; ``fairshare.deserved`` shares the cluster's
+capacity among them. Every host computes the same shares from the same view. Usage accrues for this
+host's leases (``fairshare.accrue``: exact, however often it runs) and is saved every ``SAVE_S``.
 
 Reclaim (``[accounts] reclaim``): the first waiter in queue order whose account is below its share (its
 quota with ``quota``) and within its limit gets a plan (``fairshare.plan_reclaim``: restartable leases of
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from xpud.config.accounts import DEFAULT_ACCOUNT
 from xpud.engine.accounting import account_of, allocation, lease_gpus, request_gpus
@@ -33,6 +33,7 @@ from xpud.errors import XpudError
 from xpud.ledger import accounts as ledger_accounts
 from xpud.model import Lease, Mode, Request
 from xpud.planning import fairshare
+from xpud.planning.fairshare import HostAccounts
 
 log = logging.getLogger("xpud.controllers.accounts")
 
@@ -40,18 +41,6 @@ TICK_S = 1.0  # how often shares, usage and reclaim are looked at
 SAVE_S = 60.0  # how often the decayed usage is written to the ledger
 STOP_S = 60.0  # seconds a reclaimed lease's holder has to stop its command and release it
 EPS = 1e-9
-
-
-@dataclass(frozen=True)
-class Published:
-    """What one host publishes of its accounts (its summary): allocation, decayed usage (GPU-seconds) and
-    waiting demand per account (GPU-equivalents), its capacity and its accounts' config hash."""
-
-    allocated: Mapping[str, float] = field(default_factory=dict)
-    usage: Mapping[str, float] = field(default_factory=dict)
-    waiting: Mapping[str, float] = field(default_factory=dict)
-    capacity: float = 0.0
-    config_hash: str = ""
 
 
 @dataclass
@@ -82,7 +71,7 @@ class Accounts:
     def __init__(
         self,
         engine: Engine,
-        peers: Callable[[], Mapping[str, Published]] = dict,
+        peers: Callable[[], Mapping[str, tuple[int, HostAccounts]]] = dict,
         clock: Callable[[], float] = time.time,
         config_hash: str = "",
     ) -> None:
@@ -125,17 +114,13 @@ class Accounts:
         """Decayed usage (GPU-seconds) of this host's leases per account, as of ``now``."""
         return {a: fairshare.decayed(u, now - at, self.half_life_s) for a, (u, at) in self.usage.items()}
 
-    def published(self) -> Published:
-        """What this host publishes in its summary."""
-        return Published(
-            self.local_allocation(),
-            self.local_usage(self.clock()),
-            self.local_waiting(),
-            float(len(self.engine.cards)),
-            self.config_hash,
+    def published(self) -> HostAccounts:
+        """What this host publishes in its summary (``federation.view.HostSummary.accounts``)."""
+        return HostAccounts(
+            self.config_hash, self.local_allocation(), self.local_usage(self.clock()), self.local_waiting()
         )
 
-    def _peer_view(self) -> Mapping[str, Published]:
+    def _peer_view(self) -> Mapping[str, tuple[int, HostAccounts]]:
         try:
             return self.peers()
         except XpudError as e:  # a view that cannot be read counts as no peers this time
@@ -147,11 +132,11 @@ class Accounts:
         now = self.clock()
         alloc, waiting, usage = self.local_allocation(), self.local_waiting(), self.local_usage(now)
         capacity = float(len(self.engine.cards))
-        for p in self._peer_view().values():
+        for cards, p in self._peer_view().values():
             _add(alloc, p.allocated)
             _add(waiting, p.waiting)
             _add(usage, p.usage)
-            capacity += p.capacity
+            capacity += cards
         demand = dict(alloc)
         _add(demand, waiting)
         self.cluster_alloc, self.cluster_waiting, self.cluster_usage = alloc, waiting, usage
@@ -189,7 +174,7 @@ class Accounts:
                 continue
             names = {s.name} | {c.name for c in self.specs.values() if c.parent == s.name}
             held = sum(local.get(n, 0.0) for n in names)
-            held += sum(p.allocated.get(n, 0.0) for p in peers.values() for n in names)
+            held += sum(p.allocated.get(n, 0.0) for _, p in peers.values() for n in names)
             held += in_flight
             if held + size > s.limit + EPS:
                 return (

@@ -307,10 +307,10 @@ class Daemon:
         if not self.cfg.named_accounts:
             return
         fed = self.federation
-        peers = fed.peer_accounts if fed is not None and hasattr(fed, "peer_accounts") else dict
-        acc = Accounts(
-            self.engine, peers, config_hash=config_hash(self.cfg.accounts, self.cfg.named_accounts)
-        )
+        digest = config_hash(self.cfg.accounts, self.cfg.named_accounts)
+        acc = Accounts(self.engine, fed.peer_accounts if fed is not None else dict, config_hash=digest)
+        if fed is not None:
+            fed.accounts_source = acc.published  # in its summary: the peers' shares count it
         acc.restore()
         acc.refresh()
         self.engine.queue_order = acc

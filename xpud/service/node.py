@@ -30,7 +30,7 @@ from xpud.isolation.scope import ScopeError, process_uid
 from xpud.model import Caller, CommandEnd, Mode, QueuedRequest, Request
 from xpud.planning import green as carbon
 from xpud.planning.usage import job_class
-from xpud.service.accounts import charge
+from xpud.service.accounts import accounts_reply, charge
 
 log = logging.getLogger("xpud.service.node")
 
@@ -610,6 +610,12 @@ class NodeService(pbg.NodeServicer):
             name=fed.name,
             hosts=[convert.cluster_host_pb(h, h.name == fed.name) for h in fed.members()],
         )
+
+    @unary
+    async def ListAccounts(self, request, context):
+        self.ctx.caller(context)
+        daemon = self.ctx.extras.get("daemon")
+        return accounts_reply(self.ctx.engine.cfg, getattr(daemon, "accounts", None))
 
 
 def raise_not_found(lease_id: str):

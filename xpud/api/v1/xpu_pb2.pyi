@@ -749,8 +749,52 @@ class ClusterRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class AccountsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AccountRow(_message.Message):
+    __slots__ = ("name", "quota", "limit", "weight", "parent", "share", "allocated", "usage_gpu_hours", "waiting", "reclaimed_from", "reclaimed_for")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    USAGE_GPU_HOURS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMED_FROM_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMED_FOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    quota: float
+    limit: float
+    weight: float
+    parent: str
+    share: float
+    allocated: float
+    usage_gpu_hours: float
+    waiting: float
+    reclaimed_from: int
+    reclaimed_for: int
+    def __init__(self, name: _Optional[str] = ..., quota: _Optional[float] = ..., limit: _Optional[float] = ..., weight: _Optional[float] = ..., parent: _Optional[str] = ..., share: _Optional[float] = ..., allocated: _Optional[float] = ..., usage_gpu_hours: _Optional[float] = ..., waiting: _Optional[float] = ..., reclaimed_from: _Optional[int] = ..., reclaimed_for: _Optional[int] = ...) -> None: ...
+
+class AccountsReply(_message.Message):
+    __slots__ = ("enabled", "config_hash", "reclaim", "capacity", "accounts")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    config_hash: str
+    reclaim: str
+    capacity: float
+    accounts: _containers.RepeatedCompositeFieldContainer[AccountRow]
+    def __init__(self, enabled: _Optional[bool] = ..., config_hash: _Optional[str] = ..., reclaim: _Optional[str] = ..., capacity: _Optional[float] = ..., accounts: _Optional[_Iterable[_Union[AccountRow, _Mapping]]] = ...) -> None: ...
+
 class ClusterHost(_message.Message):
-    __slots__ = ("name", "addr", "state", "incarnation", "age_s", "self", "zone", "block", "domain", "cards", "free_whole", "free_slices", "health", "queue", "summary_valid", "group_gbps")
+    __slots__ = ("name", "addr", "state", "incarnation", "age_s", "self", "zone", "block", "domain", "cards", "free_whole", "free_slices", "health", "queue", "summary_valid", "group_gbps", "accounts_hash")
     class FreeSlicesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -774,6 +818,7 @@ class ClusterHost(_message.Message):
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_VALID_FIELD_NUMBER: _ClassVar[int]
     GROUP_GBPS_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTS_HASH_FIELD_NUMBER: _ClassVar[int]
     name: str
     addr: str
     state: str
@@ -790,7 +835,8 @@ class ClusterHost(_message.Message):
     queue: int
     summary_valid: bool
     group_gbps: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self_, name: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[str] = ..., incarnation: _Optional[int] = ..., age_s: _Optional[float] = ..., self: _Optional[bool] = ..., zone: _Optional[str] = ..., block: _Optional[str] = ..., domain: _Optional[str] = ..., cards: _Optional[int] = ..., free_whole: _Optional[int] = ..., free_slices: _Optional[_Mapping[str, int]] = ..., health: _Optional[int] = ..., queue: _Optional[int] = ..., summary_valid: _Optional[bool] = ..., group_gbps: _Optional[_Iterable[float]] = ...) -> None: ...
+    accounts_hash: str
+    def __init__(self_, name: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[str] = ..., incarnation: _Optional[int] = ..., age_s: _Optional[float] = ..., self: _Optional[bool] = ..., zone: _Optional[str] = ..., block: _Optional[str] = ..., domain: _Optional[str] = ..., cards: _Optional[int] = ..., free_whole: _Optional[int] = ..., free_slices: _Optional[_Mapping[str, int]] = ..., health: _Optional[int] = ..., queue: _Optional[int] = ..., summary_valid: _Optional[bool] = ..., group_gbps: _Optional[_Iterable[float]] = ..., accounts_hash: _Optional[str] = ...) -> None: ...
 
 class ClusterReply(_message.Message):
     __slots__ = ("enabled", "name", "hosts")

@@ -119,6 +119,11 @@ class NodeStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobInput.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobEvent.FromString,
                 _registered_method=True)
+        self.ListAccounts = channel.unary_unary(
+                '/xpud.v1.Node/ListAccounts',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsReply.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -244,6 +249,14 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAccounts(self, request, context):
+        """The accounts of xpud.toml (issue #33) and how they stand across the cluster: quota, limit, weight,
+        deserved share, allocated, decayed usage, waiting demand, reclaims (`xpu accounts`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -331,6 +344,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.RunJob,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobInput.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobEvent.SerializeToString,
+            ),
+            'ListAccounts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAccounts,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -792,6 +810,33 @@ class Node:
             '/xpud.v1.Node/RunJob',
             xpud_dot_api_dot_v1_dot_xpu__pb2.JobInput.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.JobEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAccounts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/ListAccounts',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsReply.FromString,
             options,
             channel_credentials,
             insecure,
