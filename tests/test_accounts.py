@@ -198,3 +198,33 @@ def test_an_accounts_limit_holds_at_the_grant_even_with_a_card_free(daemon_facto
         )
         assert c.acquire_lease("vxpu-quarter", account="nlp").lease.account == "nlp"  # others go on
         stream.cancel()
+
+
+def test_a_hosts_summary_carries_its_accounts_bounded_and_checked():
+    from xpud.federation.membership import MAX_META
+    from xpud.federation.view import BadSummary, HostSummary, decode, encode
+    from xpud.planning.fairshare import HostAccounts
+
+    many = HostAccounts(
+        "0123456789abcdef",
+        {f"a{i}": float(i) for i in range(300)},
+        {f"a{i}": 3600.0 * i for i in range(300)},
+        {"a1": 0.5},
+    )
+    text = encode(HostSummary(cards=8, free_whole=0, accounts=many))
+    assert len(text.encode()) <= MAX_META  # as many as fit, the busiest first
+    got = decode(text).accounts
+    assert got.config_hash == "0123456789abcdef" and got.allocated["a299"] == 299.0
+    assert "a0" not in got.allocated and len(got.allocated) < 300  # holds, used and waits for nothing
+    assert decode(encode(HostSummary(cards=2, free_whole=2))).accounts is None  # no accounts: as before
+    plain = json.loads(encode(HostSummary(cards=2, free_whole=2)))
+    for bad in (
+        ["0123", [["vision", float("nan"), 0, 0]]],
+        ["0123", [["vision", -1, 0, 0]]],
+        ["0123", [["Vision!", 1, 0, 0]]],
+        ["0123", [["vision", 1, 0, 0], ["vision", 1, 0, 0]]],
+        ["not-hex", []],
+        ["0123", [["vision", 1e7, 0, 0]]],
+    ):
+        with pytest.raises(BadSummary):
+            decode(json.dumps({**plain, "a": bad}))
