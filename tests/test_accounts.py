@@ -228,3 +228,19 @@ def test_a_hosts_summary_carries_its_accounts_bounded_and_checked():
     ):
         with pytest.raises(BadSummary):
             decode(json.dumps({**plain, "a": bad}))
+
+
+def test_metrics_per_account(daemon_factory):
+    from tests.test_metrics import free_port, samples, scrape, value
+
+    port = free_port()
+    d = daemon_factory("workstation-2x", config=fair() + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    with d.client() as c:
+        c.acquire_lease("xpu", account="vision")
+        c.acquire_lease("vxpu-half", account="nlp")
+        found = samples(scrape(port))
+    assert value(found, "xpud_account_allocated", account="vision") == 1.0
+    assert value(found, "xpud_account_allocated", account="nlp") == 0.5
+    assert value(found, "xpud_account_share", account="default") == 0.0
+    assert value(found, "xpud_account_reclaims_total", account="vision", direction="from") == 0.0
+    assert {s.labels["account"] for s in found["xpud_account_share"]} == {"vision", "nlp", "default"}
