@@ -244,3 +244,41 @@ def test_metrics_per_account(daemon_factory):
     assert value(found, "xpud_account_share", account="default") == 0.0
     assert value(found, "xpud_account_reclaims_total", account="vision", direction="from") == 0.0
     assert {s.labels["account"] for s in found["xpud_account_share"]} == {"vision", "nlp", "default"}
+
+
+def test_report_sums_gpu_hours_jobs_and_waits_from_the_ledger(daemon_factory):
+    d = daemon_factory("workstation-2x", config=fair())
+    with d.client() as c:
+        whole = c.acquire_lease("xpu", gpus=2, account="vision")
+        stream = c.acquire("vxpu-half", account="nlp", wait_s=30)  # waits for vision's cards
+        updates = c.iterate(stream)
+        assert next(updates).HasField("queued")
+        time.sleep(1.0)
+        c.release(whole.lease.id, whole.token)
+        half = next(u for u in updates if u.HasField("granted")).granted
+        time.sleep(0.5)
+        c.release(half.lease.id, half.token)
+    r = d.xpu("report", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    check(doc, "Report", "xpu report")
+    rows = {x["key"]: x for x in doc["rows"]}
+    assert set(rows) == {"vision", "nlp"} and doc["hosts"] and not doc["hosts_missing"]
+    assert 2 * 1.0 / 3600 < rows["vision"]["gpu_hours"] < 2 * 30.0 / 3600  # 2 cards for a second or so
+    assert 0.5 * 0.5 / 3600 < rows["nlp"]["gpu_hours"] < 0.5 * 30.0 / 3600  # half a card
+    assert (rows["vision"]["jobs"], rows["nlp"]["jobs"]) == (1, 1)
+    assert rows["vision"]["mean_wait_s"] == 0.0 and rows["nlp"]["p95_wait_s"] >= 1.0  # it waited in the queue
+    user = json.loads(d.xpu("report", "--by", "user", "--json").stdout)
+    assert [x["key"] for x in user["rows"]] == ["root"] and user["rows"][0]["jobs"] == 2
+    csv = d.xpu("report", "--by", "card-model", "--csv")
+    assert csv.returncode == 0 and csv.stdout.splitlines()[0].startswith("by,key,gpu_hours,jobs,")
+    assert len(csv.stdout.splitlines()) == 2  # one model on this machine
+    past = json.loads(d.xpu("report", "--until", "2001-01-01", "--json").stdout)
+    assert past["rows"] == []
+    for args, says in (
+        (("--by", "team"), "--by team: use one of account, user, card-model"),
+        (("--since", "yesterday"), "--since 'yesterday': give an ISO date or time"),
+        (("--since", "-1h", "--until", "-2h"), "is not before --until"),
+    ):
+        r = d.xpu("report", *args)
+        assert r.returncode != 0 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr

@@ -62,6 +62,14 @@ def test_an_accounts_share_is_the_clusters_and_a_differing_config_is_reported_by
         assert len(moved) == 1 and "of account vision (holds 7, deserves 6)" in moved[0], moved
         by = _accounts(h1)
         assert (by["vision"]["share"], by["nlp"]["share"]) == (6.0, 2.0)
+        # xpu report on h1 reads the ledgers of all three hosts
+        r = h1.daemon.xpu("report", "--json", timeout=60)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        rows = {x["key"]: x for x in doc["rows"]}
+        assert sorted(doc["hosts"]) == ["h1", "h2", "h3"] and doc["hosts_missing"] == []
+        assert rows["vision"]["jobs"] == 3 and rows["nlp"]["jobs"] == 2  # vision's on h1, h2 and h3
+        assert (rows["vision"]["reclaims_suffered"], rows["nlp"]["reclaims_caused"]) == (1, 1)
         # doctor on h1: h3 publishes another [accounts] hash
         run_dir = str(h1.daemon.runtime_dir)
         cmd = [str(BIN / "xpud"), "--config", str(h1.daemon.config), "--runtime-dir", run_dir,

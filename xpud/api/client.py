@@ -264,6 +264,10 @@ class Client:
         """One lease, active or ended, by its id or a unique prefix."""
         return self.leases(lease_id=lease_id).leases[0]
 
+    def report(self, by: str = "account", since: float = 0.0, until: float = 0.0) -> pb.ReportReply:
+        """Usage from every host's ledger (``xpu report``)."""
+        return self._unary(self.node.Report, pb.ReportRequest(by=by, since=since, until=until))
+
     def accounts(self) -> pb.AccountsReply:
         """The accounts and how they stand across the cluster (``xpu accounts``)."""
         return self._unary(self.node.ListAccounts, pb.AccountsRequest())

@@ -268,3 +268,22 @@ def card_health_pb(v) -> pb.CardHealth:
 def usage_row_pb(r) -> pb.UsageRow:
     """A ``LeaseUsage`` row (``xpud.controllers.rightsizer.UsageRow``) -> message."""
     return pb.UsageRow(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)})
+
+
+def usage_records_pb(host: str, records, reclaims, truncated: bool) -> pb.UsageRecordsReply:
+    """``planning.usage_report`` records and reclaims of one host -> the reply of ``Peer.UsageRecords``."""
+    reply = pb.UsageRecordsReply(host=host, truncated=truncated)
+    for r in records:
+        m = reply.records.add(
+            account=r.account,
+            user=r.user,
+            card_model=r.card_model,
+            gpus=r.gpus,
+            start=r.start,
+            wait_s=r.wait_s,
+        )
+        if r.end is not None:
+            m.end = r.end
+    for c in reclaims:
+        reply.reclaims.add(at=c.at, victim=c.victim, beneficiary=c.beneficiary)
+    return reply

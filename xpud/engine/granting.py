@@ -20,6 +20,7 @@ from xpud.engine.accounting import account_of, request_gpus
 from xpud.engine.effects import Effects
 from xpud.engine.waitlist import Waiter, kind_of
 from xpud.errors import NoCapacity
+from xpud.ledger import accounts as ledger_accounts
 from xpud.ledger.ledger import EventRecord, LedgerUnavailable, Op
 from xpud.model import CardMode, Lease, LeaseState, Mode, QueuedRequest, Request, Slice
 
@@ -203,6 +204,8 @@ class Granting(Effects):
             account=account_of(req),
         )
         ops = [self.ledger.insert_lease_op(lease, token), *self.standby.drop_ops(spent)]
+        if queued_s:
+            ops.append(ledger_accounts.set_lease_wait_op(lease_id, queued_s))
         ops += [self.ledger.save_card_op(self.cards[i].record()) for i in switched]
         where = ",".join(map(str, cards))
         events = [

@@ -8,9 +8,42 @@ step: its number may change when branches merge; nothing here depends on it).
 from __future__ import annotations
 
 import math
+import re
 import sqlite3
 
 from xpud.ledger.ledger import Op, op
+
+
+def set_lease_wait_op(lease_id: str, queued_s: float) -> Op:
+    """How long a lease's request waited in the queue (committed with its grant; for `xpu report`)."""
+    return op("UPDATE leases SET queued_s=? WHERE id=?", max(float(queued_s), 0.0), lease_id)
+
+
+def leases_between(db: sqlite3.Connection, since: float, until: float, limit: int) -> list[sqlite3.Row]:
+    """Leases that held cards at some time in [since, until) (active ones too), oldest first, at most
+    ``limit``: id, owner_uid, account, mode, cards, slices, created, ended, queued_s."""
+    return db.execute(
+        "SELECT id, owner_uid, account, mode, cards, slices, created, ended, queued_s FROM leases"
+        " WHERE created < ? AND (ended IS NULL OR ended >= ?) ORDER BY created LIMIT ?",
+        (until, since, limit),
+    ).fetchall()
+
+
+_FOR = re.compile(r"reclaimed for account ([a-z][a-z0-9_-]{0,31})")
+
+
+def reclaims_between(db: sqlite3.Connection, since: float, until: float, limit: int) -> list[tuple]:
+    """(time, account reclaimed from, account reclaimed for) of the fair-share reclaims in [since, until)."""
+    rows = db.execute(
+        "SELECT e.ts, l.account, e.message FROM events e LEFT JOIN leases l ON l.id = e.lease_id"
+        " WHERE e.kind='fairshare' AND e.ts >= ? AND e.ts < ? ORDER BY e.ts LIMIT ?",
+        (since, until, limit),
+    ).fetchall()
+    out = []
+    for ts, victim, message in rows:
+        m = _FOR.search(message or "")
+        out.append((float(ts), victim or "default", m.group(1) if m else "default"))
+    return out
 
 
 def set_reservation_account_op(job: str, attempt: int, account: str) -> Op:

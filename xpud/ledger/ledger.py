@@ -199,6 +199,7 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE leases ADD COLUMN account TEXT NOT NULL DEFAULT 'default';
     ALTER TABLE reservations ADD COLUMN account TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE leases ADD COLUMN queued_s REAL NOT NULL DEFAULT 0;  -- time in the queue before the grant
     CREATE TABLE account_usage (
         account TEXT PRIMARY KEY,
         usage_s REAL NOT NULL,        -- decayed usage in GPU-seconds (xpud.planning.fairshare.accrue)

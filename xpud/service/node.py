@@ -30,7 +30,7 @@ from xpud.isolation.scope import ScopeError, process_uid
 from xpud.model import Caller, CommandEnd, Mode, QueuedRequest, Request
 from xpud.planning import green as carbon
 from xpud.planning.usage import job_class
-from xpud.service.accounts import accounts_reply, charge
+from xpud.service.accounts import accounts_reply, charge, report
 
 log = logging.getLogger("xpud.service.node")
 
@@ -616,6 +616,11 @@ class NodeService(pbg.NodeServicer):
         self.ctx.caller(context)
         daemon = self.ctx.extras.get("daemon")
         return accounts_reply(self.ctx.engine.cfg, getattr(daemon, "accounts", None))
+
+    @unary
+    async def Report(self, request, context):
+        self.ctx.caller(context)
+        return await report(self.ctx, request)
 
 
 def raise_not_found(lease_id: str):

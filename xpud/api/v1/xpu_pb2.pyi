@@ -753,6 +753,102 @@ class AccountsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ReportRequest(_message.Message):
+    __slots__ = ("by", "since", "until")
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    by: str
+    since: float
+    until: float
+    def __init__(self, by: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ...) -> None: ...
+
+class ReportRow(_message.Message):
+    __slots__ = ("key", "gpu_hours", "jobs", "mean_wait_s", "p95_wait_s", "reclaims_suffered", "reclaims_caused")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    P95_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMS_SUFFERED_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMS_CAUSED_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    gpu_hours: float
+    jobs: int
+    mean_wait_s: float
+    p95_wait_s: float
+    reclaims_suffered: int
+    reclaims_caused: int
+    def __init__(self, key: _Optional[str] = ..., gpu_hours: _Optional[float] = ..., jobs: _Optional[int] = ..., mean_wait_s: _Optional[float] = ..., p95_wait_s: _Optional[float] = ..., reclaims_suffered: _Optional[int] = ..., reclaims_caused: _Optional[int] = ...) -> None: ...
+
+class ReportReply(_message.Message):
+    __slots__ = ("by", "since", "until", "rows", "hosts", "hosts_missing", "truncated")
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_MISSING_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    by: str
+    since: float
+    until: float
+    rows: _containers.RepeatedCompositeFieldContainer[ReportRow]
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    hosts_missing: _containers.RepeatedScalarFieldContainer[str]
+    truncated: bool
+    def __init__(self, by: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., rows: _Optional[_Iterable[_Union[ReportRow, _Mapping]]] = ..., hosts: _Optional[_Iterable[str]] = ..., hosts_missing: _Optional[_Iterable[str]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class UsageRecordsRequest(_message.Message):
+    __slots__ = ("since", "until")
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    since: float
+    until: float
+    def __init__(self, since: _Optional[float] = ..., until: _Optional[float] = ...) -> None: ...
+
+class UsageRecord(_message.Message):
+    __slots__ = ("account", "owner_uid", "user", "card_model", "gpus", "start", "end", "wait_s")
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    OWNER_UID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    CARD_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    account: str
+    owner_uid: int
+    user: str
+    card_model: str
+    gpus: float
+    start: float
+    end: float
+    wait_s: float
+    def __init__(self, account: _Optional[str] = ..., owner_uid: _Optional[int] = ..., user: _Optional[str] = ..., card_model: _Optional[str] = ..., gpus: _Optional[float] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class ReclaimRecord(_message.Message):
+    __slots__ = ("at", "victim", "beneficiary")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    VICTIM_FIELD_NUMBER: _ClassVar[int]
+    BENEFICIARY_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    victim: str
+    beneficiary: str
+    def __init__(self, at: _Optional[float] = ..., victim: _Optional[str] = ..., beneficiary: _Optional[str] = ...) -> None: ...
+
+class UsageRecordsReply(_message.Message):
+    __slots__ = ("host", "records", "reclaims", "truncated")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    records: _containers.RepeatedCompositeFieldContainer[UsageRecord]
+    reclaims: _containers.RepeatedCompositeFieldContainer[ReclaimRecord]
+    truncated: bool
+    def __init__(self, host: _Optional[str] = ..., records: _Optional[_Iterable[_Union[UsageRecord, _Mapping]]] = ..., reclaims: _Optional[_Iterable[_Union[ReclaimRecord, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
 class AccountRow(_message.Message):
     __slots__ = ("name", "quota", "limit", "weight", "parent", "share", "allocated", "usage_gpu_hours", "waiting", "reclaimed_from", "reclaimed_for")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -124,6 +124,11 @@ class NodeStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsRequest.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsReply.FromString,
                 _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/xpud.v1.Node/Report',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReportRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReportReply.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -257,6 +262,14 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Report(self, request, context):
+        """Usage from the ledgers of every host of the cluster (`xpu report`): GPU-hours, jobs, waits and
+        reclaims per account, user or card model over a time window.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -349,6 +362,11 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.ListAccounts,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsRequest.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsReply.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReportRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReportReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -847,6 +865,33 @@ class Node:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/Report',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ReportRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ReportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class PeerStub:
     """Between the daemons of one cluster, over TCP with mutual TLS: both ends show a certificate from the
@@ -884,6 +929,11 @@ class PeerStub:
                 '/xpud.v1.Peer/Launch',
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.FromString,
+                _registered_method=True)
+        self.UsageRecords = channel.unary_unary(
+                '/xpud.v1.Peer/UsageRecords',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsReply.FromString,
                 _registered_method=True)
 
 
@@ -933,6 +983,13 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UsageRecords(self, request, context):
+        """This host's leases and fair-share reclaims in a time window, for a peer's `xpu report`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -960,6 +1017,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Launch,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.SerializeToString,
+            ),
+            'UsageRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.UsageRecords,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1100,6 +1162,33 @@ class Peer:
             '/xpud.v1.Peer/Launch',
             xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchInput.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UsageRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/UsageRecords',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsReply.FromString,
             options,
             channel_credentials,
             insecure,
