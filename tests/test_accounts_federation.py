@@ -47,6 +47,11 @@ def test_an_accounts_share_is_the_clusters_and_a_differing_config_is_reported_by
         hosts.append(make_host(site, 3, [hosts[0].addr], extra=OTHER))
         h1, h2, h3 = hosts
         wait_until(lambda: converged(hosts), timeout=60, step=0.3)
+        # a multi-host job's reservations are charged on each host to the submitter's first account
+        r = h1.daemon.xpu("run", "--nodes", "2", "--gpus-per-node", "1", "--", "true", timeout=120)
+        assert r.returncode == 0, r.stderr
+        with h2.daemon.client() as c:
+            assert {x.account for x in c.leases(all=True).leases} == {"vision"}
         # vision holds 4 cards on h2, 2 on h3, and 1 restartable on h1; nlp 1 (not restartable) on h1
         procs += [_hold(h2, "vision", 4), _hold(h3, "vision", 2)]
         procs += [_hold(h1, "vision", 1, "--restartable", "--wait", "inf"), _hold(h1, "nlp", 1)]
@@ -68,7 +73,8 @@ def test_an_accounts_share_is_the_clusters_and_a_differing_config_is_reported_by
         doc = json.loads(r.stdout)
         rows = {x["key"]: x for x in doc["rows"]}
         assert sorted(doc["hosts"]) == ["h1", "h2", "h3"] and doc["hosts_missing"] == []
-        assert rows["vision"]["jobs"] == 3 and rows["nlp"]["jobs"] == 2  # vision's on h1, h2 and h3
+        # vision's on h1, h2 and h3, and the two ranks of the job
+        assert rows["vision"]["jobs"] == 5 and rows["nlp"]["jobs"] == 2
         assert (rows["vision"]["reclaims_suffered"], rows["nlp"]["reclaims_caused"]) == (1, 1)
         # doctor on h1: h3 publishes another [accounts] hash
         run_dir = str(h1.daemon.runtime_dir)
