@@ -116,7 +116,8 @@ def run_checks(cfg: config.Config, host: Host) -> list[Check]:
     checks += _daemon_dirs(cfg)
     checks += _unit(host)
     checks += _cluster(cfg)
-    checks.append(accounts_hash(cfg))
+    if cfg.cluster.enabled:
+        checks.append(accounts_hash(cfg))
     return checks
 
 
