@@ -282,3 +282,12 @@ def test_report_sums_gpu_hours_jobs_and_waits_from_the_ledger(daemon_factory):
     ):
         r = d.xpu("report", *args)
         assert r.returncode != 0 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_quotas_above_the_cluster_are_a_warning_in_the_event_log_not_an_error(daemon_factory):
+    d = daemon_factory("workstation-2x", config=fair().replace("quota = 1", "quota = 3"))
+    with d.client() as c:
+        assert c.acquire_lease("vxpu-quarter").lease.account == "vision"  # the daemon serves
+        wait_until(lambda: any(e.kind == "accounts" for e in c.events()), timeout=10)
+        (warning,) = [e.message for e in c.events() if e.kind == "accounts"]
+    assert warning.startswith("[accounts] quotas sum to 6 GPU-equivalents, above the cluster's 2:")

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from xpud.config.accounts import DEFAULT_ACCOUNT
+from xpud.config.accounts import DEFAULT_ACCOUNT, quota_warning
 from xpud.engine.accounting import account_of, allocation, lease_gpus, request_gpus
 from xpud.engine.engine import Engine
 from xpud.errors import XpudError
@@ -93,6 +93,7 @@ class Accounts:
         self.protected_until: dict[str, float] = {}
         self.stopping: dict[str, float] = {}  # lease id -> when it is ended if its holder has not released
         self._saved = 0.0
+        self.warning: str | None = None  # quotas above the cluster's capacity (said once per change)
 
     # ---- state -------------------------------------------------------------------------------------
 
@@ -142,6 +143,11 @@ class Accounts:
         self.cluster_alloc, self.cluster_waiting, self.cluster_usage = alloc, waiting, usage
         self.capacity = capacity
         self.shares = fairshare.deserved(self.specs, demand, capacity)
+        warning = quota_warning(self.cfg.named_accounts, capacity)
+        if warning != self.warning:  # oversubscribed quotas are a site's choice: said, not refused
+            self.warning = warning
+            if warning:
+                self.engine.event("accounts", warning)
 
     def accrue(self) -> None:
         """Add what this host's leases used since the last accrual (decayed as they went)."""

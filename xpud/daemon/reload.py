@@ -42,6 +42,8 @@ def merge(running: config.Config, new: config.Config) -> tuple[config.Config, li
         out = dataclasses.replace(out, windows=new.windows)
     if running.slices != new.slices:
         restart.append("[slices]")
+    if running.named_accounts != new.named_accounts:  # the accounts controller is built at start (#33)
+        restart.append("[accounts.NAME]")
     return out, live, restart
 
 
