@@ -291,3 +291,28 @@ def test_quotas_above_the_cluster_are_a_warning_in_the_event_log_not_an_error(da
         wait_until(lambda: any(e.kind == "accounts" for e in c.events()), timeout=10)
         (warning,) = [e.message for e in c.events() if e.kind == "accounts"]
     assert warning.startswith("[accounts] quotas sum to 6 GPU-equivalents, above the cluster's 2:")
+
+
+@pytest.mark.parametrize("mode", ["fair-share", "quota"])
+def test_reclaim_quota_takes_back_only_up_to_quotas_fair_share_up_to_the_share(
+    daemon_factory, short_tmp, mode
+):
+    # no quotas: nlp deserves half the idle cluster (weights) but is owed nothing under "quota" (KAI's)
+    config = fair().replace("quota = 1", "quota = 0").replace("reclaim_grace_s = 0.0", f'reclaim = "{mode}"')
+    d = daemon_factory("workstation-2x", config=config)
+    procs = [_run(d, "vision", short_tmp / f"v{i}", "--restartable", "--wait", "inf") for i in range(2)]
+    try:
+        wait_until(lambda: list(_held(d).values()) == ["vision", "vision"], timeout=30)
+        with d.client() as c:
+            if mode == "fair-share":
+                assert c.acquire_lease("xpu", account="nlp", wait_s=30).lease.account == "nlp"
+            else:
+                with pytest.raises(NoCapacity, match="waited 4 s"):
+                    c.acquire_lease("xpu", account="nlp", wait_s=4)
+            reclaims = [e for e in c.events() if e.kind == "fairshare"]
+        assert len(reclaims) == (1 if mode == "fair-share" else 0)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(30)
