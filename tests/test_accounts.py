@@ -134,7 +134,8 @@ def test_an_account_below_its_share_gets_a_card_back_from_restartable_work_withi
             took = time.monotonic() - t0
             assert g.lease.account == "nlp" and took < 15, took
             wait_until(lambda: sorted(_held(d).values()) == ["nlp", "vision"], timeout=10)  # vision keeps 1
-            (queued,) = c.leases().queue  # the reclaimed one queued again, with why it waits
+            wait_until(lambda: len(c.leases().queue) == 1, timeout=20)  # the reclaimed one queued again
+            (queued,) = c.leases().queue
             assert queued.account == "vision" and queued.reason == "Fairshare: vision over its share"
             events = [e.message for e in c.events() if e.kind == "fairshare"]
             assert len(events) == 1 and "of account vision" in events[0] and "for account nlp" in events[0]

@@ -93,6 +93,7 @@ class Accounts:
         self.protected_until: dict[str, float] = {}
         self.stopping: dict[str, float] = {}  # lease id -> when it is ended if its holder has not released
         self._saved = 0.0
+        self.peer_view: Mapping[str, tuple[int, HostAccounts]] = {}  # as of the last refresh
         self.warning: str | None = None  # quotas above the cluster's capacity (said once per change)
 
     # ---- state -------------------------------------------------------------------------------------
@@ -133,7 +134,8 @@ class Accounts:
         now = self.clock()
         alloc, waiting, usage = self.local_allocation(), self.local_waiting(), self.local_usage(now)
         capacity = float(len(self.engine.cards))
-        for cards, p in self._peer_view().values():
+        self.peer_view = self._peer_view()
+        for cards, p in self.peer_view.values():
             _add(alloc, p.allocated)
             _add(waiting, p.waiting)
             _add(usage, p.usage)
@@ -174,7 +176,7 @@ class Accounts:
             return ""
         size = request_gpus(self.cfg, req)
         local = self.local_allocation()
-        peers = self._peer_view()
+        peers = self.peer_view  # decoded once a tick, not once a waiter: gossip is no fresher
         for s in (spec, self.specs.get(spec.parent)):
             if s is None or s.limit is None:
                 continue
