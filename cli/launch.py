@@ -84,5 +84,6 @@ def run_with(client, opts: dict, command: list[str]):
         quiet=opts["quiet"],
         job_class=opts["job_class"],
         name=opts["name"],
+        account=opts["account"],
         green_deadline=green,
     )

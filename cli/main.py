@@ -127,6 +127,15 @@ def run(
             "--name", "-J", help="A name for the job, shown in `xpu leases` and `xpu show` (as sbatch -J)."
         ),
     ] = "",
+    account: Annotated[
+        str,
+        typer.Option(
+            "--account",
+            "-A",
+            help="The account (team) to charge, one you are a member of (xpud.toml [accounts]); "
+            "default: your first account, else default (as sbatch -A).",
+        ),
+    ] = "",
     when_green: Annotated[
         bool,
         typer.Option(
@@ -205,6 +214,7 @@ def run(
         json_env=json_env,
         job_class=job_class,
         name=name,
+        account=account,
         quiet=quiet,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
@@ -461,8 +471,9 @@ def fault_clear(card: Annotated[str, typer.Argument(help="Card index or UUID.")]
 
 def _register_commands() -> None:
     """Commands that live in their own modules (defrag, simulator, dashboard, certs, cluster, config,
-    leases, events, health, slurm, confine, jobs) register themselves."""
+    leases, events, health, slurm, confine, jobs, accounts) register themselves."""
     from xpu_cli import (
+        accounts,
         certs,
         cluster,
         configure,
@@ -478,6 +489,7 @@ def _register_commands() -> None:
     )
 
     for module in (
+        accounts,
         certs,
         cluster,
         configure,

@@ -15,7 +15,9 @@ thread sleeps on one self-pipe that signals, SIGCHLD and that thread all poke.
   the same signal (a shell shows 128 + n), after releasing the lease.
 - ``--restartable``: on a ``move`` event the command is stopped (SIGTERM, SIGKILL after the grace), the
   move acknowledged (the daemon answers with the new placement) and the command started again with the
-  new environment; ``XPU_RESTART_COUNT`` counts the restarts.
+  new environment; ``XPU_RESTART_COUNT`` counts the restarts. On a ``reclaim`` event (fair share between
+  accounts, xpud.controllers.accounts) the command is stopped the same way, the lease released, and the
+  request queued again (as long as the daemon allows); once granted the command starts again.
 - ``--json-env``: no command; once granted, one line of JSON (lease id, mode, cards, environment with the
   lease's token: ``xpu confine -- COMMAND`` under it confines the launcher's work, ``xpu_cli.confine``) to
   stdout, and the wrapper keeps holding the lease until its stdin reaches end of file or it gets SIGINT,
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import queue
 import select
@@ -341,7 +344,11 @@ def _supervise(
     grant,
     argv: list[str],
     kill_grace_s: float,
+    requeue=None,
 ) -> Outcome:
+    """Run ``argv`` under the lease, following moves; on a ``reclaim`` (fair share between accounts) a
+    --restartable command is stopped, the lease released and ``requeue()`` asked for a new (stream,
+    grant), on which the command starts again."""
     lease, token = grant.lease, grant.token
     tty = controlling_tty()
     restarts = 0
@@ -366,6 +373,21 @@ def _supervise(
                 except XpudError as e:
                     _say(f"the move of lease {lease.id} failed: {e}")
                     return Outcome(1, by_wrapper=True)
+                restarts += 1
+                where = ",".join(map(str, lease.cards))
+                _say(f"restarting the command on card {where} (restart {restarts})")
+                child = Child(argv, env_for(lease, restarts), kill_grace_s, tty)
+            elif kind == "reclaim" and lease.restartable and requeue is not None:
+                _say(f"lease {lease.id} is reclaimed ({ev.message}); stopping the command and queueing again")
+                child.stop(wake)
+                try:
+                    stream, grant = requeue()
+                except XpudError as e:
+                    _say(f"queueing again after the reclaim of lease {lease.id} failed: {e}")
+                    return Outcome(1, by_wrapper=True)
+                if isinstance(grant, Outcome):
+                    return grant
+                lease, token = grant.lease, grant.token
                 restarts += 1
                 where = ",".join(map(str, lease.cards))
                 _say(f"restarting the command on card {where} (restart {restarts})")
@@ -471,6 +493,7 @@ def run(
     name: str = "",
     quiet: bool = False,
     green_deadline: float = 0.0,
+    account: str = "",
 ) -> Outcome:
     """Lease, run ``argv`` under supervision (or hold for another launcher with ``json_env``), release
     (telling the daemon how the command ended, for `xpu leases --all`). ``wait_s``: None for the daemon's
@@ -491,6 +514,7 @@ def run(
         command=_label(argv) if argv else "(xpu run --json-env)",
         job_class=job_class,
         name=name,
+        account=account,
         **({"when_green": True, "green_deadline": green_deadline} if green_deadline else {}),
     )
     wake = Wakeup()
@@ -511,7 +535,21 @@ def run(
                 if refused is not None:
                     return refused
                 started = time.time()
-                ended = _supervise(client, stream, signals, wake, grant, argv, kill_grace_s)
+
+                def requeue():  # after a reclaim: release, queue again (as long as allowed), hold anew
+                    nonlocal stream, grant, started
+                    stream.stop()
+                    with contextlib.suppress(XpudError):
+                        client.release(grant.lease.id, grant.token, started=started)
+                    grant = None
+                    stream = LeaseStream(client, {**request, "wait_s": math.inf}, wake)
+                    stream.start()
+                    got = _wait_for_grant(stream, signals, wake, what, quiet)
+                    if not isinstance(got, Outcome):
+                        grant, started = got, time.time()
+                    return stream, got
+
+                ended = _supervise(client, stream, signals, wake, grant, argv, kill_grace_s, requeue)
                 return ended
             finally:
                 stream.stop()

@@ -16,6 +16,8 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "-g": ("gpus", "int>=1"),
     "--wait": ("wait", "duration"),
     "--name": ("name", "str"),
+    "--account": ("account", "str"),
+    "-A": ("account", "str"),
     "-J": ("name", "str"),
     "--priority": ("priority", "int"),
     "-p": ("priority", "int"),
@@ -52,6 +54,7 @@ RUN_DEFAULTS = {
     "json_env": False,
     "job_class": "",
     "name": "",
+    "account": "",
     "when_green": False,
     "deadline": None,
     "quiet": False,
@@ -111,7 +114,13 @@ def is_text(value: str) -> bool:
     return True
 
 
-_TEXTS = {"mode": "--mode", "name": "--name", "job_class": "--class", "deadline": "--deadline"}
+_TEXTS = {
+    "mode": "--mode",
+    "name": "--name",
+    "account": "--account",
+    "job_class": "--class",
+    "deadline": "--deadline",
+}
 
 
 def check_values(opts: dict) -> None:

@@ -123,6 +123,9 @@ def test_every_command_prints_its_documented_shape(daemon_factory):
                 ("events",): "[Event]",
                 ("events", "--lease", ended.id): "[Event]",
                 ("health", "--details"): "[CardHealth]",
+                ("accounts",): "Accounts",
+                ("report",): "Report",
+                ("report", "--by", "card-model"): "Report",
             }
             seen = {}
             for args, typ in outputs.items():

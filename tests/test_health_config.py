@@ -44,7 +44,7 @@ def test_a_version_1_ledger_upgrades_and_keeps_its_leases(tmp_path):
     db.commit()
     db.close()
     led = Ledger(path)
-    assert led.schema_version == SCHEMA_VERSION == 9  # 9: the jobs (xpud.ledger.jobs)
+    assert led.schema_version == SCHEMA_VERSION == 10  # 9: the jobs (xpud.ledger.jobs); 10: the accounts
     assert led.auto_leases() == {} and led.class_readings() == {}  # 6: right-sizing's records
     assert led.standby() == []  # 7: pre-created slices
     assert [x.id for x in led.active_leases()] == ["a1"]

@@ -26,15 +26,8 @@ from xpud.errors import XpudError
 from xpud.ledger.ledger import SCHEMA_VERSION
 
 DATA = Path(__file__).resolve().parent / "data"
-RECORDED = (
-    2,
-    3,
-    4,
-    5,
-    6,
-    7,
-    8,
-)  # schema versions with a recorded ledger; the current one is made by every test
+# schema versions with a recorded ledger; the current one is made by every test
+RECORDED = (2, 3, 4, 5, 6, 7, 8, 9)
 FIXTURE = json.loads((DATA / "ledger-v2.json").read_text())
 NEXT_VERSION = "99.0.0+upgrade-test"
 

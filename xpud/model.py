@@ -192,6 +192,7 @@ class Request:
     job_class: str = ""  # `xpu run --class`, or the class --mode auto chose by; "" = from the command
     not_before: float = 0.0  # not granted before (seconds since the epoch): a green start; 0 = at once
     not_before_reason: str = ""  # why that start (the carbon signal's greenest hour ...)
+    account: str = ""  # the account ([accounts.NAME]) it is charged to; "" = "default"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # a plain "xpu" becomes Mode.XPU
@@ -233,6 +234,7 @@ class Lease:
     exit_code: int | None = None
     exit_signal: int | None = None
     anchor: str = ""  # "slurm:<job>" / "pod:<uid>": alive while that lives, not while a Hold stream is open
+    account: str = ""  # the account ([accounts.NAME]) it is charged to; "" = "default"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))

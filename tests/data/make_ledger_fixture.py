@@ -1,6 +1,6 @@
 """Make tests/data/ledger-vN.sql and ledger-vN.json: a ledger written by a released xpud, with leases held.
 
-One recorded ledger per released schema version N (v2 .. v8; the current schema's ledger is made by every
+One recorded ledger per released schema version N (v2 .. v9; the current schema's ledger is made by every
 test). tests/test_upgrade.py opens each with the newest code, which must migrate it to the current schema
 and restore the active leases. Do not regenerate them with a newer xpud: they stand for what hosts in the
 field have on disk. Each was made with the code of the first commit on main whose migrations are today's
@@ -14,13 +14,14 @@ first N (first on PYTHONPATH, so the daemon the script starts runs it too):
     v6  428825a  right-sizing state (usage_readings, auto_leases)
     v7  5d8a0af  standby slices (standby)
     v8  27416cc  the MIG instances xpud made (mig_made)
+    v9  b636624  jobs (xpu submit, every command the daemon runs)
 
 v2 was made by
 
     mkdir /tmp/rel && git archive e864faf | tar -x -C /tmp/rel
     PYTHONPATH=/tmp/rel .venv/bin/python tests/data/make_ledger_fixture.py e864faf
 
-and v3 .. v8 by (N and COMMIT from the table; the first commits were found with the migrations of
+and v3 .. v9 by (N and COMMIT from the table; the first commits were found with the migrations of
 `git rev-list --first-parent` compared to today's)
 
     git worktree add --detach /tmp/ledger-vN COMMIT

@@ -67,6 +67,24 @@ def _groups_of(uid: int, gid: int) -> set[int]:
     return {gid, *(g.gr_gid for g in grp.getgrall() if name in g.gr_mem)}
 
 
+def user_and_groups(uid: int, gid: int) -> tuple[str, list[str]]:
+    """The user name of ``uid`` (its number when it has none) and the names of its groups (``gid`` and
+    those that list it as a member), for accounts' members (``alice``, ``@vision``)."""
+    import pwd
+
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    out = []
+    for g in _groups_of(uid, gid):
+        try:
+            out.append(grp.getgrgid(g).gr_name)
+        except KeyError:
+            continue
+    return name, out
+
+
 def member_of(uid: int, gid: int, group_names: Iterable[str]) -> bool:
     """Whether the user is in one of these groups (by name; unknown names match nobody)."""
     gids = {g for name in group_names for g in admin_gids(name)}

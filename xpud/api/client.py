@@ -178,6 +178,7 @@ class Client:
         owner_uid: int | None = None,
         when_green: bool = False,
         green_deadline: float = 0.0,
+        account: str = "",
     ):
         """The Acquire stream call: iterate it (``iterate``) for ``queued`` updates, then ``granted``. With
         ``hold`` the same stream goes on as the lease's Hold stream (``event`` updates). ``wait_s``: None
@@ -197,6 +198,7 @@ class Client:
             owner_uid=owner_uid,
             when_green=when_green,
             green_deadline=green_deadline,
+            account=account,
         )
         if wait_s == math.inf:
             request.wait_longest = True
@@ -282,6 +284,14 @@ class Client:
         request = _request(pb.JobLogsRequest, job=selector, follow=follow, rank=rank, error=error)
         for chunk in self.iterate(self._stream(self.node.JobLogs, request)):
             yield chunk.data
+
+    def report(self, by: str = "account", since: float = 0.0, until: float = 0.0) -> pb.ReportReply:
+        """Usage from every host's ledger (``xpu report``)."""
+        return self._unary(self.node.Report, pb.ReportRequest(by=by, since=since, until=until))
+
+    def accounts(self) -> pb.AccountsReply:
+        """The accounts and how they stand across the cluster (``xpu accounts``)."""
+        return self._unary(self.node.ListAccounts, pb.AccountsRequest())
 
     def events(self, card: int | None = None, lease_id: str = "", limit: int = 0) -> list[pb.Event]:
         """The daemon's latest events (oldest first), about ``card`` and/or ``lease_id`` when given."""

@@ -94,6 +94,7 @@ def lease_pb(lease: Lease, show_env: bool, held: bool = False) -> pb.Lease:
         end_reason=lease.end_reason,
         name=lease.name,
         anchor=lease.anchor,
+        account=lease.account or "default",
     )
 
 
@@ -129,6 +130,7 @@ def queue_pb(q: QueuedRequest) -> pb.QueueEntry:
         name=r.name,
         not_before=r.not_before,
         not_before_reason=r.not_before_reason,
+        account=r.account or "default",
     )
 
 
@@ -218,6 +220,8 @@ def cluster_host_pb(e, is_self: bool = False) -> pb.ClusterHost:
         host.cards, host.free_whole, host.health, host.queue = s.cards, s.free_whole, s.health, s.queue
         host.free_slices.update(s.free_slices)
         host.group_gbps.extend(0.0 if math.isinf(x) else x for x in s.group_gbps)
+        if s.accounts is not None:
+            host.accounts_hash = s.accounts.config_hash
     return host
 
 
@@ -298,3 +302,22 @@ def job_pb(r, full: bool) -> pb.JobRecord:
         msg.output = str(s.get("output", ""))
         msg.error = str(s.get("error", ""))
     return msg
+
+
+def usage_records_pb(host: str, records, reclaims, truncated: bool) -> pb.UsageRecordsReply:
+    """``planning.usage_report`` records and reclaims of one host -> the reply of ``Peer.UsageRecords``."""
+    reply = pb.UsageRecordsReply(host=host, truncated=truncated)
+    for r in records:
+        m = reply.records.add(
+            account=r.account,
+            user=r.user,
+            card_model=r.card_model,
+            gpus=r.gpus,
+            start=r.start,
+            wait_s=r.wait_s,
+        )
+        if r.end is not None:
+            m.end = r.end
+    for c in reclaims:
+        reply.reclaims.add(at=c.at, victim=c.victim, beneficiary=c.beneficiary)
+    return reply

@@ -82,6 +82,12 @@ LIMITS: dict[str, Limit] = {
     "AcquireRequest.owner_uid": Limit(lo=0, hi=2**31 - 2),
     "AcquireRequest.when_green": Limit(),
     "AcquireRequest.green_deadline": Limit(lo=0, hi=2**40),  # the daemon allows 31 days ahead at most
+    "AcquireRequest.account": Limit(chars=64, pattern=_NAME),  # [accounts.NAME]: the service checks it
+    "ReportRequest.by": Limit(chars=16, pattern=_NAME),  # the service names the choices
+    "ReportRequest.since": Limit(lo=0, hi=1e11),  # seconds since the epoch
+    "ReportRequest.until": Limit(lo=0, hi=1e11),
+    "UsageRecordsRequest.since": Limit(lo=0, hi=1e11),
+    "UsageRecordsRequest.until": Limit(lo=0, hi=1e11),
     "HoldRequest.lease_id": Limit(chars=64, pattern=_ID),
     "HoldRequest.token": Limit(chars=64, pattern=_TOKEN),
     "ReleaseRequest.lease_id": Limit(chars=64, pattern=_ID),

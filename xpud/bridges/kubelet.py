@@ -211,6 +211,7 @@ class Plugin(dpg.DevicePluginServicer):
             anchor=f"pod:{ids[0]}",
             command=f"kubelet {self.resource} {','.join(ids)}"[:200],
             exempt=True,
+            account=e.cfg.accounts.kubernetes_account,  # charged to [accounts] kubernetes_account
         )
         lease, _token = await e.acquire(e.validate(req))
         return lease

@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -281,3 +281,33 @@ def config_hash(section: AccountsSection, named: Mapping[str, Account]) -> str:
     }
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def accounts_of(named: Mapping[str, Account], user: str, groups: Iterable[str]) -> list[str]:
+    """The accounts whose members name ``user`` or one of its ``groups`` (as "@group"), in the order of
+    xpud.toml (the first is the user's default). Parents hold no members."""
+    mine = {user, *(f"@{g}" for g in groups)}
+    return [a.name for a in named.values() if mine.intersection(a.members)]
+
+
+def resolve(
+    named: Mapping[str, Account], asked: str, user: str, groups: Iterable[str], operator: bool = False
+) -> str:
+    """The account a request of ``user`` (in ``groups``) is charged to: ``asked`` when given (it must exist
+    and hold work, and the user must be a member; an operator may name any), else the user's first
+    account, else ``default``. Raises ValueError with the one-line reason."""
+    mine = accounts_of(named, user, groups)
+    if not asked:
+        return mine[0] if mine else DEFAULT_ACCOUNT
+    if asked == DEFAULT_ACCOUNT and asked not in named:
+        return asked
+    if asked not in named:
+        known = ", ".join([DEFAULT_ACCOUNT, *named]) if len(named) < 20 else f"{len(named) + 1} accounts"
+        raise ValueError(f"--account {asked[:40]!r}: no such account (xpud.toml [accounts]: {known})")
+    if any(a.parent == asked for a in named.values()):
+        kids = ", ".join(a.name for a in named.values() if a.parent == asked)
+        raise ValueError(f"--account {asked}: a parent account holds no work; name one of {kids}")
+    if not operator and asked not in mine:
+        yours = ", ".join(mine) or f"none (work goes to {DEFAULT_ACCOUNT})"
+        raise ValueError(f"--account {asked}: {user} is not a member (your accounts: {yours})")
+    return asked

@@ -37,4 +37,6 @@ def merge(running: Config, new: Config) -> tuple[Config, list[str], list[str]]:
         out = dataclasses.replace(out, windows=new.windows)
     if running.slices != new.slices:
         restart.append("[slices]")
+    if running.named_accounts != new.named_accounts:  # the accounts controller is built at start (#33)
+        restart.append("[accounts.NAME]")
     return out, live, restart

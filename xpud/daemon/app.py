@@ -132,6 +132,7 @@ class Daemon:
         self.defrag: Defragmenter | None = None
         self.hostjobs: HostJobs | None = None
         self.jobbook = None  # xpud.jobs.book.JobBook, once started
+        self.accounts = None  # xpud.controllers.accounts.Accounts when xpud.toml has [accounts.NAME]
         self.federation = None  # xpud.federation.node.Federation when [cluster] listen is set
         self.metrics = None  # xpud.daemon.metrics.MetricsServer when [metrics] listen is set
         self.kubelet: KubeletBridge | None = None  # the device plugin, when [kubelet] enabled
@@ -228,7 +229,9 @@ class Daemon:
         if self.cfg.metrics.listen:
             from xpud.daemon.metrics import MetricsServer, families
 
-            snapshot = functools.partial(families, self.engine, self.monitor, __version__, backend)
+            snapshot = functools.partial(
+                families, self.engine, self.monitor, __version__, backend, lambda: self.accounts
+            )
             self.metrics = MetricsServer(self.cfg.metrics.listen, snapshot)
             try:
                 self.metrics.start()
@@ -278,6 +281,7 @@ class Daemon:
         self.jobs.start()
         self.jobs.provisioner.scopes = self.scopes  # warm commands in their slice's device scope
         self._start_rightsizing()
+        self._start_accounts()
         self.monitor.start()
         log.info(
             "xpud %s serving %d card(s) (%s) on %s (event loop: %s)",
@@ -304,6 +308,26 @@ class Daemon:
             self.federation.peer_jobs = PeerJobs(NodeService(self.context))
         await self.jobbook.restore()
         self.jobbook.start()
+
+    def _start_accounts(self) -> None:
+        """Fair share between the [accounts.NAME] of xpud.toml (xpud.controllers.accounts); without any,
+        the queue keeps its plain order (priority, then age)."""
+        from xpud.config.accounts import config_hash
+        from xpud.controllers.accounts import TICK_S, Accounts
+
+        self.accounts = None
+        if not self.cfg.named_accounts:
+            return
+        fed = self.federation
+        digest = config_hash(self.cfg.accounts, self.cfg.named_accounts)
+        acc = Accounts(self.engine, fed.peer_accounts if fed is not None else dict, config_hash=digest)
+        if fed is not None:
+            fed.accounts_source = acc.published  # in its summary: the peers' shares count it
+        acc.restore()
+        acc.refresh()
+        self.engine.queue_order = acc
+        self.accounts = self.context.accounts = acc
+        self.jobs.scheduler.add_job(acc.tick_logged, "interval", seconds=TICK_S, id="accounts", **OPTS)
 
     def _start_rightsizing(self) -> None:
         """Measure leases every [auto] sample_s and act on --mode auto (xpud.controllers.rightsizer)."""

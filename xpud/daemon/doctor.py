@@ -116,7 +116,38 @@ def run_checks(cfg: config.Config, host: Host) -> list[Check]:
     checks += _daemon_dirs(cfg)
     checks += _unit(host)
     checks += _cluster(cfg)
+    if cfg.cluster.enabled:
+        checks.append(accounts_hash(cfg))
     return checks
+
+
+def accounts_hash(cfg: config.Config) -> Check:
+    """With [cluster]: this host's [accounts] config hash against the one each peer publishes (through the
+    local daemon's cluster view): fair share needs the same accounts on every host (issue #33)."""
+    from xpud.api.client import Client
+    from xpud.config.accounts import config_hash
+
+    if not cfg.cluster.enabled:
+        return Check("accounts config", SKIP, "no [cluster] configured: no peers to compare [accounts] with")
+    mine = config_hash(cfg.accounts, cfg.named_accounts) if cfg.named_accounts else ""
+    try:
+        with Client(cfg.runtime_dir, timeout=3.0) as c:
+            reply = c.cluster()
+    except (XpudError, OSError) as e:
+        return Check("accounts config", SKIP, f"the local xpud does not answer ({e}): no cluster view")
+    peers = [h for h in reply.hosts if not h.self and h.state == "alive" and h.summary_valid]
+    differ = [h for h in peers if h.accounts_hash != mine]
+    if differ:
+        what = ", ".join(f"{h.name} ({h.accounts_hash or 'no accounts'})" for h in differ[:8])
+        return Check(
+            "accounts config",
+            FAIL,
+            f"[accounts] hash {mine or 'none (no accounts)'} here differs from {what}",
+            "give every host the same [accounts] and [accounts.NAME] tables in xpud.toml, then reload",
+        )
+    return Check(
+        "accounts config", OK, f"[accounts] hash {mine or 'none'} is the same on {len(peers)} peer(s)"
+    )
 
 
 def _gpu_checks(cfg: config.Config, host: Host) -> list[Check]:

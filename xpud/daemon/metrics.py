@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -55,6 +55,11 @@ CARD = ("card", "uuid")
 # Every metric name this module writes (the Grafana dashboard's test checks its queries against it).
 NAMES = (
     "xpud_info",
+    "xpud_account_share",
+    "xpud_account_allocated",
+    "xpud_account_waiting",
+    "xpud_account_usage_gpu_hours",
+    "xpud_account_reclaims_total",
     "xpud_metrics_snapshot_age_seconds",
     "xpud_cards",
     "xpud_card_health_score",
@@ -89,7 +94,13 @@ NAMES = (
 )
 
 
-def families(engine: Engine, monitor: HealthMonitor | None, version: str, backend: str) -> list[Metric]:
+def families(
+    engine: Engine,
+    monitor: HealthMonitor | None,
+    version: str,
+    backend: str,
+    accounts: Callable[[], Any] | None = None,
+) -> list[Metric]:
     """The daemon's metrics now. Runs on the daemon's loop (reads engine and monitor state)."""
     cfg = engine.cfg
     out: list[Metric] = []
@@ -112,7 +123,44 @@ def families(engine: Engine, monitor: HealthMonitor | None, version: str, backen
     share.add_metric([w.name if w else ""], w.whole_share if w else 0.0)
     out.append(share)
     out += _stat_families(engine.stats, set(cfg.health.xid_fail) | set(cfg.health.xid_warn))
+    out += _account_families(accounts() if accounts is not None else None)
     return out
+
+
+def _account_families(accounts) -> list[Metric]:
+    """Per account (issue #33; none without [accounts.NAME]): the configured accounts and ``default``
+    (at most 257), any other name a peer publishes as ``other``. GPU-equivalents across the cluster."""
+    names = ("share", "allocated", "waiting", "usage_gpu_hours")
+    docs = (
+        "Deserved share across the cluster (GPU-equivalents).",
+        "GPU-equivalents held across the cluster.",
+        "GPU-equivalents its queued requests ask for, across the cluster.",
+        "Decayed usage across the cluster (GPU-hours; [accounts] usage_half_life).",
+    )
+    gauges = [_gauge(f"xpud_account_{n}", d, ["account"]) for n, d in zip(names, docs, strict=True)]
+    reclaims = CounterMetricFamily(
+        "xpud_account_reclaims",
+        "Leases this host stopped for fair share: direction from (its work stopped) or for (stopped for it).",
+        labels=["account", "direction"],
+    )
+    if accounts is None:
+        return [*gauges, reclaims]
+    accounts.refresh()  # as things stand at the scrape (on the loop: the engine's memory and the view)
+    known = set(accounts.specs) | {"default"}
+    folded: dict[str, list[float]] = {}
+    for r in accounts.rows():
+        label = r.name if r.name in known else "other"
+        vals = folded.setdefault(label, [0.0] * 6)
+        for i, v in enumerate(
+            (r.share, r.allocated, r.waiting, r.usage_gpu_h, r.reclaimed_from, r.reclaimed_for)
+        ):
+            vals[i] += v
+    for label, vals in folded.items():
+        for g, v in zip(gauges, vals[:4], strict=True):
+            g.add_metric([label], v)
+        reclaims.add_metric([label, "from"], vals[4])
+        reclaims.add_metric([label, "for"], vals[5])
+    return [*gauges, reclaims]
 
 
 def _gauge(name: str, doc: str, labels: Iterable[str] = CARD) -> GaugeMetricFamily:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
 from xpud.config.schema import Config
-from xpud.engine.hooks import Sizing
+from xpud.engine.hooks import QueueOrder, Sizing
 from xpud.engine.stats import Stats
 from xpud.engine.waitlist import Waitlist
 from xpud.errors import BadRequest, Forbidden, NoCapacity, NotFound
@@ -79,11 +79,13 @@ class Books:
     stats: Stats
     window: WindowSpec | None
     rightsizer: Sizing | None
+    queue_order: QueueOrder | None
     _backends: dict[int, Isolation]
     _busy: set[int]
     _capacities: dict[int, tuple[tuple, CardCapacity]]
     _granting_uids: dict[int, int]
     _arriving_uids: dict[int, int]
+    _granting_accounts: dict[str, float]
 
     def busy_cards(self) -> set[int]:
         """Cards with backend work in flight (left out of placement until it ends)."""

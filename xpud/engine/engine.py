@@ -31,7 +31,7 @@ from xpud.config.schema import Config
 from xpud.engine.books import CardState
 from xpud.engine.endings import Endings
 from xpud.engine.granting import Granting
-from xpud.engine.hooks import Sizing
+from xpud.engine.hooks import QueueOrder, Sizing
 from xpud.engine.moves import Moves
 from xpud.engine.standby import Standby
 from xpud.engine.stats import Stats
@@ -79,6 +79,7 @@ class Engine(Granting, Endings):
         self._watchers: set[asyncio.Queue] = set()
         self.moves = Moves(self)
         self.rightsizer: Sizing | None = None  # set by the daemon (xpud.controllers.rightsizer)
+        self.queue_order: QueueOrder | None = None  # set by the daemon (xpud.controllers.accounts)
         self._busy: set[int] = set()  # cards with backend work in flight
         self._freed: list[asyncio.Future] = []  # woken when a busy card is free again
         self._ending: set[str] = set()  # leases whose end is being committed
@@ -93,6 +94,7 @@ class Engine(Granting, Endings):
         self._next_tidy = 0.0
         self._granting_uids: dict[int, int] = {}  # uid -> grants under way
         self._arriving_uids: dict[int, int] = {}  # uid -> requests in try_grant, not yet granted or queued
+        self._granting_accounts: dict[str, float] = {}  # account -> GPU-equivalents of grants under way
         self._capacities: dict[int, tuple[tuple, CardCapacity]] = {}  # card -> (what it depends on, it)
         self.stats = Stats()  # counters and latencies for /metrics (xpud.daemon.metrics)
         self.window: WindowSpec | None = None  # the capacity window in force (xpud.planning.windows), if any

@@ -16,9 +16,11 @@ import os
 import time
 from collections.abc import Callable
 
+from xpud.engine.accounting import account_of, request_gpus
 from xpud.engine.effects import Effects
 from xpud.engine.waitlist import Waiter, kind_of
 from xpud.errors import NoCapacity
+from xpud.ledger import accounts as ledger_accounts
 from xpud.ledger.ledger import EventRecord, LedgerUnavailable, Op
 from xpud.model import CardMode, Lease, LeaseState, Mode, QueuedRequest, Request, Slice
 
@@ -51,6 +53,14 @@ class Granting(Effects):
         counts against its uid's [limits] from this instant."""
         self._claim(cards)
         self._granting_uids[req.owner_uid] = self._granting_uids.get(req.owner_uid, 0) + 1
+        a = account_of(req)
+        self._granting_accounts[a] = self._granting_accounts.get(a, 0.0) + request_gpus(self.cfg, req)
+
+    def _account_refusal(self, req: Request) -> str:
+        """Why ``req``'s account may not have it now (its ``limit``, at the moment of the grant), or ""."""
+        if self.queue_order is None:
+            return ""
+        return self.queue_order.refusal(req, self._granting_accounts.get(account_of(req), 0.0))
 
     def _grant(self, req: Request, cards: tuple[int, ...], queued_s: float | None = None) -> asyncio.Future:
         """Grant ``req`` on ``cards`` (claimed by the caller, unclaimed here): prepare, commit, then it is
@@ -66,11 +76,16 @@ class Granting(Effects):
             return self._grant_inline(req, cards, queued_s, lease_id, token)
         return asyncio.ensure_future(self._grant_task(req, cards, queued_s, lease_id, token))
 
-    def _granted(self, uid: int) -> None:
-        """A grant for ``uid`` ended (committed or not): it no longer counts as in flight."""
+    def _granted(self, req: Request) -> None:
+        """A grant for ``req`` ended (committed or not): it no longer counts as in flight."""
+        uid = req.owner_uid
         n = self._granting_uids.pop(uid, 0) - 1
         if n > 0:
             self._granting_uids[uid] = n
+        a = account_of(req)
+        left = self._granting_accounts.pop(a, 0.0) - request_gpus(self.cfg, req)
+        if left > 1e-9:
+            self._granting_accounts[a] = left
 
     async def _grant_task(
         self, req: Request, cards: tuple[int, ...], queued_s: float | None, lease_id: str, token: str
@@ -78,7 +93,7 @@ class Granting(Effects):
         try:
             return await self._grant_now(req, cards, queued_s, lease_id, token)
         finally:
-            self._granted(req.owner_uid)
+            self._granted(req)
 
     def _grant_inline(
         self, req: Request, cards: tuple[int, ...], queued_s: float | None, lease_id: str, token: str
@@ -86,7 +101,7 @@ class Granting(Effects):
         out, t0 = asyncio.get_running_loop().create_future(), time.perf_counter()
 
         def committed(error: BaseException | None) -> None:  # on the loop
-            self._granted(req.owner_uid)
+            self._granted(req)
             if error is not None:
                 undo = self._spawn(self._unplace(lease_id, cards, slices, []), f"undoing lease {lease_id}")
                 undo.add_done_callback(lambda _: None if out.done() else out.set_exception(error))
@@ -108,7 +123,7 @@ class Granting(Effects):
             # committed before anyone is told
             self.ledger.submit_then(committed, *ops, *(o for _, o in events))
         except BaseException:
-            self._granted(req.owner_uid)
+            self._granted(req)
             raise
         finally:
             self._unclaim(cards)
@@ -186,15 +201,19 @@ class Granting(Effects):
             name=req.name,
             created=self.clock(),
             anchor=req.anchor,
+            account=account_of(req),
         )
         ops = [self.ledger.insert_lease_op(lease, token), *self.standby.drop_ops(spent)]
+        if queued_s:
+            ops.append(ledger_accounts.set_lease_wait_op(lease_id, queued_s))
         ops += [self.ledger.save_card_op(self.cards[i].record()) for i in switched]
         where = ",".join(map(str, cards))
         events = [
             *(self._converted(i, lease_id, req, queued_s) for i in switched),
             self._event_op(
                 "grant",
-                f"lease {lease_id} ({req.mode}) on card {where} to uid {req.owner_uid}",
+                f"lease {lease_id} ({req.mode}) on card {where} to uid {req.owner_uid}"
+                f" (account {lease.account})",
                 cards[0] if len(cards) == 1 else -1,
                 lease_id,
             ),
@@ -224,6 +243,8 @@ class Granting(Effects):
                 blocked_whole = self.waitlist.whole_waiting_at(req.priority)
                 cards = self._fit(req, reserve_whole=blocked_whole)
                 left = deadline - time.monotonic()
+                if cards is not None and self._account_refusal(req):
+                    return None  # its account is at its limit: it queues (or is refused) with the reason
                 if cards is not None and (left <= 0 or not self._busy or not self._switches(req, cards)):
                     arriving = self._arrived(uid)
                     self._check_limits(req, queueing=False)  # again at the grant: others came meanwhile
@@ -274,8 +295,10 @@ class Granting(Effects):
         granted = None if deferred else await self.try_grant(req, busy_wait)
         if granted:
             return granted
+        refusal = "" if deferred else self._account_refusal(req)
         if req.wait_s <= 0 and not deferred:
-            raise NoCapacity(self.why_not(req) + "; add --wait 10m (any duration, or inf) to queue for it")
+            why = refusal or self.why_not(req)
+            raise NoCapacity(why + "; add --wait 10m (any duration, or inf) to queue for it")
         self._check_limits(req, queueing=True)
         # try_grant found no room in this very state (no await since): the queue needs a pass only if
         # one ran while it waited for busy cards, before this request was in it. (One pass per queued
@@ -286,7 +309,7 @@ class Granting(Effects):
             else self._pending_reason(req, reserved=self.waitlist.whole_waiting_at(req.priority))
         )
         w = self.waitlist.add(req, self.clock(), on_position)
-        w.reason = reason  # a queue pass keeps it current; this request may see none for a while
+        w.reason = refusal or self._order_reason(req, reason)  # a queue pass keeps it current
         # Its deadline is a timer, not a wait_for around its future: a waiter that leaves (thousands
         # cancelled at once) costs one synchronous `leave`, no task, shield or timeout wrapper.
         w.timer = asyncio.get_running_loop().call_later(max(w.deadline - self.clock(), 0), self._expire, w)
@@ -383,7 +406,13 @@ class Granting(Effects):
         granted: list[tuple[Waiter, tuple[int, ...]]] = []
         retry: float | None = None
         now = self.clock()
-        for w in self.waitlist:
+        order = self.queue_order
+        waiters = (
+            self.waitlist
+            if order is None
+            else sorted(self.waitlist, key=lambda w: order.key(w.request, w.enqueued))
+        )
+        for w in waiters:
             kind = kind_of(w.request)
             unseen[kind] -= 1
             if w.future.done():
@@ -395,6 +424,10 @@ class Granting(Effects):
                 self.waitlist.activate(w)
             if (kind, reserve) in failed:
                 w.reason = failed[(kind, reserve)]
+                continue
+            refusal = self._account_refusal(w.request)
+            if refusal:  # its account is at its limit: it holds no room back from others
+                w.reason = failed[(kind, reserve)] = refusal
                 continue
             cards = self._fit(w.request, reserve_whole=reserve)
             switches = cards is not None and self._busy and self._switches(w.request, cards)
@@ -408,7 +441,7 @@ class Granting(Effects):
             if cards is None:
                 key = (kind, reserve)
                 if key not in failed:
-                    failed[key] = self._pending_reason(w.request, reserve)
+                    failed[key] = self._order_reason(w.request, self._pending_reason(w.request, reserve))
                 w.reason = failed[key]
                 if w.request.mode is Mode.XPU:
                     reserve = True
@@ -423,6 +456,13 @@ class Granting(Effects):
             self._spawn(self._grant_waiter(w, cards), f"granting queued request {w.ticket}")
         if retry is not None:
             self._pump_later(retry)
+
+    def _order_reason(self, req: Request, reason: str) -> str:
+        """The queue order's reason for a request that waits for cards ("Fairshare: nlp over its share"),
+        else the engine's own ``reason``."""
+        if self.queue_order is None or reason != "Resources":
+            return reason
+        return self.queue_order.reason(req) or reason
 
     def _pump_later(self, delay_s: float) -> None:
         """Pump again in ``delay_s`` (one timer: the earliest asked for wins)."""

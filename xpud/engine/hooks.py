@@ -23,3 +23,22 @@ class Sizing(Protocol):
     def class_of(self, lease_id: str) -> str:
         """The job class a lease is measured under ("" when it is not tracked)."""
         ...
+
+
+class QueueOrder(Protocol):
+    """The wait queue's order and the accounts' limits, as the engine asks them
+    (``xpud.controllers.accounts.Accounts``). Without one: priority, then age; no account limits."""
+
+    def key(self, req: Request, enqueued: float) -> tuple:
+        """Sort key of a waiting request (lower first)."""
+        ...
+
+    def refusal(self, req: Request, in_flight: float) -> str:
+        """Why ``req`` may not be granted now ("" when it may): its account's ``limit``, counting what it
+        holds on every host and ``in_flight`` GPU-equivalents of its grants under way here."""
+        ...
+
+    def reason(self, req: Request) -> str:
+        """Why ``req`` waits beyond the cards (squeue's REASON, e.g. "Fairshare: nlp over its share"),
+        or "" to keep the engine's own."""
+        ...

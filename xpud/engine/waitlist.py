@@ -47,8 +47,9 @@ class Waiter:
 
 
 def kind_of(request: Request) -> tuple:
-    """What placement looks at in a request: two waiters of one kind fit, or not, alike."""
-    return request.mode, request.gpus, request.owner_uid
+    """What placement (and the account's limit) looks at in a request: two waiters of one kind fit, or
+    not, alike."""
+    return request.mode, request.gpus, request.owner_uid, request.account
 
 
 def _count(counts: dict, key, delta: int) -> None:

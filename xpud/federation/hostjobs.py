@@ -25,8 +25,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from xpud.api.auth import member_of
+from xpud.api.auth import member_of, user_and_groups
 from xpud.api.v1 import xpu_pb2 as pb
+from xpud.config.accounts import resolve
 from xpud.config.schema import ClusterSection
 from xpud.engine.uninterrupted import uninterrupted
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity
@@ -34,6 +35,7 @@ from xpud.federation import trust
 from xpud.federation.reserve import Refused, Reservation, Reservations, ResState, check_request
 from xpud.federation.room import Room
 from xpud.isolation.scope import ScopeError
+from xpud.ledger import accounts as ledger_accounts
 from xpud.ledger.ledger import LedgerUnavailable, ReservationRecord
 from xpud.model import HealthState, Lease, LeaseState, Mode, Request
 
@@ -154,6 +156,12 @@ class HostJobs:
             return True
         return member_of(uid, gid, (cfg.daemon.admin_group, *cfg.limits.exempt_groups))
 
+    def account_of(self, uid: int, gid: int) -> str:
+        """The account a reservation of ``uid`` is charged to here: the submitter's first account in this
+        host's [accounts] (the same on every host), else default. Reads the group database."""
+        user, groups = user_and_groups(uid, gid)
+        return resolve(self.engine.cfg.named_accounts, "", user, groups)
+
     @uninterrupted
     async def reserve(self, req: pb.ReserveRequest, peer: str | None = None) -> pb.ReserveReply:
         cluster = self.cluster
@@ -174,6 +182,7 @@ class HostJobs:
                 "create the user there (same uid) or run the job on other hosts"
             ) from None
         exempt = await asyncio.to_thread(self.exempt, req.uid, pwd_entry.pw_gid)  # this host's groups
+        account = await asyncio.to_thread(self.account_of, req.uid, pwd_entry.pw_gid)
         async with self._lock(req.job):
             now = self.clock()
             self.table.expire(now)
@@ -208,6 +217,7 @@ class HostJobs:
                     restartable=req.restartable,
                     command=f"job {req.job}: {req.command}"[:500],
                     exempt=exempt,  # this host's [limits] apply to the submitter (a reservation is a lease)
+                    account=account,
                 )
             )
             self.engine.check_limits(request)  # NoCapacity naming the [limits] key, as for a lease
@@ -228,7 +238,10 @@ class HostJobs:
                 "held",
             )
             try:
-                await self.ledger.write(self.ledger.save_reservation_op(rec))
+                await self.ledger.write(
+                    self.ledger.save_reservation_op(rec),
+                    ledger_accounts.set_reservation_account_op(req.job, req.attempt, account),
+                )
             except BaseException:
                 await self.engine.reclaim(lease.id, f"job {req.job}: recording its reservation failed")
                 raise

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import socket
@@ -37,6 +38,7 @@ from xpud.federation.membership import State, Swim, SwimConfig
 from xpud.federation.peer_service import PeerService
 from xpud.federation.room import Room
 from xpud.placement.multihost import HostOffer
+from xpud.planning.fairshare import HostAccounts
 
 if TYPE_CHECKING:
     from xpud.federation.hostjobs import HostJobs
@@ -86,6 +88,8 @@ class Federation:
         self._states: dict[str, State] = {}
         self._join_backoff = JOIN_RETRY_S
         self._next_join = 0.0
+        # this host's accounts for its summary (xpud.controllers.accounts, plugged in by the daemon)
+        self.accounts_source: Callable[[], HostAccounts] | None = None
 
     # ------------------------------------------------------------------------------ life
     async def start(self) -> None:
@@ -227,9 +231,22 @@ class Federation:
         e = self.engine
         snap = summary.snapshot(e.card_views(), e.busy_cards(), len(e.queue_view()), e.cfg.slices)
         c = self.cfg
-        return await asyncio.to_thread(
+        s = await asyncio.to_thread(
             summary.summarize, snap, e.topology, self._groups, c.zone, c.block, c.domain
         )
+        source = self.accounts_source
+        return s if source is None else dataclasses.replace(s, accounts=source())
+
+    def peer_accounts(self) -> dict[str, tuple[int, HostAccounts]]:
+        """(cards, accounts) that each alive peer publishes (this host left out: its own are read live)."""
+        return {
+            m.name: (m.summary.cards, m.summary.accounts)
+            for m in self.members()
+            if m.state is State.ALIVE
+            and m.name != self.name
+            and m.summary is not None
+            and m.summary.accounts is not None
+        }
 
     async def _publish(self) -> None:
         """Refresh this host's summary; when it changed, gossip it at once (and tell ``room`` if it offers

@@ -148,3 +148,21 @@ class PeerService(pbg.PeerServicer):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this host does not take multi-host jobs")
         async for event in handler(request_iterator, peer, context):
             yield event
+
+
+async def _usage_records(self, request, context):
+    """This host's leases and reclaims in a window, for a peer's `xpu report` (any peer of the site:
+    usage is what `xpu report` shows every user of the cluster too)."""
+    peer_of(context)
+    return records_pb(self.federation.engine, self.federation.name, request.since, request.until)
+
+
+PeerService.UsageRecords = unary(_usage_records)
+
+
+def records_pb(engine: Any, host: str, since: float, until: float) -> pb.UsageRecordsReply:
+    """This host's ``engine.accounting.usage_records`` as a message."""
+    from xpud.api.convert import usage_records_pb
+    from xpud.engine.accounting import usage_records
+
+    return usage_records_pb(host, *usage_records(engine, host, since, until))

@@ -17,13 +17,18 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from xpud.config.accounts import ACCOUNT_NAME, MAX_ACCOUNTS
 from xpud.errors import XpudError
 from xpud.federation.membership import MAX_META, Member, State
 from xpud.placement.multihost import HostOffer
+from xpud.planning.fairshare import HostAccounts
 
 MAX_CARDS = 64
 MAX_SIZES = 16
 _FIELD = 64  # characters of a location or size name
+MAX_GPU_EQ = 1e6  # GPU-equivalents an account may hold or wait for on one host
+MAX_USAGE_S = 1e13  # decayed GPU-seconds (1e6 GPUs for a year's half-life is about 4.5e13 / ln 2: ample)
+_HASH = frozenset("0123456789abcdef")
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,9 @@ class HostSummary:
     zone: str = ""
     block: str = ""
     domain: str = ""
+    # [accounts] (issue #33): only with accounts configured (older peers refuse an unknown key); the
+    # accounts that hold, used or wait, the busiest first, as many as fit in MAX_META
+    accounts: HostAccounts | None = None
 
 
 class BadSummary(XpudError, ValueError):
@@ -55,9 +63,62 @@ def encode(s: HostSummary) -> str:
         "l": [s.zone, s.block, s.domain],
     }
     text = json.dumps(doc, separators=(",", ":"))
+    if s.accounts is not None:
+        text = _with_accounts(doc, s.accounts)
     if len(text.encode()) > MAX_META:
         raise BadSummary(f"host summary is {len(text.encode())} bytes; at most {MAX_META}")
     return text
+
+
+def _with_accounts(doc: dict, a: HostAccounts) -> str:
+    """``doc`` with ``"a": [config hash, [[name, allocated, usage GPU-s, waiting], ...]]``: the accounts that
+    hold, used or wait, busiest first, as many as fit in MAX_META (the rest would count as zero)."""
+    names = sorted(
+        {*a.allocated, *a.usage, *a.waiting},
+        key=lambda n: (-(a.allocated.get(n, 0.0) + a.waiting.get(n, 0.0)), -a.usage.get(n, 0.0), n),
+    )
+    rows = []
+    for n in names[:MAX_ACCOUNTS]:
+        row = [
+            n,
+            round(a.allocated.get(n, 0.0), 4),
+            round(a.usage.get(n, 0.0)),
+            round(a.waiting.get(n, 0.0), 4),
+        ]
+        if row[1] or row[2] or row[3]:
+            rows.append(row)
+    while True:
+        text = json.dumps({**doc, "a": [a.config_hash, rows]}, separators=(",", ":"))
+        if len(text.encode()) <= MAX_META or not rows:
+            return text
+        rows.pop()
+
+
+def _amount(v, hi: float, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 <= v <= hi:
+        raise BadSummary(f"{what}: {v!r} is not a number in 0..{hi:g}")
+    return float(v)
+
+
+def _accounts(v) -> HostAccounts:
+    if not isinstance(v, list) or len(v) != 2 or not isinstance(v[0], str) or not isinstance(v[1], list):
+        raise BadSummary("accounts: [config hash, rows]")
+    digest, rows = v
+    if len(digest) > 16 or not set(digest) <= _HASH:
+        raise BadSummary("accounts: the config hash is up to 16 hex digits")
+    if len(rows) > MAX_ACCOUNTS:
+        raise BadSummary(f"accounts: at most {MAX_ACCOUNTS}")
+    alloc, usage, waiting = {}, {}, {}
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 4 or not isinstance(row[0], str):
+            raise BadSummary("accounts: each row is [name, allocated, usage, waiting]")
+        name = row[0]
+        if not ACCOUNT_NAME.fullmatch(name) or name in alloc:
+            raise BadSummary(f"accounts: {name[:40]!r} is not an account name, or twice")
+        alloc[name] = _amount(row[1], MAX_GPU_EQ, f"{name} allocated")
+        usage[name] = _amount(row[2], MAX_USAGE_S, f"{name} usage")
+        waiting[name] = _amount(row[3], MAX_GPU_EQ, f"{name} waiting")
+    return HostAccounts(digest, alloc, usage, waiting)
 
 
 def _int(v, lo: int, hi: int, what: str) -> int:
@@ -80,7 +141,7 @@ def decode(text: str) -> HostSummary:
         doc = json.loads(text)
     except (ValueError, RecursionError) as e:
         raise BadSummary(f"not JSON: {e}") from None
-    if not isinstance(doc, dict) or set(doc) != {"c", "w", "g", "s", "h", "q", "l"}:
+    if not isinstance(doc, dict) or set(doc) - {"a"} != {"c", "w", "g", "s", "h", "q", "l"}:
         raise BadSummary("unknown shape")
     cards = _int(doc["c"], 0, MAX_CARDS, "cards")
     free = _int(doc["w"], 0, cards, "free whole cards")
@@ -113,6 +174,7 @@ def decode(text: str) -> HostSummary:
         zone,
         block,
         domain,
+        _accounts(doc["a"]) if "a" in doc else None,
     )
 
 

@@ -195,6 +195,7 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         exit_code=row["exit_code"],
         exit_signal=row["exit_signal"],
         anchor=row["anchor"],
+        account=row["account"],
     )
 
 
@@ -291,8 +292,8 @@ class Ledger(Store):
         self._ids.add(lease.id)  # taken from now on, whether or not the insert commits
         return op(
             "INSERT INTO leases (id, token_hash, mode, owner_uid, cards, card_uuids, slices, env,"
-            " priority, restartable, holder_pid, command, created, state, restart_count, mark, name, anchor)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " priority, restartable, holder_pid, command, created, state, restart_count, mark, name, anchor,"
+            " account) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             lease.id,
             token_hash,
             lease.mode.value,
@@ -308,6 +309,7 @@ class Ledger(Store):
             lease.mark,
             lease.name,
             lease.anchor,
+            lease.account,
             effect=effect,
         )
 

@@ -169,6 +169,18 @@ MIGRATIONS: list[str] = [
     CREATE INDEX jobs_by_name ON jobs(uid, name);
     CREATE INDEX jobs_by_submitted ON jobs(submitted);
     """,
+    # 10: accounts (issue #33, xpud.ledger.accounts): each lease and reservation is charged to an account
+    # (those of older ledgers to "default"); each account's decayed usage, kept across restarts
+    """
+    ALTER TABLE leases ADD COLUMN account TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE reservations ADD COLUMN account TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE leases ADD COLUMN queued_s REAL NOT NULL DEFAULT 0;  -- time in the queue before the grant
+    CREATE TABLE account_usage (
+        account TEXT PRIMARY KEY,
+        usage_s REAL NOT NULL,        -- decayed usage in GPU-seconds (xpud.planning.fairshare.accrue)
+        at REAL NOT NULL              -- when it was last accrued (wall time)
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

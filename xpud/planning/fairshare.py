@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 EPS = 1e-9
 LN2 = math.log(2.0)
@@ -29,6 +29,18 @@ class AccountSpec:
     limit: float | None = None
     weight: float = 1.0
     parent: str = ""
+
+
+@dataclass(frozen=True)
+class HostAccounts:
+    """What one host publishes of its accounts in its summary: per account the GPU-equivalents its leases
+    hold (``allocated``), its decayed usage there (GPU-seconds) and what waits in its queue; and the hash of
+    its accounts' config (``xpud.config.accounts.config_hash``: the same on every host that agrees)."""
+
+    config_hash: str = ""
+    allocated: Mapping[str, float] = field(default_factory=dict)
+    usage: Mapping[str, float] = field(default_factory=dict)
+    waiting: Mapping[str, float] = field(default_factory=dict)
 
 
 def specs_from_config(named: Mapping[str, object]) -> dict[str, AccountSpec]:

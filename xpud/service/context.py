@@ -17,6 +17,7 @@ from xpud.model import Caller, Lease
 from xpud.planning.green import Signal
 
 if TYPE_CHECKING:
+    from xpud.controllers.accounts import Accounts
     from xpud.controllers.defragmenter import Defragmenter
     from xpud.controllers.health import HealthMonitor
     from xpud.federation.hostjobs import HostJobs
@@ -57,6 +58,7 @@ class Context:
     hostjobs: HostJobs | None = None  # multi-host jobs (Node.RunJob coordinates them through it)
     carbon: Signal | None = None  # the carbon signal (Acquire plans --when-green starts from it)
     scopes: Scopes | None = None  # each lease's device scope (xpud.isolation.scope)
+    accounts: Accounts | None = None  # fair share between accounts (xpud.controllers.accounts), when set up
     jobs: JobBook | None = None  # detached jobs (xpud.jobs.book), once the daemon has started them
     # multi-host jobs this daemon coordinates: job id -> [JobRun, its task, its JobRecord] (xpu cancel)
     multi_host: dict[str, list] = field(default_factory=dict)

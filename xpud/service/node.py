@@ -25,6 +25,7 @@ from xpud.isolation.scope import ScopeError, process_uid
 from xpud.model import CommandEnd, Mode, QueuedRequest, Request
 from xpud.planning import green as carbon
 from xpud.planning.usage import job_class
+from xpud.service.accounts import accounts_reply, charge, report
 from xpud.service.context import REPLY_BUDGET, Context, fit
 
 MAX_ENDED_LEASES = 1000  # `ListLeases(all)` lists at most this many
@@ -108,6 +109,8 @@ class NodeService(pbg.NodeServicer):
             else:
                 mode_text = e.cfg.auto.first
         not_before, green_why = _green_start(request, self.ctx)
+        owner = request.owner_uid if request.HasField("owner_uid") else caller.uid
+        account = charge(e.cfg, caller, request.account, owner, request.anchor)
         req = e.validate(
             Request(
                 mode=_mode(mode_text, self.ctx),
@@ -125,6 +128,7 @@ class NodeService(pbg.NodeServicer):
                 job_class=cls,
                 not_before=not_before,
                 not_before_reason=green_why,
+                account=account,
             )
         )
         # Granted at once (the common case), or queued in the same step: no helper task either way. A
@@ -425,6 +429,16 @@ class NodeService(pbg.NodeServicer):
             name=fed.name,
             hosts=[convert.cluster_host_pb(h, h.name == fed.name) for h in fed.members()],
         )
+
+    @unary
+    async def ListAccounts(self, request, context):
+        self.ctx.caller(context)
+        return accounts_reply(self.ctx.engine.cfg, self.ctx.accounts)
+
+    @unary
+    async def Report(self, request, context):
+        self.ctx.caller(context)
+        return await report(self.ctx, request)
 
 
 def raise_not_found(lease_id: str):

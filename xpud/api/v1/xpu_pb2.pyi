@@ -186,7 +186,7 @@ class Card(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., numa_node: _Optional[int] = ..., mig_capable: _Optional[bool] = ..., mig_enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., mode_pinned: _Optional[bool] = ..., drained: _Optional[bool] = ..., drain_reason: _Optional[str] = ..., health_state: _Optional[str] = ..., health_score: _Optional[int] = ..., whole_lease: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., free_memory_fraction: _Optional[float] = ..., free_compute_pct: _Optional[int] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., isolation: _Optional[str] = ..., cpu_affinity: _Optional[_Iterable[int]] = ..., nvlink_active_links: _Optional[int] = ..., minor_number: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("id", "mode", "owner_uid", "cards", "card_uuids", "slices", "env", "priority", "restartable", "holder_pid", "command", "created", "state", "restart_count", "mark", "held", "exit_code", "exit_signal", "started", "ended", "end_reason", "name", "anchor")
+    __slots__ = ("id", "mode", "owner_uid", "cards", "card_uuids", "slices", "env", "priority", "restartable", "holder_pid", "command", "created", "state", "restart_count", "mark", "held", "exit_code", "exit_signal", "started", "ended", "end_reason", "name", "anchor", "account")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,7 @@ class Lease(_message.Message):
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ANCHOR_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     id: str
     mode: str
     owner_uid: int
@@ -240,10 +241,11 @@ class Lease(_message.Message):
     end_reason: str
     name: str
     anchor: str
-    def __init__(self, id: _Optional[str] = ..., mode: _Optional[str] = ..., owner_uid: _Optional[int] = ..., cards: _Optional[_Iterable[int]] = ..., card_uuids: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., env: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., restartable: _Optional[bool] = ..., holder_pid: _Optional[int] = ..., command: _Optional[str] = ..., created: _Optional[float] = ..., state: _Optional[str] = ..., restart_count: _Optional[int] = ..., mark: _Optional[str] = ..., held: _Optional[bool] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., end_reason: _Optional[str] = ..., name: _Optional[str] = ..., anchor: _Optional[str] = ...) -> None: ...
+    account: str
+    def __init__(self, id: _Optional[str] = ..., mode: _Optional[str] = ..., owner_uid: _Optional[int] = ..., cards: _Optional[_Iterable[int]] = ..., card_uuids: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[SliceHeld, _Mapping]]] = ..., env: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., restartable: _Optional[bool] = ..., holder_pid: _Optional[int] = ..., command: _Optional[str] = ..., created: _Optional[float] = ..., state: _Optional[str] = ..., restart_count: _Optional[int] = ..., mark: _Optional[str] = ..., held: _Optional[bool] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., end_reason: _Optional[str] = ..., name: _Optional[str] = ..., anchor: _Optional[str] = ..., account: _Optional[str] = ...) -> None: ...
 
 class QueueEntry(_message.Message):
-    __slots__ = ("ticket", "mode", "gpus", "priority", "owner_uid", "command", "position", "enqueued", "deadline", "reason", "name", "not_before", "not_before_reason")
+    __slots__ = ("ticket", "mode", "gpus", "priority", "owner_uid", "command", "position", "enqueued", "deadline", "reason", "name", "not_before", "not_before_reason", "account")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +259,7 @@ class QueueEntry(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
     NOT_BEFORE_REASON_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     ticket: str
     mode: str
     gpus: int
@@ -270,10 +273,11 @@ class QueueEntry(_message.Message):
     name: str
     not_before: float
     not_before_reason: str
-    def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ..., reason: _Optional[str] = ..., name: _Optional[str] = ..., not_before: _Optional[float] = ..., not_before_reason: _Optional[str] = ...) -> None: ...
+    account: str
+    def __init__(self, ticket: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., owner_uid: _Optional[int] = ..., command: _Optional[str] = ..., position: _Optional[int] = ..., enqueued: _Optional[float] = ..., deadline: _Optional[float] = ..., reason: _Optional[str] = ..., name: _Optional[str] = ..., not_before: _Optional[float] = ..., not_before_reason: _Optional[str] = ..., account: _Optional[str] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold", "name", "wait_longest", "cards", "anchor", "owner_uid", "job_class", "when_green", "green_deadline")
+    __slots__ = ("mode", "gpus", "priority", "wait_s", "restartable", "command", "hold", "name", "wait_longest", "cards", "anchor", "owner_uid", "job_class", "when_green", "green_deadline", "account")
     MODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +293,7 @@ class AcquireRequest(_message.Message):
     JOB_CLASS_FIELD_NUMBER: _ClassVar[int]
     WHEN_GREEN_FIELD_NUMBER: _ClassVar[int]
     GREEN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     mode: str
     gpus: int
     priority: int
@@ -304,7 +309,8 @@ class AcquireRequest(_message.Message):
     job_class: str
     when_green: bool
     green_deadline: float
-    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., wait_longest: _Optional[bool] = ..., cards: _Optional[_Iterable[int]] = ..., anchor: _Optional[str] = ..., owner_uid: _Optional[int] = ..., job_class: _Optional[str] = ..., when_green: _Optional[bool] = ..., green_deadline: _Optional[float] = ...) -> None: ...
+    account: str
+    def __init__(self, mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., wait_longest: _Optional[bool] = ..., cards: _Optional[_Iterable[int]] = ..., anchor: _Optional[str] = ..., owner_uid: _Optional[int] = ..., job_class: _Optional[str] = ..., when_green: _Optional[bool] = ..., green_deadline: _Optional[float] = ..., account: _Optional[str] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("ticket", "position", "queue_length", "deadline", "not_before", "not_before_reason")
@@ -743,8 +749,148 @@ class ClusterRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class AccountsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("by", "since", "until")
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    by: str
+    since: float
+    until: float
+    def __init__(self, by: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ...) -> None: ...
+
+class ReportRow(_message.Message):
+    __slots__ = ("key", "gpu_hours", "jobs", "mean_wait_s", "p95_wait_s", "reclaims_suffered", "reclaims_caused")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    P95_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMS_SUFFERED_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMS_CAUSED_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    gpu_hours: float
+    jobs: int
+    mean_wait_s: float
+    p95_wait_s: float
+    reclaims_suffered: int
+    reclaims_caused: int
+    def __init__(self, key: _Optional[str] = ..., gpu_hours: _Optional[float] = ..., jobs: _Optional[int] = ..., mean_wait_s: _Optional[float] = ..., p95_wait_s: _Optional[float] = ..., reclaims_suffered: _Optional[int] = ..., reclaims_caused: _Optional[int] = ...) -> None: ...
+
+class ReportReply(_message.Message):
+    __slots__ = ("by", "since", "until", "rows", "hosts", "hosts_missing", "truncated")
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_MISSING_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    by: str
+    since: float
+    until: float
+    rows: _containers.RepeatedCompositeFieldContainer[ReportRow]
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    hosts_missing: _containers.RepeatedScalarFieldContainer[str]
+    truncated: bool
+    def __init__(self, by: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., rows: _Optional[_Iterable[_Union[ReportRow, _Mapping]]] = ..., hosts: _Optional[_Iterable[str]] = ..., hosts_missing: _Optional[_Iterable[str]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class UsageRecordsRequest(_message.Message):
+    __slots__ = ("since", "until")
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    since: float
+    until: float
+    def __init__(self, since: _Optional[float] = ..., until: _Optional[float] = ...) -> None: ...
+
+class UsageRecord(_message.Message):
+    __slots__ = ("account", "owner_uid", "user", "card_model", "gpus", "start", "end", "wait_s")
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    OWNER_UID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    CARD_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    account: str
+    owner_uid: int
+    user: str
+    card_model: str
+    gpus: float
+    start: float
+    end: float
+    wait_s: float
+    def __init__(self, account: _Optional[str] = ..., owner_uid: _Optional[int] = ..., user: _Optional[str] = ..., card_model: _Optional[str] = ..., gpus: _Optional[float] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class ReclaimRecord(_message.Message):
+    __slots__ = ("at", "victim", "beneficiary")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    VICTIM_FIELD_NUMBER: _ClassVar[int]
+    BENEFICIARY_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    victim: str
+    beneficiary: str
+    def __init__(self, at: _Optional[float] = ..., victim: _Optional[str] = ..., beneficiary: _Optional[str] = ...) -> None: ...
+
+class UsageRecordsReply(_message.Message):
+    __slots__ = ("host", "records", "reclaims", "truncated")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    records: _containers.RepeatedCompositeFieldContainer[UsageRecord]
+    reclaims: _containers.RepeatedCompositeFieldContainer[ReclaimRecord]
+    truncated: bool
+    def __init__(self, host: _Optional[str] = ..., records: _Optional[_Iterable[_Union[UsageRecord, _Mapping]]] = ..., reclaims: _Optional[_Iterable[_Union[ReclaimRecord, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class AccountRow(_message.Message):
+    __slots__ = ("name", "quota", "limit", "weight", "parent", "share", "allocated", "usage_gpu_hours", "waiting", "reclaimed_from", "reclaimed_for")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    USAGE_GPU_HOURS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMED_FROM_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMED_FOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    quota: float
+    limit: float
+    weight: float
+    parent: str
+    share: float
+    allocated: float
+    usage_gpu_hours: float
+    waiting: float
+    reclaimed_from: int
+    reclaimed_for: int
+    def __init__(self, name: _Optional[str] = ..., quota: _Optional[float] = ..., limit: _Optional[float] = ..., weight: _Optional[float] = ..., parent: _Optional[str] = ..., share: _Optional[float] = ..., allocated: _Optional[float] = ..., usage_gpu_hours: _Optional[float] = ..., waiting: _Optional[float] = ..., reclaimed_from: _Optional[int] = ..., reclaimed_for: _Optional[int] = ...) -> None: ...
+
+class AccountsReply(_message.Message):
+    __slots__ = ("enabled", "config_hash", "reclaim", "capacity", "accounts")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    config_hash: str
+    reclaim: str
+    capacity: float
+    accounts: _containers.RepeatedCompositeFieldContainer[AccountRow]
+    def __init__(self, enabled: _Optional[bool] = ..., config_hash: _Optional[str] = ..., reclaim: _Optional[str] = ..., capacity: _Optional[float] = ..., accounts: _Optional[_Iterable[_Union[AccountRow, _Mapping]]] = ...) -> None: ...
+
 class ClusterHost(_message.Message):
-    __slots__ = ("name", "addr", "state", "incarnation", "age_s", "self", "zone", "block", "domain", "cards", "free_whole", "free_slices", "health", "queue", "summary_valid", "group_gbps")
+    __slots__ = ("name", "addr", "state", "incarnation", "age_s", "self", "zone", "block", "domain", "cards", "free_whole", "free_slices", "health", "queue", "summary_valid", "group_gbps", "accounts_hash")
     class FreeSlicesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -768,6 +914,7 @@ class ClusterHost(_message.Message):
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_VALID_FIELD_NUMBER: _ClassVar[int]
     GROUP_GBPS_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTS_HASH_FIELD_NUMBER: _ClassVar[int]
     name: str
     addr: str
     state: str
@@ -784,7 +931,8 @@ class ClusterHost(_message.Message):
     queue: int
     summary_valid: bool
     group_gbps: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self_, name: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[str] = ..., incarnation: _Optional[int] = ..., age_s: _Optional[float] = ..., self: _Optional[bool] = ..., zone: _Optional[str] = ..., block: _Optional[str] = ..., domain: _Optional[str] = ..., cards: _Optional[int] = ..., free_whole: _Optional[int] = ..., free_slices: _Optional[_Mapping[str, int]] = ..., health: _Optional[int] = ..., queue: _Optional[int] = ..., summary_valid: _Optional[bool] = ..., group_gbps: _Optional[_Iterable[float]] = ...) -> None: ...
+    accounts_hash: str
+    def __init__(self_, name: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[str] = ..., incarnation: _Optional[int] = ..., age_s: _Optional[float] = ..., self: _Optional[bool] = ..., zone: _Optional[str] = ..., block: _Optional[str] = ..., domain: _Optional[str] = ..., cards: _Optional[int] = ..., free_whole: _Optional[int] = ..., free_slices: _Optional[_Mapping[str, int]] = ..., health: _Optional[int] = ..., queue: _Optional[int] = ..., summary_valid: _Optional[bool] = ..., group_gbps: _Optional[_Iterable[float]] = ..., accounts_hash: _Optional[str] = ...) -> None: ...
 
 class ClusterReply(_message.Message):
     __slots__ = ("enabled", "name", "hosts")

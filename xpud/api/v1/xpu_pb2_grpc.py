@@ -139,6 +139,16 @@ class NodeStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogsRequest.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
                 _registered_method=True)
+        self.ListAccounts = channel.unary_unary(
+                '/xpud.v1.Node/ListAccounts',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsReply.FromString,
+                _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/xpud.v1.Node/Report',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReportRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReportReply.FromString,
+                _registered_method=True)
 
 
 class NodeServicer:
@@ -295,6 +305,22 @@ class NodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAccounts(self, request, context):
+        """The accounts of xpud.toml (issue #33) and how they stand across the cluster: quota, limit, weight,
+        deserved share, allocated, decayed usage, waiting demand, reclaims (`xpu accounts`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Report(self, request, context):
+        """Usage from the ledgers of every host of the cluster (`xpu report`): GPU-hours, jobs, waits and
+        reclaims per account, user or card model over a time window.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -402,6 +428,16 @@ def add_NodeServicer_to_server(servicer, server):
                     servicer.JobLogs,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogsRequest.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.SerializeToString,
+            ),
+            'ListAccounts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAccounts,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsReply.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReportRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.ReportReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -981,6 +1017,60 @@ class Node:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def ListAccounts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/ListAccounts',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.AccountsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Node/Report',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ReportRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.ReportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class PeerStub:
     """Between the daemons of one cluster, over TCP with mutual TLS: both ends show a certificate from the
@@ -1033,6 +1123,11 @@ class PeerStub:
                 '/xpud.v1.Peer/PeerJobLogs',
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
+                _registered_method=True)
+        self.UsageRecords = channel.unary_unary(
+                '/xpud.v1.Peer/UsageRecords',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsReply.FromString,
                 _registered_method=True)
 
 
@@ -1102,6 +1197,13 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UsageRecords(self, request, context):
+        """This host's leases and fair-share reclaims in a time window, for a peer's `xpu report`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1144,6 +1246,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.PeerJobLogs,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.SerializeToString,
+            ),
+            'UsageRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.UsageRecords,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1365,6 +1472,33 @@ class Peer:
             '/xpud.v1.Peer/PeerJobLogs',
             xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UsageRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/UsageRecords',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,95 @@
+"""Accounts across three federated daemons (issue #33): an account's share is the cluster's, not the
+host's, and a host whose [accounts] differ is reported by `xpud doctor`. Hosts as in
+tests/test_federation_daemons.py: h1 and h3 workstation-2x (2 cards), h2 pcie-4x-h100 (4 cards)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+from tests.conftest import BIN, wait_until, xpu_env
+from tests.test_federation_daemons import converged, make_host, site  # noqa: F401 (site: a fixture)
+
+ACCOUNTS = """
+[accounts]
+reclaim_grace_s = 0.0
+
+[accounts.vision]
+members = ["root"]
+quota = 4
+
+[accounts.nlp]
+members = ["root"]
+quota = 4
+"""
+OTHER = ACCOUNTS + '\n[accounts.ops]\nmembers = ["alice"]\n'  # h3's differ: one account more
+
+
+def _accounts(h) -> dict:
+    r = h.daemon.xpu("accounts", "--json", timeout=30)
+    assert r.returncode == 0, r.stderr
+    return {a["name"]: a for a in json.loads(r.stdout)["accounts"]}
+
+
+def _hold(h, account: str, gpus: int, *flags: str):
+    return h.daemon.xpu_popen(
+        "run", "-A", account, "-m", "xpu", "-g", str(gpus), "--kill-grace", "2", *flags, "--", "sleep", "300"
+    )
+
+
+def test_an_accounts_share_is_the_clusters_and_a_differing_config_is_reported_by_doctor(site):  # noqa: F811
+    hosts, procs = [], []
+    try:
+        hosts.append(make_host(site, 1, [], extra=ACCOUNTS))
+        hosts.append(make_host(site, 2, [hosts[0].addr], extra=ACCOUNTS))
+        hosts.append(make_host(site, 3, [hosts[0].addr], extra=OTHER))
+        h1, h2, h3 = hosts
+        wait_until(lambda: converged(hosts), timeout=60, step=0.3)
+        # a multi-host job's reservations are charged on each host to the submitter's first account
+        r = h1.daemon.xpu("run", "--nodes", "2", "--gpus-per-node", "1", "--", "true", timeout=120)
+        assert r.returncode == 0, r.stderr
+        with h2.daemon.client() as c:
+            assert {x.account for x in c.leases(all=True).leases} == {"vision"}
+        # vision holds 4 cards on h2, 2 on h3, and 1 restartable on h1; nlp 1 (not restartable) on h1
+        procs += [_hold(h2, "vision", 4), _hold(h3, "vision", 2)]
+        procs += [_hold(h1, "vision", 1, "--restartable", "--wait", "inf"), _hold(h1, "nlp", 1)]
+        # h1 sees vision's 7 cards across the cluster through the peers' summaries
+        wait_until(lambda: _accounts(h1)["vision"]["allocated"] == 7.0, timeout=60, step=0.5)
+        # nlp wants a second card on h1. On h1 alone (2 cards) vision deserves its 1 card there; across
+        # the cluster (8 cards) vision deserves 6 (quota 4, then the idle card), holds 7: one goes to nlp.
+        t0 = time.monotonic()
+        with h1.daemon.client() as c:
+            g = c.acquire_lease("xpu", account="nlp", wait_s=60)
+            assert time.monotonic() - t0 < 20 and g.lease.account == "nlp"
+            moved = [e.message for e in c.events() if e.kind == "fairshare"]
+        assert len(moved) == 1 and "of account vision (holds 7, deserves 6)" in moved[0], moved
+        by = _accounts(h1)
+        assert (by["vision"]["share"], by["nlp"]["share"]) == (6.0, 2.0)
+        # xpu report on h1 reads the ledgers of all three hosts
+        r = h1.daemon.xpu("report", "--json", timeout=60)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        rows = {x["key"]: x for x in doc["rows"]}
+        assert sorted(doc["hosts"]) == ["h1", "h2", "h3"] and doc["hosts_missing"] == []
+        # vision's on h1, h2 and h3, and the two ranks of the job
+        assert rows["vision"]["jobs"] == 5 and rows["nlp"]["jobs"] == 2
+        assert (rows["vision"]["reclaims_suffered"], rows["nlp"]["reclaims_caused"]) == (1, 1)
+        # doctor on h1: h3 publishes another [accounts] hash
+        run_dir = str(h1.daemon.runtime_dir)
+        cmd = [str(BIN / "xpud"), "--config", str(h1.daemon.config), "--runtime-dir", run_dir,
+               "doctor", "--simulate", "workstation-2x", "--json"]  # fmt: skip
+        r = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=120, env=xpu_env(h1.daemon.runtime_dir)
+        )
+        check = {c["name"]: c for c in json.loads(r.stdout)["checks"]}["accounts config"]
+        assert check["status"] == "fail", check
+        assert "differs from h3 (" in check["message"] and "h2" not in check["message"], check
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(30)
+        for h in hosts:
+            h.daemon.kill(signal.SIGTERM)
