@@ -782,3 +782,41 @@ def test_a_job_whose_fence_cannot_be_computed_is_not_started(host, jobd, tmp_pat
     assert shown["state"] == "failed" and not ran.exists(), shown
     assert shown["reason"].startswith("could not start: device isolation: lease "), shown["reason"]
     assert "\n" not in shown["reason"]
+
+
+def test_a_restarted_daemon_stops_the_warm_scopes_it_left_and_not_another_daemons(host, daemons, jobd):
+    """Warm commands' scopes (``controllers/provisioner.py``, ``Scopes.warm_id``) of a SIGKILLed daemon:
+    its successor stops them at start-up (``Scopes.reconcile``); the other daemon's under the same systemd
+    are left alone (the owner tag in the name)."""
+    from xpud.isolation.scope import Enforcement, Scopes, owner_tag
+
+    ours = Scopes(None, Enforcement(True), owner=owner_tag(jobd.state_dir)).warm_id(0)
+    theirs = Scopes(None, Enforcement(True), owner=owner_tag(daemons["mig"].state_dir)).warm_id(0)
+    procs = [
+        subprocess.Popen(
+            [
+                *host.prefix,
+                "systemd-run",
+                "--scope",
+                "--quiet",
+                f"--unit=xpu-lease-{i}.scope",
+                "sleep",
+                "300",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in (ours, theirs)
+    ]
+    try:
+        wait_until(lambda: all(_scope_state(host, i) == "active" for i in (ours, theirs)), 15)
+        _kill_in(host, jobd)
+        jobd.start()
+        wait_until(lambda: _scope_state(host, ours) != "active", 15)
+        assert _scope_state(host, theirs) == "active"
+    finally:
+        for i in (ours, theirs):
+            host.run(["systemctl", "stop", f"xpu-lease-{i}.scope"])
+        for p in procs:
+            p.kill()
+            p.wait(10)
