@@ -306,6 +306,7 @@ class Daemon:
         self.context.jobs = self.jobbook
         if self.federation is not None:  # what the other hosts ask of our jobs
             self.federation.peer_jobs = PeerJobs(NodeService(self.context))
+        self.engine.on_ended.append(self.jobbook.lease_ended)  # a job whose lease ends ends with it
         await self.jobbook.restore()
         self.jobbook.start()
 

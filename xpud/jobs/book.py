@@ -389,6 +389,23 @@ class JobBook:
             return await self._check(r)
         await self._end(r, jobdb.LOST, reason="its supervisor is gone without recording an end")
 
+    def lease_ended(self, lease) -> None:
+        """``engine.on_ended``: a running job's lease ended under it (an operator's eviction, the reaper, a
+        health move-off): the job is stopped as a cancel stops it, so that it does not go on using cards
+        that are no longer its own. Its own end (the book releases the lease then) passes here too: no-op."""
+        kind, _, job_id = getattr(lease, "anchor", "").partition(":")
+        r = self.running.get(job_id) if kind == "job" else None
+        if r is None or r.lease_id != lease.id or r.id in self.cancelling:
+            return
+        doc = supervisor.read_status(self.dir, r.id) or {}
+        spid = doc.get("supervisor")
+        if doc.get("state") in jobdb.ENDED or not (spid and supervisor.supervisor_alive(int(spid), r.id)):
+            return  # it ended already; the poller records it
+        self.cancelling.add(r.id)
+        r.reason = f"its lease ended: {getattr(lease, 'end_reason', '') or 'ended'}"[:500]
+        os.kill(int(spid), signal.SIGTERM)
+        log.info("job %s: %s; stopping it", r.id, r.reason)
+
     # ------------------------------------------------------------------ cancel
     async def cancel(self, r: JobRecord, caller: Caller) -> JobRecord:
         """Cancel ``r`` (its owner or an operator): a queued job leaves the queue and ends
