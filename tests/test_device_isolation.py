@@ -820,3 +820,35 @@ def test_a_restarted_daemon_stops_the_warm_scopes_it_left_and_not_another_daemon
         for p in procs:
             p.kill()
             p.wait(10)
+
+
+WARM_ESCAPE = """
+import asyncio, sys
+from types import SimpleNamespace as NS
+from xpud.controllers.provisioner import Provisioner
+from xpud.isolation.scope import Enforcement, Scopes
+# the engine's part in this: the forecast's settings, card 0's minor, the events (scope and systemd real)
+said = []
+cfg = NS(forecast=NS(warm_command=sys.argv[1], warm_user="root", warm_timeout_s=30.0))
+engine = NS(cfg=cfg, cards={0: NS(info=NS(index=0, minor_number=int(sys.argv[2])))},
+            mig_device_ids=lambda i, h: None, event=lambda kind, text, **kw: said.append(text))
+p = Provisioner(engine)
+p.scopes = Scopes(engine, Enforcement(True), owner="test")
+async def main():
+    p._warm(NS(card_index=0, size="vxpu-half", handle="GPU-0"), {}, None)
+    await p.warmed()
+    await asyncio.gather(*p.scopes._ending)  # the scope's stop, if one is due
+asyncio.run(main())
+print(said[0])
+"""
+
+
+def test_what_a_warm_command_left_running_ends_with_it(host, tmp_path):
+    """The provisioner stops a warm command's scope once the command has ended: a process it started in
+    a session of its own does not keep running on the slice's card."""
+    pidfile = tmp_path / "escaped"
+    cmd = f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}"
+    argv = [*host.prefix, sys.executable, "-c", WARM_ESCAPE, cmd, str(MINORS[0])]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip().endswith("warm_command exited 0 (as root)"), r.stdout + r.stderr
+    _gone(host, [pidfile.read_text().strip()])

@@ -271,6 +271,8 @@ class Provisioner:
             try:
                 said = await warm.run(cmd, self.cfg.warm_user, env, self.cfg.warm_timeout_s, fence)
             finally:
+                if fence is not None:  # what escaped the command's session ends with it
+                    scopes.end_later(name, after_s=0.0)
                 if handle:
                     e.standby.set_warming(handle, False)
                     e.pump()  # a request may have waited for it
