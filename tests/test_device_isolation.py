@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, DaemonProc, xpu_env
+from tests.conftest import BIN, DaemonProc, wait_until, xpu_env
 from tests.systemd_ns import Systemd
 from xpud.errors import Forbidden
 from xpud.hw.devnodes import DevTree
@@ -685,3 +685,170 @@ def test_a_json_env_launchers_work_is_confined_through_xpu_confine(host, daemons
     no_env = subprocess.run([str(BIN / "xpu"), "confine", "--", "true"], env=xpu_env(d.runtime_dir),
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert no_env.returncode == 2 and "XPU_LEASE_TOKEN" in no_env.stderr
+
+
+def xpu_in(host, d: DaemonProc, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``xpu ARGS`` in systemd's namespaces (the daemon sees its pid), from ``/``."""
+    argv = [*host.prefix, str(BIN / "xpu"), *args]
+    env = xpu_env(d.runtime_dir)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd="/")
+
+
+def submitted(host, d: DaemonProc, *args: str) -> str:
+    r = xpu_in(host, d, "submit", *args)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def job_of(d: DaemonProc, job_id: str) -> dict:
+    r = d.xpu("show", job_id, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["job"]
+
+
+def _unit_state(host, job_id: str) -> str:
+    return host.run(["systemctl", "is-active", f"xpu-submit-{job_id}.service"]).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def jobd(host):
+    """A daemon of its own for detached jobs (killed and restarted here), with its own copy of the fake
+    ``/proc`` (a case takes the capability files away)."""
+    short = Path(f"/tmp/xpu-iso-j{os.getpid()}")
+    short.mkdir()
+    shutil.copytree(host.base / "proc", short / "proc")
+    d = DaemonProc(short, "dgx-a100", config(short / "proc"), prefix=host.prefix)
+    try:
+        yield d.start()
+    finally:
+        _kill_in(host, d)
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_a_submitted_job_opens_its_leases_cards_and_no_other(host, daemons, tmp_path):
+    """``xpu submit``: the job's unit (``xpu-submit-<id>.service``) carries the lease's device fence."""
+    d = daemons["mig"]
+    out = tmp_path / "whole.out"
+    job = submitted(host, d, "-m", "xpu", "--name", "sub", "-o", str(out), "--", sys.executable, "-c", PROBE)
+    assert xpu_in(host, d, "wait", job).returncode == 0
+    check(opened(out.read_text())[1], {MINORS[i] for i in lease_named(d, "sub").cards})
+    out = tmp_path / "mig.out"
+    job = submitted(host, d, "-m", "vxpu-half", "--name", "submig", "-o", str(out), "--", sys.executable,
+                    "-c", PROBE)  # fmt: skip
+    assert xpu_in(host, d, "wait", job).returncode == 0
+    seen = opened(out.read_text())[1]
+    (parent,) = lease_named(d, "submig").cards
+    own = {int(p.rsplit("cap", 1)[1]) for p, how in seen.items() if "nvidia-caps" in p and how == "ENXIO"}
+    assert len(own) == 2 and {card_of_cap(c) for c in own} == {MINORS[parent]}, own
+    check(seen, {MINORS[parent]}, own)
+
+
+def test_a_fenced_job_outlives_a_killed_daemon_fenced_and_ends_with_its_cancel(host, jobd, tmp_path):
+    """Jobs outlive their daemon by design: a SIGKILLed daemon's successor (``Scopes.reconcile`` at its
+    start) leaves the running job's unit running and fenced; a cancel then stops it, lease and all."""
+    d, out, go = jobd, tmp_path / "job.out", tmp_path / "go"
+    script = f'"$0" -c "$1"; while [ ! -e {go} ]; do sleep 0.05; done; "$0" -c "$1"; exec sleep 300'
+    job = submitted(
+        host, d, "--name", "kept", "-o", str(out), "--", "sh", "-c", script, sys.executable, PROBE
+    )
+    wait_until(lambda: out.exists() and out.read_text().count("\n") == 1, 30)
+    (card,) = lease_named(d, "kept").cards
+    check(opened(out.read_text().splitlines()[0])[1], {MINORS[card]})
+    _kill_in(host, d)
+    d.start()
+    assert job_of(d, job)["state"] == "running" and _unit_state(host, job) == "active"
+    go.touch()
+    wait_until(lambda: out.read_text().count("\n") == 2, 30)
+    check(opened(out.read_text().splitlines()[1])[1], {MINORS[card]})
+    assert xpu_in(host, d, "cancel", job).returncode == 0
+    wait_until(lambda: job_of(d, job)["state"] == "cancelled", 30)
+    wait_until(lambda: _unit_state(host, job) != "active", 15)
+    assert lease_named(d, "kept").HasField("ended")
+
+
+def test_a_job_whose_fence_cannot_be_computed_is_not_started(host, jobd, tmp_path):
+    """Enforced, but the MIG slice's capability nodes cannot be named (the driver's files are gone): the
+    job fails with one line that says why, and its command never runs."""
+    d = jobd
+    caps = d.base / "proc/driver/nvidia/capabilities"
+    shutil.move(caps, d.base / "proc/caps-away")
+    try:
+        ran = tmp_path / "ran"
+        job = submitted(host, d, "-m", "vxpu-half", "--name", "unfenced", "--", "touch", str(ran))
+        assert xpu_in(host, d, "wait", job).returncode != 0
+    finally:
+        shutil.move(d.base / "proc/caps-away", caps)
+    shown = job_of(d, job)
+    assert shown["state"] == "failed" and not ran.exists(), shown
+    assert shown["reason"].startswith("could not start: device isolation: lease "), shown["reason"]
+    assert "\n" not in shown["reason"]
+
+
+def test_a_restarted_daemon_stops_the_warm_scopes_it_left_and_not_another_daemons(host, daemons, jobd):
+    """Warm commands' scopes (``controllers/provisioner.py``, ``Scopes.warm_id``) of a SIGKILLed daemon:
+    its successor stops them at start-up (``Scopes.reconcile``); the other daemon's under the same systemd
+    are left alone (the owner tag in the name)."""
+    from xpud.isolation.scope import Enforcement, Scopes, owner_tag
+
+    ours = Scopes(None, Enforcement(True), owner=owner_tag(jobd.state_dir)).warm_id(0)
+    theirs = Scopes(None, Enforcement(True), owner=owner_tag(daemons["mig"].state_dir)).warm_id(0)
+    procs = [
+        subprocess.Popen(
+            [
+                *host.prefix,
+                "systemd-run",
+                "--scope",
+                "--quiet",
+                f"--unit=xpu-lease-{i}.scope",
+                "sleep",
+                "300",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in (ours, theirs)
+    ]
+    try:
+        wait_until(lambda: all(_scope_state(host, i) == "active" for i in (ours, theirs)), 15)
+        _kill_in(host, jobd)
+        jobd.start()
+        wait_until(lambda: _scope_state(host, ours) != "active", 15)
+        assert _scope_state(host, theirs) == "active"
+    finally:
+        for i in (ours, theirs):
+            host.run(["systemctl", "stop", f"xpu-lease-{i}.scope"])
+        for p in procs:
+            p.kill()
+            p.wait(10)
+
+
+WARM_ESCAPE = """
+import asyncio, sys
+from types import SimpleNamespace as NS
+from xpud.controllers.provisioner import Provisioner
+from xpud.isolation.scope import Enforcement, Scopes
+# the engine's part in this: the forecast's settings, card 0's minor, the events (scope and systemd real)
+said = []
+cfg = NS(forecast=NS(warm_command=sys.argv[1], warm_user="root", warm_timeout_s=30.0))
+engine = NS(cfg=cfg, cards={0: NS(info=NS(index=0, minor_number=int(sys.argv[2])))},
+            mig_device_ids=lambda i, h: None, event=lambda kind, text, **kw: said.append(text))
+p = Provisioner(engine)
+p.scopes = Scopes(engine, Enforcement(True), owner="test")
+async def main():
+    p._warm(NS(card_index=0, size="vxpu-half", handle="GPU-0"), {}, None)
+    await p.warmed()
+    await asyncio.gather(*p.scopes._ending)  # the scope's stop, if one is due
+asyncio.run(main())
+print(said[0])
+"""
+
+
+def test_what_a_warm_command_left_running_ends_with_it(host, tmp_path):
+    """The provisioner stops a warm command's scope once the command has ended: a process it started in
+    a session of its own does not keep running on the slice's card."""
+    pidfile = tmp_path / "escaped"
+    cmd = f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}"
+    argv = [*host.prefix, sys.executable, "-c", WARM_ESCAPE, cmd, str(MINORS[0])]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip().endswith("warm_command exited 0 (as root)"), r.stdout + r.stderr
+    _gone(host, [pidfile.read_text().strip()])

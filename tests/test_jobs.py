@@ -177,6 +177,22 @@ def test_cancel_by_name_of_a_queued_and_a_running_job(daemon, workdir):
     assert r.returncode != 0 and "cancelled" in r.stdout
 
 
+def test_a_running_job_whose_lease_is_evicted_is_stopped_with_it(daemon, workdir):
+    """An operator's eviction (or the reaper's, a health move-off's) ends the lease under a running job:
+    the job is stopped as a cancel stops it, not left running on cards that are no longer its own."""
+    job_id = submit(daemon, workdir, "--name", "evicted", "--kill-grace", "1", "--", "sleep", "60")
+    wait_until(lambda: state(daemon, job_id) == "running", 20)
+    pid = wait_until(lambda: status_file(daemon, job_id).get("pid"))
+    with daemon.client(admin=True) as c:
+        (lease,) = [le for le in c.leases().leases if le.anchor == f"job:{job_id}"]
+        c.evict(lease.id, "test")
+    r = daemon.xpu("wait", job_id, timeout=30)
+    assert r.returncode == 128 + signal.SIGTERM and "cancelled" in r.stdout, r.stdout + r.stderr
+    assert not alive(pid)
+    (job,) = [j for j in jobs(daemon) if j["id"] == job_id]
+    assert job["state"] == "cancelled" and job["reason"].startswith("its lease ended: "), job
+
+
 def test_time_limit_ends_a_job_with_timeout(daemon, workdir):
     t0 = time.monotonic()
     job_id = submit(

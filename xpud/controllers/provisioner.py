@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import secrets
 import time
 from collections import Counter
 from datetime import datetime
@@ -262,7 +261,7 @@ class Provisioner:
         fence = None
         scopes = self.scopes
         if scopes is not None and scopes.enforcement.enforced:  # its own scope: the slice's nodes only
-            name = f"warm-{s.card_index}-{secrets.token_hex(4)}"  # xpu-lease-warm-<card>-<hex>.scope
+            name = scopes.warm_id(s.card_index)  # xpu-lease-warm-<owner>-<card>-<hex>.scope
             holder = SimpleNamespace(id=name, cards=(s.card_index,), slices=(s,))
 
             async def fence(pid: int) -> None:
@@ -272,6 +271,8 @@ class Provisioner:
             try:
                 said = await warm.run(cmd, self.cfg.warm_user, env, self.cfg.warm_timeout_s, fence)
             finally:
+                if fence is not None:  # what escaped the command's session ends with it
+                    scopes.end_later(name, after_s=0.0)
                 if handle:
                     e.standby.set_warming(handle, False)
                     e.pump()  # a request may have waited for it

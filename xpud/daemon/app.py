@@ -21,6 +21,7 @@ import gc
 import grp
 import logging
 import os
+import shutil
 import signal
 import socket
 import time
@@ -296,16 +297,20 @@ class Daemon:
 
     async def _start_jobs(self) -> None:
         """Detached jobs (``xpud.jobs``): their supervisors are transient units under systemd."""
-        from xpud.federation.sysunit import Units
+        from xpud.federation.sysunit import SYSTEMD_RUN, Units
         from xpud.jobs.book import JobBook
         from xpud.service.jobs import PeerJobs
 
         units = Units.detect()
+        systemd_run = units.systemd_run if units else None
+        if systemd_run is None and self.scopes.enforcement.enforced:  # not a service, but fenced: units
+            systemd_run = shutil.which(SYSTEMD_RUN)
         host = self.federation.name if self.federation is not None else socket.gethostname()
-        self.jobbook = JobBook(self.engine, self.state_dir, host, units.systemd_run if units else None)
+        self.jobbook = JobBook(self.engine, self.state_dir, host, systemd_run, scopes=self.scopes)
         self.context.jobs = self.jobbook
         if self.federation is not None:  # what the other hosts ask of our jobs
             self.federation.peer_jobs = PeerJobs(NodeService(self.context))
+        self.engine.on_ended.append(self.jobbook.lease_ended)  # a job whose lease ends ends with it
         await self.jobbook.restore()
         self.jobbook.start()
 

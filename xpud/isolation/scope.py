@@ -18,6 +18,10 @@ EPERM, whoever owns the process and whatever the node's mode. One transient scop
   command's process group included). The daemon calls it for every end (``engine.on_ended``).
 - ``reconcile(active, known)``: daemon start-up; the scopes of this daemon's leases that ended while no
   daemon could stop them (a SIGKILL between an end and its stop) are stopped; active leases' are kept.
+  So are this daemon's warm commands' scopes (``warm_id``: ``xpu-lease-warm-<owner>-<card>-<hex>.scope``,
+  ``owner`` a tag of the daemon's state directory, so that two daemons under one systemd never stop each
+  other's): whatever still runs there lost its watcher (the time limit) with the last daemon, and its slice
+  is no longer marked warming, so it could be handed out while the command still uses it.
 
 The calls go through ``busctl`` (systemd's own D-Bus client: no D-Bus library in the daemon) off the event
 loop, with the fixed clean environment. Where this cannot work, ``detect`` says why and isolation is
@@ -28,10 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -95,6 +101,12 @@ def detect(
     if which(BUSCTL) is None:
         return Enforcement(False, f"no {BUSCTL} (systemd's D-Bus client) in PATH")
     return Enforcement(True)
+
+
+def owner_tag(state_dir: Path) -> str:
+    """This daemon's mark in the names of the scopes it makes for itself (warm commands'): 8 hex digits of
+    its state directory's absolute path (two daemons on one host never share one: their ledgers would)."""
+    return hashlib.sha256(str(Path(state_dir).absolute()).encode()).hexdigest()[:8]
 
 
 def unit_name(lease_id: str) -> str:
@@ -207,13 +219,15 @@ async def run(argv: Sequence[str], timeout_s: float = CALL_TIMEOUT_S) -> tuple[i
 @dataclass
 class Scopes:
     """The daemon's lease scopes. ``engine`` gives cards' minors and MIG ids (``devices.grant_of``);
-    ``tree`` where the driver's capability files are; ``extra`` more ``DeviceAllow=`` entries."""
+    ``tree`` where the driver's capability files are; ``extra`` more ``DeviceAllow=`` entries; ``owner``
+    this daemon's tag (``owner_tag``) in the names of its warm commands' scopes."""
 
     engine: object
     enforcement: Enforcement
     tree: DevTree = field(default_factory=DevTree)
     extra: tuple[str, ...] = ()
     runner: Runner = run
+    owner: str = "none"
     _warned: str = ""  # the day `xpu run` was last told isolation is advisory
     _ending: set = field(default_factory=set)  # end_later's tasks
 
@@ -247,6 +261,15 @@ class Scopes:
         if rc != 0:
             raise ScopeError(f"{unit}: systemd refused the scope: {out or f'exit {rc}'}")
         return await self._placed(unit, pid)
+
+    def warm_id(self, card: int) -> str:
+        """A new warm command's scope id on ``card``: ``warm-<owner>-<card>-<hex>`` (``reconcile`` finds
+        this daemon's by the owner tag)."""
+        return f"{self._warm_prefix}{card}-{secrets.token_hex(4)}"
+
+    @property
+    def _warm_prefix(self) -> str:
+        return f"warm-{self.owner}-"
 
     async def _placed(self, unit: str, pid: int) -> str:
         deadline = time.monotonic() + PLACED_WITHIN_S
@@ -290,8 +313,9 @@ class Scopes:
 
     async def reconcile(self, active: Collection[str], known: Collection[str]) -> list[str]:
         """Start-up: stop the scopes of leases in ``known`` (this daemon's ledger) that are not ``active``
-        any more, now; those of active leases are kept (their jobs outlived the daemon), others' (another
-        daemon's, a warm command's) left alone. Returns the stopped units; failures are logged."""
+        any more, now, and this daemon's warm commands' (``warm_id``); those of active leases are kept
+        (their jobs outlived the daemon), others' (another daemon's) left alone. Returns the stopped units;
+        failures are logged."""
         if not self.enforcement.enforced:
             return []
         rc, out = await self.runner(list_argv())
@@ -304,14 +328,20 @@ class Scopes:
             return []
         stopped = []
         for lease_id in listed:
-            if lease_id in active or lease_id not in known:
+            warm = lease_id.startswith(self._warm_prefix)
+            if not warm and (lease_id in active or lease_id not in known):
                 continue
             unit = unit_name(lease_id)
             rc, out = await self.runner(stop_argv(unit))
             if rc != 0 and "not loaded" not in out:
                 log.warning("%s: could not stop it: %s", unit, out or f"exit {rc}")
                 continue
-            log.info("%s: stopped (lease %s ended while no daemon ran)", unit, lease_id)
+            why = (
+                "a warm command's, left by the last daemon"
+                if warm
+                else f"lease {lease_id} ended while no daemon ran"
+            )
+            log.info("%s: stopped (%s)", unit, why)
             stopped.append(unit)
         return stopped
 
@@ -328,4 +358,5 @@ def device_scopes(cfg, engine, simulated: bool) -> Scopes:
     iso = cfg.isolation
     proc = Path(iso.proc_root)
     tree = DevTree(Path("/dev"), proc / "driver/nvidia/capabilities", proc / "devices")
-    return Scopes(engine, detect(iso.devices, simulated), tree, tuple(iso.extra_devices))
+    owner = owner_tag(cfg.state_dir)
+    return Scopes(engine, detect(iso.devices, simulated), tree, tuple(iso.extra_devices), owner=owner)

@@ -8,6 +8,10 @@ lease by the anchor ``job:<id>`` (no Hold stream). A running job belongs to its 
 (``xpud.jobs.supervisor``), which outlives the daemon; the daemon reads its status file every
 ``poll_s`` and, after a restart, collects what ended while it was away. A running job whose supervisor is
 gone without a word is ``lost``.
+
+Where device isolation is enforced (README "Isolation"), a job's unit carries its lease's device fence
+(``DevicePolicy=closed`` + ``DeviceAllow=``, ``isolation/scope.py``): the supervisor and the job open
+only the lease's nodes. A job whose fence cannot be computed then is not started (``failed``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import time
 from pathlib import Path
 
 from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound, XpudError
-from xpud.isolation import switch_user
+from xpud.isolation import scope, switch_user
+from xpud.isolation.scope import ScopeError, Scopes
 from xpud.jobs import supervisor
 from xpud.ledger import jobs as jobdb
 from xpud.ledger.jobs import JobRecord
@@ -52,7 +57,8 @@ def exit_status(r: JobRecord) -> int:
 
 
 class JobBook:
-    """The detached jobs of this daemon. ``systemd_run``: start supervisors as transient units."""
+    """The detached jobs of this daemon. ``systemd_run``: start supervisors as transient units;
+    ``scopes``: the daemon's device scopes, whose fence each job's unit gets where it is enforced."""
 
     def __init__(
         self,
@@ -62,8 +68,10 @@ class JobBook:
         systemd_run: str | None = None,
         poll_s: float = POLL_S,
         clock=time.time,
+        scopes: Scopes | None = None,
     ):
         self.engine = engine
+        self.scopes = scopes
         self.ledger = engine.ledger
         self.dir = Path(state_dir) / "jobs"
         self.host = host
@@ -271,16 +279,29 @@ class JobBook:
         self.waiting.pop(r.id, None)  # starting: a cancel now waits for the supervisor (Conflict)
         try:
             switch = self._switch(r)
+            fence = await self._fence(lease)
             await asyncio.shield(supervisor.launch(
                 self.dir, r.id, r.argv, env, r.cwd, r.spec["output"], r.spec.get("error", ""), switch,
                 r.spec.get("time_limit_s", 0.0), r.spec.get("kill_grace_s", DEFAULT_KILL_GRACE_S),
-                self.systemd_run,
+                self.systemd_run, fence,
             ))  # fmt: skip
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, ScopeError) as e:
             await self._end(r, jobdb.FAILED, reason=f"could not start: {e}")
             return
         self.running[r.id] = r
         self.engine.event("job", f"job {r.id} started on lease {lease.id}", lease_id=lease.id)
+
+    async def _fence(self, lease) -> list[str]:
+        """The ``systemd-run --property=`` device fence of the job's unit; [] where isolation is advisory.
+        ScopeError where it is enforced and the fence cannot be put up: the job would run unfenced."""
+        if self.scopes is None or not self.scopes.enforcement.enforced:
+            return []
+        if self.systemd_run is None:
+            raise ScopeError("device isolation is enforced, but no systemd-run to start the job's unit")
+        try:
+            return scope.unit_properties(await self.scopes.allow_async(lease))
+        except ScopeError as e:
+            raise ScopeError(f"device isolation: {e}") from None
 
     def _switch(self, r: JobRecord) -> list[str]:
         if os.geteuid() != 0:
@@ -367,6 +388,23 @@ class JobBook:
         if doc is not None and doc.get("state") in jobdb.ENDED:
             return await self._check(r)
         await self._end(r, jobdb.LOST, reason="its supervisor is gone without recording an end")
+
+    def lease_ended(self, lease) -> None:
+        """``engine.on_ended``: a running job's lease ended under it (an operator's eviction, the reaper, a
+        health move-off): the job is stopped as a cancel stops it, so that it does not go on using cards
+        that are no longer its own. Its own end (the book releases the lease then) passes here too: no-op."""
+        kind, _, job_id = getattr(lease, "anchor", "").partition(":")
+        r = self.running.get(job_id) if kind == "job" else None
+        if r is None or r.lease_id != lease.id or r.id in self.cancelling:
+            return
+        doc = supervisor.read_status(self.dir, r.id) or {}
+        spid = doc.get("supervisor")
+        if doc.get("state") in jobdb.ENDED or not (spid and supervisor.supervisor_alive(int(spid), r.id)):
+            return  # it ended already; the poller records it
+        self.cancelling.add(r.id)
+        r.reason = f"its lease ended: {getattr(lease, 'end_reason', '') or 'ended'}"[:500]
+        os.kill(int(spid), signal.SIGTERM)
+        log.info("job %s: %s; stopping it", r.id, r.reason)
 
     # ------------------------------------------------------------------ cancel
     async def cancel(self, r: JobRecord, caller: Caller) -> JobRecord:

@@ -252,10 +252,13 @@ async def launch(
     time_limit_s: float,
     kill_grace_s: float,
     systemd_run: str | None = None,
+    properties: Sequence[str] = (),
 ) -> dict:
     """Start the supervisor of ``job_id`` and wait until it has recorded itself; its status (with
     ``supervisor``, its pid). ``switch``: setpriv's prefix (as root), or [] to run as this process's user.
-    ``systemd_run``: start it as a transient unit through that program. Raises OSError."""
+    ``systemd_run``: start it as a transient unit through that program, with ``properties`` (``systemd-run
+    --property=`` arguments: the lease's device fence, ``isolation/scope.unit_properties``). Raises
+    OSError."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     switch_user.env_bytes(env)  # a bad environment is refused here (ValueError), not in the supervisor
     spec_path = directory / f"{job_id}.spec"
@@ -280,7 +283,7 @@ async def launch(
     line = [sys.executable, "-I", "-S", "-c", SUPERVISOR, str(spec_path)]
     if systemd_run is not None:
         line = [systemd_run, f"--unit={unit_name(job_id)}", "--collect", "--quiet",
-                "--property=KillMode=mixed", "--", *line]  # fmt: skip
+                "--property=KillMode=mixed", *properties, "--", *line]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         *line,
         stdin=asyncio.subprocess.DEVNULL,
