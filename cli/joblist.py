@@ -43,6 +43,8 @@ def row(j, now: float) -> dict:
         "elapsed_s": ((ended or now) - started) if started else None,
         "time_limit_s": j.time_limit_s or None,
         "after": list(j.after),
+        "restartable": j.restartable,
+        "restarts": j.restarts,
         "reason": j.reason or None,
         "command": j.command or None,
         "output": j.output or None,

@@ -113,6 +113,7 @@ class JobsHandlers:
                 priority=request.priority,
                 wait_s=wait_s,
                 owner_uid=caller.uid,
+                restartable=request.restartable,
             ),
             name=request.name,
             output=request.output,
