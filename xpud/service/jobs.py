@@ -329,7 +329,8 @@ class JobsHandlers:
                 if not isinstance(reply, grpc.RpcError):
                     msgs.extend(reply.jobs)
             msgs.sort(key=lambda j: j.submitted, reverse=True)
-        kept, _ = _fit(msgs, REPLY_BUDGET)
+        limit = min(request.limit or MAX_JOBS, MAX_JOBS)  # the cluster's newest, as on one host
+        kept, _ = _fit(msgs[:limit], REPLY_BUDGET)
         return pb.ListJobsReply(jobs=kept, omitted=len(msgs) - len(kept))
 
     @unary
