@@ -80,6 +80,11 @@ def test_a_two_host_job_is_one_job_listed_and_waited_on_from_a_third_host(cluste
     assert job["exit_code"] == 3
     r = xpu(c, "wait", "pair")
     assert r.returncode == 3 and "failed (exit 3)" in r.stdout
+    # its ranks wrote to the `xpu run`'s terminal: no file to read, said in one line from any host
+    for host in (a, c):
+        r = xpu(host, "logs", "--rank", "1", "pair")
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"xpu: job {job['id']} is a multi-host `xpu run`: every rank's output")
 
 
 def test_a_two_host_job_is_cancelled_from_a_third_host(cluster):

@@ -239,10 +239,18 @@ class JobsHandlers:
 
     async def _logs_here(self, caller: Caller, request):
         r = self._job(request.job, caller)
+        if r.kind == jobdb.MULTI_HOST:
+            raise BadRequest(
+                f"job {r.id} is a multi-host `xpu run`: every rank's output went to that run's terminal, "
+                "not to a file; `xpu logs` reads the files of `xpu submit` jobs"
+            )
         if r.kind != jobdb.DETACHED:
-            raise BadRequest(f"job {r.id} is an `xpu run` ({r.kind}): its output went to its terminal")
+            raise BadRequest(
+                f"job {r.id} is an `xpu run`: its output went to its terminal, not to a file; "
+                "`xpu logs` reads the files of `xpu submit` jobs"
+            )
         if request.rank:
-            raise BadRequest(f"job {r.id} has one rank (0)")
+            raise BadRequest(f"job {r.id} is a one-host `xpu submit` job: its only rank is 0 (drop --rank)")
         path = r.spec.get("error") if request.error else r.spec.get("output")
         if not path:
             raise BadRequest(f"job {r.id} has no separate --error file: its errors are in its output")
