@@ -7,7 +7,7 @@ import functools
 import pwd
 import time
 
-from xpu_cli import output
+from xpu_cli import output, vocab
 
 from xpud.errors import BadRequest
 
@@ -43,6 +43,8 @@ def row(j, now: float) -> dict:
         "elapsed_s": ((ended or now) - started) if started else None,
         "time_limit_s": j.time_limit_s or None,
         "after": list(j.after),
+        "restartable": j.restartable,
+        "restarts": j.restarts,
         "reason": j.reason or None,
         "command": j.command or None,
         "output": j.output or None,
@@ -93,7 +95,7 @@ def list_jobs(c, all_: bool = False, user: str | None = None, state: str | None 
             r["name"] or "-",
             r["user"],
             r["state"],
-            output.age(now - r["elapsed_s"], now) if r["elapsed_s"] is not None else "-",
+            vocab.age(r["elapsed_s"]) if r["elapsed_s"] is not None else "-",
             ",".join(r["hosts"]) or "-",
             end_text(r) or r["reason"] or "",
         ]

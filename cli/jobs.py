@@ -49,7 +49,10 @@ def submit(
     kill_grace: Annotated[
         float, typer.Option(help="Seconds between TERM and KILL (cancel, --time).", min=0, max=86400)
     ] = 10.0,
-    restartable: Annotated[bool, typer.Option(help="Not for submitted jobs yet.")] = False,
+    restartable: Annotated[
+        bool,
+        typer.Option(help="When xpud moves its lease (a failing card, defrag): stop it, start it there."),
+    ] = False,
     nodes: Annotated[int | None, typer.Option("--nodes", "-N", help="Not for submitted jobs yet.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the job's id and name as JSON.")] = False,
 ) -> None:
@@ -58,12 +61,11 @@ def submit(
     from xpu_cli.session import client
     from xpu_cli.submitting import submit_with
 
-    if restartable or nodes is not None:
-        raise BadRequest("--restartable and --nodes are for `xpu run` for now: submit a one-host job")
+    if nodes is not None:
+        raise BadRequest("--nodes is for `xpu run` for now: submit a one-host job")
     with client() as c:
-        submit_with(
-            c, command, mode, gpus, priority, wait, name, out, err, time_limit, after, kill_grace, as_json
-        )
+        opts = dict(name=name, out=out, err=err, time_limit=time_limit, after=after, kill_grace=kill_grace)
+        submit_with(c, command, mode, gpus, priority, wait, **opts, as_json=as_json, restartable=restartable)
 
 
 def jobs(

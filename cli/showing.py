@@ -64,7 +64,7 @@ def _job(j, as_json: bool) -> None:
             ("directory", j.cwd or "-"),
             ("output", j.output or "-"),
             ("error", j.error or "(with the output)"),
-            ("time limit", output.age(time.time() - j.time_limit_s) if j.time_limit_s else "-"),
+            ("time limit", vocab.age(j.time_limit_s) if j.time_limit_s else "-"),
             ("after", ", ".join(j.after) or "-"),
             ("submitted", when(j.submitted)),
             ("started", when(row["started"])),

@@ -29,6 +29,7 @@ SUBMIT_OPTIONS: dict[str, tuple[str, object]] = {
     "--after": ("after", "list"),
     "--kill-grace": ("kill_grace", "float>=0"),
     "--json": ("as_json", True),
+    "--restartable": ("restartable", True),
     "--runtime-dir": ("runtime_dir", "str"),
 }
 SUBMIT_DEFAULTS = {
@@ -43,6 +44,7 @@ SUBMIT_DEFAULTS = {
     "after": None,
     "kill_grace": 10.0,
     "as_json": False,
+    "restartable": False,
 }
 
 
@@ -87,6 +89,7 @@ def submit_with(
     after=None,
     kill_grace=10.0,
     as_json=False,
+    restartable=False,
 ) -> None:
     """Check, submit through the client ``c`` and print the id (or ``{"id", "name"}``)."""
     if not command:
@@ -125,6 +128,7 @@ def submit_with(
         time_limit_s=seconds,
         after=deps,
         kill_grace_s=kill_grace,
+        restartable=restartable,
     )
     if wait_s is not None and wait_s != math.inf:
         fields["wait_s"] = wait_s

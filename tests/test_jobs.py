@@ -222,6 +222,21 @@ def test_after_starts_a_job_only_when_its_jobs_completed_with_0(daemon, workdir)
     assert r.returncode == 1 and "dependency-failed" in r.stdout
 
 
+def test_the_jobs_table_and_show_print_a_jobs_times(daemon, workdir):
+    """`xpu jobs` (its table, not --json) and `xpu show JOB` with a --time limit print; both died on
+    ``output.age`` once age moved to vocab.py."""
+    job_id = submit(daemon, workdir, "--name", "tabled", "--time", "1h", "--", "sleep", "60")
+    wait_until(lambda: state(daemon, job_id) == "running", 20)
+    r = daemon.xpu("jobs")
+    assert r.returncode == 0, r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith(job_id)]
+    assert "tabled" in line and "running" in line
+    r = daemon.xpu("show", "tabled")
+    assert r.returncode == 0, r.stderr
+    assert any(x.split() == ["time", "limit:", "1h00m"] for x in r.stdout.splitlines()), r.stdout
+    assert daemon.xpu("cancel", job_id).returncode == 0
+
+
 def test_wait_exits_as_the_job_ended(daemon, workdir):
     code = submit(daemon, workdir, "--", "sh", "-c", "exit 3")
     killed = submit(daemon, workdir, "--", "sh", "-c", "kill -KILL $$")

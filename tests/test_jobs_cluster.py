@@ -80,6 +80,11 @@ def test_a_two_host_job_is_one_job_listed_and_waited_on_from_a_third_host(cluste
     assert job["exit_code"] == 3
     r = xpu(c, "wait", "pair")
     assert r.returncode == 3 and "failed (exit 3)" in r.stdout
+    # its ranks wrote to the `xpu run`'s terminal: no file to read, said in one line from any host
+    for host in (a, c):
+        r = xpu(host, "logs", "--rank", "1", "pair")
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"xpu: job {job['id']} is a multi-host `xpu run`: every rank's output")
 
 
 def test_a_two_host_job_is_cancelled_from_a_third_host(cluster):
@@ -107,3 +112,23 @@ def test_a_two_host_job_is_cancelled_from_a_third_host(cluster):
     for h in cluster:
         with h.daemon.client() as cl:
             wait_until(lambda cl=cl: not cl.leases().leases, 20)  # every rank's cards given back
+
+
+def test_a_cluster_listing_holds_the_newest_jobs_up_to_its_limit(cluster):
+    """Each host answers with up to ``limit`` jobs; the merged listing keeps the cluster's newest
+    ``limit`` (it held every host's before: 100 hosts x 1,000 for `xpu jobs --all`)."""
+    from xpud.api.client import Client
+
+    a, b, c = cluster
+    work = Path(tempfile.mkdtemp(prefix="xpu-jobs-", dir="/tmp"))
+    ids = []
+    for host in (a, b):
+        r = xpu(host, "submit", "--", "true", cwd=work)
+        assert r.returncode == 0, r.stderr
+        ids.append(r.stdout.strip())
+        assert xpu(host, "wait", ids[-1]).returncode == 0
+    with Client(c.daemon.runtime_dir) as client:
+        reply = client.jobs(all=True, limit=1)
+        assert [j.id for j in reply.jobs] == [ids[1]] and reply.omitted == 1
+        assert len(client.jobs(all=True).jobs) == 2
+    subprocess.run(["rm", "-rf", str(work)], check=False)

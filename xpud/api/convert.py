@@ -290,6 +290,8 @@ def job_pb(r, full: bool) -> pb.JobRecord:
         priority=int(s.get("priority", 0)),
         time_limit_s=float(s.get("time_limit_s", 0.0)),
         after=list(s.get("after", [])),
+        restartable=bool(s.get("restartable", False)),
+        restarts=int(s.get("restarts", 0)),
     )
     for name in ("exit_code", "exit_signal", "started", "ended"):
         if (v := getattr(r, name)) is not None:

@@ -200,6 +200,7 @@ LIMITS: dict[str, Limit] = {
     "SubmitJobRequest.time_limit_s": Limit(lo=0, hi=366 * 86400.0),
     "SubmitJobRequest.after": Limit(items=100, chars=64, pattern=_NAME),
     "SubmitJobRequest.kill_grace_s": Limit(lo=0, hi=86400.0),
+    "SubmitJobRequest.restartable": Limit(),
     "ListJobsRequest.all": Limit(),
     "ListJobsRequest.uid": Limit(lo=0, hi=2**31 - 1),
     "ListJobsRequest.state": Limit(chars=32, pattern=_NAME),

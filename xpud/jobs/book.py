@@ -31,6 +31,7 @@ from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound, X
 from xpud.isolation import scope, switch_user
 from xpud.isolation.scope import ScopeError, Scopes
 from xpud.jobs import supervisor
+from xpud.jobs.restarts import Restarts
 from xpud.ledger import jobs as jobdb
 from xpud.ledger.jobs import JobRecord
 from xpud.model import Caller, CommandEnd, Mode, Request
@@ -85,6 +86,7 @@ class JobBook:
         self.cancelled_by: dict[str, int] = {}  # queued jobs being cancelled -> by whom
         self._poller: asyncio.Task | None = None
         self._stopping = False
+        self.restarts = Restarts(self)  # --restartable jobs: their leases held, moves followed
 
     # ------------------------------------------------------------------ start-up and shutdown
     async def restore(self) -> None:
@@ -115,6 +117,7 @@ class JobBook:
         for t in tasks:
             with contextlib.suppress(BaseException):
                 await t
+        await self.restarts.stop()
 
     # ------------------------------------------------------------------ lookups
     def resolve(self, selector: str, caller: Caller) -> JobRecord:
@@ -197,6 +200,7 @@ class JobBook:
                 "time_limit_s": time_limit_s,
                 "after": deps,
                 "kill_grace_s": kill_grace_s or DEFAULT_KILL_GRACE_S,
+                "restartable": req.restartable,
             },
             hosts=[self.host],
             reason="Dependency" if deps else "Resources",
@@ -224,6 +228,7 @@ class JobBook:
             command=shlex.join(r.argv)[:500],
             name=r.name,
             anchor=f"job:{r.id}",
+            restartable=bool(s.get("restartable", False)),
         )
 
     # ------------------------------------------------------------------ the life of a job
@@ -264,19 +269,23 @@ class JobBook:
             r.reason = "Resources"
             await self.ledger.write(jobdb.save_job_op(r))
         try:
-            lease, _ = await self.engine.acquire(self._request(r))
+            lease, token = await self.engine.acquire(self._request(r))
         except NoCapacity as e:
             await self._end(r, jobdb.CANCELLED, reason=f"gave up waiting for cards: {e}")
             return
+        restartable = bool(r.spec.get("restartable"))
         env = {**r.env, **lease.env, "XPU_JOB_ID": r.id}
         r.state, r.lease_id, r.started, r.reason = jobdb.RUNNING, lease.id, self.clock(), ""
-        r.env = {}
+        if not restartable:  # a restartable job's command starts again with it after a move
+            r.env = {}
         try:
             await self.ledger.write(jobdb.save_job_op(r))
         except XpudError:
             await self.engine.release(lease.id, OPERATOR, "", None)
             raise
         self.waiting.pop(r.id, None)  # starting: a cancel now waits for the supervisor (Conflict)
+        if restartable:
+            self.restarts.follow(r, lease.id, token)
         try:
             switch = self._switch(r)
             fence = await self._fence(lease)
@@ -357,6 +366,8 @@ class JobBook:
         while True:
             await asyncio.sleep(self.poll_s)
             for r in list(self.running.values()):
+                if r.id in self.restarts.busy:  # stopped for a move: started again, not ended
+                    continue
                 try:
                     await self._check(r)
                 except Exception:

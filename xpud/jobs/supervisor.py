@@ -37,7 +37,8 @@ START_TIMEOUT_S = 10.0  # the longest the daemon waits for a supervisor to recor
 
 JOB_HANDOVER = r"""
 import os, sys
-fd, out, err, cwd, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+fd, how, out, err, cwd = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+argv = sys.argv[6:]
 off, parts = 0, []
 while True:
     chunk = os.pread(fd, 1 << 16, off)
@@ -54,7 +55,7 @@ try:
     os.chdir(cwd)
 except OSError as e:
     fail(f"cannot enter {cwd}: {e.strerror}", 126)
-flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if how == "a" else os.O_TRUNC)  # a: a restart
 try:
     o = os.open(out, flags, 0o644)
     e = os.open(err, flags, 0o644) if err else o
@@ -120,8 +121,8 @@ env_fd = os.memfd_create("xpu-env", 0)
 while data:
     data = data[os.write(env_fd, data):]
 rep_r, rep_w = os.pipe()
-argv = [*spec["prefix"], spec["python"], "-I", "-S", "-c", spec["handover"], str(env_fd), spec["output"],
-        spec["error"], spec["cwd"], *spec["argv"]]
+argv = [*spec["prefix"], spec["python"], "-I", "-S", "-c", spec["handover"], str(env_fd),
+        "a" if spec.get("append") else "w", spec["output"], spec["error"], spec["cwd"], *spec["argv"]]
 started = time.time()
 pid = os.fork()
 if pid == 0:
@@ -253,12 +254,13 @@ async def launch(
     kill_grace_s: float,
     systemd_run: str | None = None,
     properties: Sequence[str] = (),
+    append: bool = False,
 ) -> dict:
     """Start the supervisor of ``job_id`` and wait until it has recorded itself; its status (with
     ``supervisor``, its pid). ``switch``: setpriv's prefix (as root), or [] to run as this process's user.
     ``systemd_run``: start it as a transient unit through that program, with ``properties`` (``systemd-run
-    --property=`` arguments: the lease's device fence, ``isolation/scope.unit_properties``). Raises
-    OSError."""
+    --property=`` arguments: the lease's device fence, ``isolation/scope.unit_properties``). ``append``: to
+    the output file(s) (a restart), not over them. Raises OSError."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     switch_user.env_bytes(env)  # a bad environment is refused here (ValueError), not in the supervisor
     spec_path = directory / f"{job_id}.spec"
@@ -278,6 +280,7 @@ async def launch(
         "handover": JOB_HANDOVER,
         "time_limit_s": float(time_limit_s),
         "kill_grace_s": float(kill_grace_s),
+        "append": bool(append),
     }
     _write_private(spec_path, json.dumps(spec))
     line = [sys.executable, "-I", "-S", "-c", SUPERVISOR, str(spec_path)]

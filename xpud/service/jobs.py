@@ -113,6 +113,7 @@ class JobsHandlers:
                 priority=request.priority,
                 wait_s=wait_s,
                 owner_uid=caller.uid,
+                restartable=request.restartable,
             ),
             name=request.name,
             output=request.output,
@@ -238,10 +239,18 @@ class JobsHandlers:
 
     async def _logs_here(self, caller: Caller, request):
         r = self._job(request.job, caller)
+        if r.kind == jobdb.MULTI_HOST:
+            raise BadRequest(
+                f"job {r.id} is a multi-host `xpu run`: every rank's output went to that run's terminal, "
+                "not to a file; `xpu logs` reads the files of `xpu submit` jobs"
+            )
         if r.kind != jobdb.DETACHED:
-            raise BadRequest(f"job {r.id} is an `xpu run` ({r.kind}): its output went to its terminal")
+            raise BadRequest(
+                f"job {r.id} is an `xpu run`: its output went to its terminal, not to a file; "
+                "`xpu logs` reads the files of `xpu submit` jobs"
+            )
         if request.rank:
-            raise BadRequest(f"job {r.id} has one rank (0)")
+            raise BadRequest(f"job {r.id} is a one-host `xpu submit` job: its only rank is 0 (drop --rank)")
         path = r.spec.get("error") if request.error else r.spec.get("output")
         if not path:
             raise BadRequest(f"job {r.id} has no separate --error file: its errors are in its output")
@@ -328,7 +337,8 @@ class JobsHandlers:
                 if not isinstance(reply, grpc.RpcError):
                     msgs.extend(reply.jobs)
             msgs.sort(key=lambda j: j.submitted, reverse=True)
-        kept, _ = _fit(msgs, REPLY_BUDGET)
+        limit = min(request.limit or MAX_JOBS, MAX_JOBS)  # the cluster's newest, as on one host
+        kept, _ = _fit(msgs[:limit], REPLY_BUDGET)
         return pb.ListJobsReply(jobs=kept, omitted=len(msgs) - len(kept))
 
     @unary

@@ -1348,7 +1348,7 @@ class LeaseLoad(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., t: _Optional[float] = ..., cap_pct: _Optional[float] = ..., used_pct: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., throttled: _Optional[bool] = ..., waiting_for_size: _Optional[int] = ..., moving: _Optional[bool] = ...) -> None: ...
 
 class JobRecord(_message.Message):
-    __slots__ = ("id", "name", "kind", "uid", "gid", "state", "exit_code", "exit_signal", "hosts", "submitted", "started", "ended", "reason", "command", "cwd", "output", "error", "lease_id", "mode", "gpus", "priority", "time_limit_s", "after")
+    __slots__ = ("id", "name", "kind", "uid", "gid", "state", "exit_code", "exit_signal", "hosts", "submitted", "started", "ended", "reason", "command", "cwd", "output", "error", "lease_id", "mode", "gpus", "priority", "time_limit_s", "after", "restartable", "restarts")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -1372,6 +1372,8 @@ class JobRecord(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
+    RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     kind: str
@@ -1395,10 +1397,12 @@ class JobRecord(_message.Message):
     priority: int
     time_limit_s: float
     after: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ..., submitted: _Optional[float] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., reason: _Optional[str] = ..., command: _Optional[str] = ..., cwd: _Optional[str] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ...) -> None: ...
+    restartable: bool
+    restarts: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ..., submitted: _Optional[float] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., reason: _Optional[str] = ..., command: _Optional[str] = ..., cwd: _Optional[str] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., restartable: _Optional[bool] = ..., restarts: _Optional[int] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("argv", "cwd", "env", "name", "mode", "gpus", "priority", "wait_s", "output", "error", "time_limit_s", "after", "kill_grace_s")
+    __slots__ = ("argv", "cwd", "env", "name", "mode", "gpus", "priority", "wait_s", "output", "error", "time_limit_s", "after", "kill_grace_s", "restartable")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1419,6 +1423,7 @@ class SubmitJobRequest(_message.Message):
     TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     KILL_GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
     argv: _containers.RepeatedScalarFieldContainer[str]
     cwd: str
     env: _containers.ScalarMap[str, str]
@@ -1432,7 +1437,8 @@ class SubmitJobRequest(_message.Message):
     time_limit_s: float
     after: _containers.RepeatedScalarFieldContainer[str]
     kill_grace_s: float
-    def __init__(self, argv: _Optional[_Iterable[str]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., kill_grace_s: _Optional[float] = ...) -> None: ...
+    restartable: bool
+    def __init__(self, argv: _Optional[_Iterable[str]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., kill_grace_s: _Optional[float] = ..., restartable: _Optional[bool] = ...) -> None: ...
 
 class SubmitJobReply(_message.Message):
     __slots__ = ("job",)

@@ -1,0 +1,129 @@
+"""Restartable detached jobs (``xpu submit --restartable``): the daemon is their lease's holder.
+
+What ``xpu run --restartable`` does in the user's terminal, the daemon does for a detached job: it holds
+the job's lease (``Engine.hold_opened``, so the engine may move it: a failing card, the defragmenter,
+right-sizing), and on a ``move`` event it stops the command (SIGTERM to its supervisor: TERM, then KILL
+after the job's kill grace), acknowledges the move (``Engine.ack_move``: the new placement is committed),
+records the restart on the job's row, then starts the command again on the new placement with the same
+environment, ``XPU_RESTART_COUNT`` counting the restarts, its output file(s) appended to, not truncated.
+
+A command that ended by itself before it was stopped keeps its end (the move is dropped with its lease);
+one that could not be started again ends ``failed`` with the reason. The lease's token lives in memory
+only: after a restart of xpud a running restartable job is not held again, and a failing card then marks
+its lease (as for a job that is not restartable) instead of moving it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from typing import Any
+
+from xpud.errors import XpudError
+from xpud.jobs import supervisor
+from xpud.ledger import jobs as jobdb
+from xpud.ledger.jobs import JobRecord
+
+log = logging.getLogger("xpud.jobs")
+
+STOP_MARGIN_S = 10.0  # beyond the job's kill grace, the longest a supervisor may take to record its end
+
+
+class Restarts:
+    """The restartable jobs of one ``JobBook`` that run now, and their lease streams."""
+
+    def __init__(self, book: Any):  # xpud.jobs.book.JobBook (not imported: it imports this module)
+        self.book = book
+        self.tokens: dict[str, str] = {}  # job id -> its lease's token (AckMove needs it)
+        self.followers: dict[str, asyncio.Task] = {}  # job id -> the task reading its lease's events
+        self.busy: set[str] = set()  # jobs being stopped and started again: the poller leaves them be
+
+    def follow(self, r: JobRecord, lease_id: str, token: str) -> None:
+        """Hold ``r``'s lease from now on (before its command starts: a move asked meanwhile waits)."""
+        q = self.book.engine.hold_opened(lease_id)
+        self.tokens[r.id] = token
+        self.followers[r.id] = asyncio.ensure_future(self._follow(r, lease_id, q))
+
+    async def stop(self) -> None:
+        tasks = list(self.followers.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+    async def _follow(self, r: JobRecord, lease_id: str, q: asyncio.Queue) -> None:
+        try:
+            while not r.done:
+                ev = await q.get()
+                if ev.kind == "released":
+                    return
+                if ev.kind == "move" and not r.done:
+                    await self._restart(r, ev.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # one job's trouble never stops the daemon
+            log.exception("job %s: following its lease", r.id)
+        finally:
+            self.book.engine.hold_closed(lease_id, q)
+            self.tokens.pop(r.id, None)
+            self.followers.pop(r.id, None)
+
+    async def _stop_command(self, r: JobRecord) -> dict | None:
+        """SIGTERM the job's supervisor; its status once it recorded an end (None: it never did)."""
+        d = self.book.dir
+        doc = supervisor.read_status(d, r.id) or {}
+        spid = doc.get("supervisor")
+        if doc.get("state") in jobdb.ENDED:
+            return doc
+        if not spid or not supervisor.supervisor_alive(int(spid), r.id):
+            return supervisor.read_status(d, r.id)
+        with contextlib.suppress(OSError):
+            os.kill(int(spid), signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + float(r.spec.get("kill_grace_s", 10.0)) + STOP_MARGIN_S
+        while loop.time() < deadline:
+            doc = supervisor.read_status(d, r.id)
+            if doc is not None and doc.get("state") in jobdb.ENDED:
+                if not supervisor.supervisor_alive(int(spid), r.id):
+                    return doc
+            elif not supervisor.supervisor_alive(int(spid), r.id):
+                return supervisor.read_status(d, r.id)
+            await asyncio.sleep(0.05)
+        return None
+
+    async def _restart(self, r: JobRecord, why: str) -> None:
+        b = self.book
+        self.busy.add(r.id)
+        try:
+            doc = await self._stop_command(r)
+            if doc is None or doc.get("state") not in jobdb.ENDED:
+                why = f"stopped for a move ({why}); its supervisor recorded no end"
+                await b._end(r, jobdb.LOST, reason=why)
+                return
+            if doc["state"] != jobdb.CANCELLED or r.id in b.cancelling:
+                return  # it ended by itself first, or was cancelled: the poller records that end
+            with contextlib.suppress(OSError):
+                supervisor.status_path(b.dir, r.id).unlink()
+            lease = await b.engine.ack_move(r.lease_id, self.tokens[r.id])
+            n = int(r.spec.get("restarts", 0)) + 1
+            r.spec["restarts"] = n
+            r.lease_id, r.reason = lease.id, f"restart {n}: {why}"[:500]
+            await b.ledger.write(jobdb.save_job_op(r))
+            env = {**r.env, **lease.env, "XPU_JOB_ID": r.id, "XPU_RESTART_COUNT": str(n)}
+            fence = await b._fence(lease)  # the new cards' device fence (ScopeError: not started unfenced)
+            await asyncio.shield(supervisor.launch(
+                b.dir, r.id, r.argv, env, r.cwd, r.spec["output"], r.spec.get("error", ""), b._switch(r),
+                r.spec.get("time_limit_s", 0.0), r.spec.get("kill_grace_s", 10.0), b.systemd_run, fence,
+                append=True,
+            ))  # fmt: skip
+            cards = ",".join(map(str, lease.cards))
+            b.engine.event("job", f"job {r.id} restarted ({n}) on card {cards}", lease_id=lease.id)
+        except (XpudError, OSError, ValueError, KeyError) as e:
+            if not r.done:
+                await b._end(r, jobdb.FAILED, reason=f"stopped for a move ({why}); not started again: {e}")
+        finally:
+            self.busy.discard(r.id)
