@@ -40,12 +40,12 @@ def _value(kind: str, text: str):
     return float(text)
 
 
-def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
-    """(runtime dir, run's options, command) for ``xpu [--runtime-dir DIR] run [OPTIONS] [--] COMMAND``,
-    or None when Typer should handle ``args``."""
+def _global_runtime_dir(args: list[str], verb: str) -> tuple[str | None, int] | None:
+    """(the --runtime-dir given before ``verb``, the index of ``verb``) for ``xpu [--runtime-dir DIR] VERB
+    ...``, or None when ``args`` are anything else."""
     runtime_dir = None
     i = 0
-    while i < len(args) and args[i] != "run":
+    while i < len(args) and args[i] != verb:
         arg = args[i]
         if arg == "--runtime-dir" and i + 1 < len(args) and args[i + 1][:1] != "-":
             runtime_dir, i = args[i + 1], i + 2
@@ -55,9 +55,19 @@ def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
             return None
     if i == len(args):
         return None
-    opts = dict(RUN_DEFAULTS)
+    return runtime_dir, i
+
+
+def parse_verb(args: list[str], verb: str, options: dict, defaults: dict):
+    """(runtime dir, the verb's options, the rest: its command) for ``xpu [--runtime-dir DIR] VERB [OPTIONS]
+    [--] COMMAND``, or None when Typer should handle ``args``. ``options``: long and short names ->
+    (parameter, kind), kinds as ``RUN_OPTIONS``' and "list" (repeatable)."""
+    found = _global_runtime_dir(args, verb)
+    if found is None:
+        return None
+    runtime_dir, i = found
+    opts = dict(defaults)
     i += 1
-    after = None
     while i < len(args):
         arg = args[i]
         if arg == "--":
@@ -68,7 +78,7 @@ def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
         name, eq, attached = arg.partition("=") if arg.startswith("--") else (arg, "", "")
         if not arg.startswith("--") and len(arg) > 2:
             name, eq, attached = arg[:2], "", arg[2:]  # -g2: a short option with its value attached
-        spec = RUN_OPTIONS.get(name)
+        spec = options.get(name)
         if spec is None:
             return None  # --help, a typo, an option this parser does not know: Typer says what is wrong
         param, kind = spec
@@ -83,14 +93,22 @@ def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
             text, i = args[i + 1], i + 2
         else:
             return None
-        value = _value(kind, text) if text else None
+        value = _value("str" if kind == "list" else kind, text) if text else None
         if value is None:
             return None
         if param == "runtime_dir":
-            after = value
+            runtime_dir = value  # a global option, accepted after the verb too: the later one counts
+        elif kind == "list":
+            opts[param] = [*(opts[param] or []), value]
         else:
             opts[param] = value
-    return (after if after is not None else runtime_dir), opts, args[i:]
+    return runtime_dir, opts, args[i:]
+
+
+def parse_run(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
+    """(runtime dir, run's options, command) for ``xpu [--runtime-dir DIR] run [OPTIONS] [--] COMMAND``,
+    or None when Typer should handle ``args``."""
+    return parse_verb(args, "run", RUN_OPTIONS, RUN_DEFAULTS)
 
 
 def run_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:
@@ -133,52 +151,6 @@ def parse_submit(args: list[str]) -> tuple[str | None, dict, list[str]] | None:
     from xpu_cli.submitting import SUBMIT_DEFAULTS, SUBMIT_OPTIONS
 
     return parse_verb(args, "submit", SUBMIT_OPTIONS, SUBMIT_DEFAULTS)
-
-
-def parse_verb(args: list[str], verb: str, options: dict, defaults: dict):
-    """``parse_submit`` for any command whose options are ``options`` (kinds as ``RUN_OPTIONS``', and
-    "list": repeatable)."""
-    runtime_dir, i = None, 0
-    if args[:1] == ["--runtime-dir"] and len(args) > 1 and args[1][:1] != "-":
-        runtime_dir, i = args[1], 2
-    if args[i : i + 1] != [verb]:
-        return None
-    opts, i = dict(defaults), i + 1
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            i += 1
-            break
-        if arg[:1] != "-" or arg == "-":
-            break
-        name, eq, attached = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-        if not arg.startswith("--") and len(arg) > 2:
-            name, eq, attached = arg[:2], "", arg[2:]
-        spec = options.get(name)
-        if spec is None:
-            return None
-        param, kind = spec
-        if isinstance(kind, bool):
-            if eq or attached:
-                return None
-            opts[param], i = kind, i + 1
-            continue
-        if eq or attached:
-            text, i = attached, i + 1
-        elif i + 1 < len(args):
-            text, i = args[i + 1], i + 2
-        else:
-            return None
-        value = _value("str" if kind == "list" else kind, text) if text else None
-        if value is None:
-            return None
-        if param == "runtime_dir":
-            runtime_dir = value
-        elif kind == "list":
-            opts[param] = [*(opts[param] or []), value]
-        else:
-            opts[param] = value
-    return runtime_dir, opts, args[i:]
 
 
 def submit_fast(runtime_dir: str | None, opts: dict, command: list[str]) -> int:

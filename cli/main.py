@@ -488,21 +488,8 @@ def _register_commands() -> None:
         top,
     )
 
-    for module in (
-        accounts,
-        certs,
-        cluster,
-        configure,
-        confine,
-        defrag,
-        events,
-        health,
-        jobs,
-        leases,
-        simulate,
-        slurm,
-        top,
-    ):
+    verbs = (accounts, certs, cluster, configure, confine, defrag, events, health, jobs, leases, simulate)
+    for module in (*verbs, slurm, top):
         module.register(app)
 
 
