@@ -36,6 +36,7 @@ from xpud.bridges.v1beta1 import api_pb2 as dp
 from xpud.bridges.v1beta1 import api_pb2_grpc as dpg
 from xpud.errors import XpudError
 from xpud.hw.devnodes import DevNodeError, DevTree
+from xpud.isolation.devices import lease_nodes
 from xpud.model import HealthState, Mode, Request
 
 log = logging.getLogger("xpud.bridges")
@@ -242,26 +243,11 @@ class Handout:
 
 
 def handout(lease, engine) -> Handout:
-    """What the lease gives, by minor number; raises XpudError when a card's minor or a MIG instance is
-    unknown (a node picked by NVML index could be another card's)."""
-    by_index = {c.info.index: c.info for c in engine.cards.values()}
-
-    def minor(i: int) -> int:
-        m = by_index[i].minor_number if i in by_index else None
-        if m is None:
-            raise XpudError(f"card {i} has no minor number (nvmlDeviceGetMinorNumber): cannot name its node")
-        return m
-
-    migs, mig_cards = [], set()
-    for s in lease.slices:
-        if s.handle.startswith("MIG-"):
-            ids = engine.mig_device_ids(s.card_index, s.handle)
-            if ids is None:
-                raise XpudError(f"card {s.card_index}: MIG device {s.handle} is not known to its backend")
-            migs.append((minor(s.card_index), *ids, s.handle))
-            mig_cards.add(s.card_index)
-    cards = tuple((minor(i), by_index[i].uuid) for i in lease.cards if i not in mig_cards)
-    return Handout(lease.id, dict(lease.env), cards, tuple(migs))
+    """What the lease gives, by minor number (``isolation.devices.lease_nodes``); raises DevNodeError when a
+    card's minor or a MIG instance is unknown (a node picked by NVML index could be another card's)."""
+    cards, migs = lease_nodes(lease, engine)
+    uuid = {c.info.index: c.info.uuid for c in engine.cards.values()}
+    return Handout(lease.id, dict(lease.env), tuple((m, uuid[i]) for i, m in cards), tuple(migs))
 
 
 def container_response(h: Handout, how: Delivery) -> dp.ContainerAllocateResponse:

@@ -45,10 +45,12 @@ class Grant:
     migs: tuple[tuple[int, int, int], ...] = ()
 
 
-def grant_of(lease, engine) -> Grant:
-    """The lease's ``Grant`` from the engine's cards (their minor numbers) and its MIG backends' records.
-    Raises DevNodeError when a card's minor or a MIG instance is unknown: a node picked by NVML index could
-    be another card's, so no guess."""
+def lease_nodes(lease, engine) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, str]]]:
+    """The lease's device nodes by minor number, from the engine's cards and its MIG backends' records:
+    whole cards and MPS slices' cards as (NVML index, minor), MIG slices as (parent minor, GPU instance
+    id, compute instance id, MIG handle). Raises DevNodeError when a card's minor or a MIG instance is
+    unknown: a node picked by NVML index could be another card's, so no guess. (Also the kubelet
+    bridge's ``handout``.)"""
     by_index = {c.info.index: c.info for c in engine.cards.values()}
 
     def minor(i: int) -> int:
@@ -63,10 +65,15 @@ def grant_of(lease, engine) -> Grant:
             ids = engine.mig_device_ids(s.card_index, s.handle)
             if ids is None:
                 raise DevNodeError(f"card {s.card_index}: MIG device {s.handle} is not known to its backend")
-            migs.append((minor(s.card_index), *ids))
+            migs.append((minor(s.card_index), *ids, s.handle))
             mig_cards.add(s.card_index)
-    cards = tuple(minor(i) for i in lease.cards if i not in mig_cards)
-    return Grant(cards, tuple(migs))
+    return [(i, minor(i)) for i in lease.cards if i not in mig_cards], migs
+
+
+def grant_of(lease, engine) -> Grant:
+    """The lease's ``Grant`` (``lease_nodes``, by minor number). Raises DevNodeError as it does."""
+    cards, migs = lease_nodes(lease, engine)
+    return Grant(tuple(m for _, m in cards), tuple(x[:3] for x in migs))
 
 
 def allow_list(grant: Grant, tree: DevTree, extra: Sequence[str] = (), create: bool = True) -> list[str]:
