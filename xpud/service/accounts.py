@@ -25,6 +25,11 @@ def charge(cfg: Config, caller: Caller, asked: str, owner_uid: int, anchor: str 
         return cfg.accounts.slurm_account
     if anchor.startswith("pod:") and not asked:
         return cfg.accounts.kubernetes_account
+    if not cfg.named_accounts:  # nobody is a member of anything: no user database to read
+        try:
+            return accounts_config.resolve({}, asked, "", ())
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
     gid = caller.gid
     if owner_uid != caller.uid:
         try:

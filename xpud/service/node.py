@@ -110,7 +110,9 @@ class NodeService(pbg.NodeServicer):
                 mode_text = e.cfg.auto.first
         not_before, green_why = _green_start(request, self.ctx)
         owner = request.owner_uid if request.HasField("owner_uid") else caller.uid
-        account = charge(e.cfg, caller, request.account, owner, request.anchor)
+        # with accounts configured, the user database is read (NSS may be remote): off the loop
+        charging = (e.cfg, caller, request.account, owner, request.anchor)
+        account = await asyncio.to_thread(charge, *charging) if e.cfg.named_accounts else charge(*charging)
         req = e.validate(
             Request(
                 mode=_mode(mode_text, self.ctx),
