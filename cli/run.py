@@ -408,18 +408,37 @@ def _supervise(
             os.close(tty)
 
 
-def _confine(client: Client, grant) -> Outcome | None:
+def _confine(client: Client, grant, signals: Signals, wake: Wakeup, reconnect_s: float) -> Outcome | None:
     """Put this wrapper in the lease's device scope before it starts anything (README "Isolation"): the
     command and all it starts inherit the scope and can open only the lease's device nodes. Where the
     daemon cannot enforce that it says why, and we say so once (the daemon decides how often). None to go
-    on; an Outcome (126, as a command that cannot run) when the daemon should have confined us and failed."""
-    try:
-        reply = client.confine(grant.lease.id, grant.token)
-    except XpudError as e:
-        if "unimplemented" in str(e).lower() or "method not found" in str(e).lower():
-            return None  # a daemon from before device isolation
-        _say(f"not starting the command: {e}")
-        return Outcome(126, by_wrapper=True)
+    on; an Outcome (126, as a command that cannot run) when the daemon should have confined us and failed.
+
+    A daemon that is down or restarting between the grant and this call (a crash, an upgrade) is waited
+    for, as the lease's Hold stream waits for it (up to ``reconnect_s``; a signal ends the wait): giving up
+    here left a granted lease without its command, reclaimed after the restart's grace."""
+    backoff, since = 0.1, time.monotonic()
+    while True:
+        try:
+            reply = client.confine(grant.lease.id, grant.token)
+            break
+        except Unavailable as e:
+            if time.monotonic() - since > reconnect_s:
+                _say(f"not starting the command: {e}")
+                return Outcome(126, by_wrapper=True)
+        except XpudError as e:
+            if "unimplemented" in str(e).lower() or "method not found" in str(e).lower():
+                return None  # a daemon from before device isolation
+            _say(f"not starting the command: {e}")
+            return Outcome(126, by_wrapper=True)
+        deadline = time.monotonic() + backoff
+        while (left := deadline - time.monotonic()) > 0:
+            for sig in signals.pop():
+                return Outcome(128 + sig, sig)
+            if client.reconnect_if_restarted():
+                break
+            wake.wait(min(SOCKET_POLL_S, left))
+        backoff = min(backoff * 2, 1.0)
     if not reply.enforced and reply.warn:
         _say(f"device isolation is {reply.isolation}: the command can open any card's device node")
     return None
@@ -531,7 +550,7 @@ def run(
                 grant = got
                 if json_env:
                     return Outcome(_hold_for_launcher(stream, signals, wake, grant))
-                refused = _confine(client, grant)
+                refused = _confine(client, grant, signals, wake, stream.reconnect_s)
                 if refused is not None:
                     return refused
                 started = time.time()

@@ -143,3 +143,43 @@ def test_a_long_lived_client_acquires_again_after_a_restart(daemon_factory):
         d.start()
         g = c.acquire_lease("vxpu-quarter")  # the new daemon does not know the old credential
         c.release(g.lease.id, g.token)
+
+
+def test_a_wrapper_granted_just_before_a_crash_still_starts_its_command(daemon_factory):
+    """The daemon dies between the grant and the wrapper's Confine (found by the lanes above under CI's
+    load: the wrapper said "not starting the command", exited 126, and its lease was reclaimed after
+    the restart's grace). The wrapper's Confine waits for the restarted daemon, as its Hold stream does."""
+    from xpu_cli.run import Signals, Wakeup, _confine
+
+    d = daemon_factory("pcie-8x-l40s", config=CONFIG)
+    with d.client() as c:
+        g = c.acquire_lease("vxpu-half")
+        d.kill(signal.SIGKILL)
+        restarted = threading.Timer(1.5, d.start)
+        restarted.start()
+        wake = Wakeup()
+        try:
+            with Signals(wake) as signals:
+                t0 = time.monotonic()
+                assert _confine(c, g, signals, wake, reconnect_s=30.0) is None
+                assert time.monotonic() - t0 >= 1.0  # it did wait for the new daemon
+        finally:
+            restarted.join()
+            wake.close()
+        assert c.lease(g.lease.id).state == "active"
+        c.release(g.lease.id, g.token)
+
+
+def test_a_wrapper_whose_daemon_stays_away_gives_up_after_its_reconnect_window(daemon_factory):
+    from xpu_cli.run import Signals, Wakeup, _confine
+
+    d = daemon_factory("pcie-8x-l40s", config=CONFIG)
+    with d.client() as c:
+        g = c.acquire_lease("vxpu-half")
+        d.kill(signal.SIGKILL)
+        wake = Wakeup()
+        try:
+            with Signals(wake) as signals:
+                assert _confine(c, g, signals, wake, reconnect_s=1.0).code == 126
+        finally:
+            wake.close()
