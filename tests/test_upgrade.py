@@ -28,11 +28,14 @@ from xpud.ledger.ledger import SCHEMA_VERSION
 DATA = Path(__file__).resolve().parent / "data"
 # schema versions with a recorded ledger; the current one is made by every test
 RECORDED = (2, 3, 4, 5, 6, 7, 8, 9)
+# ledgers that dev commits of main wrote with a released version number but another schema
+# (xpud.ledger.schema.REPAIRS): v3 as e9caced..767ac28 made it, without reservations.rank_pid
+ODD = ("3-e9caced",)
 FIXTURE = json.loads((DATA / "ledger-v2.json").read_text())
 NEXT_VERSION = "99.0.0+upgrade-test"
 
 
-def load_fixture(state_dir: Path, version: int = 2) -> Path:
+def load_fixture(state_dir: Path, version: int | str = 2) -> Path:
     state_dir.mkdir(parents=True)
     path = state_dir / "ledger.sqlite"
     db = sqlite3.connect(path)
@@ -112,15 +115,16 @@ def leases(d: DaemonProc) -> dict[str, object]:
 def test_every_released_schema_has_a_recorded_ledger():
     # a schema change records the ledger of the schema it replaces (tests/data/make_ledger_fixture.py)
     assert RECORDED[-1] == SCHEMA_VERSION - 1
-    assert {int(p.stem.removeprefix("ledger-v")) for p in DATA.glob("ledger-v*.sql")} == set(RECORDED)
+    recorded = {p.stem.removeprefix("ledger-v") for p in DATA.glob("ledger-v*.sql")}
+    assert recorded == {str(v) for v in RECORDED} | set(ODD)
 
 
-@pytest.mark.parametrize("version", RECORDED)
+@pytest.mark.parametrize("version", [str(v) for v in RECORDED] + list(ODD))
 def test_the_previous_release_ledger_opens_with_the_newest_code(short_tmp, version):
     fixture = json.loads((DATA / f"ledger-v{version}.json").read_text())
     d = DaemonProc(short_tmp, fixture["machine"], "[leases]\ngrace_s = 30.0\n")
     path = load_fixture(d.state_dir, version)
-    assert user_version(path) == fixture["schema_version"] == version
+    assert user_version(path) == fixture["schema_version"] == int(version.split("-")[0])
     d.start()
     try:
         assert user_version(path) == SCHEMA_VERSION

@@ -8,7 +8,9 @@ first N (first on PYTHONPATH, so the daemon the script starts runs it too):
 
     v2  e864faf  xpud 0.1.0 (the first release)
     v3  b3105e7  reservations (multi-host jobs), with rank_pid: main's e9caced..767ac28 had a v3 without
-                 rank_pid, changed in place by b3105e7; a ledger of those ten commits is not upgradable
+                 rank_pid, changed in place by b3105e7; ledger-v3-e9caced stands for those ten commits'
+                 ledgers (made as below with C = e9caced, then renamed), which the repair step of
+                 xpud.ledger.schema.REPAIRS upgrades
     v4  f01a597  how each lease's command ended (started, exit_code, exit_signal, name)
     v5  dc40702  leases anchored to a Slurm job or a pod (anchor)
     v6  428825a  right-sizing state (usage_readings, auto_leases)

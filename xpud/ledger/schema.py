@@ -184,6 +184,14 @@ MIGRATIONS: list[str] = [
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
+# Columns that a released migration gained in place, before the rule above held: a ledger written in
+# between has the version but not the column, and gets it at open (``store.Store._migrate``).
+# (table, column, the statement that adds it)
+REPAIRS: list[tuple[str, str, str]] = [
+    # migration 3 as main's commits e9caced..767ac28 wrote it (b3105e7 then added the column to it)
+    ("reservations", "rank_pid", "ALTER TABLE reservations ADD COLUMN rank_pid INTEGER NOT NULL DEFAULT 0"),
+]
+
 
 def statements(script: str) -> list[str]:
     """Split a migration script into statements (no semicolons inside our statements)."""

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xpud.errors import ConfigError, Unavailable, XpudError
-from xpud.ledger.schema import MIGRATIONS, SCHEMA_VERSION, statements, tables
+from xpud.ledger.schema import MIGRATIONS, REPAIRS, SCHEMA_VERSION, statements, tables
 
 log = logging.getLogger("xpud.ledger.store")
 
@@ -245,6 +245,12 @@ class Store:
                 for stmt in statements(MIGRATIONS[n]):
                     self.db.execute(stmt)
                 self.db.execute(f"PRAGMA user_version={n + 1}")
+        for table, column, add in REPAIRS:
+            have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            if have and column not in have:
+                with self.db:
+                    self.db.execute("BEGIN")
+                    self.db.execute(add)
 
     @property
     def schema_version(self) -> int:
