@@ -53,6 +53,7 @@ def test_submit_charges_the_account_named_else_the_users_first_and_refuses_other
     for args, says in (
         (("-A", "ops"), "--account ops: root is not a member (your accounts: vision, nlp)"),
         (("--account", "nosuch"), "--account 'nosuch': no such account (xpud.toml [accounts]"),
+        (("-A", "Bad!"), "account 'Bad!': not a name"),
     ):
         r = d.xpu("submit", *args, "--", "true", cwd=workdir)
         lines = r.stderr.strip().splitlines()
@@ -137,7 +138,7 @@ def test_an_account_that_just_got_cards_back_is_not_reclaimed_from_within_reclai
 ):
     # a borrows both cards; b (quota 1) takes one back by reclaim and, once a is gone, holds both; then c
     # (quota 1) is owed one of b's: not before b's grace after its reclaim has run out, but then
-    grace = 15.0
+    grace = 20.0
     config = f"""
 [leases]
 grace_s = 30.0
