@@ -43,7 +43,10 @@ def test_submit_charges_the_account_named_else_the_users_first_and_refuses_other
     first = submit(d, workdir, "--", "true")
     named = submit(d, workdir, "--account", "nlp", "--", "true")  # a member by @group
     wait_until(lambda: {_job(d, first)["state"], _job(d, named)["state"]} == {"completed"}, timeout=30)
+    with d.client() as c:  # an `xpu run`'s lease shows as an attached job, with its account
+        run = c.acquire_lease("vxpu-quarter", command="x", account="nlp").lease.id
     rows = {j["id"]: j for j in jobs(d)}
+    assert (rows[run]["kind"], rows[run]["account"]) == ("attached", "nlp")
     for r in rows.values():
         check(r, "Job", "xpu jobs")  # as docs/json.md documents it
     assert (rows[first]["account"], rows[named]["account"]) == ("vision", "nlp")
@@ -58,12 +61,12 @@ def test_submit_charges_the_account_named_else_the_users_first_and_refuses_other
         r = d.xpu("submit", *args, "--", "true", cwd=workdir)
         lines = r.stderr.strip().splitlines()
         assert r.returncode != 0 and len(lines) == 1 and says in lines[0], r.stderr
-    assert len(jobs(d)) == 2  # nothing was queued for them
+    assert len(jobs(d)) == 3  # nothing was queued for them
     # xpu report counts detached jobs under their accounts
     r = d.xpu("report", "--by", "account", "--json")
     assert r.returncode == 0, r.stderr
     by = {x["key"]: x for x in json.loads(r.stdout)["rows"]}
-    assert (by["vision"]["jobs"], by["nlp"]["jobs"]) == (1, 1)
+    assert (by["vision"]["jobs"], by["nlp"]["jobs"]) == (1, 2)  # nlp's: a detached job and a lease
 
 
 def test_an_account_within_its_quota_gets_a_card_back_from_restartable_submitted_jobs(
