@@ -45,6 +45,7 @@ def row(j, now: float) -> dict:
         "after": list(j.after),
         "restartable": j.restartable,
         "restarts": j.restarts,
+        "account": j.account or "default",
         "reason": j.reason or None,
         "command": j.command or None,
         "output": j.output or None,

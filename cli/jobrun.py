@@ -264,6 +264,7 @@ def run_job(
     quiet: bool = False,
     as_json: bool = False,
     name: str = "",
+    account: str = "",
 ) -> Outcome:
     """Run ``argv`` across hosts through the local daemon; returns how the job ended."""
     if not argv:
@@ -293,6 +294,7 @@ def run_job(
         kill_on_bad_exit=kill_on_bad_exit,
         restartable=restartable,
         name=name,
+        account=account,
     )
     wake = Wakeup()
     printer = Printer(labelled and not spec.label_tasks)

@@ -53,6 +53,9 @@ def submit(
         bool,
         typer.Option(help="When xpud moves its lease (a failing card, defrag): stop it, start it there."),
     ] = False,
+    account: Annotated[
+        str, typer.Option("--account", "-A", help="Charge this account (one you are a member of).")
+    ] = "",
     nodes: Annotated[int | None, typer.Option("--nodes", "-N", help="Not for submitted jobs yet.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the job's id and name as JSON.")] = False,
 ) -> None:
@@ -65,6 +68,7 @@ def submit(
         raise BadRequest("--nodes is for `xpu run` for now: submit a one-host job")
     with client() as c:
         opts = dict(name=name, out=out, err=err, time_limit=time_limit, after=after, kill_grace=kill_grace)
+        opts["account"] = account
         submit_with(c, command, mode, gpus, priority, wait, **opts, as_json=as_json, restartable=restartable)
 
 

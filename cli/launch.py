@@ -61,6 +61,7 @@ def run_with(client, opts: dict, command: list[str]):
             quiet=opts["quiet"],
             as_json=opts["as_json"],
             name=opts["name"],
+            account=opts["account"],
         )
     if opts["gpus_per_node"] is not None:
         raise BadRequest("--gpus-per-node needs --nodes N (the hosts to spread the job over)")

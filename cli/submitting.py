@@ -30,6 +30,8 @@ SUBMIT_OPTIONS: dict[str, tuple[str, object]] = {
     "--kill-grace": ("kill_grace", "float>=0"),
     "--json": ("as_json", True),
     "--restartable": ("restartable", True),
+    "--account": ("account", "str"),
+    "-A": ("account", "str"),
     "--runtime-dir": ("runtime_dir", "str"),
 }
 SUBMIT_DEFAULTS = {
@@ -45,6 +47,7 @@ SUBMIT_DEFAULTS = {
     "kill_grace": 10.0,
     "as_json": False,
     "restartable": False,
+    "account": "",
 }
 
 
@@ -90,6 +93,7 @@ def submit_with(
     kill_grace=10.0,
     as_json=False,
     restartable=False,
+    account="",
 ) -> None:
     """Check, submit through the client ``c`` and print the id (or ``{"id", "name"}``)."""
     if not command:
@@ -129,6 +133,7 @@ def submit_with(
         after=deps,
         kill_grace_s=kill_grace,
         restartable=restartable,
+        account=account,
     )
     if wait_s is not None and wait_s != math.inf:
         fields["wait_s"] = wait_s

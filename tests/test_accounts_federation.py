@@ -93,3 +93,62 @@ def test_an_accounts_share_is_the_clusters_and_a_differing_config_is_reported_by
             p.wait(30)
         for h in hosts:
             h.daemon.kill(signal.SIGTERM)
+
+
+# h3's nlp is alice's only: root may charge nlp on h1 and h2, not on h3
+WITH_OPS = ACCOUNTS + '\n[accounts.ops]\nmembers = ["alice"]\n'
+NLP_NOT_ROOTS = WITH_OPS.replace('[accounts.nlp]\nmembers = ["root"]', '[accounts.nlp]\nmembers = ["alice"]')
+
+
+def _charged(h) -> list[str]:
+    with h.daemon.client() as c:
+        return sorted(x.account for x in c.leases(all=True).leases)
+
+
+def test_a_jobs_account_across_hosts_is_checked_by_the_coordinator_and_charged_on_every_host(site):  # noqa: F811
+    assert NLP_NOT_ROOTS != WITH_OPS
+    hosts = []
+    try:
+        hosts.append(make_host(site, 1, [], extra=WITH_OPS))
+        hosts.append(make_host(site, 2, [hosts[0].addr], extra=WITH_OPS))
+        hosts.append(make_host(site, 3, [hosts[0].addr], extra=NLP_NOT_ROOTS))
+        h1, h2, h3 = hosts
+        wait_until(lambda: converged(hosts), timeout=60, step=0.3)
+        # the coordinator refuses an account the submitter is not a member of, in one line, before any host
+        r = h1.daemon.xpu(
+            "run", "--nodes", "2", "--gpus-per-node", "1", "-A", "ops", "--", "true", timeout=60
+        )
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1, r.stderr
+        assert "--account ops: root is not a member (your accounts: vision, nlp)" in lines[0], r.stderr
+        assert _charged(h1) == _charged(h2) == _charged(h3) == []
+        # every host's lease of the job is charged to the account named (not the submitter's first)
+        r = h1.daemon.xpu(
+            "run", "--nodes", "2", "--gpus-per-node", "1", "--account", "nlp", "--", "true", timeout=120
+        )
+        assert r.returncode == 0, r.stderr
+        assert _charged(h1) == _charged(h2) == ["nlp"] and _charged(h3) == []  # h3 refuses nlp for root
+        r = h1.daemon.xpu("jobs", "--all", "--json", timeout=30)
+        (job,) = [j for j in json.loads(r.stdout)["jobs"] if j["kind"] == "multi-host"]
+        assert job["account"] == "nlp"
+        # each host checks membership again: h3's [accounts] say root is not in nlp there
+        r = h1.daemon.xpu(
+            "run", "--nodes", "3", "--gpus-per-node", "1", "-A", "nlp", "--", "true", timeout=120
+        )
+        assert r.returncode != 0 and "h3: --account nlp: root is not a member" in r.stderr, r.stderr
+        assert _charged(h3) == []
+        # slices spread over hosts likewise (a refused reservation's lease ends, charged all the same)
+        r = h1.daemon.xpu(
+            "run", "--replicas", "2", "--spread", "-m", "vxpu-quarter", "-A", "nlp", "--", "true", timeout=120
+        )
+        assert r.returncode == 0, r.stderr
+        for h in (h1, h2):
+            with h.daemon.client() as c:
+                assert {(x.mode, x.account) for x in c.leases(all=True).leases} == {
+                    ("xpu", "nlp"),
+                    ("vxpu-quarter", "nlp"),
+                }
+        assert _charged(h3) == []
+    finally:
+        for h in hosts:
+            h.daemon.kill(signal.SIGTERM)

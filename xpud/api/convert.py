@@ -292,6 +292,7 @@ def job_pb(r, full: bool) -> pb.JobRecord:
         after=list(s.get("after", [])),
         restartable=bool(s.get("restartable", False)),
         restarts=int(s.get("restarts", 0)),
+        account=str(s.get("account", "")),
     )
     for name in ("exit_code", "exit_signal", "started", "ended"):
         if (v := getattr(r, name)) is not None:

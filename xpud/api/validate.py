@@ -143,6 +143,7 @@ LIMITS: dict[str, Limit] = {
     "JobSpec.name": Limit(chars=64, pattern=_NAME),
     "JobSpec.tasks_per_node": Limit(lo=0, hi=MAX_TASKS_PER_NODE),
     "JobSpec.label_tasks": Limit(),
+    "JobSpec.account": Limit(chars=64, pattern=_NAME),  # [accounts.NAME]: the coordinator checks it
     "SwimMessage.kind": Limit(lo=0, hi=5),
     "SwimMessage.seq": Limit(lo=0, hi=2**63),
     "SwimMessage.src": Limit(chars=253, pattern=_NAME),
@@ -167,6 +168,7 @@ LIMITS: dict[str, Limit] = {
     "ReserveRequest.user": Limit(chars=64),
     "ReserveRequest.restartable": Limit(),
     "ReserveRequest.command": Limit(chars=COMMAND_CHARS, truncate=True),
+    "ReserveRequest.account": Limit(chars=64, pattern=_NAME),  # each host checks the membership again
     "CommitRequest.job": Limit(chars=64, pattern=_ID),
     "CommitRequest.attempt": Limit(lo=0, hi=2**31 - 1),
     "AbortRequest.job": Limit(chars=64, pattern=_ID),
@@ -201,6 +203,7 @@ LIMITS: dict[str, Limit] = {
     "SubmitJobRequest.after": Limit(items=100, chars=64, pattern=_NAME),
     "SubmitJobRequest.kill_grace_s": Limit(lo=0, hi=86400.0),
     "SubmitJobRequest.restartable": Limit(),
+    "SubmitJobRequest.account": Limit(chars=64, pattern=_NAME),  # [accounts.NAME]: the service checks it
     "ListJobsRequest.all": Limit(),
     "ListJobsRequest.uid": Limit(lo=0, hi=2**31 - 1),
     "ListJobsRequest.state": Limit(chars=32, pattern=_NAME),

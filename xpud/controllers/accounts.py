@@ -13,7 +13,8 @@ quota with ``quota``) and within its limit gets a plan (``fairshare.plan_reclaim
 accounts above their floor, the least progress lost first, only as many as it needs, on the cards that admit
 it). Each victim's holder hears a ``reclaim`` event down its Hold stream: ``xpu run --restartable`` stops
 its command (TERM, then KILL after its grace), releases the lease and queues again, restarting the command
-with ``XPU_RESTART_COUNT`` + 1 once granted. A victim not released within ``STOP_S`` is ended by the daemon.
+with ``XPU_RESTART_COUNT`` + 1 once granted; the daemon does the same for an ``xpu submit --restartable``
+job (``xpud.jobs.restarts``). A victim not released within ``STOP_S`` is ended by the daemon.
 Non-restartable leases, and leases with no holder connected to restart them, are never taken. An account
 that got cards by reclaim is not reclaimed from for ``reclaim_grace_s``. Each reclaim is a ``fairshare``
 event in the ledger naming both accounts.

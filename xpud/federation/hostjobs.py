@@ -156,11 +156,16 @@ class HostJobs:
             return True
         return member_of(uid, gid, (cfg.daemon.admin_group, *cfg.limits.exempt_groups))
 
-    def account_of(self, uid: int, gid: int) -> str:
-        """The account a reservation of ``uid`` is charged to here: the submitter's first account in this
-        host's [accounts] (the same on every host), else default. Reads the group database."""
+    def account_of(self, uid: int, gid: int, asked: str = "") -> str:
+        """The account a reservation of ``uid`` is charged to here: ``asked`` (``--account``: it must be an
+        account of this host's [accounts], the same on every host, with the submitter a member of it here),
+        else the submitter's first account, else default. Reads the group database. BadRequest (one line)
+        for an unknown account or one the submitter is not a member of."""
         user, groups = user_and_groups(uid, gid)
-        return resolve(self.engine.cfg.named_accounts, "", user, groups)
+        try:
+            return resolve(self.engine.cfg.named_accounts, asked, user, groups)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
 
     @uninterrupted
     async def reserve(self, req: pb.ReserveRequest, peer: str | None = None) -> pb.ReserveReply:
@@ -182,7 +187,10 @@ class HostJobs:
                 "create the user there (same uid) or run the job on other hosts"
             ) from None
         exempt = await asyncio.to_thread(self.exempt, req.uid, pwd_entry.pw_gid)  # this host's groups
-        account = await asyncio.to_thread(self.account_of, req.uid, pwd_entry.pw_gid)
+        try:
+            account = await asyncio.to_thread(self.account_of, req.uid, pwd_entry.pw_gid, req.account)
+        except BadRequest as e:  # [accounts] or the user's groups differ from the coordinator's
+            raise BadRequest(f"host {self.name}: {e}") from None
         async with self._lock(req.job):
             now = self.clock()
             self.table.expire(now)

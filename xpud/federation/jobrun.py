@@ -132,6 +132,7 @@ class JobRun:
         self.me = self.federation.name if self.federation is not None else self.hostjobs.name
         self.job = secrets.token_hex(8)
         self.user = ""
+        self.account = ""  # resolved by check(): every host's lease is charged to it
         self.mode = Mode.XPU
         self.addrs: dict[str, str] = {}
         self.commits: dict[str, pb.CommitReply] = {}
@@ -178,6 +179,12 @@ class JobRun:
             self.user = (await asyncio.to_thread(pwd.getpwuid, self.caller.uid)).pw_name
         except KeyError:
             self.user = ""
+        # the account, checked here first (one line for the caller); each host checks membership again
+        gid = self.caller.gid
+        if gid < 0:
+            with contextlib.suppress(KeyError):
+                gid = (await asyncio.to_thread(pwd.getpwuid, self.caller.uid)).pw_gid
+        self.account = await asyncio.to_thread(self.hostjobs.account_of, self.caller.uid, gid, s.account)
         # this host's [limits] for the submitter before asking any host (each host checks its own too)
         exempt = self.caller.admin or await asyncio.to_thread(
             self.hostjobs.exempt, self.caller.uid, self.caller.gid
@@ -206,6 +213,7 @@ class JobRun:
             user=self.user,
             restartable=self.spec.restartable,
             command=" ".join(self.spec.argv)[:500],
+            account=self.account,
         )
 
     # ------------------------------------------------------------------------------ placement

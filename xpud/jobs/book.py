@@ -201,6 +201,7 @@ class JobBook:
                 "after": deps,
                 "kill_grace_s": kill_grace_s or DEFAULT_KILL_GRACE_S,
                 "restartable": req.restartable,
+                "account": req.account,
             },
             hosts=[self.host],
             reason="Dependency" if deps else "Resources",
@@ -229,6 +230,7 @@ class JobBook:
             name=r.name,
             anchor=f"job:{r.id}",
             restartable=bool(s.get("restartable", False)),
+            account=str(s.get("account", "")),
         )
 
     # ------------------------------------------------------------------ the life of a job
@@ -274,7 +276,10 @@ class JobBook:
             await self._end(r, jobdb.CANCELLED, reason=f"gave up waiting for cards: {e}")
             return
         restartable = bool(r.spec.get("restartable"))
+        restarts = int(r.spec.get("restarts", 0))  # queued again after a reclaim: its output appended to
         env = {**r.env, **lease.env, "XPU_JOB_ID": r.id}
+        if restarts:
+            env["XPU_RESTART_COUNT"] = str(restarts)
         r.state, r.lease_id, r.started, r.reason = jobdb.RUNNING, lease.id, self.clock(), ""
         if not restartable:  # a restartable job's command starts again with it after a move
             r.env = {}
@@ -292,7 +297,7 @@ class JobBook:
             await asyncio.shield(supervisor.launch(
                 self.dir, r.id, r.argv, env, r.cwd, r.spec["output"], r.spec.get("error", ""), switch,
                 r.spec.get("time_limit_s", 0.0), r.spec.get("kill_grace_s", DEFAULT_KILL_GRACE_S),
-                self.systemd_run, fence,
+                self.systemd_run, fence, append=bool(restarts),
             ))  # fmt: skip
         except (OSError, ValueError, ScopeError) as e:
             await self._end(r, jobdb.FAILED, reason=f"could not start: {e}")

@@ -7,6 +7,10 @@ after the job's kill grace), acknowledges the move (``Engine.ack_move``: the new
 records the restart on the job's row, then starts the command again on the new placement with the same
 environment, ``XPU_RESTART_COUNT`` counting the restarts, its output file(s) appended to, not truncated.
 
+A ``reclaim`` event (fair share between accounts, ``xpud.controllers.accounts``) stops the command the same
+way, records the job ``queued`` again, releases its lease and queues it in the engine like a new job; once
+granted again its command starts with ``XPU_RESTART_COUNT`` + 1 (the job's ``restarts``), output appended.
+
 A command that ended by itself before it was stopped keeps its end (the move is dropped with its lease);
 one that could not be started again ends ``failed`` with the reason. The lease's token lives in memory
 only: after a restart of xpud a running restartable job is not held again, and a failing card then marks
@@ -26,9 +30,11 @@ from xpud.errors import XpudError
 from xpud.jobs import supervisor
 from xpud.ledger import jobs as jobdb
 from xpud.ledger.jobs import JobRecord
+from xpud.model import Caller, CommandEnd
 
 log = logging.getLogger("xpud.jobs")
 
+OPERATOR = Caller(uid=0, gid=0, admin=True)  # the daemon releasing a job's lease (as the book does)
 STOP_MARGIN_S = 10.0  # beyond the job's kill grace, the longest a supervisor may take to record its end
 
 
@@ -63,14 +69,17 @@ class Restarts:
                     return
                 if ev.kind == "move" and not r.done:
                     await self._restart(r, ev.message)
+                elif ev.kind == "reclaim" and not r.done and await self._requeue(r, ev.message):
+                    return  # queued again: the next grant's follower holds the next lease
         except asyncio.CancelledError:
             raise
         except Exception:  # one job's trouble never stops the daemon
             log.exception("job %s: following its lease", r.id)
         finally:
             self.book.engine.hold_closed(lease_id, q)
-            self.tokens.pop(r.id, None)
-            self.followers.pop(r.id, None)
+            if self.followers.get(r.id) is asyncio.current_task():  # not the next lease's follower
+                self.tokens.pop(r.id, None)
+                self.followers.pop(r.id, None)
 
     async def _stop_command(self, r: JobRecord) -> dict | None:
         """SIGTERM the job's supervisor; its status once it recorded an end (None: it never did)."""
@@ -94,6 +103,42 @@ class Restarts:
                 return supervisor.read_status(d, r.id)
             await asyncio.sleep(0.05)
         return None
+
+    async def _requeue(self, r: JobRecord, why: str) -> bool:
+        """A reclaim: stop the command (TERM, KILL after its grace), record the job queued again (its
+        restart counted), release the lease, queue the job. True when it is queued again (or ended)."""
+        b = self.book
+        self.busy.add(r.id)
+        try:
+            doc = await self._stop_command(r)
+            if doc is None or doc.get("state") not in jobdb.ENDED:
+                why = f"stopped for a reclaim ({why}); its supervisor recorded no end"
+                await b._end(r, jobdb.LOST, reason=why)
+                return True
+            if doc["state"] != jobdb.CANCELLED or r.id in b.cancelling:
+                return False  # it ended by itself first, or was cancelled: the poller records that end
+            with contextlib.suppress(OSError):
+                supervisor.status_path(b.dir, r.id).unlink()
+            lease_id, started = r.lease_id, r.started
+            n = int(r.spec.get("restarts", 0)) + 1
+            r.spec["restarts"] = n
+            r.state, r.lease_id, r.started, r.reason = jobdb.QUEUED, "", None, "Resources"
+            await b.ledger.write(jobdb.save_job_op(r))  # queued first: a restart of xpud queues it again
+            b.running.pop(r.id, None)
+            end = CommandEnd(doc.get("exit_code"), doc.get("exit_signal"), started)
+            try:
+                await b.engine.release(lease_id, OPERATOR, "", end)
+            except XpudError as e:  # ended meanwhile (the controller's STOP_S): the job queues all the same
+                log.info("job %s: releasing reclaimed lease %s: %s", r.id, lease_id, e)
+            b.engine.event("job", f"job {r.id} stopped for a reclaim ({why}); queued again (restart {n})")
+            b.waiting[r.id] = asyncio.ensure_future(b._run(r))
+            return True
+        except (XpudError, OSError, ValueError, KeyError) as e:
+            if not r.done:
+                await b._end(r, jobdb.FAILED, reason=f"stopped for a reclaim ({why}); not queued again: {e}")
+            return True
+        finally:
+            self.busy.discard(r.id)
 
     async def _restart(self, r: JobRecord, why: str) -> None:
         b = self.book

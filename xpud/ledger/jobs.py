@@ -24,7 +24,7 @@ DETACHED, ATTACHED, MULTI_HOST = "detached", "attached", "multi-host"
 @dataclass
 class JobRecord:
     """One job. Times in seconds since the epoch; ``spec``: what was asked (mode, gpus, priority,
-    wait_s, output, error, time_limit_s, after, kill_grace_s)."""
+    wait_s, output, error, time_limit_s, after, kill_grace_s, restartable, restarts, account)."""
 
     id: str
     uid: int

@@ -31,7 +31,12 @@ def attached(lease) -> JobRecord:
         kind=jobdb.ATTACHED,
         name=lease.name,
         argv=[lease.command] if lease.command else [],
-        spec={"mode": str(lease.mode), "gpus": len(lease.cards), "priority": lease.priority},
+        spec={
+            "mode": str(lease.mode),
+            "gpus": len(lease.cards),
+            "priority": lease.priority,
+            "account": lease.account,
+        },
         lease_id=lease.id,
         exit_code=lease.exit_code,
         exit_signal=lease.exit_signal,
@@ -53,7 +58,13 @@ def queued_run(w) -> JobRecord:
         kind=jobdb.ATTACHED,
         name=q.name,
         argv=[q.command] if q.command else [],
-        spec={"mode": str(q.mode), "gpus": q.gpus, "priority": q.priority, "wait_s": q.wait_s},
+        spec={
+            "mode": str(q.mode),
+            "gpus": q.gpus,
+            "priority": q.priority,
+            "wait_s": q.wait_s,
+            "account": q.account,
+        },
         reason=w.reason,
     )
 
@@ -77,7 +88,13 @@ def record_unserved(engine, w, caller: Caller) -> None:
         kind=jobdb.ATTACHED,
         name=q.name,
         argv=[q.command] if q.command else [],
-        spec={"mode": str(q.mode), "gpus": q.gpus, "priority": q.priority, "wait_s": q.wait_s},
+        spec={
+            "mode": str(q.mode),
+            "gpus": q.gpus,
+            "priority": q.priority,
+            "wait_s": q.wait_s,
+            "account": q.account,
+        },
         ended=engine.clock(),
         reason=why[:500],
     )

@@ -20,6 +20,7 @@ from xpud.ledger import jobs as jobdb
 from xpud.ledger.jobs import JobRecord
 from xpud.model import Caller, Mode, Request
 from xpud.service import node
+from xpud.service.accounts import charge
 from xpud.service.context import REPLY_BUDGET
 from xpud.service.context import fit as _fit
 from xpud.service.jobrecords import attached, queued_run, record_unserved  # noqa: F401 (re-exported)
@@ -102,6 +103,9 @@ class JobsHandlers:
             ) from None
         leases = e.cfg.leases
         wait_s = request.wait_s if request.HasField("wait_s") else leases.max_wait_s
+        # as for `xpu run --account`: with accounts configured the user database is read off the loop
+        charging = (e.cfg, caller, request.account, caller.uid)
+        account = await asyncio.to_thread(charge, *charging) if e.cfg.named_accounts else charge(*charging)
         r = await self._book().submit(
             caller,
             list(request.argv),
@@ -114,6 +118,7 @@ class JobsHandlers:
                 wait_s=wait_s,
                 owner_uid=caller.uid,
                 restartable=request.restartable,
+                account=account,
             ),
             name=request.name,
             output=request.output,
@@ -156,7 +161,11 @@ class JobsHandlers:
                         name=s.name,
                         cwd=s.cwd,
                         argv=list(s.argv),
-                        spec={"mode": s.mode or "xpu", "gpus": s.gpus_per_node or (0 if s.replicas else 1)},
+                        spec={
+                            "mode": s.mode or "xpu",
+                            "gpus": s.gpus_per_node or (0 if s.replicas else 1),
+                            "account": run.account,
+                        },
                     )
                     entry[2] = r
                     await ledger.write(jobdb.save_job_op(r))

@@ -945,7 +945,7 @@ class ClusterReply(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., name: _Optional[str] = ..., hosts: _Optional[_Iterable[_Union[ClusterHost, _Mapping]]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("mode", "nodes", "gpus_per_node", "replicas", "spread", "argv", "env", "cwd", "wait_s", "kill_on_bad_exit", "restartable", "name", "tasks_per_node", "label_tasks")
+    __slots__ = ("mode", "nodes", "gpus_per_node", "replicas", "spread", "argv", "env", "cwd", "wait_s", "kill_on_bad_exit", "restartable", "name", "tasks_per_node", "label_tasks", "account")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -967,6 +967,7 @@ class JobSpec(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     TASKS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
     LABEL_TASKS_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     mode: str
     nodes: int
     gpus_per_node: int
@@ -981,7 +982,8 @@ class JobSpec(_message.Message):
     name: str
     tasks_per_node: int
     label_tasks: bool
-    def __init__(self, mode: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., replicas: _Optional[int] = ..., spread: _Optional[bool] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., wait_s: _Optional[float] = ..., kill_on_bad_exit: _Optional[bool] = ..., restartable: _Optional[bool] = ..., name: _Optional[str] = ..., tasks_per_node: _Optional[int] = ..., label_tasks: _Optional[bool] = ...) -> None: ...
+    account: str
+    def __init__(self, mode: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., replicas: _Optional[int] = ..., spread: _Optional[bool] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., wait_s: _Optional[float] = ..., kill_on_bad_exit: _Optional[bool] = ..., restartable: _Optional[bool] = ..., name: _Optional[str] = ..., tasks_per_node: _Optional[int] = ..., label_tasks: _Optional[bool] = ..., account: _Optional[str] = ...) -> None: ...
 
 class JobInput(_message.Message):
     __slots__ = ("start", "stdin", "stdin_eof", "signal")
@@ -1128,7 +1130,7 @@ class SwimReply(_message.Message):
     def __init__(self) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("job", "attempt", "mode", "count", "ttl_s", "uid", "gid", "user", "restartable", "command")
+    __slots__ = ("job", "attempt", "mode", "count", "ttl_s", "uid", "gid", "user", "restartable", "command", "account")
     JOB_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -1139,6 +1141,7 @@ class ReserveRequest(_message.Message):
     USER_FIELD_NUMBER: _ClassVar[int]
     RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     job: str
     attempt: int
     mode: str
@@ -1149,7 +1152,8 @@ class ReserveRequest(_message.Message):
     user: str
     restartable: bool
     command: str
-    def __init__(self, job: _Optional[str] = ..., attempt: _Optional[int] = ..., mode: _Optional[str] = ..., count: _Optional[int] = ..., ttl_s: _Optional[float] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., user: _Optional[str] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ...) -> None: ...
+    account: str
+    def __init__(self, job: _Optional[str] = ..., attempt: _Optional[int] = ..., mode: _Optional[str] = ..., count: _Optional[int] = ..., ttl_s: _Optional[float] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., user: _Optional[str] = ..., restartable: _Optional[bool] = ..., command: _Optional[str] = ..., account: _Optional[str] = ...) -> None: ...
 
 class ReserveReply(_message.Message):
     __slots__ = ("cards", "expires_in_s")
@@ -1348,7 +1352,7 @@ class LeaseLoad(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., t: _Optional[float] = ..., cap_pct: _Optional[float] = ..., used_pct: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., throttled: _Optional[bool] = ..., waiting_for_size: _Optional[int] = ..., moving: _Optional[bool] = ...) -> None: ...
 
 class JobRecord(_message.Message):
-    __slots__ = ("id", "name", "kind", "uid", "gid", "state", "exit_code", "exit_signal", "hosts", "submitted", "started", "ended", "reason", "command", "cwd", "output", "error", "lease_id", "mode", "gpus", "priority", "time_limit_s", "after", "restartable", "restarts")
+    __slots__ = ("id", "name", "kind", "uid", "gid", "state", "exit_code", "exit_signal", "hosts", "submitted", "started", "ended", "reason", "command", "cwd", "output", "error", "lease_id", "mode", "gpus", "priority", "time_limit_s", "after", "restartable", "restarts", "account")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -1374,6 +1378,7 @@ class JobRecord(_message.Message):
     AFTER_FIELD_NUMBER: _ClassVar[int]
     RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     kind: str
@@ -1399,10 +1404,11 @@ class JobRecord(_message.Message):
     after: _containers.RepeatedScalarFieldContainer[str]
     restartable: bool
     restarts: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ..., submitted: _Optional[float] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., reason: _Optional[str] = ..., command: _Optional[str] = ..., cwd: _Optional[str] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., restartable: _Optional[bool] = ..., restarts: _Optional[int] = ...) -> None: ...
+    account: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ..., submitted: _Optional[float] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., reason: _Optional[str] = ..., command: _Optional[str] = ..., cwd: _Optional[str] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., restartable: _Optional[bool] = ..., restarts: _Optional[int] = ..., account: _Optional[str] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("argv", "cwd", "env", "name", "mode", "gpus", "priority", "wait_s", "output", "error", "time_limit_s", "after", "kill_grace_s", "restartable")
+    __slots__ = ("argv", "cwd", "env", "name", "mode", "gpus", "priority", "wait_s", "output", "error", "time_limit_s", "after", "kill_grace_s", "restartable", "account")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1424,6 +1430,7 @@ class SubmitJobRequest(_message.Message):
     AFTER_FIELD_NUMBER: _ClassVar[int]
     KILL_GRACE_S_FIELD_NUMBER: _ClassVar[int]
     RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     argv: _containers.RepeatedScalarFieldContainer[str]
     cwd: str
     env: _containers.ScalarMap[str, str]
@@ -1438,7 +1445,8 @@ class SubmitJobRequest(_message.Message):
     after: _containers.RepeatedScalarFieldContainer[str]
     kill_grace_s: float
     restartable: bool
-    def __init__(self, argv: _Optional[_Iterable[str]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., kill_grace_s: _Optional[float] = ..., restartable: _Optional[bool] = ...) -> None: ...
+    account: str
+    def __init__(self, argv: _Optional[_Iterable[str]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., kill_grace_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., account: _Optional[str] = ...) -> None: ...
 
 class SubmitJobReply(_message.Message):
     __slots__ = ("job",)
