@@ -181,3 +181,34 @@ quota = 1
         second = [e.message for e in c.events() if e.kind == "fairshare"][1:]
     assert len(second) == 1 and "of account b" in second[0] and "for account c" in second[0]
     _cancel(d, later, *b)
+
+
+def test_a_reclaimed_job_whose_kill_grace_outlasts_the_controllers_stop_is_queued_again_not_cancelled(
+    inproc,
+    workdir,  # noqa: F811
+    monkeypatch,
+):
+    """The accounts controller ends a reclaimed lease whose holder has not released it after STOP_S (60 s);
+    a job given a longer --kill-grace was then still stopping, and its lease's end cancelled it. In process,
+    with STOP_S at 1 s and a job that takes 4 s to stop on TERM."""
+    from xpud.controllers import accounts as controller
+
+    monkeypatch.setattr(controller, "STOP_S", 1.0)
+    d = inproc("workstation-2x", fair())
+    slow = 'echo "start $XPU_RESTART_COUNT"; trap "sleep 4; exit 143" TERM; while :; do sleep 0.2; done'
+    mine = [
+        submit(d, workdir, "-A", "vision", "--restartable", "--kill-grace", "30", "--", "sh", "-c", slow)
+        for _ in range(2)
+    ]
+    outs = {j: workdir / f"xpu-{j}.out" for j in mine}
+    wait_until(lambda: all(o.exists() and o.read_text() == "start 0\n" for o in outs.values()), 30)
+    theirs = _submit(d, workdir, "nlp")
+    wait_until(lambda: _job(d, theirs)["state"] == "running", timeout=30)
+    with d.client() as c:  # the controller did end the lease before the job stopped
+        assert any("did not release it within 1 s" in x.end_reason for x in c.leases(all=True).leases)
+    wait_until(lambda: any(_job(d, j)["state"] != "running" for j in mine), timeout=30)  # it stopped
+    taken = [j for j in mine if _job(d, j)["state"] != "running"]
+    assert [(_job(d, j)["state"], _job(d, j)["restarts"]) for j in taken] == [("queued", 1)]
+    _cancel(d, theirs)
+    wait_until(lambda: outs[taken[0]].read_text().splitlines()[-1:] == ["start 1"], timeout=30)
+    _cancel(d, *mine)

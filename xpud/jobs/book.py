@@ -413,6 +413,8 @@ class JobBook:
         r = self.running.get(job_id) if kind == "job" else None
         if r is None or r.lease_id != lease.id or r.id in self.cancelling:
             return
+        if r.id in self.restarts.busy:  # being stopped to restart or requeue: that path ends it as it should
+            return  # (the accounts controller ends a reclaimed lease after STOP_S, a long kill grace before)
         doc = supervisor.read_status(self.dir, r.id) or {}
         spid = doc.get("supervisor")
         if doc.get("state") in jobdb.ENDED or not (spid and supervisor.supervisor_alive(int(spid), r.id)):
