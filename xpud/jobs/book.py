@@ -104,6 +104,8 @@ class JobBook:
             else:
                 self.running[r.id] = r
                 await self._check(r, restoring=True)
+                if not r.done and r.spec.get("restartable") and r.lease_id in self.engine.leases:
+                    self.restarts.follow(r, r.lease_id)  # held again: a move restarts it as before
 
     def start(self) -> None:
         self._poller = asyncio.ensure_future(self._poll())
@@ -269,7 +271,7 @@ class JobBook:
             r.reason = "Resources"
             await self.ledger.write(jobdb.save_job_op(r))
         try:
-            lease, token = await self.engine.acquire(self._request(r))
+            lease, _token = await self.engine.acquire(self._request(r))
         except NoCapacity as e:
             await self._end(r, jobdb.CANCELLED, reason=f"gave up waiting for cards: {e}")
             return
@@ -285,7 +287,7 @@ class JobBook:
             raise
         self.waiting.pop(r.id, None)  # starting: a cancel now waits for the supervisor (Conflict)
         if restartable:
-            self.restarts.follow(r, lease.id, token)
+            self.restarts.follow(r, lease.id)
         try:
             switch = self._switch(r)
             fence = await self._fence(lease)

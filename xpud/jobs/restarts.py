@@ -3,14 +3,15 @@
 What ``xpu run --restartable`` does in the user's terminal, the daemon does for a detached job: it holds
 the job's lease (``Engine.hold_opened``, so the engine may move it: a failing card, the defragmenter,
 right-sizing), and on a ``move`` event it stops the command (SIGTERM to its supervisor: TERM, then KILL
-after the job's kill grace), acknowledges the move (``Engine.ack_move``: the new placement is committed),
+after the job's kill grace), acknowledges the move (``Engine.ack_anchored_move``: the new placement is
+committed; the daemon proves itself by the lease's anchor ``job:<id>``, so no token is needed or kept),
 records the restart on the job's row, then starts the command again on the new placement with the same
 environment, ``XPU_RESTART_COUNT`` counting the restarts, its output file(s) appended to, not truncated.
 
 A command that ended by itself before it was stopped keeps its end (the move is dropped with its lease);
-one that could not be started again ends ``failed`` with the reason. The lease's token lives in memory
-only: after a restart of xpud a running restartable job is not held again, and a failing card then marks
-its lease (as for a job that is not restartable) instead of moving it.
+one that could not be started again ends ``failed`` with the reason. After a restart of xpud the book's
+``restore`` holds the leases of running restartable jobs again (``follow``) before the daemon serves, so
+a move asked later restarts them as before, ``XPU_RESTART_COUNT`` counting on from the job's row.
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ class Restarts:
 
     def __init__(self, book: Any):  # xpud.jobs.book.JobBook (not imported: it imports this module)
         self.book = book
-        self.tokens: dict[str, str] = {}  # job id -> its lease's token (AckMove needs it)
         self.followers: dict[str, asyncio.Task] = {}  # job id -> the task reading its lease's events
         self.busy: set[str] = set()  # jobs being stopped and started again: the poller leaves them be
 
-    def follow(self, r: JobRecord, lease_id: str, token: str) -> None:
-        """Hold ``r``'s lease from now on (before its command starts: a move asked meanwhile waits)."""
+    def follow(self, r: JobRecord, lease_id: str) -> None:
+        """Hold ``r``'s lease from now on (before its command starts, or when the daemon restores it: a
+        move asked meanwhile waits)."""
+        if r.id in self.followers:
+            return
         q = self.book.engine.hold_opened(lease_id)
-        self.tokens[r.id] = token
         self.followers[r.id] = asyncio.ensure_future(self._follow(r, lease_id, q))
 
     async def stop(self) -> None:
@@ -69,7 +71,6 @@ class Restarts:
             log.exception("job %s: following its lease", r.id)
         finally:
             self.book.engine.hold_closed(lease_id, q)
-            self.tokens.pop(r.id, None)
             self.followers.pop(r.id, None)
 
     async def _stop_command(self, r: JobRecord) -> dict | None:
@@ -108,7 +109,7 @@ class Restarts:
                 return  # it ended by itself first, or was cancelled: the poller records that end
             with contextlib.suppress(OSError):
                 supervisor.status_path(b.dir, r.id).unlink()
-            lease = await b.engine.ack_move(r.lease_id, self.tokens[r.id])
+            lease = await b.engine.ack_anchored_move(r.lease_id, f"job:{r.id}")
             n = int(r.spec.get("restarts", 0)) + 1
             r.spec["restarts"] = n
             r.lease_id, r.reason = lease.id, f"restart {n}: {why}"[:500]
