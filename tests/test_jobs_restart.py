@@ -105,3 +105,31 @@ def test_a_restartable_job_is_held_again_after_a_sigkill_of_the_daemon_and_moves
         assert not c.lease(c.job(job).lease_id).mark  # moved, not marked
     assert d.xpu("cancel", job).returncode == 0
     assert d.xpu("wait", job, timeout=30).returncode == 143
+
+
+def test_a_job_whose_move_a_sigkill_of_the_daemon_cut_short_is_started_again(daemon_factory, workdir):  # noqa: F811
+    """The daemon dies after it stopped a restartable job for a move and before it started it again (the
+    command ignores TERM: its supervisor KILLs it after the kill grace, with no daemon there). The job's row
+    says it was moving, so the restarted daemon starts it again (not ``cancelled``, not ``lost``), and it
+    ends up off the failing card."""
+    d = daemon_factory("pcie-4x-h100", config=CONFIG)
+    stubborn = SCRIPT.replace('trap "echo term; exit 143" TERM', 'trap "echo term" TERM')
+    job = submit(d, workdir, "--restartable", "--kill-grace", "3", "--", "sh", "-c", stubborn)
+    out = workdir / f"xpu-{job}.out"
+    wait_until(lambda: out.exists() and out.read_text().startswith("start 0"), 20)
+    (src,) = cards_of(d, job)
+    with d.client(admin=True) as c:
+        c.inject_fault(str(src), "xid", 79)
+    wait_until(lambda: "term" in out.read_text(), 20)  # being stopped for the move
+    d.kill(signal.SIGKILL)
+    status = d.state_dir / "jobs" / f"{job}.status"
+    wait_until(lambda: json.loads(status.read_text()).get("state") == "cancelled", 20)  # KILLed at 3 s
+    d.start()
+    wait_until(lambda: "start 1" in out.read_text(), 30)
+    shown = job_json(d, job)
+    assert shown["state"] == "running" and shown["restarts"] >= 1, shown
+    wait_until(lambda: cards_of(d, job) != [src] and out.read_text().splitlines()[-1].startswith("start"), 30)
+    (dst,) = cards_of(d, job)
+    assert out.read_text().splitlines()[-1].endswith(uuid(d, dst)) and job_json(d, job)["state"] == "running"
+    assert d.xpu("cancel", job).returncode == 0
+    assert d.xpu("wait", job, timeout=30).returncode != 0

@@ -430,6 +430,8 @@ class JobBook:
 
     async def _check(self, r: JobRecord, restoring: bool = False) -> None:
         doc = supervisor.read_status(self.dir, r.id)
+        if r.spec.get("restartable") and await self.restarts.take_up(r, doc):
+            return  # the daemon stopped between its command's stop for a move and its start again
         if doc is not None and doc.get("state") in jobdb.ENDED:
             await self._end(
                 r,
