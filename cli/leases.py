@@ -279,7 +279,12 @@ def wait_cmd(
             job = None
         if job is not None and job.kind != "attached":
             raise typer.Exit(wait_job(c, job.id, timeout, as_json))
-        le = c.lease(job.lease_id if job is not None else lease_id)
+        try:
+            le = c.lease(job.lease_id if job is not None else lease_id)
+        except NotFound:
+            if job is not None:
+                raise
+            raise NotFound(f"no job {lease_id!r} and no lease of that id (see `xpu jobs --all`)") from None
         while le.state == "active" and (deadline is None or time.monotonic() < deadline):
             time.sleep(
                 WAIT_POLL_S if deadline is None else min(WAIT_POLL_S, max(0.0, deadline - time.monotonic()))

@@ -771,6 +771,37 @@ def test_a_fenced_job_outlives_a_killed_daemon_fenced_and_ends_with_its_cancel(h
     assert lease_named(d, "kept").HasField("ended")
 
 
+def test_a_restartable_job_moved_after_a_daemon_restart_opens_only_its_new_card(host, jobd, tmp_path):
+    """``xpu submit --restartable``: the daemon is SIGKILLed and started again (it holds the job's lease
+    again), then the job's card fails; the job is stopped and started again in a unit fenced to its NEW
+    placement: the old card is EPERM now, the new one ENXIO, XPU_RESTART_COUNT=1, output appended."""
+    d, out = jobd, tmp_path / "moved.out"
+    script = '"$0" -c "$1"; [ "$XPU_RESTART_COUNT" = 1 ] && exit 0; exec sleep 300'
+    job = submitted(host, d, "-m", "xpu", "--restartable", "--name", "hop", "--kill-grace", "3", "-o",
+                    str(out), "--", "sh", "-c", script, sys.executable, PROBE)  # fmt: skip
+    wait_until(lambda: out.exists() and out.read_text().count("\n") == 1, 30)
+    (old,) = lease_named(d, "hop").cards
+    count, before = opened(out.read_text().splitlines()[0])
+    assert count == "0"
+    check(before, {MINORS[old]})
+    _kill_in(host, d)
+    d.start()
+    assert job_of(d, job)["state"] == "running"
+    try:
+        with d.client(admin=True) as c:
+            c.inject_fault(str(old), "xid", 79)  # unhealthy: the health monitor moves the restartable job
+        assert xpu_in(host, d, "wait", job, timeout=90).returncode == 0, job_of(d, job)
+    finally:
+        with d.client(admin=True) as c:
+            c.clear_fault(str(old))
+    (new,) = lease_named(d, "hop").cards
+    lines = out.read_text().splitlines()
+    count, after = opened(lines[-1])
+    assert new != old and count == "1" and len(lines) == 2, lines
+    check(after, {MINORS[new]})
+    assert job_of(d, job)["restarts"] == 1
+
+
 def test_a_job_whose_fence_cannot_be_computed_is_not_started(host, jobd, tmp_path):
     """Enforced, but the MIG slice's capability nodes cannot be named (the driver's files are gone): the
     job fails with one line that says why, and its command never runs."""

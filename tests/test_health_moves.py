@@ -60,6 +60,24 @@ def test_move_reserves_tells_the_holder_and_commits_only_on_ack(engine):
     assert kinds.count("move") == 2  # asked, done
 
 
+def test_the_daemon_acknowledges_its_own_jobs_move_by_the_anchor_not_a_token(engine):
+    """A restartable detached job's lease (anchor ``job:<id>``) is held by the daemon, which keeps no token
+    across a restart: ``ack_anchored_move`` commits its move by the anchor; no other anchor, and never an
+    unanchored lease (a user's ``xpu run``), passes without the token."""
+    lease, _token = engine.try_grant(req("xpu", 1, restartable=True, anchor="job:0123abcd"))
+    engine.hold_opened(lease.id)
+    new = engine.move(lease.id, "test")
+    for wrong in ("job:ffffffff", "", "pod:0123abcd"):
+        with pytest.raises(Forbidden):
+            engine.ack_anchored_move(lease.id, wrong)
+    assert engine.ack_anchored_move(lease.id, "job:0123abcd") == new
+    assert engine.ledger.active_leases()[0].cards == new.cards
+    plain, _, _ = held(engine)
+    engine.move(plain.id, "test")
+    with pytest.raises(Forbidden):
+        engine.ack_anchored_move(plain.id, "")
+
+
 def test_a_slice_moves_to_another_card_and_its_old_slice_is_freed(engine):
     lease, token, _ = held(engine, "vxpu-half")
     src = lease.cards[0]

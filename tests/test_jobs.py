@@ -314,6 +314,15 @@ def test_bad_input_is_one_line_and_queues_nothing(daemon, workdir):
         (["show", "twice"], "names 2 jobs"),
         (["cancel", "nosuchjob"], "no job 'nosuchjob'"),
         (["logs", "nosuchjob"], "no job 'nosuchjob'"),
+        # issue #31's "Bad input" list, each for every command that takes a job
+        (["submit", "--after", "twice", "--", "true"], "names 2 jobs"),
+        (["submit", "--after", f"{first},nosuchjob", "--", "true"], "no job 'nosuchjob'"),
+        (["submit", "--time", "1x", "--", "true"], "is not a duration"),
+        (["submit", "--error", "/proc/nope/err", "--", "true"], "you cannot create files in"),
+        (["wait", "nosuchjob"], "no job 'nosuchjob'"),
+        (["show", "nosuchjob"], "'nosuchjob' is neither a lease nor a card"),
+        (["cancel", "twice"], "names 2 jobs"),
+        (["logs", "twice"], "names 2 jobs"),
     ]
     for args, said in cases:
         r = subprocess.run(

@@ -6,6 +6,7 @@ not restartable is not moved: it runs on, its lease marked (xpud.controllers.hea
 from __future__ import annotations
 
 import json
+import signal
 
 from tests.conftest import wait_until
 from tests.test_jobs import submit, workdir  # noqa: F401 (fixture)
@@ -76,3 +77,59 @@ def test_a_restartable_job_moves_off_a_failing_card_and_a_plain_one_is_marked(da
     assert d.xpu("wait", "again", timeout=30).returncode == 143
     ended = job_json(d, again)
     assert ended["state"] == "cancelled" and ended["restarts"] == 1
+
+
+def test_a_restartable_job_is_held_again_after_a_sigkill_of_the_daemon_and_moves(daemon_factory, workdir):  # noqa: F811
+    """The restarted daemon holds a running restartable job's lease again (no token kept anywhere a user can
+    read: the daemon acknowledges its own jobs' moves by their anchor), so a failing card moves it."""
+    d = daemon_factory("pcie-4x-h100", config=CONFIG)
+    job = submit(
+        d, workdir, "--restartable", "--name", "durable", "--kill-grace", "3", "--", "sh", "-c", SCRIPT
+    )
+    out = workdir / f"xpu-{job}.out"
+    wait_until(lambda: out.exists() and out.read_text().startswith("start 0"), 20)
+    (src,) = cards_of(d, job)
+    d.kill(signal.SIGKILL)
+    d.start()
+    assert job_json(d, job)["state"] == "running"
+    with d.client(admin=True) as c:
+        c.inject_fault(str(src), "xid", 79)
+    wait_until(lambda: out.read_text().count("start") == 2, 30)
+    lines = out.read_text().splitlines()
+    (dst,) = cards_of(d, job)
+    assert lines[0] == f"start 0 {uuid(d, src)}" and "term" in lines[1:-1]  # appended, not truncated
+    assert dst != src and lines[-1] == f"start 1 {uuid(d, dst)}"
+    shown = job_json(d, job)
+    assert shown["state"] == "running" and shown["restarts"] == 1
+    with d.client() as c:
+        assert not c.lease(c.job(job).lease_id).mark  # moved, not marked
+    assert d.xpu("cancel", job).returncode == 0
+    assert d.xpu("wait", job, timeout=30).returncode == 143
+
+
+def test_a_job_whose_move_a_sigkill_of_the_daemon_cut_short_is_started_again(daemon_factory, workdir):  # noqa: F811
+    """The daemon dies after it stopped a restartable job for a move and before it started it again (the
+    command ignores TERM: its supervisor KILLs it after the kill grace, with no daemon there). The job's row
+    says it was moving, so the restarted daemon starts it again (not ``cancelled``, not ``lost``), and it
+    ends up off the failing card."""
+    d = daemon_factory("pcie-4x-h100", config=CONFIG)
+    stubborn = SCRIPT.replace('trap "echo term; exit 143" TERM', 'trap "echo term" TERM')
+    job = submit(d, workdir, "--restartable", "--kill-grace", "3", "--", "sh", "-c", stubborn)
+    out = workdir / f"xpu-{job}.out"
+    wait_until(lambda: out.exists() and out.read_text().startswith("start 0"), 20)
+    (src,) = cards_of(d, job)
+    with d.client(admin=True) as c:
+        c.inject_fault(str(src), "xid", 79)
+    wait_until(lambda: "term" in out.read_text(), 20)  # being stopped for the move
+    d.kill(signal.SIGKILL)
+    status = d.state_dir / "jobs" / f"{job}.status"
+    wait_until(lambda: json.loads(status.read_text()).get("state") == "cancelled", 20)  # KILLed at 3 s
+    d.start()
+    wait_until(lambda: "start 1" in out.read_text(), 30)
+    shown = job_json(d, job)
+    assert shown["state"] == "running" and shown["restarts"] >= 1, shown
+    wait_until(lambda: cards_of(d, job) != [src] and out.read_text().splitlines()[-1].startswith("start"), 30)
+    (dst,) = cards_of(d, job)
+    assert out.read_text().splitlines()[-1].endswith(uuid(d, dst)) and job_json(d, job)["state"] == "running"
+    assert d.xpu("cancel", job).returncode == 0
+    assert d.xpu("wait", job, timeout=30).returncode != 0

@@ -308,8 +308,10 @@ class Daemon:
         host = self.federation.name if self.federation is not None else socket.gethostname()
         self.jobbook = JobBook(self.engine, self.state_dir, host, systemd_run, scopes=self.scopes)
         self.context.jobs = self.jobbook
-        if self.federation is not None:  # what the other hosts ask of our jobs
-            self.federation.peer_jobs = PeerJobs(NodeService(self.context))
+        if self.federation is not None:  # what the other hosts ask of our jobs, and we of theirs (--after)
+            handlers = NodeService(self.context)
+            self.federation.peer_jobs = PeerJobs(handlers)
+            self.jobbook.peer_state = handlers.peer_job_state
         self.engine.on_ended.append(self.jobbook.lease_ended)  # a job whose lease ends ends with it
         await self.jobbook.restore()
         self.jobbook.start()

@@ -334,3 +334,9 @@ class Engine(Granting, Endings):
     async def ack_move(self, lease_id: str, token: str) -> Lease:
         """The holder stopped its command after a ``move``: commit the new placement and return it."""
         return await self.moves.ack(lease_id, token)
+
+    @uninterrupted
+    async def ack_anchored_move(self, lease_id: str, anchor: str) -> Lease:
+        """``ack_move`` for a lease the daemon holds itself (a restartable detached job, ``anchor``
+        ``job:<id>``): no token needed, so none is kept across a restart; the lease's anchor must match."""
+        return await self.moves.ack(lease_id, None, anchor)

@@ -192,14 +192,19 @@ class Moves:
         )
 
     # ------------------------------------------------------------------ 2. commit on the holder's ack
-    async def ack(self, lease_id: str, token: str) -> Lease:
-        """The holder stopped its command: commit the new placement, free the old one, return the lease."""
+    async def ack(self, lease_id: str, token: str | None, anchor: str = "") -> Lease:
+        """The holder stopped its command: commit the new placement, free the old one, return the lease.
+        The holder proves itself by the lease's ``token``, or (``token`` None: the daemon itself, for the
+        leases it holds on its jobs' behalf) by the lease's ``anchor``, which no request can name."""
         e = self.engine
         pm = self.pending.get(lease_id)
         if pm is None:
             late = " (it was abandoned: no acknowledgement in time)" if lease_id in self.timed_out else ""
             raise Conflict(f"no move is pending for lease {lease_id}{late}")
-        if not e.ledger.token_matches(lease_id, token):
+        if token is None:
+            if not anchor or pm.old.anchor != anchor:
+                raise Forbidden(f"lease {lease_id} is not anchored to {anchor!r}: its holder acknowledges")
+        elif not e.ledger.token_matches(lease_id, token):
             raise Forbidden(f"wrong token for lease {lease_id}: AckMove needs the lease's token")
         if not pm.ready:
             raise Conflict(f"the move of lease {lease_id} is still being prepared")

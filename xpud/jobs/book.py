@@ -3,7 +3,9 @@
 Each job's row (``xpud.ledger.jobs``) changes before the world does: ``queued`` is committed before the
 submitter hears the id; ``running`` with its lease before its supervisor starts; the end as the supervisor
 recorded it before the lease is released. A queued job waits first for its ``--after`` jobs (each must
-end ``completed``, else it ends ``dependency-failed``), then for cards in the engine's queue, holding its
+end ``completed``, else it ends ``dependency-failed``; a job of another host, ``<id>@<host>``, is asked for
+over the peers every ``REMOTE_POLL_S``, and while its host does not answer the job stays queued and says
+so), then for cards in the engine's queue, holding its
 lease by the anchor ``job:<id>`` (no Hold stream). A running job belongs to its supervisor
 (``xpud.jobs.supervisor``), which outlives the daemon; the daemon reads its status file every
 ``poll_s`` and, after a restart, collects what ended while it was away. A running job whose supervisor is
@@ -27,7 +29,7 @@ import signal
 import time
 from pathlib import Path
 
-from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound, XpudError
+from xpud.errors import BadRequest, Conflict, Forbidden, NoCapacity, NotFound, Unavailable, XpudError
 from xpud.isolation import scope, switch_user
 from xpud.isolation.scope import ScopeError, Scopes
 from xpud.jobs import supervisor
@@ -39,6 +41,7 @@ from xpud.model import Caller, CommandEnd, Mode, Request
 log = logging.getLogger("xpud.jobs")
 
 POLL_S = 0.2  # how often running jobs' status files are read
+REMOTE_POLL_S = 2.0  # how often a queued job asks another host about its --after job there
 DEFAULT_KILL_GRACE_S = 10.0
 OPERATOR = Caller(uid=0, gid=0, admin=True)
 
@@ -87,6 +90,9 @@ class JobBook:
         self._poller: asyncio.Task | None = None
         self._stopping = False
         self.restarts = Restarts(self)  # --restartable jobs: their leases held, moves followed
+        # async (host, job id, uid) -> that job's state there, None when that host has no such job;
+        # raises Unavailable when the host does not answer (set by the daemon where it federates)
+        self.peer_state = None
 
     # ------------------------------------------------------------------ start-up and shutdown
     async def restore(self) -> None:
@@ -104,6 +110,8 @@ class JobBook:
             else:
                 self.running[r.id] = r
                 await self._check(r, restoring=True)
+                if not r.done and r.spec.get("restartable") and r.lease_id in self.engine.leases:
+                    self.restarts.follow(r, r.lease_id)  # held again: a move restarts it as before
 
     def start(self) -> None:
         self._poller = asyncio.ensure_future(self._poll())
@@ -153,8 +161,11 @@ class JobBook:
         time_limit_s: float = 0.0,
         after: list[str] = (),
         kill_grace_s: float = 0.0,
+        remote_after: list[tuple[str, str]] = (),
     ) -> JobRecord:
-        """Check, record ``queued``, and start waiting. Raises BadRequest (nothing recorded)."""
+        """Check, record ``queued``, and start waiting. ``after``: this host's jobs (ids, prefixes or names);
+        ``remote_after``: (job id, host) of other hosts' jobs, resolved there by the caller. Raises
+        BadRequest (nothing recorded)."""
         if not argv or not argv[0]:
             raise BadRequest("no command: give it after --, e.g. `xpu submit -- python train.py`")
         for path, what in ((cwd, "directory"), (output, "--output"), (error, "--error")):
@@ -178,6 +189,10 @@ class JobBook:
         for sel in after:
             dep = self.resolve(sel, caller)  # NotFound: unknown --after job
             deps.append(dep.id)
+        for job_id, host in remote_after:
+            if not job_id or not host or "@" in job_id or "@" in host:
+                raise BadRequest(f"--after {job_id}@{host}: not a job of another host")
+            deps.append(f"{job_id}@{host}")
         req = self.engine.validate(request)
         job_id = self._new_id()
         r = JobRecord(
@@ -251,7 +266,9 @@ class JobBook:
 
     async def _wait_for(self, r: JobRecord) -> None:
         deps = list(r.spec.get("after", []))
-        while deps:  # any one that ends otherwise than completed fails the job at once
+        remote = [d for d in deps if "@" in d]  # <id>@<host>: another host's job
+        deps = [d for d in deps if "@" not in d]
+        while deps or remote:  # any one that ends otherwise than completed fails the job at once
             for dep in list(deps):
                 d = self.get(dep)
                 if d is None or (d.done and d.state != jobdb.COMPLETED):
@@ -260,18 +277,45 @@ class JobBook:
                     return
                 if d.done:
                     deps.remove(dep)
-            if deps:
+            unreachable = []
+            for dep in list(remote):
+                job_id, _, host = dep.partition("@")
+                try:
+                    st = await self._remote_state(host, job_id, r.uid)
+                except Unavailable as e:
+                    unreachable.append(f"job {job_id} on host {host}: {e}"[:200])
+                    continue
+                if st is None or (st in jobdb.ENDED and st != jobdb.COMPLETED):
+                    why = f"job {job_id} on host {host} ended {st or 'unknown (gone from its ledger)'}"
+                    await self._end(r, jobdb.DEPENDENCY_FAILED, reason=why)
+                    return
+                if st == jobdb.COMPLETED:
+                    remote.remove(dep)
+            said = "Dependency" + (
+                "; its host does not answer: " + "; ".join(unreachable) if unreachable else ""
+            )
+            if (deps or remote) and r.reason != said[:500]:
+                r.reason = said[:500]
+                await self.ledger.write(jobdb.save_job_op(r))
+            if deps or remote:
                 pending = [asyncio.shield(self._end_future(dep)) for dep in deps]
                 try:
-                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    if pending:
+                        await asyncio.wait(
+                            pending,
+                            timeout=REMOTE_POLL_S if remote else None,
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
+                    else:
+                        await asyncio.sleep(REMOTE_POLL_S)
                 finally:
                     for p in pending:
                         p.cancel()
-        if r.reason == "Dependency":
+        if r.reason.startswith("Dependency"):
             r.reason = "Resources"
             await self.ledger.write(jobdb.save_job_op(r))
         try:
-            lease, token = await self.engine.acquire(self._request(r))
+            lease, _token = await self.engine.acquire(self._request(r))
         except NoCapacity as e:
             await self._end(r, jobdb.CANCELLED, reason=f"gave up waiting for cards: {e}")
             return
@@ -290,7 +334,7 @@ class JobBook:
             raise
         self.waiting.pop(r.id, None)  # starting: a cancel now waits for the supervisor (Conflict)
         if restartable:
-            self.restarts.follow(r, lease.id, token)
+            self.restarts.follow(r, lease.id)
         try:
             switch = self._switch(r)
             fence = await self._fence(lease)
@@ -304,6 +348,17 @@ class JobBook:
             return
         self.running[r.id] = r
         self.engine.event("job", f"job {r.id} started on lease {lease.id}", lease_id=lease.id)
+
+    async def _remote_state(self, host: str, job_id: str, uid: int) -> str | None:
+        """The state of job ``job_id`` on host ``host`` (None: no such job there). Raises Unavailable."""
+        if self.peer_state is None:
+            raise Unavailable("this daemon does not federate with other hosts now")
+        try:
+            return await self.peer_state(host, job_id, uid)
+        except Unavailable:
+            raise
+        except XpudError as e:  # not a "no": asked again later
+            raise Unavailable(str(e)) from None
 
     async def _fence(self, lease) -> list[str]:
         """The ``systemd-run --property=`` device fence of the job's unit; [] where isolation is advisory.
@@ -380,6 +435,8 @@ class JobBook:
 
     async def _check(self, r: JobRecord, restoring: bool = False) -> None:
         doc = supervisor.read_status(self.dir, r.id)
+        if r.spec.get("restartable") and await self.restarts.take_up(r, doc):
+            return  # the daemon stopped between its command's stop for a move and its start again
         if doc is not None and doc.get("state") in jobdb.ENDED:
             await self._end(
                 r,

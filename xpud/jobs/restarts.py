@@ -3,7 +3,8 @@
 What ``xpu run --restartable`` does in the user's terminal, the daemon does for a detached job: it holds
 the job's lease (``Engine.hold_opened``, so the engine may move it: a failing card, the defragmenter,
 right-sizing), and on a ``move`` event it stops the command (SIGTERM to its supervisor: TERM, then KILL
-after the job's kill grace), acknowledges the move (``Engine.ack_move``: the new placement is committed),
+after the job's kill grace), acknowledges the move (``Engine.ack_anchored_move``: the new placement is
+committed; the daemon proves itself by the lease's anchor ``job:<id>``, so no token is needed or kept),
 records the restart on the job's row, then starts the command again on the new placement with the same
 environment, ``XPU_RESTART_COUNT`` counting the restarts, its output file(s) appended to, not truncated.
 
@@ -12,9 +13,12 @@ way, records the job ``queued`` again, releases its lease and queues it in the e
 granted again its command starts with ``XPU_RESTART_COUNT`` + 1 (the job's ``restarts``), output appended.
 
 A command that ended by itself before it was stopped keeps its end (the move is dropped with its lease);
-one that could not be started again ends ``failed`` with the reason. The lease's token lives in memory
-only: after a restart of xpud a running restartable job is not held again, and a failing card then marks
-its lease (as for a job that is not restartable) instead of moving it.
+one that could not be started again ends ``failed`` with the reason. After a restart of xpud the book's
+``restore`` holds the leases of running restartable jobs again (``follow``) before the daemon serves, so
+a move asked later restarts them as before, ``XPU_RESTART_COUNT`` counting on from the job's row. The row
+says ``moving`` from before the stop until the command runs again: a daemon that died in between finds
+the command stopped (``cancelled`` by its supervisor, or no status) and starts it again (``take_up``) on
+the lease's placement as the ledger has it (the new one once the move was acknowledged).
 """
 
 from __future__ import annotations
@@ -43,14 +47,15 @@ class Restarts:
 
     def __init__(self, book: Any):  # xpud.jobs.book.JobBook (not imported: it imports this module)
         self.book = book
-        self.tokens: dict[str, str] = {}  # job id -> its lease's token (AckMove needs it)
         self.followers: dict[str, asyncio.Task] = {}  # job id -> the task reading its lease's events
         self.busy: set[str] = set()  # jobs being stopped and started again: the poller leaves them be
 
-    def follow(self, r: JobRecord, lease_id: str, token: str) -> None:
-        """Hold ``r``'s lease from now on (before its command starts: a move asked meanwhile waits)."""
+    def follow(self, r: JobRecord, lease_id: str) -> None:
+        """Hold ``r``'s lease from now on (before its command starts, or when the daemon restores it: a
+        move asked meanwhile waits)."""
+        if r.id in self.followers:
+            return
         q = self.book.engine.hold_opened(lease_id)
-        self.tokens[r.id] = token
         self.followers[r.id] = asyncio.ensure_future(self._follow(r, lease_id, q))
 
     async def stop(self) -> None:
@@ -78,7 +83,6 @@ class Restarts:
         finally:
             self.book.engine.hold_closed(lease_id, q)
             if self.followers.get(r.id) is asyncio.current_task():  # not the next lease's follower
-                self.tokens.pop(r.id, None)
                 self.followers.pop(r.id, None)
 
     async def _stop_command(self, r: JobRecord) -> dict | None:
@@ -144,6 +148,13 @@ class Restarts:
         b = self.book
         self.busy.add(r.id)
         try:
+            try:  # on record first: a daemon that dies from here on starts it again (``resume``)
+                r.spec["moving"] = why[:500]
+                await b.ledger.write(jobdb.save_job_op(r))
+            except XpudError as e:  # not stopped: the move times out and the lease is marked
+                r.spec.pop("moving", None)
+                log.error("job %s: not moved (%s): %s", r.id, why, e)
+                return
             doc = await self._stop_command(r)
             if doc is None or doc.get("state") not in jobdb.ENDED:
                 why = f"stopped for a move ({why}); its supervisor recorded no end"
@@ -153,22 +164,63 @@ class Restarts:
                 return  # it ended by itself first, or was cancelled: the poller records that end
             with contextlib.suppress(OSError):
                 supervisor.status_path(b.dir, r.id).unlink()
-            lease = await b.engine.ack_move(r.lease_id, self.tokens[r.id])
-            n = int(r.spec.get("restarts", 0)) + 1
-            r.spec["restarts"] = n
-            r.lease_id, r.reason = lease.id, f"restart {n}: {why}"[:500]
-            await b.ledger.write(jobdb.save_job_op(r))
-            env = {**r.env, **lease.env, "XPU_JOB_ID": r.id, "XPU_RESTART_COUNT": str(n)}
-            fence = await b._fence(lease)  # the new cards' device fence (ScopeError: not started unfenced)
-            await asyncio.shield(supervisor.launch(
-                b.dir, r.id, r.argv, env, r.cwd, r.spec["output"], r.spec.get("error", ""), b._switch(r),
-                r.spec.get("time_limit_s", 0.0), r.spec.get("kill_grace_s", 10.0), b.systemd_run, fence,
-                append=True,
-            ))  # fmt: skip
-            cards = ",".join(map(str, lease.cards))
-            b.engine.event("job", f"job {r.id} restarted ({n}) on card {cards}", lease_id=lease.id)
+            lease = await b.engine.ack_anchored_move(r.lease_id, f"job:{r.id}")
+            await self._start_again(r, lease, why)
         except (XpudError, OSError, ValueError, KeyError) as e:
             if not r.done:
                 await b._end(r, jobdb.FAILED, reason=f"stopped for a move ({why}); not started again: {e}")
         finally:
             self.busy.discard(r.id)
+
+    async def take_up(self, r: JobRecord, doc: dict | None) -> bool:
+        """A job the daemon was moving when it stopped (its row says ``moving``) whose command is stopped
+        now (``doc``: its status, ended ``cancelled``, or none) without a cancel of its own: started again
+        (``resume``). True when that is so (or it is still stopping: looked at again at the next poll)."""
+        if not r.spec.get("moving") or r.id in self.book.cancelling or r.id in self.busy:
+            return False
+        if doc is not None and doc.get("state") != jobdb.CANCELLED:
+            return False
+        spid = (doc or {}).get("supervisor")
+        if not (spid and supervisor.supervisor_alive(int(spid), r.id)):
+            await self.resume(r)
+        return True
+
+    async def resume(self, r: JobRecord) -> None:
+        """Start ``r`` again on its lease as the ledger has it (the move's new placement when it was
+        acknowledged before the daemon stopped, else the old one: a failing card is then left again by
+        the next move). Ends it ``failed`` when it cannot be."""
+        b = self.book
+        why = str(r.spec.get("moving", ""))
+        self.busy.add(r.id)
+        try:
+            lease = b.engine.leases.get(r.lease_id)
+            if lease is None:
+                raise ValueError(f"its lease {r.lease_id} ended meanwhile")
+            with contextlib.suppress(OSError):
+                supervisor.status_path(b.dir, r.id).unlink()
+            await self._start_again(r, lease, f"{why} (resumed after a restart of xpud)")
+        except (XpudError, OSError, ValueError, KeyError) as e:
+            if not r.done:
+                await b._end(r, jobdb.FAILED, reason=f"stopped for a move ({why}); not started again: {e}")
+        finally:
+            self.busy.discard(r.id)
+
+    async def _start_again(self, r: JobRecord, lease: Any, why: str) -> None:
+        """Record the restart, then start ``r``'s command on ``lease`` (appending to its output)."""
+        b = self.book
+        n = int(r.spec.get("restarts", 0)) + 1
+        r.spec["restarts"] = n
+        r.lease_id, r.reason = lease.id, f"restart {n}: {why}"[:500]
+        await b.ledger.write(jobdb.save_job_op(r))
+        env = {**r.env, **lease.env, "XPU_JOB_ID": r.id, "XPU_RESTART_COUNT": str(n)}
+        fence = await b._fence(lease)  # the new cards' device fence (ScopeError: not started unfenced)
+        await asyncio.shield(supervisor.launch(
+            b.dir, r.id, r.argv, env, r.cwd, r.spec["output"], r.spec.get("error", ""), b._switch(r),
+            r.spec.get("time_limit_s", 0.0), r.spec.get("kill_grace_s", 10.0), b.systemd_run, fence,
+            append=True,
+        ))  # fmt: skip
+        r.spec.pop("moving", None)  # started: a later stop is its own (the row says so next time)
+        with contextlib.suppress(XpudError):
+            await b.ledger.write(jobdb.save_job_op(r))
+        cards = ",".join(map(str, lease.cards))
+        b.engine.event("job", f"job {r.id} restarted ({n}) on card {cards}", lease_id=lease.id)

@@ -15,7 +15,7 @@ import grpc
 from xpud.api import convert
 from xpud.api.server import streaming, unary
 from xpud.api.v1 import xpu_pb2 as pb
-from xpud.errors import BadRequest, Conflict, Forbidden, NotFound
+from xpud.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from xpud.ledger import jobs as jobdb
 from xpud.ledger.jobs import JobRecord
 from xpud.model import Caller, Mode, Request
@@ -106,6 +106,7 @@ class JobsHandlers:
         # as for `xpu run --account`: with accounts configured the user database is read off the loop
         charging = (e.cfg, caller, request.account, caller.uid)
         account = await asyncio.to_thread(charge, *charging) if e.cfg.named_accounts else charge(*charging)
+        here, remote = await self._resolve_after(caller, list(request.after))
         r = await self._book().submit(
             caller,
             list(request.argv),
@@ -124,10 +125,72 @@ class JobsHandlers:
             output=request.output,
             error=request.error,
             time_limit_s=request.time_limit_s,
-            after=list(request.after),
+            after=here,
             kill_grace_s=request.kill_grace_s,
+            remote_after=remote,
         )
         return pb.SubmitJobReply(job=convert.job_pb(r, True))
+
+    async def _resolve_after(self, caller: Caller, selectors: list[str]) -> tuple[list[str], list]:
+        """``--after``'s jobs: those of this host (as given), and (job id, host) of the ones that live on
+        another host of the cluster. Raises NotFound, or BadRequest when one names several jobs."""
+        here, remote = [], []
+        for sel in selectors:
+            try:
+                self._book().resolve(sel, caller)
+                here.append(sel)
+                continue
+            except NotFound:
+                if not self._peers():
+                    raise
+            remote.append(await self._after_on_peers(caller, sel))
+        return here, remote
+
+    async def _after_on_peers(self, caller: Caller, selector: str) -> tuple[str, str]:
+        """(job id, host) of the one job ``selector`` names on the other hosts."""
+        from xpud.api.client import to_error
+
+        asked = pb.PeerJobsRequest(uid=caller.uid, list=pb.ListJobsRequest(job=selector, here=True))
+        found, silent = [], []
+        peers = self._peers()
+        for m, reply in zip(peers, await self._ask_peers("PeerListJobs", asked, peers), strict=True):
+            if not isinstance(reply, grpc.RpcError):
+                found += [(j.id, m.name, j.state) for j in reply.jobs]
+            elif reply.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                silent.append(m.name)
+            elif reply.code() != grpc.StatusCode.NOT_FOUND:
+                e = to_error(reply, f"host {m.name}")
+                raise type(e)(f"--after {selector}: host {m.name}: {e}") from None
+        if len(found) > 1:
+            listed = ", ".join(f"{j} on {h} ({st})" for j, h, st in found[:10])
+            raise BadRequest(f"--after {selector!r} names {len(found)} jobs: {listed}; give one id")
+        if not found:
+            unasked = f" (host {', '.join(silent)} did not answer)" if silent else ""
+            raise NotFound(f"no job {selector!r} on any host of the cluster{unasked} (see `xpu jobs --all`)")
+        return found[0][0], found[0][1]
+
+    async def peer_job_state(self, host: str, job_id: str, uid: int) -> str | None:
+        """The state of job ``job_id`` (as uid ``uid`` sees it) on the cluster's host ``host``; None when
+        that host has no such job. Raises Unavailable when the host is not alive or does not answer."""
+        from xpud.api.client import to_error
+
+        fed = self.ctx.federation
+        if fed is None:
+            raise Unavailable("this daemon does not federate with other hosts now")
+        member = next((m for m in fed.members() if m.name == host), None)
+        from xpud.federation.membership import State
+
+        if member is None or member.name == fed.name or member.state != State.ALIVE:
+            raise Unavailable(f"host {host} is {'not a member' if member is None else member.state} now")
+        asked = pb.PeerJobsRequest(uid=uid, list=pb.ListJobsRequest(job=job_id, here=True))
+        try:
+            reply = await self._stub(member).PeerListJobs(asked, timeout=PEER_TIMEOUT_S)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise Unavailable(str(to_error(e, f"host {host}"))) from None
+        found = [j.state for j in reply.jobs if j.id == job_id]
+        return found[0] if found else None
 
     @streaming
     async def RunJob(self, request_iterator, context):
@@ -296,8 +359,9 @@ class JobsHandlers:
 
         return pbg.PeerStub(self.ctx.federation.channel(member.addr))
 
-    async def _ask_peers(self, method: str, request) -> list:
-        """``method``'s replies from every alive peer (those that fail or are slow are left out)."""
+    async def _ask_peers(self, method: str, request, peers: list | None = None) -> list:
+        """``method``'s replies from every alive peer (or ``peers``), in their order: a reply, or the
+        RpcError of one that failed or was slow."""
 
         async def one(m):
             try:
@@ -305,7 +369,7 @@ class JobsHandlers:
             except grpc.RpcError as e:
                 return e
 
-        return await asyncio.gather(*(one(m) for m in self._peers()))
+        return await asyncio.gather(*(one(m) for m in (self._peers() if peers is None else peers)))
 
     async def _on_a_peer(self, method: str, request, selector: str):
         """The first peer's answer that is not "no such job" (the job lives on one host)."""
