@@ -26,6 +26,7 @@ import contextlib
 import logging
 import math
 import os
+import secrets
 
 import grpc
 
@@ -182,7 +183,7 @@ class Gang:
                 raise BadRequest(f"{what} {path!r}: give an absolute path")
         kill = request.kill_on_bad_exit if request.HasField("kill_on_bad_exit") else True
         r = JobRecord(
-            id="",
+            id=secrets.token_hex(8),  # as RunJob's: the job's id on every host
             uid=caller.uid,
             gid=max(caller.gid, 0),
             state=jobdb.QUEUED,
@@ -214,7 +215,6 @@ class Gang:
         )
         run = self._run(r, caller)
         await run.check()  # the same checks as `xpu run --nodes`
-        r.id = run.job
         r.spec["after"] = [book.resolve(sel, caller).id for sel in request.after]
         r.reason = "Dependency" if r.spec["after"] else "Resources"
         await self.ledger.write(jobdb.save_job_op(r))
