@@ -138,10 +138,12 @@ def test_wait_gives_the_first_failing_ranks_status_and_the_files_follow_the_patt
     assert states == {0: "cancelled", 1: "failed"}, shown["ranks"]
     for x in shown["ranks"]:
         assert (work / f"out-{job}-{x['rank']}-{x['host']}.txt").read_text().endswith(f"rank {x['rank']}\n")
-    # --time ends every rank: the job ends timeout (124 as a shell shows it)
+    # --time ends every rank (TERM): the job ends timeout, its status the signal's, as one host's job's
     job = submit(a, work, "--time", "2s", "--", "sleep", "60")
     r = xpu(c, "wait", job, timeout=60)
-    assert r.returncode == 124 and "timeout" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 128 + signal.SIGTERM and "timeout" in r.stdout, r.stdout + r.stderr
+    (shown,) = listed(c, job)
+    assert shown["state"] == "timeout" and {x["state"] for x in shown["ranks"]} == {"timeout"}
     wait_until(lambda: no_leases(cluster), 20)
 
 
@@ -161,6 +163,7 @@ def test_the_ranks_outlive_a_sigkill_of_the_daemon_that_placed_them(cluster, wor
     wait_until(lambda: all((work / f"xpu-{job}-{i}.out").read_text() == f"done {i}\n" for i in (0, 1)), 20)
     time.sleep(0.5)
     a.daemon.start()
+    wait_until(lambda: c.states().get(a.name) == "alive", 30, step=0.3)  # c asks it again
     r = xpu(c, "wait", job, timeout=60)
     assert r.returncode == 5 and "failed (exit 5)" in r.stdout, r.stdout + r.stderr
     (shown,) = listed(a, job)
