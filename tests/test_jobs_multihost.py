@@ -80,13 +80,7 @@ def test_a_two_host_submitted_job_is_one_job_read_and_cancelled_from_a_third_hos
         ok = found and found[0]["state"] == "running" and found[0]["ranks"]
         return ok and all(x["state"] == "running" for x in found[0]["ranks"]) and found
 
-    try:
-        shown = wait_until(running, 30, step=0.3)[0]
-    except AssertionError:
-        print(xpu(a, "jobs", "--all", "--json").stdout)
-        for h in cluster:
-            print(h.name, h.daemon.log.read_text()[-2500:])
-        raise
+    shown = wait_until(running, 30, step=0.3)[0]
     assert shown["kind"] == "multi-host" and len(shown["hosts"]) == 2
     assert [x["rank"] for x in shown["ranks"]] == [0, 1] and [x["host"] for x in shown["ranks"]] == shown[
         "hosts"
@@ -127,9 +121,18 @@ def test_a_two_host_submitted_job_is_one_job_read_and_cancelled_from_a_third_hos
 
 def test_wait_gives_the_first_failing_ranks_status_and_the_files_follow_the_pattern(cluster, work):
     a, _, c = cluster
-    # rank 1 exits 3 at once; rank 0 would run a minute: --kill-on-bad-exit (the default) stops it
-    script = 'echo "on $(hostname) rank $NODE_RANK"; [ "$NODE_RANK" = 1 ] && exit 3; sleep 60'
+    # rank 1 exits 3 once told; rank 0 would run a minute: --kill-on-bad-exit (the default) stops it
+    go = work / "go"
+    script = (
+        f'echo "on $(hostname) rank $NODE_RANK"; while [ ! -e {go} ]; do sleep 0.05; done; '
+        '[ "$NODE_RANK" = 1 ] && exit 3; sleep 60'
+    )
     job = submit(a, work, "--output", "out-%j-%n-%N.txt", "--", "sh", "-c", script)
+    # jobs after it, one host's and another multi-host one, wait for its end, then end dependency-failed
+    one = xpu(a, "submit", "--after", job, "--", "true", cwd=work).stdout.strip()
+    two = submit(a, work, "--after", job, "--", "true")
+    assert {j["state"] for j in listed(c, one) + listed(c, two)} == {"queued"}
+    go.touch()
     r = xpu(c, "wait", job, timeout=60)
     assert r.returncode == 3 and "failed (exit 3)" in r.stdout, r.stdout + r.stderr
     (shown,) = listed(c, job)
@@ -138,6 +141,9 @@ def test_wait_gives_the_first_failing_ranks_status_and_the_files_follow_the_patt
     assert states == {0: "cancelled", 1: "failed"}, shown["ranks"]
     for x in shown["ranks"]:
         assert (work / f"out-{job}-{x['rank']}-{x['host']}.txt").read_text().endswith(f"rank {x['rank']}\n")
+    for dependent in (one, two):
+        r = xpu(c, "wait", dependent, timeout=60)
+        assert r.returncode == 1 and "dependency-failed" in r.stdout, r.stdout + r.stderr
     # --time ends every rank (TERM): the job ends timeout, its status the signal's, as one host's job's
     job = submit(a, work, "--time", "2s", "--", "sleep", "60")
     r = xpu(c, "wait", job, timeout=60)
