@@ -117,6 +117,15 @@ def test_a_two_host_submitted_job_is_one_job_read_and_cancelled_from_a_third_hos
     (ended,) = listed(third, job)
     assert ended["state"] == "cancelled" and all(x["state"] == "cancelled" for x in ended["ranks"])
     wait_until(lambda: no_leases(cluster), 20)
+    # a job that cannot be placed yet queues (no host has 8 cards), and is cancelled from any host
+    big = submit(a, work, "--gpus-per-node", "8", "--name", "big", "--", "true")
+    wait_until(lambda: listed(third, big)[0]["reason"] not in (None, "Resources"), 20, step=0.3)
+    (queued,) = listed(third, big)
+    assert queued["state"] == "queued" and queued["ranks"] == [] and queued["hosts"] == []
+    assert xpu(third, "cancel", "big").returncode == 0
+    r = xpu(third, "wait", big)
+    assert r.returncode == 143 and "cancelled" in r.stdout, r.stdout + r.stderr
+    assert listed(a, big)[0]["reason"] == "cancelled by uid 0 while queued"
 
 
 def test_wait_gives_the_first_failing_ranks_status_and_the_files_follow_the_pattern(cluster, work):

@@ -354,7 +354,7 @@ class Gang:
             await run._abort(list(run.hosts))  # what was not handed over (a refused rank) is released
         if failed:
             await self._save(r)
-            await self._stop_ranks(r, f"stopped: {failed}")
+            await self._stop_ranks(r, f"stopped: {failed}", every=True)
             await self._wait_ranks(r)
             await self._end(r, jobdb.FAILED, failed)
             return False
@@ -423,9 +423,11 @@ class Gang:
             await self._save(r)
         return changed
 
-    async def _stop_ranks(self, r: JobRecord, reason: str) -> None:
+    async def _stop_ranks(self, r: JobRecord, reason: str, every: bool = False) -> None:
+        """Stop the ranks still running (``every``: ask every host, e.g. a StartRank whose answer was lost
+        may have started its rank there)."""
         ranks = r.spec.get("ranks", [])
-        hosts = sorted({x["host"] for x in ranks if x["state"] not in jobdb.ENDED})
+        hosts = sorted({x["host"] for x in ranks if every or x["state"] not in jobdb.ENDED})
         await asyncio.gather(*(self._ask(r, h, cancel=True, reason=reason) for h in hosts))
 
     async def _wait_ranks(self, r: JobRecord) -> None:
