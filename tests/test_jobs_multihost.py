@@ -148,6 +148,8 @@ def test_wait_gives_the_first_failing_ranks_status_and_the_files_follow_the_patt
     assert shown["state"] == "failed" and shown["exit_code"] == 3
     states = {x["rank"]: x["state"] for x in shown["ranks"]}
     assert states == {0: "cancelled", 1: "failed"}, shown["ranks"]
+    text = xpu(c, "show", job).stdout  # `xpu show` lists the ranks
+    assert f"\nrank 1:     {shown['ranks'][1]['host']}: failed (exit 3)\n" in text, text
     for x in shown["ranks"]:
         assert (work / f"out-{job}-{x['rank']}-{x['host']}.txt").read_text().endswith(f"rank {x['rank']}\n")
     for dependent in (one, two):
