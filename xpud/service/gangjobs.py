@@ -475,8 +475,10 @@ class Gang:
 
     async def cancel(self, r: JobRecord, caller: Caller) -> JobRecord:
         live = self.records.get(r.id)
-        if live is None or live.done:
-            return r
+        if r.done or (live is not None and live.done):
+            return live or r
+        if live is None:
+            raise Conflict(f"job {r.id} is {r.state} but not in this daemon's hands: try again in a moment")
         why = f"cancelled by uid {caller.uid}"
         if live.state == jobdb.QUEUED:
             task = self.tasks.get(r.id)
