@@ -58,6 +58,13 @@ def submit(host, work: Path, *args) -> str:
     return r.stdout.strip()
 
 
+def test_a_ranks_file_name_takes_slurms_patterns():
+    from xpud.service.gangjobs import expand
+
+    assert expand("/w/%j-%n-%t-%N-%%-%x.out", "ab12", 3, "h2") == "/w/ab12-3-3-h2-%-%x.out"
+    assert expand("/w/plain%", "ab12", 0, "h1") == "/w/plain%"
+
+
 def no_leases(hosts) -> bool:
     for h in hosts:
         with h.daemon.client() as c:
@@ -155,6 +162,17 @@ def test_wait_gives_the_first_failing_ranks_status_and_the_files_follow_the_patt
     for dependent in (one, two):
         r = xpu(c, "wait", dependent, timeout=60)
         assert r.returncode == 1 and "dependency-failed" in r.stdout, r.stdout + r.stderr
+    # slices on distinct hosts: --replicas R --spread, every rank's file where it ran
+    r = xpu(a, "submit", "--replicas", "3", "--spread", "--mode", "vxpu-half", "--", "sh", "-c",
+            'echo "$XPU_MODE $NODE_RANK"', cwd=work)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rep = r.stdout.strip()
+    assert xpu(c, "wait", rep, timeout=60).returncode == 0
+    (shown,) = listed(c, rep)
+    assert shown["state"] == "completed" and sorted(shown["hosts"]) == ["h1", "h2", "h3"]
+    assert [(work / f"xpu-{rep}-{i}.out").read_text() for i in range(3)] == [
+        f"vxpu-half {i}\n" for i in range(3)
+    ]
     # --time ends every rank (TERM): the job ends timeout, its status the signal's, as one host's job's
     job = submit(a, work, "--time", "2s", "--", "sleep", "60")
     r = xpu(c, "wait", job, timeout=60)
