@@ -244,3 +244,21 @@ def test_a_directory_missing_on_one_host_fails_the_job_in_one_line(blind):
     assert f"working directory {w} does not exist there" in shown["reason"]
     assert all(x["state"] in ("failed", "cancelled") for x in shown["ranks"])
     wait_until(lambda: no_leases(hosts), 20)
+
+
+def test_a_rank_whose_host_died_is_lost_and_the_job_with_it(cluster, work):
+    a, _, _ = cluster
+    job = submit(a, work, "--", "sleep", "60")
+    shown = wait_until(lambda: [j for j in listed(a, job) if j["state"] == "running"], 30, step=0.3)[0]
+    victim = next(h for h in cluster if h.name in shown["hosts"] and h is not a)
+    victim.daemon.kill(signal.SIGKILL)  # the host dies: its daemon and its jobs
+    stop_job_supervisors(victim.daemon.state_dir)
+    watcher = next(h for h in cluster if h is not victim)
+    r = xpu(watcher, "wait", job, timeout=90)
+    assert r.returncode == 1 and "lost" in r.stdout, r.stdout + r.stderr
+    (ended,) = listed(a, job)
+    lost = next(x for x in ended["ranks"] if x["host"] == victim.name)
+    assert lost["state"] == "lost" and ended["reason"].startswith(
+        f"rank {lost['rank']} on host {victim.name}"
+    )
+    assert all(x["state"] in ("lost", "cancelled") for x in ended["ranks"])  # the others were stopped
