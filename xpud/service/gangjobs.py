@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import secrets
+import time
 
 import grpc
 
@@ -42,6 +43,7 @@ log = logging.getLogger("xpud.gangjobs")
 
 POLL_S = 0.5  # the ranks' states are read this often
 PEER_TIMEOUT_S = 5.0
+UNKNOWN_HOST_S = 60.0  # a rank's host unknown to the membership and silent this long is taken for dead
 BAD = (jobdb.FAILED, jobdb.TIMEOUT, jobdb.LOST)
 
 
@@ -136,6 +138,7 @@ class Gang:
         self.tasks: dict[str, asyncio.Task] = {}
         self.cancelled_by: dict[str, int] = {}
         self.records: dict[str, JobRecord] = {}
+        self.unheard: dict[str, float] = {}  # hosts not in the membership that did not answer: since
 
     @property
     def me(self) -> str:
@@ -387,7 +390,11 @@ class Gang:
         from xpud.federation.membership import State
 
         m = next((m for m in fed.members() if m.name == host), None)
-        return m is None or m.state in (State.DEAD, State.LEFT)
+        if m is not None:
+            return m.state in (State.DEAD, State.LEFT)
+        # unknown here (this daemon just started and has not heard of it yet): dead once unheard long
+        since = self.unheard.setdefault(host, time.monotonic())
+        return time.monotonic() - since > UNKNOWN_HOST_S
 
     async def _refresh(self, r: JobRecord) -> bool:
         """Read every host's ranks; True when something changed (then recorded)."""
@@ -404,6 +411,7 @@ class Gang:
                         x["ended"] = self.ctx.engine.clock()
                         changed = True
                 continue
+            self.unheard.pop(host, None)
             by_rank = {m.rank: m for m in reply.ranks}
             for x in mine:
                 m = by_rank.get(x["rank"])
