@@ -49,6 +49,19 @@ def row(j, now: float) -> dict:
         "reason": j.reason or None,
         "command": j.command or None,
         "output": j.output or None,
+        "ranks": [rank_row(x) for x in j.ranks],
+    }
+
+
+def rank_row(x) -> dict:
+    """One rank of a submitted multi-host job (docs/json.md, JobRank)."""
+    return {
+        "rank": x.rank,
+        "host": x.host,
+        "state": x.state,
+        "exit_code": x.exit_code if x.HasField("exit_code") else None,
+        "exit_signal": x.exit_signal if x.HasField("exit_signal") else None,
+        "reason": x.reason or None,
     }
 
 

@@ -15,8 +15,6 @@ import typer
 from xpu_cli import output
 from xpu_cli.joblist import STATES, end_text, row
 
-from xpud.errors import BadRequest
-
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 WAIT_POLL_S = 0.25
@@ -56,7 +54,21 @@ def submit(
     account: Annotated[
         str, typer.Option("--account", "-A", help="Charge this account (one you are a member of).")
     ] = "",
-    nodes: Annotated[int | None, typer.Option("--nodes", "-N", help="Not for submitted jobs yet.")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", "-N", help="Hosts, one rank each.", min=1)] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", help="Whole cards per host (with --nodes).", min=1)
+    ] = None,
+    tasks_per_node: Annotated[
+        int | None, typer.Option("--tasks-per-node", help="Processes per host (with --nodes).", min=1)
+    ] = None,
+    replicas: Annotated[
+        int | None, typer.Option("--replicas", help="Slices on distinct hosts (with --spread).", min=1)
+    ] = None,
+    spread: Annotated[bool, typer.Option("--spread", help="--replicas on distinct hosts.")] = False,
+    kill_on_bad_exit: Annotated[
+        bool,
+        typer.Option("--kill-on-bad-exit/--no-kill-on-bad-exit", help="One failing rank stops all."),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the job's id and name as JSON.")] = False,
 ) -> None:
     """Queue COMMAND as a detached job and print its id at once (as sbatch). The daemon starts it as you,
@@ -64,11 +76,11 @@ def submit(
     from xpu_cli.session import client
     from xpu_cli.submitting import submit_with
 
-    if nodes is not None:
-        raise BadRequest("--nodes is for `xpu run` for now: submit a one-host job")
     with client() as c:
         opts = dict(name=name, out=out, err=err, time_limit=time_limit, after=after, kill_grace=kill_grace)
         opts["account"] = account
+        opts.update(nodes=nodes, gpus_per_node=gpus_per_node, tasks_per_node=tasks_per_node)
+        opts.update(replicas=replicas, spread=spread, kill_on_bad_exit=kill_on_bad_exit)
         submit_with(c, command, mode, gpus, priority, wait, **opts, as_json=as_json, restartable=restartable)
 
 

@@ -69,6 +69,10 @@ def _job(j, as_json: bool) -> None:
             ("submitted", when(j.submitted)),
             ("started", when(row["started"])),
             ("ended", when(row["ended"])),
+            *(
+                (f"rank {x['rank']}", f"{x['host']}: {x['state']}" + (f" ({_end(x)})" if _end(x) else ""))
+                for x in row["ranks"]
+            ),
         ]
     )
 

@@ -33,6 +33,14 @@ SUBMIT_OPTIONS: dict[str, tuple[str, object]] = {
     "--account": ("account", "str"),
     "-A": ("account", "str"),
     "--runtime-dir": ("runtime_dir", "str"),
+    "--nodes": ("nodes", "int>=1"),
+    "-N": ("nodes", "int>=1"),
+    "--gpus-per-node": ("gpus_per_node", "int>=1"),
+    "--tasks-per-node": ("tasks_per_node", "int>=1"),
+    "--replicas": ("replicas", "int>=1"),
+    "--spread": ("spread", True),
+    "--kill-on-bad-exit": ("kill_on_bad_exit", True),
+    "--no-kill-on-bad-exit": ("kill_on_bad_exit", False),
 }
 SUBMIT_DEFAULTS = {
     "mode": "xpu",
@@ -48,6 +56,12 @@ SUBMIT_DEFAULTS = {
     "as_json": False,
     "restartable": False,
     "account": "",
+    "nodes": None,
+    "gpus_per_node": None,
+    "tasks_per_node": None,
+    "replicas": None,
+    "spread": False,
+    "kill_on_bad_exit": True,
 }
 
 
@@ -94,10 +108,23 @@ def submit_with(
     as_json=False,
     restartable=False,
     account="",
+    nodes=None,
+    gpus_per_node=None,
+    tasks_per_node=None,
+    replicas=None,
+    spread=False,
+    kill_on_bad_exit=True,
 ) -> None:
-    """Check, submit through the client ``c`` and print the id (or ``{"id", "name"}``)."""
+    """Check, submit through the client ``c`` and print the id (or ``{"id", "name"}``). With ``nodes``
+    (``gpus_per_node``, ``tasks_per_node``) or ``replicas`` (``spread``): one job across hosts, each rank's
+    output in a file on its host (%j %n %t %N in ``out``/``err``; default xpu-<id>-<rank>.out)."""
     if not command:
         raise BadRequest("no command: `xpu submit [OPTIONS] -- COMMAND ...`")
+    multi = bool(nodes or gpus_per_node or tasks_per_node or replicas)
+    if multi and gpus != 1:
+        raise BadRequest("--gpus is for one host: across hosts give --nodes N --gpus-per-node G")
+    if multi and restartable:
+        raise BadRequest("--restartable is for one-host submitted jobs: drop it, or submit to one host")
     if not 0 <= kill_grace <= 86400:
         raise BadRequest(f"--kill-grace {kill_grace:g}: give seconds from 0 to 86400")
     seconds = _time_limit(time_limit)
@@ -114,10 +141,12 @@ def submit_with(
     for flag, path in (("--output", out), ("--error", err)):
         if path:
             full = os.path.abspath(path)
-            _writable(full, flag)
+            if not multi:  # across hosts each rank's host opens its file as the user
+                _writable(full, flag)
             files[flag] = full
     if not out and not os.access(cwd, os.W_OK | os.X_OK):
-        raise BadRequest(f"--output: you cannot create xpu-<id>.out in {cwd}; give --output FILE")
+        what = "xpu-<id>-<rank>.out" if multi else "xpu-<id>.out"
+        raise BadRequest(f"--output: you cannot create {what} in {cwd}; give --output FILE")
     deps = [a for item in (after or []) for a in item.split(",") if a]
     fields = dict(
         argv=list(command),
@@ -137,6 +166,15 @@ def submit_with(
     )
     if wait_s is not None and wait_s != math.inf:
         fields["wait_s"] = wait_s
+    if multi:
+        fields.update(
+            nodes=nodes or 0,
+            gpus_per_node=gpus_per_node or 0,
+            tasks_per_node=tasks_per_node or 0,
+            replicas=replicas or 0,
+            spread=spread,
+            kill_on_bad_exit=kill_on_bad_exit,
+        )
     job = c.submit_job(**fields)
     if as_json:
         from xpu_cli import output

@@ -297,6 +297,12 @@ def job_pb(r, full: bool) -> pb.JobRecord:
     for name in ("exit_code", "exit_signal", "started", "ended"):
         if (v := getattr(r, name)) is not None:
             setattr(msg, name, v)
+    for x in s.get("ranks", ()):  # a submitted multi-host job's ranks (xpud.service.gangjobs)
+        m = msg.ranks.add(rank=x["rank"], host=x["host"], state=x["state"], job=x.get("job", ""))
+        m.reason = str(x.get("reason", "")) if full else ""
+        for name in ("exit_code", "exit_signal", "ended"):
+            if x.get(name) is not None:
+                setattr(m, name, x[name])
     if full:
         import shlex
 

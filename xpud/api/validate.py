@@ -188,6 +188,10 @@ LIMITS: dict[str, Limit] = {
     "LaunchSpec.tasks_per_node": Limit(lo=0, hi=MAX_TASKS_PER_NODE),
     "LaunchSpec.keep_going": Limit(),
     "LaunchSpec.label": Limit(),
+    "LaunchSpec.output": Limit(chars=4096),
+    "LaunchSpec.error": Limit(chars=4096),
+    "LaunchSpec.time_limit_s": Limit(lo=0, hi=366 * 86400.0),
+    "LaunchSpec.kill_grace_s": Limit(lo=0, hi=86400.0),
     # ---- jobs (xpud/service/jobs.py); a job is named by its id, an id prefix or its name
     "SubmitJobRequest.argv": Limit(items=4096, chars=1 << 17),
     "SubmitJobRequest.cwd": Limit(chars=4096),
@@ -204,6 +208,12 @@ LIMITS: dict[str, Limit] = {
     "SubmitJobRequest.kill_grace_s": Limit(lo=0, hi=86400.0),
     "SubmitJobRequest.restartable": Limit(),
     "SubmitJobRequest.account": Limit(chars=64, pattern=_NAME),  # [accounts.NAME]: the service checks it
+    "SubmitJobRequest.nodes": Limit(lo=0, hi=1024),
+    "SubmitJobRequest.gpus_per_node": Limit(lo=0, hi=64),
+    "SubmitJobRequest.tasks_per_node": Limit(lo=0, hi=MAX_TASKS_PER_NODE),
+    "SubmitJobRequest.replicas": Limit(lo=0, hi=1024),
+    "SubmitJobRequest.spread": Limit(),
+    "SubmitJobRequest.kill_on_bad_exit": Limit(),
     "ListJobsRequest.all": Limit(),
     "ListJobsRequest.uid": Limit(lo=0, hi=2**31 - 1),
     "ListJobsRequest.state": Limit(chars=32, pattern=_NAME),
@@ -220,6 +230,8 @@ LIMITS: dict[str, Limit] = {
     "PeerJobsRequest.list": Limit(),
     "PeerJobsRequest.jobs": Limit(items=1000, chars=64, pattern=_NAME),
     "PeerJobsRequest.logs": Limit(),
+    "PeerJobsRequest.cancel": Limit(),
+    "PeerJobsRequest.reason": Limit(chars=500, truncate=True),
 }
 
 

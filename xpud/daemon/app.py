@@ -315,6 +315,10 @@ class Daemon:
         self.engine.on_ended.append(self.jobbook.lease_ended)  # a job whose lease ends ends with it
         await self.jobbook.restore()
         self.jobbook.start()
+        from xpud.service.gangjobs import Gang
+
+        self.context.gang = Gang(self.context)  # submitted multi-host jobs placed here
+        await self.context.gang.restore()
 
     def _start_accounts(self) -> None:
         """Fair share between the [accounts.NAME] of xpud.toml (xpud.controllers.accounts); without any,
@@ -382,6 +386,8 @@ class Daemon:
             await self.kubelet.stop()
         for s in self.servers:
             await s.stop(grace=0.5)
+        if self.context is not None and getattr(self.context, "gang", None) is not None:
+            await self.context.gang.stop()  # their ranks run on; a restart watches them again
         if self.jobbook is not None:
             await self.jobbook.stop()  # queued jobs stay queued in the ledger; running ones run on
         from xpud.federation import rankproc

@@ -88,6 +88,17 @@ class Streams:
         )
         return lease
 
+    async def reanchor(self, lease_id: str, anchor: str, also: Iterable[Op] = ()) -> Lease:
+        """Give an active lease a new owner that holds it without a Hold stream (``anchor``, e.g.
+        ``job:<id>``: a multi-host job's rank handed to this host's detached jobs). ``also``: ledger
+        writes committed in the same transaction. Raises KeyError for a lease that is not active."""
+        self.leases[lease_id]  # KeyError: not active
+        await self.ledger.write(self.ledger.set_anchor_op(lease_id, anchor), *also)
+        lease = self.leases[lease_id] = replace(self.leases[lease_id], anchor=anchor)
+        self.unheld_since.pop(lease_id, None)
+        self.restored_unheld.discard(lease_id)
+        return lease
+
     def watch(self) -> asyncio.Queue:
         q: asyncio.Queue = asyncio.Queue()
         self._watchers.add(q)

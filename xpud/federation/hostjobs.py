@@ -452,6 +452,44 @@ class HostJobs:
                 ev.ended.error = f"{RESTART}{self.restarting[spec.job]}"[:1000]
             yield ev
 
+    async def hand_over(self, spec: pb.LaunchSpec, peer: str | None, adopt) -> object:
+        """A submitted multi-host job's rank (``StartRank``): the job committed here stops being a
+        reservation and becomes a detached job of this host (it outlives this daemon). ``adopt(lease,
+        end_op)`` records that job and anchors the lease to it in one transaction with ``end_op`` (the
+        reservation's end) and starts it; its result is returned. Raises as ``launch`` does (not
+        committed here, another's uid)."""
+        trust.check_uid(spec.uid, peer, self.name, self.cluster)
+        cluster = self.cluster
+        if peer and peer != self.name and cluster is not None and not cluster.remote_launch:
+            raise Forbidden(
+                f"host {self.name} takes no jobs from other hosts ([cluster] remote_launch = false there)"
+            )
+        async with self._lock(spec.job):
+            r = self.table.get(spec.job)
+            if r is not None:
+                trust.check_coordinator(spec.job, r.coordinator, peer, self.name, "launch")
+            j = self.jobs.get(spec.job)
+            lease = self.lease_of(spec.job)
+            if r is None or r.state is not ResState.COMMITTED or j is None or lease is None:
+                raise Conflict(
+                    f"job {spec.job} is not committed on host {self.name}: reserve and commit it first"
+                )
+            if j.kill is not None:
+                raise Conflict(f"job {spec.job}: its rank is running on host {self.name} already")
+            if spec.uid != lease.owner_uid:
+                raise Forbidden(f"job {spec.job}: uid {spec.uid} does not own its lease on host {self.name}")
+            end = self.ledger.end_reservation_op(spec.job, r.attempt, "released", self.clock())
+            self.table.put(replace(r, state=ResState.ABORTED))  # the watcher leaves the lease alone
+            try:
+                out = await adopt(lease, end)
+            except BaseException:
+                self.table.put(r)  # still committed: the coordinator's abort releases it
+                raise
+            if j.watcher is not None:
+                j.watcher.cancel()  # its Hold queue closes; the lease is the detached job's now
+            log.info("job %s rank %d: handed to this host's detached jobs", spec.job, spec.rank)
+            return out
+
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)

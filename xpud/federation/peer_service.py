@@ -140,6 +140,15 @@ class PeerService(pbg.PeerServicer):
         async for chunk in self._jobs(context, request.uid).logs(request):
             yield chunk
 
+    @unary
+    async def StartRank(self, request, context):
+        peer = peer_of(context)
+        return await self._jobs(context, request.uid).start_rank(request, peer)
+
+    @unary
+    async def PeerRanks(self, request, context):
+        return await self._jobs(context, request.uid).ranks(request)
+
     @streaming
     async def Launch(self, request_iterator, context):
         peer = peer_of(context)

@@ -105,6 +105,8 @@ class JobBook:
                 why = f"job {job_id} holds it no more (the daemon stopped between its grant and its start)"
                 await self.engine.reclaim(lease.id, why)
         for r in unfinished:
+            if r.kind == jobdb.MULTI_HOST and r.spec.get("detached"):
+                continue  # a submitted multi-host job: its coordinator (xpud.service.gangjobs) restores it
             if r.state == jobdb.QUEUED:
                 self.waiting[r.id] = asyncio.ensure_future(self._run(r))
             else:
@@ -377,6 +379,71 @@ class JobBook:
             return []
         pw = pwd.getpwuid(r.uid)
         return switch_user.argv(r.uid, r.gid, os.getgrouplist(pw.pw_name, r.gid))
+
+    def notify_end(self, job_id: str) -> None:
+        """A job recorded elsewhere (a submitted multi-host job's coordinator) ended: its ``--after``
+        dependents and waiters hear it."""
+        fut = self.ends.pop(job_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    # ------------------------------------------------------------------ a rank of a multi-host job
+    async def adopt(self, caller: Caller, spec, lease, rank_files: tuple[str, str], also=()) -> JobRecord:
+        """Run rank ``spec.rank`` (a LaunchSpec) of the submitted multi-host job ``spec.job`` as a job of
+        this book, on ``lease`` (committed here for it): recorded ``running`` and the lease anchored to it
+        in one transaction with ``also`` (its reservation's end), then started under its supervisor, as
+        ``xpu submit``'s jobs are (it outlives this daemon). ``rank_files``: its output and error paths.
+        Raises BadRequest before anything is written (a directory missing here)."""
+        cwd = spec.cwd
+        if not await asyncio.to_thread(os.path.isdir, cwd):
+            raise BadRequest(
+                f"host {self.host}: working directory {cwd} does not exist there (create it, or submit "
+                "from a directory every host has)"
+            )
+        try:
+            pw = pwd.getpwuid(caller.uid)
+        except KeyError:
+            raise BadRequest(f"uid {caller.uid} is unknown on host {self.host}") from None
+        r = JobRecord(
+            id=self._new_id(),
+            uid=caller.uid,
+            gid=caller.gid if caller.gid >= 0 else pw.pw_gid,
+            state=jobdb.RUNNING,
+            submitted=self.clock(),
+            cwd=cwd,
+            argv=list(spec.argv),
+            spec={
+                "mode": str(lease.mode),
+                "gpus": len(lease.cards),
+                "priority": 0,
+                "wait_s": 0.0,
+                "output": rank_files[0],
+                "error": rank_files[1],
+                "time_limit_s": spec.time_limit_s,
+                "after": [],
+                "kill_grace_s": spec.kill_grace_s or DEFAULT_KILL_GRACE_S,
+                "restartable": False,
+                "cluster_job": spec.job,
+                "rank": spec.rank,
+            },
+            hosts=[self.host],
+            lease_id=lease.id,
+            started=self.clock(),
+        )
+        await self.engine.reanchor(lease.id, f"job:{r.id}", also=(jobdb.save_job_op(r), *also))
+        try:
+            switch = self._switch(r)
+            fence = await self._fence(lease)
+            await asyncio.shield(supervisor.launch(
+                self.dir, r.id, r.argv, dict(spec.env), cwd, rank_files[0], rank_files[1], switch,
+                spec.time_limit_s, r.spec["kill_grace_s"], self.systemd_run, fence,
+            ))  # fmt: skip
+        except (OSError, ValueError, ScopeError) as e:
+            await self._end(r, jobdb.FAILED, reason=f"could not start: {e}")
+            return r
+        self.running[r.id] = r
+        self.engine.event("job", f"job {spec.job} rank {spec.rank} started as job {r.id} on lease {lease.id}")
+        return r
 
     def _end_future(self, job_id: str) -> asyncio.Future:
         fut = self.ends.get(job_id)

@@ -19,6 +19,9 @@ DEPENDENCY_FAILED, LOST = "dependency-failed", "lost"
 ENDED = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT, DEPENDENCY_FAILED, LOST})
 STATES = (QUEUED, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, DEPENDENCY_FAILED, LOST)
 DETACHED, ATTACHED, MULTI_HOST = "detached", "attached", "multi-host"
+# a rank of a submitted multi-host job (``spec.cluster_job``): its host's record, never listed or named
+# there (the job is listed once, by the host that placed it)
+NOT_A_RANK = "json_extract(spec, '$.cluster_job') IS NULL"
 
 
 @dataclass
@@ -106,6 +109,16 @@ def unfinished(ledger: Ledger) -> list[JobRecord]:
     return [_record(r) for r in rows]
 
 
+def ranks_of(ledger: Ledger, cluster_job: str) -> list[JobRecord]:
+    """This host's ranks of the submitted multi-host job ``cluster_job`` (``spec.cluster_job``), by rank."""
+    rows = ledger.db.execute(
+        f"SELECT {COLUMNS} FROM jobs WHERE json_extract(spec, '$.cluster_job') = ?"
+        " ORDER BY json_extract(spec, '$.rank')",
+        (cluster_job,),
+    ).fetchall()
+    return [_record(r) for r in rows]
+
+
 def jobs(
     ledger: Ledger,
     all_: bool = False,
@@ -116,7 +129,7 @@ def jobs(
 ) -> list[JobRecord]:
     """Jobs, newest first: queued and running ones, or with ``all_`` ended ones too; filtered by owner,
     state and submission time."""
-    where, args = ["submitted >= ?"], [since]
+    where, args = ["submitted >= ?", f"{NOT_A_RANK}"], [since]
     if not all_ and not state:
         where.append("state IN (?, ?)")
         args += [QUEUED, RUNNING]
@@ -134,17 +147,22 @@ def find(ledger: Ledger, selector: str, uid: int | None) -> list[JobRecord]:
     """Jobs that ``selector`` names: the job with that id; else those whose id starts with it (at most
     two); else those of ``uid`` (any owner when None) with that name, newest first."""
     exact = job(ledger, selector)
-    if exact is not None:
+    if exact is not None and not exact.spec.get("cluster_job"):
         return [exact]
     rows = ledger.db.execute(
-        f"SELECT {COLUMNS} FROM jobs WHERE substr(id, 1, ?) = ? ORDER BY submitted DESC LIMIT 2",
+        f"SELECT {COLUMNS} FROM jobs WHERE substr(id, 1, ?) = ? AND {NOT_A_RANK}"
+        " ORDER BY submitted DESC LIMIT 2",
         (len(selector), selector),
     ).fetchall()
     if rows:
         return [_record(r) for r in rows]
     if uid is None:
-        q, args = f"SELECT {COLUMNS} FROM jobs WHERE name = ? ORDER BY submitted DESC LIMIT 50", (selector,)
+        q = f"SELECT {COLUMNS} FROM jobs WHERE name = ? AND {NOT_A_RANK} ORDER BY submitted DESC LIMIT 50"
+        args = (selector,)
     else:
-        q = f"SELECT {COLUMNS} FROM jobs WHERE uid = ? AND name = ? ORDER BY submitted DESC LIMIT 50"
+        q = (
+            f"SELECT {COLUMNS} FROM jobs WHERE uid = ? AND name = ? AND {NOT_A_RANK}"
+            " ORDER BY submitted DESC LIMIT 50"
+        )
         args = (uid, selector)
     return [_record(r) for r in ledger.db.execute(q, args).fetchall()]

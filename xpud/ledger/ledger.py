@@ -328,6 +328,9 @@ class Ledger(Store):
     def set_mark_op(self, lease_id: str, mark: str) -> Op:
         return op("UPDATE leases SET mark=? WHERE id=?", mark, lease_id)
 
+    def set_anchor_op(self, lease_id: str, anchor: str) -> Op:
+        return op("UPDATE leases SET anchor=? WHERE id=?", anchor, lease_id)
+
     def end_lease_op(
         self,
         lease_id: str,

@@ -107,6 +107,16 @@ class JobsHandlers:
         charging = (e.cfg, caller, request.account, caller.uid)
         account = await asyncio.to_thread(charge, *charging) if e.cfg.named_accounts else charge(*charging)
         here, remote = await self._resolve_after(caller, list(request.after))
+        if request.nodes or request.replicas or request.gpus_per_node or request.tasks_per_node:
+            if self.ctx.gang is None:
+                raise Conflict("this daemon runs no multi-host jobs yet: retry in a moment")
+            if remote:
+                raise BadRequest(
+                    f"--after {remote[0][0]}: a job of host {remote[0][1]}; a multi-host job waits only on "
+                    "jobs of the host it is submitted to for now: submit it there"
+                )
+            r = await self.ctx.gang.submit(caller, request, wait_s, account)
+            return pb.SubmitJobReply(job=convert.job_pb(r, True))
         r = await self._book().submit(
             caller,
             list(request.argv),
@@ -286,7 +296,11 @@ class JobsHandlers:
         targets = [self._job(sel, caller) for sel in selectors]  # all found first: a bad one cancels none
         out = []
         for r in targets:
-            if r.kind == jobdb.MULTI_HOST and not r.done:
+            if r.kind == jobdb.MULTI_HOST and r.spec.get("detached") and not r.done:
+                if self.ctx.gang is None:
+                    raise Conflict(f"job {r.id} is {r.state}: this daemon's multi-host jobs are not up yet")
+                r = await self.ctx.gang.cancel(r, caller)
+            elif r.kind == jobdb.MULTI_HOST and not r.done:
                 run, task, record = self.ctx.multi_host.get(r.id, (None, None, None))
                 if run is None or record is None:
                     raise Conflict(f"job {r.id} is {r.state} but not coordinated by this daemon any more")
@@ -310,7 +324,19 @@ class JobsHandlers:
         return out
 
     async def _logs_here(self, caller: Caller, request):
-        r = self._job(request.job, caller)
+        if request.rank < 0:
+            raise BadRequest(f"--rank {request.rank}: give a rank from 0")
+        try:
+            r = self._job(request.job, caller)
+        except NotFound:
+            rank = self._rank_here(request, caller)  # a rank of a job placed by another host
+            if rank is None:
+                raise
+            r = rank
+        if r.kind == jobdb.MULTI_HOST and r.spec.get("detached"):
+            async for chunk in self._rank_logs(caller, r, request):
+                yield chunk
+            return
         if r.kind == jobdb.MULTI_HOST:
             raise BadRequest(
                 f"job {r.id} is a multi-host `xpu run`: every rank's output went to that run's terminal, "
@@ -321,8 +347,60 @@ class JobsHandlers:
                 f"job {r.id} is an `xpu run`: its output went to its terminal, not to a file; "
                 "`xpu logs` reads the files of `xpu submit` jobs"
             )
-        if request.rank:
+        if request.rank and "cluster_job" not in r.spec:
             raise BadRequest(f"job {r.id} is a one-host `xpu submit` job: its only rank is 0 (drop --rank)")
+        async for chunk in self._file(r, request):
+            yield chunk
+
+    def _rank_here(self, request, caller: Caller) -> JobRecord | None:
+        """This host's rank ``request.rank`` of the submitted multi-host job ``request.job`` (a whole id),
+        the caller's; None if none is here."""
+        book = self._book()
+        for r in jobdb.ranks_of(book.ledger, request.job):
+            if r.spec.get("rank") == request.rank and (caller.admin or caller.uid == r.uid):
+                return r
+        return None
+
+    async def _rank_logs(self, caller: Caller, r: JobRecord, request):
+        """A submitted multi-host job's rank's file, from this host or the rank's (over the peer channel),
+        following it as it grows with ``follow``."""
+        gang = self.ctx.gang
+        while True:
+            live = (gang.record(r.id) if gang is not None else None) or self._book().get(r.id) or r
+            try:
+                entry = gang.rank_entry(live, request.rank) if gang is not None else None
+            except NotFound:
+                if not request.follow or live.done:
+                    raise
+                await asyncio.sleep(FOLLOW_POLL_S)  # queued: its ranks start once it is placed
+                continue
+            break
+        if entry is None:
+            raise Conflict(f"job {r.id}: this daemon's multi-host jobs are not up yet")
+        asked = pb.JobLogsRequest()
+        asked.CopyFrom(request)
+        asked.job = r.id
+        if entry["host"] == gang.me:
+            rank = self._rank_here(asked, caller)
+            if rank is None:
+                raise NotFound(f"job {r.id} rank {request.rank}: no record of it on this host")
+            async for chunk in self._file(rank, asked):
+                yield chunk
+            return
+        from xpud.api.client import to_error
+
+        member = next((m for m in self._peers() if m.name == entry["host"]), None)
+        if member is None:
+            raise NotFound(f"job {r.id} rank {request.rank}: its host {entry['host']} is not alive")
+        call = self._stub(member).PeerJobLogs(pb.PeerJobsRequest(uid=r.uid, logs=asked))
+        try:
+            async for chunk in call:
+                yield chunk
+        except grpc.RpcError as e:
+            raise to_error(e, member.name) from None
+
+    async def _file(self, r: JobRecord, request):
+        """``r``'s output (or --error) file, followed until ``r`` ends with ``request.follow``."""
         path = r.spec.get("error") if request.error else r.spec.get("output")
         if not path:
             raise BadRequest(f"job {r.id} has no separate --error file: its errors are in its output")
@@ -331,12 +409,13 @@ class JobsHandlers:
         try:
             while True:
                 current = book.get(r.id) or r
+                done = current.done  # read before the file: what it wrote before its end is sent
                 if f is None:
                     f = await asyncio.to_thread(_open_owned, path, r.uid)
                 while f is not None and (data := await asyncio.to_thread(os.pread, f, CHUNK, offset)):
                     offset += len(data)
                     yield pb.JobLogChunk(data=data)
-                if current.done or not request.follow:
+                if done or not request.follow:
                     break
                 await asyncio.sleep(FOLLOW_POLL_S)
         finally:
@@ -480,6 +559,16 @@ class PeerJobs:
 
     def logs(self, request):
         return self.handlers._logs_here(Caller(uid=request.uid), request.logs)
+
+    async def start_rank(self, spec, peer: str) -> pb.JobRankState:
+        from xpud.service import gangjobs
+
+        return await gangjobs.start_rank(self.handlers.ctx, spec, peer)
+
+    async def ranks(self, request) -> pb.PeerRanksReply:
+        from xpud.service import gangjobs
+
+        return await gangjobs.ranks_here(self.handlers.ctx, request)
 
 
 class NodeService(JobsHandlers, node.NodeService):

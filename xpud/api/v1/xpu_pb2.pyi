@@ -1205,7 +1205,7 @@ class AbortReply(_message.Message):
     def __init__(self, dropped: _Optional[bool] = ...) -> None: ...
 
 class LaunchSpec(_message.Message):
-    __slots__ = ("job", "rank", "argv", "env", "cwd", "uid", "gid", "user", "tasks_per_node", "keep_going", "label")
+    __slots__ = ("job", "rank", "argv", "env", "cwd", "uid", "gid", "user", "tasks_per_node", "keep_going", "label", "output", "error", "time_limit_s", "kill_grace_s")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1224,6 +1224,10 @@ class LaunchSpec(_message.Message):
     TASKS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
     KEEP_GOING_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    KILL_GRACE_S_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     argv: _containers.RepeatedScalarFieldContainer[str]
@@ -1235,7 +1239,11 @@ class LaunchSpec(_message.Message):
     tasks_per_node: int
     keep_going: bool
     label: bool
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., user: _Optional[str] = ..., tasks_per_node: _Optional[int] = ..., keep_going: _Optional[bool] = ..., label: _Optional[bool] = ...) -> None: ...
+    output: str
+    error: str
+    time_limit_s: float
+    kill_grace_s: float
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., user: _Optional[str] = ..., tasks_per_node: _Optional[int] = ..., keep_going: _Optional[bool] = ..., label: _Optional[bool] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., kill_grace_s: _Optional[float] = ...) -> None: ...
 
 class LaunchInput(_message.Message):
     __slots__ = ("start", "stdin", "stdin_eof", "signal")
@@ -1352,7 +1360,7 @@ class LeaseLoad(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., t: _Optional[float] = ..., cap_pct: _Optional[float] = ..., used_pct: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., throttled: _Optional[bool] = ..., waiting_for_size: _Optional[int] = ..., moving: _Optional[bool] = ...) -> None: ...
 
 class JobRecord(_message.Message):
-    __slots__ = ("id", "name", "kind", "uid", "gid", "state", "exit_code", "exit_signal", "hosts", "submitted", "started", "ended", "reason", "command", "cwd", "output", "error", "lease_id", "mode", "gpus", "priority", "time_limit_s", "after", "restartable", "restarts", "account")
+    __slots__ = ("id", "name", "kind", "uid", "gid", "state", "exit_code", "exit_signal", "hosts", "submitted", "started", "ended", "reason", "command", "cwd", "output", "error", "lease_id", "mode", "gpus", "priority", "time_limit_s", "after", "restartable", "restarts", "account", "ranks")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -1379,6 +1387,7 @@ class JobRecord(_message.Message):
     RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     kind: str
@@ -1405,10 +1414,37 @@ class JobRecord(_message.Message):
     restartable: bool
     restarts: int
     account: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ..., submitted: _Optional[float] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., reason: _Optional[str] = ..., command: _Optional[str] = ..., cwd: _Optional[str] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., restartable: _Optional[bool] = ..., restarts: _Optional[int] = ..., account: _Optional[str] = ...) -> None: ...
+    ranks: _containers.RepeatedCompositeFieldContainer[JobRankState]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., hosts: _Optional[_Iterable[str]] = ..., submitted: _Optional[float] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., reason: _Optional[str] = ..., command: _Optional[str] = ..., cwd: _Optional[str] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., lease_id: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., restartable: _Optional[bool] = ..., restarts: _Optional[int] = ..., account: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[JobRankState, _Mapping]]] = ...) -> None: ...
+
+class JobRankState(_message.Message):
+    __slots__ = ("rank", "host", "state", "exit_code", "exit_signal", "reason", "job", "ended")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    host: str
+    state: str
+    exit_code: int
+    exit_signal: int
+    reason: str
+    job: str
+    ended: float
+    def __init__(self, rank: _Optional[int] = ..., host: _Optional[str] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., exit_signal: _Optional[int] = ..., reason: _Optional[str] = ..., job: _Optional[str] = ..., ended: _Optional[float] = ...) -> None: ...
+
+class PeerRanksReply(_message.Message):
+    __slots__ = ("ranks",)
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedCompositeFieldContainer[JobRankState]
+    def __init__(self, ranks: _Optional[_Iterable[_Union[JobRankState, _Mapping]]] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("argv", "cwd", "env", "name", "mode", "gpus", "priority", "wait_s", "output", "error", "time_limit_s", "after", "kill_grace_s", "restartable", "account")
+    __slots__ = ("argv", "cwd", "env", "name", "mode", "gpus", "priority", "wait_s", "output", "error", "time_limit_s", "after", "kill_grace_s", "restartable", "account", "nodes", "gpus_per_node", "tasks_per_node", "replicas", "spread", "kill_on_bad_exit")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1431,6 +1467,12 @@ class SubmitJobRequest(_message.Message):
     KILL_GRACE_S_FIELD_NUMBER: _ClassVar[int]
     RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
     ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    SPREAD_FIELD_NUMBER: _ClassVar[int]
+    KILL_ON_BAD_EXIT_FIELD_NUMBER: _ClassVar[int]
     argv: _containers.RepeatedScalarFieldContainer[str]
     cwd: str
     env: _containers.ScalarMap[str, str]
@@ -1446,7 +1488,13 @@ class SubmitJobRequest(_message.Message):
     kill_grace_s: float
     restartable: bool
     account: str
-    def __init__(self, argv: _Optional[_Iterable[str]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., kill_grace_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., account: _Optional[str] = ...) -> None: ...
+    nodes: int
+    gpus_per_node: int
+    tasks_per_node: int
+    replicas: int
+    spread: bool
+    kill_on_bad_exit: bool
+    def __init__(self, argv: _Optional[_Iterable[str]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., mode: _Optional[str] = ..., gpus: _Optional[int] = ..., priority: _Optional[int] = ..., wait_s: _Optional[float] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., after: _Optional[_Iterable[str]] = ..., kill_grace_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., account: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., tasks_per_node: _Optional[int] = ..., replicas: _Optional[int] = ..., spread: _Optional[bool] = ..., kill_on_bad_exit: _Optional[bool] = ...) -> None: ...
 
 class SubmitJobReply(_message.Message):
     __slots__ = ("job",)
@@ -1511,13 +1559,17 @@ class JobLogChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class PeerJobsRequest(_message.Message):
-    __slots__ = ("uid", "list", "jobs", "logs")
+    __slots__ = ("uid", "list", "jobs", "logs", "cancel", "reason")
     UID_FIELD_NUMBER: _ClassVar[int]
     LIST_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     LOGS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     uid: int
     list: ListJobsRequest
     jobs: _containers.RepeatedScalarFieldContainer[str]
     logs: JobLogsRequest
-    def __init__(self, uid: _Optional[int] = ..., list: _Optional[_Union[ListJobsRequest, _Mapping]] = ..., jobs: _Optional[_Iterable[str]] = ..., logs: _Optional[_Union[JobLogsRequest, _Mapping]] = ...) -> None: ...
+    cancel: bool
+    reason: str
+    def __init__(self, uid: _Optional[int] = ..., list: _Optional[_Union[ListJobsRequest, _Mapping]] = ..., jobs: _Optional[_Iterable[str]] = ..., logs: _Optional[_Union[JobLogsRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...

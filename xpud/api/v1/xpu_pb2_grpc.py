@@ -1124,6 +1124,16 @@ class PeerStub:
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
                 response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
                 _registered_method=True)
+        self.StartRank = channel.unary_unary(
+                '/xpud.v1.Peer/StartRank',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchSpec.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobRankState.FromString,
+                _registered_method=True)
+        self.PeerRanks = channel.unary_unary(
+                '/xpud.v1.Peer/PeerRanks',
+                request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+                response_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerRanksReply.FromString,
+                _registered_method=True)
         self.UsageRecords = channel.unary_unary(
                 '/xpud.v1.Peer/UsageRecords',
                 request_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.UsageRecordsRequest.SerializeToString,
@@ -1197,6 +1207,20 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartRank(self, request, context):
+        """a rank of a submitted multi-host job (`xpu submit --nodes`), committed here, handed to this host's
+        detached jobs (it outlives both daemons); its state, its cancel (PeerJobsRequest.jobs: the job's id)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PeerRanks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def UsageRecords(self, request, context):
         """This host's leases and fair-share reclaims in a time window, for a peer's `xpu report`.
         """
@@ -1246,6 +1270,16 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.PeerJobLogs,
                     request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.FromString,
                     response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.SerializeToString,
+            ),
+            'StartRank': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRank,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchSpec.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.JobRankState.SerializeToString,
+            ),
+            'PeerRanks': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeerRanks,
+                    request_deserializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.FromString,
+                    response_serializer=xpud_dot_api_dot_v1_dot_xpu__pb2.PeerRanksReply.SerializeToString,
             ),
             'UsageRecords': grpc.unary_unary_rpc_method_handler(
                     servicer.UsageRecords,
@@ -1472,6 +1506,60 @@ class Peer:
             '/xpud.v1.Peer/PeerJobLogs',
             xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
             xpud_dot_api_dot_v1_dot_xpu__pb2.JobLogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartRank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/StartRank',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.LaunchSpec.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.JobRankState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerRanks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpud.v1.Peer/PeerRanks',
+            xpud_dot_api_dot_v1_dot_xpu__pb2.PeerJobsRequest.SerializeToString,
+            xpud_dot_api_dot_v1_dot_xpu__pb2.PeerRanksReply.FromString,
             options,
             channel_credentials,
             insecure,
