@@ -532,3 +532,27 @@ def test_a_callers_gid_buys_no_exemption_from_this_hosts_limits(inproc):
             hj.reserve, pb.ReserveRequest(job="j2", attempt=0, mode="xpu", ttl_s=30.0, gid=0, **asked), "h2"
         )
     assert len(d.engine.leases) == 1
+
+
+def test_a_commit_whose_row_is_slow_to_write_is_not_taken_for_unlaunched_by_the_reaper(inproc):
+    """The table says committed before the commit's row is durable; the job's launch deadline was set only
+    after that write, so a reaper pass in between saw a deadline of 0 and released the job 3 ms after its
+    commit ("not launched within its TTL after the commit": test_federation_jobs_daemons' Ctrl-C test
+    lost a rank this way under load). Here the write is held 1.5 s, over the reaper's passes."""
+    d = inproc(MACHINE)
+    hj, ledger = d.daemon.hostjobs, d.daemon.ledger
+    d.call(hj.reserve, res(ttl=30.0))
+    submit = ledger.submit
+
+    def slow(*ops):
+        if any("'committed'" in str(o) for o in ops):
+            return submit(*ops, Op((), effect=lambda: time.sleep(1.5)))
+        return submit(*ops)
+
+    ledger.submit = slow
+    d.call(hj.commit, pb.CommitRequest(job="j1", attempt=0))
+    ledger.submit = submit
+    time.sleep(1.0)  # more reaper passes after the commit
+    assert [r["state"] for r in rows(d, "j1")] == ["committed"]
+    assert hj.table.get("j1").state.value == "committed" and len(d.engine.leases) == 1
+    d.call(hj.abort, pb.AbortRequest(job="j1", attempt=0))

@@ -301,6 +301,9 @@ class HostJobs:
             job = self.jobs[req.job]
             if was is ResState.HELD:
                 text = f"job {req.job} (multi-host)"
+                # the table says committed from here: so does its launch deadline (the reaper may pass
+                # while the row is written; a deadline of 0 there released the job at once)
+                job.launch_by = now + job.ttl_s
                 try:
                     await self.ledger.write(
                         self.ledger.save_reservation_op(
@@ -321,7 +324,6 @@ class HostJobs:
                 except BaseException:
                     self.table.put(before)  # nothing changed: still held
                     raise
-                job.launch_by = now + job.ttl_s
                 self.engine.mark(job.lease_id, text)
             lease = self.engine.leases[job.lease_id]
             return pb.CommitReply(
