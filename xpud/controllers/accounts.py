@@ -58,6 +58,7 @@ class Row:
     waiting: float
     reclaimed_from: int
     reclaimed_for: int
+    removed: bool = False  # taken out of xpud.toml by a reload; still holds or waits here or on a peer
 
 
 def _add(into: dict[str, float], what: Mapping[str, float]) -> None:
@@ -95,6 +96,21 @@ class Accounts:
         self._saved = 0.0
         self.peer_view: Mapping[str, tuple[int, HostAccounts]] = {}  # as of the last refresh
         self.warning: str | None = None  # quotas above the cluster's capacity (said once per change)
+        self.removed: set[str] = set()  # accounts a reload took out of xpud.toml (their leases stay charged)
+
+    def reconfigure(self, config_hash: str) -> None:
+        """A reload changed ``[accounts]`` (``xpud.daemon.reload``): the engine's new config counts from
+        the next decision. An account taken out keeps its running leases, charged to it (shown as removed
+        while it holds or waits); new requests naming it are refused at the service (no such account)."""
+        old = set(self.specs)
+        self.cfg = self.engine.cfg
+        self.specs = fairshare.specs_from_config(self.cfg.named_accounts)
+        self.half_life_s = self.cfg.accounts.half_life_s
+        self.config_hash = config_hash
+        self.removed = (self.removed | old) - set(self.specs)
+        self.protected_until = {a: t for a, t in self.protected_until.items() if a in self.specs}
+        self.warning = None  # said again if the new quotas are still above the cluster
+        self.refresh()
 
     # ---- state -------------------------------------------------------------------------------------
 
@@ -145,6 +161,8 @@ class Accounts:
         self.cluster_alloc, self.cluster_waiting, self.cluster_usage = alloc, waiting, usage
         self.capacity = capacity
         self.shares = fairshare.deserved(self.specs, demand, capacity)
+        if self.removed:  # a removed account is forgotten once nothing of it holds or waits
+            self.removed = {a for a in self.removed if demand.get(a, 0.0) > EPS}
         warning = quota_warning(self.cfg.named_accounts, capacity)
         if warning != self.warning:  # oversubscribed quotas are a site's choice: said, not refused
             self.warning = warning
@@ -345,6 +363,7 @@ class Accounts:
                     self.cluster_waiting.get(n, 0.0),
                     self.reclaimed_from.get(n, 0),
                     self.reclaimed_for.get(n, 0),
+                    n in self.removed,
                 )
             )
         return out
