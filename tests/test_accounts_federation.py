@@ -93,3 +93,42 @@ def test_an_accounts_share_is_the_clusters_and_a_differing_config_is_reported_by
             p.wait(30)
         for h in hosts:
             h.daemon.kill(signal.SIGTERM)
+
+
+def _doctor_accounts(h) -> dict:
+    run_dir = str(h.daemon.runtime_dir)
+    cmd = [str(BIN / "xpud"), "--config", str(h.daemon.config), "--runtime-dir", run_dir,
+           "doctor", "--simulate", "workstation-2x", "--json"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=xpu_env(h.daemon.runtime_dir))
+    return {c["name"]: c for c in json.loads(r.stdout)["checks"]}["accounts config"]
+
+
+def test_a_reloaded_accounts_config_is_what_the_host_publishes_and_doctor_compares(site):  # noqa: F811
+    """`xpud reload` (SIGHUP) of a host whose [accounts] differed: its summary carries the new hash, and
+    `xpud doctor` on its peer finds the same config on both (issue #33: no restart needed)."""
+    from xpud import config
+    from xpud.config.accounts import config_hash
+
+    cfg = config.parse(ACCOUNTS)
+    want = config_hash(cfg.accounts, cfg.named_accounts)
+    hosts = []
+    try:
+        hosts.append(make_host(site, 1, [], extra=ACCOUNTS))
+        hosts.append(make_host(site, 2, [hosts[0].addr], extra=OTHER))
+        h1, h2 = hosts
+        wait_until(lambda: converged(hosts), timeout=60, step=0.3)
+        check = _doctor_accounts(h1)
+        assert check["status"] == "fail" and "differs from h2 (" in check["message"], check
+        h2.daemon.config.write_text(h2.daemon.config.read_text().replace(OTHER, ACCOUNTS, 1))
+        h2.daemon.proc.send_signal(signal.SIGHUP)
+
+        def h2_hash() -> str:
+            return {x["name"]: x for x in h1.cluster()["hosts"]}["h2"].get("accounts_hash") or ""
+
+        wait_until(lambda: h2_hash() == want, timeout=60, step=0.5)
+        check = _doctor_accounts(h1)
+        assert check["status"] == "ok" and f"hash {want} is the same on 1 peer(s)" in check["message"], check
+        assert "ops" not in _accounts(h2)  # h2 dropped the account it alone had, without a restart
+    finally:
+        for h in hosts:
+            h.daemon.kill(signal.SIGTERM)
