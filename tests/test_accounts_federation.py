@@ -9,6 +9,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from tests.conftest import BIN, wait_until, xpu_env
 from tests.test_federation_daemons import converged, make_host, site  # noqa: F401 (site: a fixture)
 
@@ -130,5 +132,56 @@ def test_a_reloaded_accounts_config_is_what_the_host_publishes_and_doctor_compar
         assert check["status"] == "ok" and f"hash {want} is the same on 1 peer(s)" in check["message"], check
         assert "ops" not in _accounts(h2)  # h2 dropped the account it alone had, without a restart
     finally:
+        for h in hosts:
+            h.daemon.kill(signal.SIGTERM)
+
+
+MANY = 40  # more accounts than one summary carries with names this long (about 19 with 32 characters)
+
+
+def _many_accounts() -> str:
+    return '\n[accounts]\nreclaim = "off"\n' + "".join(
+        f'\n[accounts.{_team(i)}]\nmembers = ["root"]\n' for i in range(MANY)
+    )
+
+
+def _team(i: int) -> str:
+    return f"team-with-a-long-name-number-{i:03d}"  # 32 characters, the longest an account name may be
+
+
+def test_every_host_computes_the_same_shares_when_its_accounts_outgrow_the_summary(site):  # noqa: F811
+    """Issue #33 item 2: every host computes the same deserved shares from the view. A host's summary
+    carries only the busiest accounts that fit (MAX_META); a host that counted its own accounts live
+    while its peers read the cut summary computed other shares than they did. Here h1 has an account
+    holding its two cards and 40 more waiting: h1 and h2 must agree on every account's share."""
+    text = _many_accounts()
+    hosts, procs, streams = [], [], []
+    try:
+        hosts.append(make_host(site, 1, [], extra=text))
+        hosts.append(make_host(site, 2, [hosts[0].addr], extra=text))
+        h1, h2 = hosts
+        wait_until(lambda: converged(hosts), timeout=60, step=0.3)
+        procs.append(_hold(h1, _team(0), 2))
+        wait_until(lambda: _accounts(h1)[_team(0)]["allocated"] == 2.0, timeout=30, step=0.3)
+        with h1.daemon.client() as c:
+            for i in range(1, MANY):
+                s = c.acquire("xpu", account=_team(i), wait_s=300)
+                assert next(iter(c.iterate(s))).HasField("queued")
+                streams.append(s)
+            wait_until(lambda: _accounts(h1)[_team(MANY - 1)]["waiting"] == 1.0, timeout=30, step=0.3)
+
+            def shares(h) -> dict[str, float]:
+                return {n: a["share"] for n, a in _accounts(h).items() if a["share"]}
+
+            wait_until(lambda: shares(h1) == shares(h2), timeout=30, step=0.5)
+            got = shares(h1)
+            assert sum(got.values()) == pytest.approx(6.0, abs=1e-3)  # the cluster's 2 + 4 cards
+            for s in streams:
+                s.cancel()
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(30)
         for h in hosts:
             h.daemon.kill(signal.SIGTERM)

@@ -75,12 +75,14 @@ class Accounts:
         peers: Callable[[], Mapping[str, tuple[int, HostAccounts]]] = dict,
         clock: Callable[[], float] = time.time,
         config_hash: str = "",
+        own: Callable[[], tuple[int, HostAccounts] | None] = lambda: None,
     ) -> None:
         self.engine = engine
         self.cfg = engine.cfg
         self.specs = fairshare.specs_from_config(self.cfg.named_accounts)
         self.half_life_s = self.cfg.accounts.half_life_s
         self.peers = peers
+        self.own = own  # this host's summary as its peers read it (None: no federation, or not yet)
         self.clock = clock
         self.config_hash = config_hash
         self.usage: dict[str, tuple[float, float]] = {}  # account -> (decayed GPU-seconds here, when)
@@ -146,23 +148,37 @@ class Accounts:
             return {}
 
     def refresh(self) -> None:
-        """Shares from this host and the peers' summaries."""
+        """Shares from this host and the peers' summaries.
+
+        The shares count this host's part as it published it (``own``: what every peer reads, rounded and
+        only the busiest accounts that fit the summary), not as it stands here now: every host then
+        computes the same shares from the same numbers, however many accounts there are. What is shown,
+        the queue's distance below the share, limits and reclaim read this host's own part live."""
         now = self.clock()
         alloc, waiting, usage = self.local_allocation(), self.local_waiting(), self.local_usage(now)
-        capacity = float(len(self.engine.cards))
+        own = self.own()
+        if own is not None:
+            capacity = float(own[0])
+            demand: dict[str, float] = {}
+            _add(demand, own[1].allocated)
+            _add(demand, own[1].waiting)
+        else:
+            capacity = float(len(self.engine.cards))
+            demand = dict(alloc)
+            _add(demand, waiting)
         self.peer_view = self._peer_view()
         for cards, p in self.peer_view.values():
             _add(alloc, p.allocated)
             _add(waiting, p.waiting)
             _add(usage, p.usage)
+            _add(demand, p.allocated)
+            _add(demand, p.waiting)
             capacity += cards
-        demand = dict(alloc)
-        _add(demand, waiting)
         self.cluster_alloc, self.cluster_waiting, self.cluster_usage = alloc, waiting, usage
         self.capacity = capacity
         self.shares = fairshare.deserved(self.specs, demand, capacity)
         if self.removed:  # a removed account is forgotten once nothing of it holds or waits
-            self.removed = {a for a in self.removed if demand.get(a, 0.0) > EPS}
+            self.removed = {a for a in self.removed if alloc.get(a, 0.0) + waiting.get(a, 0.0) > EPS}
         warning = quota_warning(self.cfg.named_accounts, capacity)
         if warning != self.warning:  # oversubscribed quotas are a site's choice: said, not refused
             self.warning = warning

@@ -326,7 +326,12 @@ class Daemon:
             return
         fed = self.federation
         digest = config_hash(cfg.accounts, cfg.named_accounts)
-        acc = Accounts(self.engine, fed.peer_accounts if fed is not None else dict, config_hash=digest)
+        acc = Accounts(
+            self.engine,
+            fed.peer_accounts if fed is not None else dict,
+            config_hash=digest,
+            own=fed.own_accounts if fed is not None else lambda: None,
+        )
         if fed is not None:
             fed.accounts_source = acc.published  # in its summary: the peers' shares count it
         acc.restore()
