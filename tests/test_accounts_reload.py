@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 
@@ -143,3 +144,34 @@ def test_accounts_added_by_a_reload_to_a_daemon_that_had_none_start_fair_share(d
     assert doc["enabled"] and doc["config_hash"] is None
     removed = {a["name"]: a["removed"] for a in doc["accounts"]}
     assert removed == {"vision": True, "nlp": True, "default": False}
+
+
+def test_reclaim_turned_on_by_a_reload_gives_an_account_its_share_back(daemon_factory, short_tmp):
+    """``[accounts] reclaim`` is read by the controller at its next tick: with "off" nlp waits while vision
+    borrows both cards; a reload to "fair-share" stops one of vision's restartable commands for it. (A
+    reload also used to drop the controller's periodic tick: nothing was reclaimed after any reload.)"""
+    from tests.test_accounts import _held, _run
+
+    off = BASE.replace("reclaim_grace_s = 0.0\n", 'reclaim_grace_s = 0.0\nreclaim = "off"\n')
+    d = daemon_factory("workstation-2x", config=off)
+    procs = [_run(d, "vision", short_tmp / f"v{i}", "--restartable", "--wait", "inf") for i in range(2)]
+    try:
+        wait_until(lambda: list(_held(d).values()) == ["vision", "vision"], timeout=30)
+        with d.client() as c:
+            stream = c.acquire("xpu", account="nlp", wait_s=120)
+            updates = c.iterate(stream)
+            assert next(updates).HasField("queued")
+            time.sleep(3.0)  # several ticks: nothing is reclaimed with reclaim = "off"
+            assert sorted(_held(d).values()) == ["vision", "vision"]
+            assert not [e for e in c.events() if e.kind == "fairshare"]
+            _reload(d, BASE, "changed [accounts] reclaim")
+            granted = next(u for u in updates if u.HasField("granted")).granted  # within the tick or two
+            assert granted.lease.account == "nlp"
+            wait_until(lambda: sorted(_held(d).values()) == ["nlp", "vision"], timeout=20)
+            assert len([e for e in c.events() if e.kind == "fairshare"]) == 1
+            stream.cancel()
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(30)
