@@ -175,3 +175,25 @@ def test_reclaim_turned_on_by_a_reload_gives_an_account_its_share_back(daemon_fa
             p.send_signal(signal.SIGINT)
         for p in procs:
             p.wait(30)
+
+
+def test_merge_takes_accounts_live_and_names_each_account_changed():
+    from xpud.config.live import merge
+
+    running, new = config.parse(BASE), config.parse(CHANGED)
+    merged, live, restart = merge(running, new)
+    assert restart == [] and merged.named_accounts == new.named_accounts and merged.accounts == new.accounts
+    assert live == [
+        "[accounts] usage_half_life",
+        "[accounts] reclaim",
+        "[accounts] reclaim_grace_s",
+        "[accounts.nlp]",
+        "[accounts.ops]",
+        "[accounts.vision]",
+    ]
+    swapped = BASE.replace("[accounts.vision]", "[accounts.tmp]").replace(
+        "[accounts.nlp]", "[accounts.vision]"
+    )
+    swapped = swapped.replace("[accounts.tmp]", "[accounts.nlp]")  # the same tables, the other order
+    merged, live, _ = merge(running, config.parse(swapped))
+    assert live == ["[accounts.NAME] order"] and list(merged.named_accounts) == ["nlp", "vision"]
