@@ -185,3 +185,43 @@ def test_every_host_computes_the_same_shares_when_its_accounts_outgrow_the_summa
             p.wait(30)
         for h in hosts:
             h.daemon.kill(signal.SIGTERM)
+
+
+def test_work_of_an_account_the_summary_leaves_out_is_not_reclaimed(site):  # noqa: F811
+    """The shares count an account that a host's summary leaves out (more accounts than fit) as holding
+    nothing there: it deserves nothing on any host. Its restartable work on that host is not taken for
+    that reason (its share is not known): here the last of 40 accounts holds one of h1's cards while 38
+    accounts wait for two cards each there (the summary carries the busiest first)."""
+    text = _many_accounts().replace('reclaim = "off"', 'reclaim = "fair-share"\nreclaim_grace_s = 0.0')
+    hosts, procs, streams = [], [], []
+    last = _team(MANY - 1)
+    try:
+        hosts.append(make_host(site, 1, [], extra=text))
+        hosts.append(make_host(site, 2, [hosts[0].addr], extra=text))
+        h1, h2 = hosts
+        wait_until(lambda: converged(hosts), timeout=60, step=0.3)
+        procs.append(_hold(h1, _team(0), 1))
+        procs.append(_hold(h1, last, 1, "--restartable", "--wait", "inf"))
+        wait_until(lambda: _accounts(h1)[last]["allocated"] == 1.0, timeout=30, step=0.3)
+        with h1.daemon.client() as c:
+            for i in range(1, MANY - 1):
+                for _ in range(2):  # busier than the last account: 2 cards wanted to its 1 held
+                    s = c.acquire("xpu", account=_team(i), wait_s=300)
+                    assert next(iter(c.iterate(s))).HasField("queued")
+                    streams.append(s)
+            # h2 reads h1's summary without the last account: the shares give it nothing
+            wait_until(lambda: _accounts(h2)[_team(MANY - 2)]["waiting"] == 0.0, timeout=30, step=0.3)
+            wait_until(lambda: _accounts(h2)[last]["allocated"] == 0.0, timeout=30, step=0.3)
+            assert _accounts(h1)[last]["allocated"] == 1.0 and _accounts(h1)[last]["share"] == 0.0
+            time.sleep(4.0)  # several ticks of h1's controller
+            assert not [e.message for e in c.events() if e.kind == "fairshare"]
+            assert sorted(x.account for x in c.leases().leases) == [_team(0), last]
+            for s in streams:
+                s.cancel()
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(30)
+        for h in hosts:
+            h.daemon.kill(signal.SIGTERM)

@@ -263,12 +263,20 @@ class Accounts:
                 await self.engine.reclaim(lid, why)
 
     def _running(self) -> list[fairshare.Running]:
+        """This host's leases for ``plan_reclaim``. Work of an account that this host's summary does not
+        carry (more accounts than fit: the least busy are left out) is not taken: the shares count it as
+        holding nothing here, so its share is not known."""
+        own = self.own()
+        carried = None if own is None else own[1].allocated
         return [
             fairshare.Running(
                 lease.id,
                 account_of(lease),
                 lease_gpus(self.cfg, lease),
-                lease.restartable and self.engine.is_held(lease.id) and lease.id not in self.stopping,
+                lease.restartable
+                and self.engine.is_held(lease.id)
+                and lease.id not in self.stopping
+                and (carried is None or account_of(lease) in carried),
                 lease.created,
             )
             for lease in self.engine.leases.values()
