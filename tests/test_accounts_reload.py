@@ -197,3 +197,18 @@ def test_merge_takes_accounts_live_and_names_each_account_changed():
     swapped = swapped.replace("[accounts.tmp]", "[accounts.nlp]")  # the same tables, the other order
     merged, live, _ = merge(running, config.parse(swapped))
     assert live == ["[accounts.NAME] order"] and list(merged.named_accounts) == ["nlp", "vision"]
+
+
+def test_a_reload_leaves_the_controllers_periodic_jobs_scheduled(inproc):
+    """A reload reschedules the jobs of the live sections (defrag, windows, forecast, carbon) and only
+    those: the accounts controller's tick and the rightsizer's poll go on (a reload of any section used
+    to drop them)."""
+    d = inproc("workstation-2x", BASE)
+
+    def ids() -> set[str]:
+        return {j.id for j in d.daemon.jobs.scheduler.get_jobs()}
+
+    assert {"accounts", "rightsize", "reap", "sample"} <= d.call(ids)
+    d.config.write_text(BASE.replace("grace_s = 30.0", "grace_s = 40.0"))
+    assert "changed [leases] grace_s" in d.call(d.daemon.reload)
+    assert {"accounts", "rightsize", "reap", "sample"} <= d.call(ids)
