@@ -32,7 +32,7 @@ def accounts(as_json: JsonOpt = False) -> None:
         return
     rows = [
         (
-            a.name if not a.parent else f"{a.parent}/{a.name}",
+            (a.name if not a.parent else f"{a.parent}/{a.name}") + (" (removed)" if a.removed else ""),
             _n(a.quota),
             _n(a.limit) if a.HasField("limit") else "-",
             _n(a.weight),

@@ -208,16 +208,20 @@ def test_a_hosts_summary_carries_its_accounts_bounded_and_checked():
 
     many = HostAccounts(
         "0123456789abcdef",
-        {f"a{i}": float(i) for i in range(300)},
+        {f"a{i}": i / 100 for i in range(300)},
         {f"a{i}": 3600.0 * i for i in range(300)},
         {"a1": 0.5},
     )
     text = encode(HostSummary(cards=8, free_whole=0, accounts=many))
     assert len(text.encode()) <= MAX_META  # as many as fit, the busiest first
     got = decode(text).accounts
-    assert got.config_hash == "0123456789abcdef" and got.allocated["a299"] == 299.0
+    assert got.config_hash == "0123456789abcdef" and got.allocated["a299"] == 2.99
     assert "a0" not in got.allocated and len(got.allocated) < 300  # holds, used and waits for nothing
     assert decode(encode(HostSummary(cards=2, free_whole=2))).accounts is None  # no accounts: as before
+    over = HostAccounts("0123", {"vision": 3.0})  # never sent above the host's cards
+    assert decode(encode(HostSummary(cards=2, free_whole=0, accounts=over))).accounts.allocated == {
+        "vision": 2.0
+    }
     plain = json.loads(encode(HostSummary(cards=2, free_whole=2)))
     for bad in (
         ["0123", [["vision", float("nan"), 0, 0]]],
@@ -226,6 +230,9 @@ def test_a_hosts_summary_carries_its_accounts_bounded_and_checked():
         ["0123", [["vision", 1, 0, 0], ["vision", 1, 0, 0]]],
         ["not-hex", []],
         ["0123", [["vision", 1e7, 0, 0]]],
+        ["0123", [["vision", 2.5, 0, 0]]],  # more than the host's 2 cards
+        ["0123", [["vision", 0, float("inf"), 0]]],
+        ["0123", [["vision", 0, 0, 1e7]]],
     ):
         with pytest.raises(BadSummary):
             decode(json.dumps({**plain, "a": bad}))

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from tests.conftest import BIN, wait_until, xpu_env
 from tests.test_federation_daemons import converged, make_host, site  # noqa: F401 (site: a fixture)
 
@@ -150,5 +152,135 @@ def test_a_jobs_account_across_hosts_is_checked_by_the_coordinator_and_charged_o
                 }
         assert _charged(h3) == []
     finally:
+        for h in hosts:
+            h.daemon.kill(signal.SIGTERM)
+
+
+def _doctor_accounts(h) -> dict:
+    run_dir = str(h.daemon.runtime_dir)
+    cmd = [str(BIN / "xpud"), "--config", str(h.daemon.config), "--runtime-dir", run_dir,
+           "doctor", "--simulate", "workstation-2x", "--json"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=xpu_env(h.daemon.runtime_dir))
+    return {c["name"]: c for c in json.loads(r.stdout)["checks"]}["accounts config"]
+
+
+def test_a_reloaded_accounts_config_is_what_the_host_publishes_and_doctor_compares(site):  # noqa: F811
+    """`xpud reload` (SIGHUP) of a host whose [accounts] differed: its summary carries the new hash, and
+    `xpud doctor` on its peer finds the same config on both (issue #33: no restart needed)."""
+    from xpud import config
+    from xpud.config.accounts import config_hash
+
+    cfg = config.parse(ACCOUNTS)
+    want = config_hash(cfg.accounts, cfg.named_accounts)
+    hosts = []
+    try:
+        hosts.append(make_host(site, 1, [], extra=ACCOUNTS))
+        hosts.append(make_host(site, 2, [hosts[0].addr], extra=OTHER))
+        h1, h2 = hosts
+        wait_until(lambda: converged(hosts), timeout=60, step=0.3)
+        check = _doctor_accounts(h1)
+        assert check["status"] == "fail" and "differs from h2 (" in check["message"], check
+        h2.daemon.config.write_text(h2.daemon.config.read_text().replace(OTHER, ACCOUNTS, 1))
+        h2.daemon.proc.send_signal(signal.SIGHUP)
+
+        def h2_hash() -> str:
+            return {x["name"]: x for x in h1.cluster()["hosts"]}["h2"].get("accounts_hash") or ""
+
+        wait_until(lambda: h2_hash() == want, timeout=60, step=0.5)
+        check = _doctor_accounts(h1)
+        assert check["status"] == "ok" and f"hash {want} is the same on 1 peer(s)" in check["message"], check
+        assert "ops" not in _accounts(h2)  # h2 dropped the account it alone had, without a restart
+    finally:
+        for h in hosts:
+            h.daemon.kill(signal.SIGTERM)
+
+
+MANY = 40  # more accounts than one summary carries with names this long (about 19 with 32 characters)
+
+
+def _many_accounts() -> str:
+    return '\n[accounts]\nreclaim = "off"\n' + "".join(
+        f'\n[accounts.{_team(i)}]\nmembers = ["root"]\n' for i in range(MANY)
+    )
+
+
+def _team(i: int) -> str:
+    return f"team-with-a-long-name-number-{i:03d}"  # 32 characters, the longest an account name may be
+
+
+def test_every_host_computes_the_same_shares_when_its_accounts_outgrow_the_summary(site):  # noqa: F811
+    """Issue #33 item 2: every host computes the same deserved shares from the view. A host's summary
+    carries only the busiest accounts that fit (MAX_META); a host that counted its own accounts live
+    while its peers read the cut summary computed other shares than they did. Here h1 has an account
+    holding its two cards and 40 more waiting: h1 and h2 must agree on every account's share."""
+    text = _many_accounts()
+    hosts, procs, streams = [], [], []
+    try:
+        hosts.append(make_host(site, 1, [], extra=text))
+        hosts.append(make_host(site, 2, [hosts[0].addr], extra=text))
+        h1, h2 = hosts
+        wait_until(lambda: converged(hosts), timeout=60, step=0.3)
+        procs.append(_hold(h1, _team(0), 2))
+        wait_until(lambda: _accounts(h1)[_team(0)]["allocated"] == 2.0, timeout=30, step=0.3)
+        with h1.daemon.client() as c:
+            for i in range(1, MANY):
+                s = c.acquire("xpu", account=_team(i), wait_s=300)
+                assert next(iter(c.iterate(s))).HasField("queued")
+                streams.append(s)
+            wait_until(lambda: _accounts(h1)[_team(MANY - 1)]["waiting"] == 1.0, timeout=30, step=0.3)
+
+            def shares(h) -> dict[str, float]:
+                return {n: a["share"] for n, a in _accounts(h).items() if a["share"]}
+
+            wait_until(lambda: shares(h1) == shares(h2), timeout=30, step=0.5)
+            got = shares(h1)
+            assert sum(got.values()) == pytest.approx(6.0, abs=1e-3)  # the cluster's 2 + 4 cards
+            for s in streams:
+                s.cancel()
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(30)
+        for h in hosts:
+            h.daemon.kill(signal.SIGTERM)
+
+
+def test_work_of_an_account_the_summary_leaves_out_is_not_reclaimed(site):  # noqa: F811
+    """The shares count an account that a host's summary leaves out (more accounts than fit) as holding
+    nothing there: it deserves nothing on any host. Its restartable work on that host is not taken for
+    that reason (its share is not known): here the last of 40 accounts holds one of h1's cards while 38
+    accounts wait for two cards each there (the summary carries the busiest first)."""
+    text = _many_accounts().replace('reclaim = "off"', 'reclaim = "fair-share"\nreclaim_grace_s = 0.0')
+    hosts, procs, streams = [], [], []
+    last = _team(MANY - 1)
+    try:
+        hosts.append(make_host(site, 1, [], extra=text))
+        hosts.append(make_host(site, 2, [hosts[0].addr], extra=text))
+        h1, h2 = hosts
+        wait_until(lambda: converged(hosts), timeout=60, step=0.3)
+        procs.append(_hold(h1, _team(0), 1))
+        procs.append(_hold(h1, last, 1, "--restartable", "--wait", "inf"))
+        wait_until(lambda: _accounts(h1)[last]["allocated"] == 1.0, timeout=30, step=0.3)
+        with h1.daemon.client() as c:
+            for i in range(1, MANY - 1):
+                for _ in range(2):  # busier than the last account: 2 cards wanted to its 1 held
+                    s = c.acquire("xpu", account=_team(i), wait_s=300)
+                    assert next(iter(c.iterate(s))).HasField("queued")
+                    streams.append(s)
+            # h2 reads h1's summary without the last account: the shares give it nothing
+            wait_until(lambda: _accounts(h2)[_team(MANY - 2)]["waiting"] == 0.0, timeout=30, step=0.3)
+            wait_until(lambda: _accounts(h2)[last]["allocated"] == 0.0, timeout=30, step=0.3)
+            assert _accounts(h1)[last]["allocated"] == 1.0 and _accounts(h1)[last]["share"] == 0.0
+            time.sleep(4.0)  # several ticks of h1's controller
+            assert not [e.message for e in c.events() if e.kind == "fairshare"]
+            assert sorted(x.account for x in c.leases().leases) == [_team(0), last]
+            for s in streams:
+                s.cancel()
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(30)
         for h in hosts:
             h.daemon.kill(signal.SIGTERM)

@@ -316,3 +316,58 @@ async def test_cluster_view_counts_a_slice_size_the_config_adds(daemons):
             await pilot.press("4")
             summary = str(app.query_one("#cluster-summary").render())
             assert "free: 7 whole, 1×½, 3×¼, 7×tiny ·" in summary  # never read as 1¼
+
+
+ACCOUNTS = (
+    HOLDERLESS
+    + """
+[accounts.vision]
+members = ["root"]
+quota = 2
+limit = 3
+
+[accounts.nlp]
+members = ["root"]
+quota = 1
+weight = 2
+"""
+)
+
+
+@in_asyncio
+async def test_the_leases_view_shows_each_accounts_share_allocation_and_wait(daemons):
+    """xpu top reads ListAccounts (what `xpu accounts` shows): quota, limit, deserved share, allocated,
+    waiting and reclaims per account, under the leases; a daemon without accounts shows no such table."""
+    from xpu_tui.accountsview import AccountsTable
+
+    d = daemons("workstation-2x", ACCOUNTS)
+    with d.client() as c:
+        app = XpuTop(c, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one("#accounts-table", AccountsTable)
+            c.acquire_lease("xpu", account="vision")
+            c.acquire_lease("vxpu-half", account="nlp")
+            stream = c.acquire("xpu", account="nlp", wait_s=60)  # waits: both cards are taken
+            assert next(iter(c.iterate(stream))).HasField("queued")
+
+            def rows() -> dict[str, list]:
+                return {k.value: [str(x) for x in table.get_row(k)] for k in table.rows}
+
+            await pilot.press("2")
+            want = {
+                "vision": ["vision", "2", "3", "1", "1", "0", "0/0"],
+                "nlp": ["nlp", "1", "-", "1", "0.5", "1", "0/0"],
+                "default": ["default", "0", "-", "0", "0", "0", "0/0"],
+            }
+            await until(pilot, lambda: table.display and rows() == want, what=f"the accounts {want}")
+            assert table.region.height > 0  # on screen, under the leases
+            assert "2 GPU-equivalents in the cluster; reclaim fair-share" in str(table.border_title)
+            stream.cancel()
+
+    plain = daemons("workstation-2x")
+    with plain.client() as c:
+        app = XpuTop(c, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one("#accounts-table", AccountsTable)
+            await until(pilot, lambda: table.reply is not None, what="the accounts' answer")
+            assert not table.reply.enabled and not table.display and table.row_count == 0

@@ -20,6 +20,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 from xpu_cli.vocab import user_name
+from xpu_tui.accountsview import AccountsTable
 from xpu_tui.cardtile import CardTile
 from xpu_tui.clusterview import ClusterView
 from xpu_tui.eventlog import EventLog, EventsView
@@ -30,7 +31,7 @@ from xpu_tui.hostview import HostView
 from xpu_tui.leasesview import LeasesView
 from xpu_tui.mailbox import Mailbox
 from xpu_tui.modals import CardScreen, ConfirmScreen, HelpScreen, ModeScreen
-from xpu_tui.source import ClientSource, ClusterFeed, HostSource, follow
+from xpu_tui.source import ClientSource, ClusterFeed, HostSource, follow, poll_accounts
 from xpu_tui.topogroups import groups_from_topology
 
 from xpud.api.client import Client
@@ -41,6 +42,7 @@ OPERATOR_ACTIONS = ("drain", "undrain", "mode", "release")
 # The views each operator key acts in: it is offered (in the footer) and works there only.
 ACTION_VIEWS = {"drain": {"host"}, "undrain": {"host"}, "mode": {"host"}, "release": {"host", "leases"}}
 RESULT_S = 8.0  # how long an operator action's result stays on the status line
+ACCOUNTS_S = 2.0  # the accounts (one ListAccounts) are asked this often, or every Watch interval if longer
 ADMIN_HINT = "run `xpu top --admin` as root or a member of the admin group"
 
 
@@ -74,6 +76,7 @@ class XpuTop(App[None]):
     #lease-table { height: 1fr; min-height: 6; border: round $primary-darken-2; }
     #lease-detail { height: auto; max-height: 7; border: round $primary-darken-2; padding: 0 1; }
     #queue-table { height: auto; max-height: 6; border: round $primary-darken-2; }
+    #accounts-table { height: auto; max-height: 10; border: round $primary-darken-2; }
     LeasesView.-wide #lease-detail { dock: right; width: 64; height: 1fr; max-height: 100%; }
     EventsView { height: 1fr; }
     #event-filter { height: 3; }
@@ -119,6 +122,11 @@ class XpuTop(App[None]):
 
     class ClusterReady(Message):
         """Host summaries wait in the cluster mailbox."""
+
+    class AccountsReady(Message):
+        def __init__(self, reply: pb.AccountsReply) -> None:
+            super().__init__()
+            self.reply = reply
 
     class ActionFinished(Message):
         def __init__(self, ok: bool, text: str) -> None:
@@ -168,6 +176,7 @@ class XpuTop(App[None]):
         self.leases_view = LeasesView(self.owner, self.clock, self.localtime, id="leases-view")
         self.event_log = EventLog(self.localtime, id="event-log")
         self.cluster_view = ClusterView(self.clock, max(5.0, 3 * self.interval_s), id="cluster-view")
+        self.accounts_table = AccountsTable(id="accounts-table")
         yield self.status
         with self.tabs:
             with TabPane("1 Host", id="host"):
@@ -175,6 +184,7 @@ class XpuTop(App[None]):
                 yield self.host_panel
             with TabPane("2 Leases", id="leases"):
                 yield self.leases_view
+                yield self.accounts_table
             with TabPane("3 Events", id="events"):
                 yield EventsView(self.event_log, id="events-view")
             if self.cluster is not None:
@@ -186,6 +196,7 @@ class XpuTop(App[None]):
         # Start the streams once the screen is mounted: their first message builds the tiles.
         self._show_status()
         self._follow_host()
+        self._follow_accounts()
         if self.cluster is not None:
             self._follow_cluster()
 
@@ -209,6 +220,13 @@ class XpuTop(App[None]):
             on_update=on_update,
             on_error=lambda reason: self.post_message(self.Disconnected(reason)),
         )
+
+    @work(thread=True, group="accounts", exit_on_error=False)
+    def _follow_accounts(self) -> None:
+        if not hasattr(self.source, "accounts"):
+            return  # a source that knows no accounts: the table stays hidden
+        every = max(ACCOUNTS_S, self.interval_s)
+        poll_accounts(self.source, every, self._stop, lambda r: self.post_message(self.AccountsReady(r)))
 
     @work(thread=True, group="cluster", exit_on_error=False)
     def _follow_cluster(self) -> None:
@@ -271,6 +289,10 @@ class XpuTop(App[None]):
         batch = self._cluster_box.take()
         if self.is_running:
             self.cluster_view.update_hosts(batch)
+
+    def on_xpu_top_accounts_ready(self, message: AccountsReady) -> None:
+        if self.is_running:
+            self.accounts_table.show(message.reply)
 
     def on_xpu_top_action_finished(self, message: ActionFinished) -> None:
         # On the status line, not as a toast: a toast would cover the tiles (often the one acted on).

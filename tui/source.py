@@ -7,6 +7,7 @@ with plain messages and never touch Textual.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -38,6 +39,7 @@ class HostSource(Protocol):
     def set_mode(self, card: str, mode: str) -> pb.Card: ...
     def evict(self, lease_id: str, reason: str) -> pb.Lease: ...
     def health(self, card: str) -> pb.CardHealth: ...
+    def accounts(self) -> pb.AccountsReply: ...
 
 
 class ClientSource:
@@ -89,13 +91,17 @@ class ClientSource:
     def health(self, card: str) -> pb.CardHealth:
         return self.client.health(card, history=5).cards[0]
 
+    def accounts(self) -> pb.AccountsReply:
+        return self.client.accounts()
+
 
 class RecordedSource:
     """Recorded or constructed data played through the live path: for tests, screenshots and ``--demo``.
 
     ``updates`` yields the recorded updates and then stays quiet (like a daemon with nothing new)
     until closed. Operator verbs are refused unless ``admin``; when allowed they are only recorded. A card's
-    health is ``health_of(card)`` for the card as last recorded.
+    health is ``health_of(card)`` for the card as last recorded; the accounts are ``accounts`` (none given:
+    no accounts configured).
     """
 
     label = "demo"  # constructed or recorded data: never called live
@@ -107,8 +113,10 @@ class RecordedSource:
         updates: Sequence[pb.WatchUpdate],
         admin: bool = False,
         health_of: Callable[[pb.Card], pb.CardHealth] | None = None,
+        accounts: pb.AccountsReply | None = None,
     ):
         self._info, self._topology, self._updates = info, topology, list(updates)
+        self._accounts = accounts or pb.AccountsReply(enabled=False)
         self.admin = admin
         self._health_of = health_of
         self.actions: list[tuple[str, ...]] = []
@@ -126,6 +134,9 @@ class RecordedSource:
 
     def close(self) -> None:
         self._closed.set()
+
+    def accounts(self) -> pb.AccountsReply:
+        return self._accounts
 
     def _act(self, *action: str) -> None:
         if not self.admin:
@@ -186,6 +197,21 @@ def follow(
         except XpudError as e:
             on_error(str(e))
         stop.wait(retry_s)
+
+
+def poll_accounts(
+    source: HostSource,
+    every_s: float,
+    stop: threading.Event,
+    on_reply: Callable[[pb.AccountsReply], None],
+) -> None:
+    """Ask ``source`` for its accounts every ``every_s`` until ``stop`` is set (blocking). A daemon without
+    accounts answers ``enabled`` false, and is asked again (a reload may add them); an error is skipped
+    (the Watch stream reports the connection)."""
+    while not stop.is_set():
+        with contextlib.suppress(XpudError):
+            on_reply(source.accounts())
+        stop.wait(every_s)
 
 
 # ------------------------------------------------------------------------------------------ cluster

@@ -1,9 +1,10 @@
 """What a reload changes live and what needs a restart (``systemctl reload xpud``, ``xpu config set``).
 
-Live: ``[leases]``, ``[limits]``, ``[defrag]``, ``[bursts]``, ``[forecast]``, ``[carbon]`` and
-``[[windows]]``. Everything else is fixed for the daemon's life (sockets, state, hardware, isolation,
-slice sizes, health scoring, the metrics port): a changed key there needs a restart, and the running
-value stays until then.
+Live: ``[leases]``, ``[limits]``, ``[defrag]``, ``[bursts]``, ``[forecast]``, ``[carbon]``,
+``[[windows]]``, ``[accounts]`` and its ``[accounts.NAME]`` tables (issue #33: the accounts controller
+takes them at the next decision). Everything else is fixed for the daemon's life (sockets, state,
+hardware, isolation, slice sizes, health scoring, the metrics port): a changed key there needs a restart,
+and the running value stays until then.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 
 from xpud.config.schema import SECTIONS, Config
 
-LIVE = ("leases", "limits", "defrag", "bursts", "forecast", "carbon")
+LIVE = ("leases", "limits", "defrag", "bursts", "forecast", "carbon", "accounts")
 LIVE_OTHER = ("windows",)  # not a section: [[windows]]
 
 
@@ -37,6 +38,19 @@ def merge(running: Config, new: Config) -> tuple[Config, list[str], list[str]]:
         out = dataclasses.replace(out, windows=new.windows)
     if running.slices != new.slices:
         restart.append("[slices]")
-    if running.named_accounts != new.named_accounts:  # the accounts controller is built at start (#33)
-        restart.append("[accounts.NAME]")
+    if running.named_accounts != new.named_accounts or list(running.named_accounts) != list(
+        new.named_accounts
+    ):  # the order counts too: a user's first account is its default
+        live += _accounts_changed(running, new)
+        out = dataclasses.replace(out, named_accounts=new.named_accounts)
     return out, live, restart
+
+
+def _accounts_changed(running: Config, new: Config) -> list[str]:
+    """``[accounts.NAME]`` for each account added, changed or removed (or reordered), at most 8 named."""
+    old, now = running.named_accounts, new.named_accounts
+    names = [n for n in now if old.get(n) != now[n]] + [n for n in old if n not in now]
+    keys = [f"[accounts.{n}]" for n in names[:8]]
+    if len(names) > 8:
+        keys.append(f"{len(names) - 8} more accounts")
+    return keys or ["[accounts.NAME] order"]

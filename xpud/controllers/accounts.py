@@ -59,6 +59,7 @@ class Row:
     waiting: float
     reclaimed_from: int
     reclaimed_for: int
+    removed: bool = False  # taken out of xpud.toml by a reload; still holds or waits here or on a peer
 
 
 def _add(into: dict[str, float], what: Mapping[str, float]) -> None:
@@ -75,12 +76,14 @@ class Accounts:
         peers: Callable[[], Mapping[str, tuple[int, HostAccounts]]] = dict,
         clock: Callable[[], float] = time.time,
         config_hash: str = "",
+        own: Callable[[], tuple[int, HostAccounts] | None] = lambda: None,
     ) -> None:
         self.engine = engine
         self.cfg = engine.cfg
         self.specs = fairshare.specs_from_config(self.cfg.named_accounts)
         self.half_life_s = self.cfg.accounts.half_life_s
         self.peers = peers
+        self.own = own  # this host's summary as its peers read it (None: no federation, or not yet)
         self.clock = clock
         self.config_hash = config_hash
         self.usage: dict[str, tuple[float, float]] = {}  # account -> (decayed GPU-seconds here, when)
@@ -96,6 +99,21 @@ class Accounts:
         self._saved = 0.0
         self.peer_view: Mapping[str, tuple[int, HostAccounts]] = {}  # as of the last refresh
         self.warning: str | None = None  # quotas above the cluster's capacity (said once per change)
+        self.removed: set[str] = set()  # accounts a reload took out of xpud.toml (their leases stay charged)
+
+    def reconfigure(self, config_hash: str) -> None:
+        """A reload changed ``[accounts]`` (``xpud.daemon.reload``): the engine's new config counts from
+        the next decision. An account taken out keeps its running leases, charged to it (shown as removed
+        while it holds or waits); new requests naming it are refused at the service (no such account)."""
+        old = set(self.specs)
+        self.cfg = self.engine.cfg
+        self.specs = fairshare.specs_from_config(self.cfg.named_accounts)
+        self.half_life_s = self.cfg.accounts.half_life_s
+        self.config_hash = config_hash
+        self.removed = (self.removed | old) - set(self.specs)
+        self.protected_until = {a: t for a, t in self.protected_until.items() if a in self.specs}
+        self.warning = None  # said again if the new quotas are still above the cluster
+        self.refresh()
 
     # ---- state -------------------------------------------------------------------------------------
 
@@ -131,21 +149,37 @@ class Accounts:
             return {}
 
     def refresh(self) -> None:
-        """Shares from this host and the peers' summaries."""
+        """Shares from this host and the peers' summaries.
+
+        The shares count this host's part as it published it (``own``: what every peer reads, rounded and
+        only the busiest accounts that fit the summary), not as it stands here now: every host then
+        computes the same shares from the same numbers, however many accounts there are. What is shown,
+        the queue's distance below the share, limits and reclaim read this host's own part live."""
         now = self.clock()
         alloc, waiting, usage = self.local_allocation(), self.local_waiting(), self.local_usage(now)
-        capacity = float(len(self.engine.cards))
+        own = self.own()
+        if own is not None:
+            capacity = float(own[0])
+            demand: dict[str, float] = {}
+            _add(demand, own[1].allocated)
+            _add(demand, own[1].waiting)
+        else:
+            capacity = float(len(self.engine.cards))
+            demand = dict(alloc)
+            _add(demand, waiting)
         self.peer_view = self._peer_view()
         for cards, p in self.peer_view.values():
             _add(alloc, p.allocated)
             _add(waiting, p.waiting)
             _add(usage, p.usage)
+            _add(demand, p.allocated)
+            _add(demand, p.waiting)
             capacity += cards
-        demand = dict(alloc)
-        _add(demand, waiting)
         self.cluster_alloc, self.cluster_waiting, self.cluster_usage = alloc, waiting, usage
         self.capacity = capacity
         self.shares = fairshare.deserved(self.specs, demand, capacity)
+        if self.removed:  # a removed account is forgotten once nothing of it holds or waits
+            self.removed = {a for a in self.removed if alloc.get(a, 0.0) + waiting.get(a, 0.0) > EPS}
         warning = quota_warning(self.cfg.named_accounts, capacity)
         if warning != self.warning:  # oversubscribed quotas are a site's choice: said, not refused
             self.warning = warning
@@ -230,12 +264,20 @@ class Accounts:
                 await self.engine.reclaim(lid, why)
 
     def _running(self) -> list[fairshare.Running]:
+        """This host's leases for ``plan_reclaim``. Work of an account that this host's summary does not
+        carry (more accounts than fit: the least busy are left out) is not taken: the shares count it as
+        holding nothing here, so its share is not known."""
+        own = self.own()
+        carried = None if own is None else own[1].allocated
         return [
             fairshare.Running(
                 lease.id,
                 account_of(lease),
                 lease_gpus(self.cfg, lease),
-                lease.restartable and self.engine.is_held(lease.id) and lease.id not in self.stopping,
+                lease.restartable
+                and self.engine.is_held(lease.id)
+                and lease.id not in self.stopping
+                and (carried is None or account_of(lease) in carried),
                 lease.created,
             )
             for lease in self.engine.leases.values()
@@ -346,6 +388,7 @@ class Accounts:
                     self.cluster_waiting.get(n, 0.0),
                     self.reclaimed_from.get(n, 0),
                     self.reclaimed_for.get(n, 0),
+                    n in self.removed,
                 )
             )
         return out

@@ -327,11 +327,17 @@ class Daemon:
         from xpud.controllers.accounts import TICK_S, Accounts
 
         self.accounts = None
-        if not self.cfg.named_accounts:
+        cfg = self.engine.cfg  # the running config (a reload may start the controller)
+        if not cfg.named_accounts:
             return
         fed = self.federation
-        digest = config_hash(self.cfg.accounts, self.cfg.named_accounts)
-        acc = Accounts(self.engine, fed.peer_accounts if fed is not None else dict, config_hash=digest)
+        digest = config_hash(cfg.accounts, cfg.named_accounts)
+        acc = Accounts(
+            self.engine,
+            fed.peer_accounts if fed is not None else dict,
+            config_hash=digest,
+            own=fed.own_accounts if fed is not None else lambda: None,
+        )
         if fed is not None:
             fed.accounts_source = acc.published  # in its summary: the peers' shares count it
         acc.restore()
@@ -339,6 +345,22 @@ class Daemon:
         self.engine.queue_order = acc
         self.accounts = self.context.accounts = acc
         self.jobs.scheduler.add_job(acc.tick_logged, "interval", seconds=TICK_S, id="accounts", **OPTS)
+
+    def _reload_accounts(self, old: config.Config, new: config.Config) -> None:
+        """A reload that changed ``[accounts]``: the controller takes it (started if it is the first
+        account; kept, with no accounts, when the last is removed: their running leases stay charged)."""
+        from xpud.config.accounts import config_hash
+
+        if (old.accounts, list(old.named_accounts.items())) == (
+            new.accounts,
+            list(new.named_accounts.items()),
+        ):
+            return
+        if self.accounts is None:
+            self._start_accounts()
+            return
+        digest = config_hash(new.accounts, new.named_accounts) if new.named_accounts else ""
+        self.accounts.reconfigure(digest)
 
     def _start_rightsizing(self) -> None:
         """Measure leases every [auto] sample_s and act on --mode auto (xpud.controllers.rightsizer)."""
@@ -358,7 +380,9 @@ class Daemon:
 
         sd_notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
         try:
-            self.cfg, msg = reload(self.cfg, self.overrides, self.engine, self.defrag, self.jobs)
+            self.cfg, msg = reload(
+                self.cfg, self.overrides, self.engine, self.defrag, self.jobs, self._reload_accounts
+            )
             return msg
         finally:
             sd_notify("READY=1\nSTATUS=serving")

@@ -28,6 +28,8 @@ OPTS = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
 PRUNE_INTERVAL_S = 3600.0  # how often ended leases past [leases] history_days are dropped
 PRUNE_FIRST_S = 60.0  # the first time: a minute after the start, not in its busiest moment
 WINDOW_CHECK_S = 30.0  # how often the capacity window's share is checked between its starts
+# the jobs ``reschedule`` makes from the live sections (and "window-*"); a reload leaves the others be
+RESCHEDULED = ("defrag", "make-room", "forecast", "carbon")
 
 
 def history_kept_days(cfg) -> int:
@@ -108,8 +110,8 @@ class Jobs:
         """(Re)schedule the jobs that follow the config's live sections (at start, and after a reload):
         defrag, make-room, the capacity windows, the forecast and the carbon signal."""
         cfg = self.engine.cfg
-        for job in list(self.scheduler.get_jobs()):
-            if job.id not in ("reap", "sample", "prune"):
+        for job in list(self.scheduler.get_jobs()):  # only its own: others' (accounts, rightsize) go on
+            if job.id in RESCHEDULED or job.id.startswith("window-"):
                 job.remove()
         if self.defrag is not None and self.defrag.cfg.enabled:
             seconds = self.defrag.cfg.interval_s

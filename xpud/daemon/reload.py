@@ -29,10 +29,13 @@ def reload(
     engine: Engine,
     defrag: Defragmenter | None = None,
     jobs: Jobs | None = None,
+    accounts: Callable[[config.Config, config.Config], None] | None = None,
 ) -> tuple[config.Config, str]:
     """Re-read ``running``'s config file (``overrides``: re-applies the daemon's flags and environment)
-    and apply what can change live to ``engine``, ``defrag`` and ``jobs``. Returns the config to run with
-    (``running`` when nothing could be applied) and the event's message. Runs on the daemon's loop."""
+    and apply what can change live to ``engine``, ``defrag`` and ``jobs``; ``accounts(old, new)`` hands
+    ``[accounts]`` to the accounts controller (before the queue is looked at again). Returns the config
+    to run with (``running`` when nothing could be applied) and the event's message. Runs on the
+    daemon's loop."""
     path = running.path
     if not path:
         msg = "reload: the daemon runs on defaults (no config file): nothing to reload"
@@ -51,6 +54,8 @@ def reload(
         defrag.cfg = merged.defrag
     if jobs is not None:
         jobs.reschedule()
+    if accounts is not None:
+        accounts(running, merged)
     parts = [f"config reloaded from {path}: " + (f"changed {', '.join(live)}" if live else "no live change")]
     if restart:
         parts.append(f"needs a restart to apply: {', '.join(restart)} (the running values stay)")

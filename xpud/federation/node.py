@@ -90,12 +90,14 @@ class Federation:
         self._next_join = 0.0
         # this host's accounts for its summary (xpud.controllers.accounts, plugged in by the daemon)
         self.accounts_source: Callable[[], HostAccounts] | None = None
+        self._own_accounts: tuple[int, HostAccounts] | None = None  # as the peers read it (own_accounts)
 
     # ------------------------------------------------------------------------------ life
     async def start(self) -> None:
         """Serve ``Peer`` on ``listen`` and join through the seeds. Raises OSError if it cannot listen."""
         self._own = await self._summary()
         meta = view.encode(self._own)
+        self._published(meta)
         self.swim = Swim(
             self.name,
             self.addr,
@@ -248,6 +250,20 @@ class Federation:
             and m.summary.accounts is not None
         }
 
+    def own_accounts(self) -> tuple[int, HostAccounts] | None:
+        """(cards, accounts) of this host as it last published them, read back from the wire as every peer
+        reads them (rounded, and only the accounts that fit): fair share counts this host's part from
+        these, so that every host computes its shares from the same numbers. None before the first."""
+        return self._own_accounts
+
+    def _published(self, meta: str) -> None:
+        try:
+            s = view.decode(meta)
+        except view.BadSummary:  # not expected: encode checked it
+            self._own_accounts = None
+            return
+        self._own_accounts = None if s.accounts is None else (s.cards, s.accounts)
+
     async def _publish(self) -> None:
         """Refresh this host's summary; when it changed, gossip it at once (and tell ``room`` if it offers
         more: the planner reads this host from its own meta too)."""
@@ -260,6 +276,7 @@ class Federation:
         if self.swim is None or self.swim.left or meta == self.swim.meta:
             return
         self.swim.set_meta(meta)
+        self._published(meta)
         self.sender.send(self.swim.gossip_now())
         old, self._own = self._own, new
         if view.more_room(old, new):

@@ -64,15 +64,19 @@ def encode(s: HostSummary) -> str:
     }
     text = json.dumps(doc, separators=(",", ":"))
     if s.accounts is not None:
-        text = _with_accounts(doc, s.accounts)
+        text = _with_accounts(doc, s.accounts, s.cards)
     if len(text.encode()) > MAX_META:
         raise BadSummary(f"host summary is {len(text.encode())} bytes; at most {MAX_META}")
     return text
 
 
-def _with_accounts(doc: dict, a: HostAccounts) -> str:
+def _with_accounts(doc: dict, a: HostAccounts, cards: int) -> str:
     """``doc`` with ``"a": [config hash, [[name, allocated, usage GPU-s, waiting], ...]]``: the accounts that
-    hold, used or wait, busiest first, as many as fit in MAX_META (the rest would count as zero)."""
+    hold, used or wait, busiest first, as many as fit in MAX_META (the rest count as zero on every host
+    alike: each host reads its own part back from what it published, ``Federation.own_accounts``). How
+    many fit depends on the rest of the summary and the names' length: about 19 accounts with names of 32
+    characters, 37 with 10, on a host with few free cards; fewer where its free-group bandwidths take
+    the room (64 free cards). An account holds at most the host's cards."""
     names = sorted(
         {*a.allocated, *a.usage, *a.waiting},
         key=lambda n: (-(a.allocated.get(n, 0.0) + a.waiting.get(n, 0.0)), -a.usage.get(n, 0.0), n),
@@ -81,7 +85,7 @@ def _with_accounts(doc: dict, a: HostAccounts) -> str:
     for n in names[:MAX_ACCOUNTS]:
         row = [
             n,
-            round(a.allocated.get(n, 0.0), 4),
+            round(min(a.allocated.get(n, 0.0), cards), 4),
             round(a.usage.get(n, 0.0)),
             round(a.waiting.get(n, 0.0), 4),
         ]
@@ -100,7 +104,9 @@ def _amount(v, hi: float, what: str) -> float:
     return float(v)
 
 
-def _accounts(v) -> HostAccounts:
+def _accounts(v, cards: int) -> HostAccounts:
+    """The ``"a"`` of a summary, checked: names, and numbers finite and in range (an account holds at most
+    the host's ``cards``: a slice counts its memory fraction)."""
     if not isinstance(v, list) or len(v) != 2 or not isinstance(v[0], str) or not isinstance(v[1], list):
         raise BadSummary("accounts: [config hash, rows]")
     digest, rows = v
@@ -115,7 +121,7 @@ def _accounts(v) -> HostAccounts:
         name = row[0]
         if not ACCOUNT_NAME.fullmatch(name) or name in alloc:
             raise BadSummary(f"accounts: {name[:40]!r} is not an account name, or twice")
-        alloc[name] = _amount(row[1], MAX_GPU_EQ, f"{name} allocated")
+        alloc[name] = _amount(row[1], float(cards), f"{name} allocated (of {cards} cards)")
         usage[name] = _amount(row[2], MAX_USAGE_S, f"{name} usage")
         waiting[name] = _amount(row[3], MAX_GPU_EQ, f"{name} waiting")
     return HostAccounts(digest, alloc, usage, waiting)
@@ -174,7 +180,7 @@ def decode(text: str) -> HostSummary:
         zone,
         block,
         domain,
-        _accounts(doc["a"]) if "a" in doc else None,
+        _accounts(doc["a"], cards) if "a" in doc else None,
     )
 
 

@@ -64,6 +64,7 @@ def accounts_reply(cfg: Config, controller: Any) -> pb.AccountsReply:
             waiting=round(r.waiting, 6),
             reclaimed_from=r.reclaimed_from,
             reclaimed_for=r.reclaimed_for,
+            removed=r.removed,
         )
         if r.limit is not None:
             row.limit = r.limit

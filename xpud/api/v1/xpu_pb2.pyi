@@ -850,7 +850,7 @@ class UsageRecordsReply(_message.Message):
     def __init__(self, host: _Optional[str] = ..., records: _Optional[_Iterable[_Union[UsageRecord, _Mapping]]] = ..., reclaims: _Optional[_Iterable[_Union[ReclaimRecord, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class AccountRow(_message.Message):
-    __slots__ = ("name", "quota", "limit", "weight", "parent", "share", "allocated", "usage_gpu_hours", "waiting", "reclaimed_from", "reclaimed_for")
+    __slots__ = ("name", "quota", "limit", "weight", "parent", "share", "allocated", "usage_gpu_hours", "waiting", "reclaimed_from", "reclaimed_for", "removed")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -862,6 +862,7 @@ class AccountRow(_message.Message):
     WAITING_FIELD_NUMBER: _ClassVar[int]
     RECLAIMED_FROM_FIELD_NUMBER: _ClassVar[int]
     RECLAIMED_FOR_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
     name: str
     quota: float
     limit: float
@@ -873,7 +874,8 @@ class AccountRow(_message.Message):
     waiting: float
     reclaimed_from: int
     reclaimed_for: int
-    def __init__(self, name: _Optional[str] = ..., quota: _Optional[float] = ..., limit: _Optional[float] = ..., weight: _Optional[float] = ..., parent: _Optional[str] = ..., share: _Optional[float] = ..., allocated: _Optional[float] = ..., usage_gpu_hours: _Optional[float] = ..., waiting: _Optional[float] = ..., reclaimed_from: _Optional[int] = ..., reclaimed_for: _Optional[int] = ...) -> None: ...
+    removed: bool
+    def __init__(self, name: _Optional[str] = ..., quota: _Optional[float] = ..., limit: _Optional[float] = ..., weight: _Optional[float] = ..., parent: _Optional[str] = ..., share: _Optional[float] = ..., allocated: _Optional[float] = ..., usage_gpu_hours: _Optional[float] = ..., waiting: _Optional[float] = ..., reclaimed_from: _Optional[int] = ..., reclaimed_for: _Optional[int] = ..., removed: _Optional[bool] = ...) -> None: ...
 
 class AccountsReply(_message.Message):
     __slots__ = ("enabled", "config_hash", "reclaim", "capacity", "accounts")
