@@ -234,8 +234,8 @@ def damage_cases():
         "no-events-table": (sql("DROP TABLE events"), "table events is missing"),
         "no-leases-table": (sql("DROP TABLE leases"), "table leases is missing"),
         "no-column": (
-            sql("ALTER TABLE reservations DROP COLUMN rank_pid"),
-            "reservations has no column rank_pid",
+            sql("ALTER TABLE leases DROP COLUMN name"),  # (not rank_pid: schema.REPAIRS adds that one back)
+            "leases has no column name",
         ),
         "unknown-state": (sql("UPDATE leases SET state='paused' WHERE rowid=1"), "has state 'paused'"),
         "truncated": (truncate, "damaged"),

@@ -133,6 +133,7 @@ class Daemon:
         self.defrag: Defragmenter | None = None
         self.hostjobs: HostJobs | None = None
         self.jobbook = None  # xpud.jobs.book.JobBook, once started
+        self.context = None  # xpud.service.context.Context, once the services are built
         self.accounts = None  # xpud.controllers.accounts.Accounts when xpud.toml has [accounts.NAME]
         self.federation = None  # xpud.federation.node.Federation when [cluster] listen is set
         self.metrics = None  # xpud.daemon.metrics.MetricsServer when [metrics] listen is set
@@ -410,7 +411,7 @@ class Daemon:
             await self.kubelet.stop()
         for s in self.servers:
             await s.stop(grace=0.5)
-        if self.context is not None and getattr(self.context, "gang", None) is not None:
+        if self.context is not None and self.context.gang is not None:
             await self.context.gang.stop()  # their ranks run on; a restart watches them again
         if self.jobbook is not None:
             await self.jobbook.stop()  # queued jobs stay queued in the ledger; running ones run on

@@ -5,7 +5,7 @@ typed and None where this daemon runs without it. Built by ``xpud.daemon.app``."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from grpc import aio
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from xpud.hw.fakenvml import FakeNvml
     from xpud.isolation.scope import Scopes
     from xpud.jobs.book import JobBook
+    from xpud.service.gangjobs import Gang
 
 REPLY_BUDGET = 3 * 1024 * 1024  # bytes per reply: gRPC refuses messages over 4 MiB unless told otherwise
 
@@ -60,7 +61,7 @@ class Context:
     scopes: Scopes | None = None  # each lease's device scope (xpud.isolation.scope)
     accounts: Accounts | None = None  # fair share between accounts (xpud.controllers.accounts), when set up
     jobs: JobBook | None = None  # detached jobs (xpud.jobs.book), once the daemon has started them
-    gang: Any = None  # submitted multi-host jobs this daemon placed (xpud.service.gangjobs.Gang)
+    gang: Gang | None = None  # submitted multi-host jobs this daemon placed (xpud.service.gangjobs.Gang)
     # multi-host jobs this daemon coordinates: job id -> [JobRun, its task, its JobRecord] (xpu cancel)
     multi_host: dict[str, list] = field(default_factory=dict)
     # lease id -> (the active Lease, its message as Acquire answered it): its Release answers a copy
