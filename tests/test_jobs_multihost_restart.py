@@ -10,6 +10,7 @@ a restart of the coordinator. While the coordinator is down the job is listed on
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -138,3 +139,35 @@ def test_a_failed_card_under_a_rank_of_a_job_not_restartable_does_not_restart_it
     assert all(lines(work, job, i) == [f"start 0 {i}"] for i in (0, 1))
     assert xpu(c, "cancel", job).returncode == 0
     assert xpu(c, "wait", job, timeout=60).returncode == 143
+
+
+def test_while_its_coordinator_is_down_the_job_is_listed_and_cancelled_from_another_host(cluster, work):  # noqa: F811
+    a, b, c = cluster
+    job = submit(a, work, "--nodes", "3", "--", "sleep", "120")  # a rank on every host, the coordinator's too
+    assert sorted(wait_until(lambda: running(c, job, 0), 30, step=0.3)["hosts"]) == ["h1", "h2", "h3"]
+    a.daemon.kill(signal.SIGKILL)  # its rank runs on (its supervisor outlives the daemon)
+    wait_until(lambda: c.states().get(a.name) not in (None, "alive"), 40, step=0.3)
+    wait_until(lambda: b.states().get(a.name) not in (None, "alive"), 40, step=0.3)
+
+    def headless():
+        found = listed(c, job)
+        why = f"its coordinator {a.name} does not answer"
+        return len(found) == 1 and found[0]["reason"] == why and found[0]
+
+    shown = wait_until(headless, 30, step=0.3)
+    assert shown["state"] == "running" and shown["kind"] == "multi-host"
+    assert sorted(x["host"] for x in shown["ranks"]) == sorted([b.name, c.name])
+    r = xpu(c, "jobs", "--json")  # without --all too, once
+    assert sum(1 for j in json.loads(r.stdout)["jobs"] if j["id"] == job) == 1, r.stdout
+    r = xpu(c, "cancel", job)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 1 and f"hosts not reached: {a.name} " in r.stdout, r.stdout
+    wait_until(lambda: listed(c, job)[0]["state"] == "cancelled", 30, step=0.3)
+    # the coordinator, back, sees the cancel: its own rank is stopped, the job ends cancelled
+    a.daemon.start()
+    wait_until(lambda: c.states().get(a.name) == "alive", 30, step=0.3)
+    r = xpu(c, "wait", job, timeout=60)
+    assert r.returncode != 0 and "cancelled" in r.stdout, r.stdout + r.stderr
+    (ended,) = listed(a, job)
+    assert ended["state"] == "cancelled" and ended["reason"].startswith("cancelled by uid 0 from host ")
+    assert [x["state"] for x in ended["ranks"]] == ["cancelled"] * 3, ended["ranks"]

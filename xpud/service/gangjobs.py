@@ -540,10 +540,25 @@ class Gang:
         self.ctx.engine.event("job", f"job {r.id} restarts ({n}): {why}")
         return await self._place_and_start(r, caller)
 
+    async def _cancelled_elsewhere(self, r: JobRecord) -> bool:
+        """A rank cancelled by its owner from another host while this coordinator did not answer
+        (``service.headless``): the job is cancelled, its ranks still running stopped. True then."""
+        if r.reason.startswith("cancelled by"):
+            return False
+        for x in r.spec["ranks"]:
+            if x["state"] == jobdb.CANCELLED and x.get("reason", "").startswith("cancelled by uid "):
+                r.reason = x["reason"][:500]
+                await self._save(r)
+                await self._stop_ranks(r, r.reason)
+                return True
+        return False
+
     async def _watch(self, r: JobRecord, caller: Caller) -> None:
         stopping = False
         while True:
             await self._refresh(r)
+            if await self._cancelled_elsewhere(r):
+                stopping = True
             why = "" if stopping or r.reason.startswith("cancelled by") else self._restart_why(r)
             if why:
                 if not await self._restart(r, caller, why):
