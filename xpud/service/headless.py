@@ -102,12 +102,11 @@ def here(ctx, caller: Caller, request) -> list[pb.JobRecord]:
     uid = request.uid if request.HasField("uid") else None
     alive = _alive(ctx)
     out = []
-    for job in jobdb.rank_jobs(ledger, request.all or bool(request.state), uid):
+    for job, coordinator in jobdb.rank_jobs(ledger, request.all or bool(request.state), uid):
+        if not coordinator or coordinator in alive:
+            continue  # listed by its coordinator (or placed by a daemon that did not record it)
         records = [r for r in jobdb.ranks_of(ledger, job) if r.submitted >= request.since]
         if not records:
-            continue
-        coordinator = str(records[0].spec.get("coordinator", ""))
-        if not coordinator or coordinator in alive:
             continue
         msg = entry(job, records, coordinator, caller.admin or caller.uid == records[0].uid)
         if not request.state or msg.state == request.state:
