@@ -161,6 +161,8 @@ def test_while_its_coordinator_is_down_the_job_is_listed_and_cancelled_from_anot
     assert sorted(x["host"] for x in shown["ranks"]) == sorted([b.name, c.name]), shown
     r = xpu(c, "jobs", "--json")  # without --all too, once
     assert sum(1 for j in json.loads(r.stdout)["jobs"] if j["id"] == job) == 1, r.stdout
+    r = xpu(c, "cancel", "0123456789abcdef")  # no such job, here or on the hosts that answer
+    assert r.returncode == 1 and "no job '0123456789abcdef' on any host of the cluster" in r.stderr, r.stderr
     r = xpu(c, "cancel", job)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 1 and f"hosts not reached: {a.name} " in r.stdout, r.stdout
@@ -173,3 +175,25 @@ def test_while_its_coordinator_is_down_the_job_is_listed_and_cancelled_from_anot
     (ended,) = listed(a, job)
     assert ended["state"] == "cancelled" and ended["reason"].startswith("cancelled by uid 0 from host ")
     assert [x["state"] for x in ended["ranks"]] == ["cancelled"] * 3, ended["ranks"]
+
+
+def test_the_entries_of_a_job_whose_coordinator_is_down_merge_into_one():
+    from xpud.api.v1 import xpu_pb2 as pb
+    from xpud.service.headless import merge
+
+    def entry(job, host, rank, state, reason="its coordinator h1 does not answer"):
+        m = pb.JobRecord(id=job, kind="multi-host", state=state, reason=reason, hosts=[host])
+        m.ranks.add(rank=rank, host=host, state=state)
+        return m
+
+    got = merge([
+        entry("j1", "h3", 1, "cancelled"),
+        pb.JobRecord(id="other", kind="detached", state="running", reason="its coordinator is a name"),
+        entry("j1", "h2", 0, "running"),
+        entry("j2", "h2", 0, "running"),
+        pb.JobRecord(id="j2", kind="multi-host", state="running", hosts=["h1", "h2"]),  # its coordinator's
+    ])  # fmt: skip
+    assert [m.id for m in got] == ["j1", "other", "j2"]
+    assert got[0].hosts == ["h2", "h3"] and [x.rank for x in got[0].ranks] == [0, 1]
+    assert got[0].state == "running"  # while a rank runs
+    assert got[2].hosts == ["h1", "h2"] and not got[2].reason
