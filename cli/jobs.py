@@ -49,7 +49,10 @@ def submit(
     ] = 10.0,
     restartable: Annotated[
         bool,
-        typer.Option(help="When xpud moves its lease (a failing card, defrag): stop it, start it there."),
+        typer.Option(
+            help="When xpud moves its lease (a failing card, defrag): stop it, start it there (--nodes: a "
+            "card failing under a rank restarts every rank)."
+        ),
     ] = False,
     account: Annotated[
         str, typer.Option("--account", "-A", help="Charge this account (one you are a member of).")

@@ -123,8 +123,6 @@ def submit_with(
     multi = bool(nodes or gpus_per_node or tasks_per_node or replicas)
     if multi and gpus != 1:
         raise BadRequest("--gpus is for one host: across hosts give --nodes N --gpus-per-node G")
-    if multi and restartable:
-        raise BadRequest("--restartable is for one-host submitted jobs: drop it, or submit to one host")
     if not 0 <= kill_grace <= 86400:
         raise BadRequest(f"--kill-grace {kill_grace:g}: give seconds from 0 to 86400")
     seconds = _time_limit(time_limit)

@@ -186,6 +186,8 @@ LIMITS: dict[str, Limit] = {
     "LaunchSpec.gid": Limit(lo=0, hi=2**32 - 1),
     "LaunchSpec.user": Limit(chars=64),
     "LaunchSpec.tasks_per_node": Limit(lo=0, hi=MAX_TASKS_PER_NODE),
+    "LaunchSpec.restarts": Limit(lo=0, hi=1000),  # a --restartable job's restarts (MAX_RESTARTS is 10)
+    "LaunchSpec.restartable": Limit(),
     "LaunchSpec.keep_going": Limit(),
     "LaunchSpec.label": Limit(),
     "LaunchSpec.output": Limit(chars=4096),

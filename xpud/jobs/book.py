@@ -388,11 +388,14 @@ class JobBook:
             fut.set_result(None)
 
     # ------------------------------------------------------------------ a rank of a multi-host job
-    async def adopt(self, caller: Caller, spec, lease, rank_files: tuple[str, str], also=()) -> JobRecord:
+    async def adopt(
+        self, caller: Caller, spec, lease, rank_files: tuple[str, str], also=(), coordinator: str = ""
+    ) -> JobRecord:
         """Run rank ``spec.rank`` (a LaunchSpec) of the submitted multi-host job ``spec.job`` as a job of
         this book, on ``lease`` (committed here for it): recorded ``running`` and the lease anchored to it
         in one transaction with ``also`` (its reservation's end), then started under its supervisor, as
-        ``xpu submit``'s jobs are (it outlives this daemon). ``rank_files``: its output and error paths.
+        ``xpu submit``'s jobs are (it outlives this daemon). ``rank_files``: its output and error paths,
+        appended to when ``spec.restarts`` (the job started again); ``coordinator``: the host that placed it.
         Raises BadRequest before anything is written (a directory missing here)."""
         cwd = spec.cwd
         if not await asyncio.to_thread(os.path.isdir, cwd):
@@ -425,6 +428,9 @@ class JobBook:
                 "restartable": False,
                 "cluster_job": spec.job,
                 "rank": spec.rank,
+                "coordinator": coordinator or self.host,
+                "rank_restartable": spec.restartable,  # a failing card stops it (xpud.service.gangjobs)
+                "restarts": spec.restarts,
             },
             hosts=[self.host],
             lease_id=lease.id,
@@ -437,6 +443,7 @@ class JobBook:
             await asyncio.shield(supervisor.launch(
                 self.dir, r.id, r.argv, dict(spec.env), cwd, rank_files[0], rank_files[1], switch,
                 spec.time_limit_s, r.spec["kill_grace_s"], self.systemd_run, fence,
+                append=bool(spec.restarts),
             ))  # fmt: skip
         except (OSError, ValueError, ScopeError) as e:
             await self._end(r, jobdb.FAILED, reason=f"could not start: {e}")

@@ -119,6 +119,25 @@ def ranks_of(ledger: Ledger, cluster_job: str) -> list[JobRecord]:
     return [_record(r) for r in rows]
 
 
+def rank_jobs(
+    ledger: Ledger, all_: bool = False, uid: int | None = None, limit: int = 1000
+) -> list[tuple[str, str]]:
+    """The submitted multi-host jobs this host runs (or, with ``all_``, ran) a rank of, newest first: their
+    ids and coordinators (the hosts that placed them, ``spec.coordinator``; "" when not recorded)."""
+    where, args = ["json_extract(spec, '$.cluster_job') IS NOT NULL"], []
+    if not all_:
+        where.append("state IN (?, ?)")
+        args += [QUEUED, RUNNING]
+    if uid is not None:
+        where.append("uid = ?")
+        args.append(uid)
+    q = (
+        "SELECT json_extract(spec, '$.cluster_job') AS j, MAX(json_extract(spec, '$.coordinator')),"
+        f" MAX(submitted) AS s FROM jobs WHERE {' AND '.join(where)} GROUP BY j ORDER BY s DESC LIMIT ?"
+    )
+    return [(row[0], row[1] or "") for row in ledger.db.execute(q, (*args, limit)).fetchall()]
+
+
 def jobs(
     ledger: Ledger,
     all_: bool = False,

@@ -12,6 +12,14 @@ when every rank exited 0; else as its first failing rank (its exit code or signa
 when its host died); ``cancelled`` by ``xpu cancel``. After a restart of the coordinator the job's
 ranks run on (they are not its children) and it reads their states again.
 
+**--restartable** (as ``xpu run --nodes --restartable``, ``federation.jobrun``): each rank's host holds
+the rank's lease (``follow_rank``); a card under it that fails (a move or a mark asked by the health
+monitor) stops that rank, its record saying why (its reason starts ``restart: ``). The coordinator then
+stops every rank, records the job ``queued`` again (``restarts`` + 1, durable: a coordinator restarted
+meanwhile places it again), places it again (healthy cards) and starts every rank with
+``XPU_RESTART_COUNT`` = its restarts, their files appended to; at most ``MAX_RESTARTS`` times, then such a
+stop fails the job as a failing rank does.
+
 **A rank's host** (``start_rank``): the committed reservation becomes a detached job of that host's
 ``JobBook`` (``HostJobs.hand_over`` + ``JobBook.adopt``, one ledger transaction), run under its supervisor
 as the user, in the working directory (missing there: the rank is refused, the job fails and the others
@@ -35,9 +43,11 @@ from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import BadRequest, Conflict, NoCapacity, NotFound, XpudError
 from xpud.federation import launch
+from xpud.federation.hostjobs import RESTART
+from xpud.federation.jobrun import MAX_RESTARTS
 from xpud.ledger import jobs as jobdb
 from xpud.ledger.jobs import JobRecord
-from xpud.model import Caller
+from xpud.model import Caller, HealthState
 
 log = logging.getLogger("xpud.gangjobs")
 
@@ -45,6 +55,7 @@ POLL_S = 0.5  # the ranks' states are read this often
 PEER_TIMEOUT_S = 5.0
 UNKNOWN_HOST_S = 60.0  # a rank's host unknown to the membership and silent this long is taken for dead
 BAD = (jobdb.FAILED, jobdb.TIMEOUT, jobdb.LOST)
+OPERATOR = Caller(uid=0, gid=0, admin=True)  # the daemon stopping a rank whose card failed
 
 
 def expand(pattern: str, job: str, rank: int, host: str) -> str:
@@ -73,8 +84,9 @@ def rank_files(spec: pb.LaunchSpec, host: str) -> tuple[str, str]:
 
 
 def rank_state(r: JobRecord) -> pb.JobRankState:
+    reason = f"{RESTART}{r.spec['restart']}" if r.spec.get("restart") else r.reason
     msg = pb.JobRankState(
-        rank=int(r.spec.get("rank", 0)), host=r.hosts[0] if r.hosts else "", state=r.state, reason=r.reason
+        rank=int(r.spec.get("rank", 0)), host=r.hosts[0] if r.hosts else "", state=r.state, reason=reason
     )
     msg.job = r.id
     for name in ("exit_code", "exit_signal", "ended"):
@@ -102,9 +114,11 @@ async def start_rank(ctx, spec: pb.LaunchSpec, peer: str | None) -> pb.JobRankSt
     caller = Caller(uid=spec.uid, gid=spec.gid)
 
     async def adopt(lease, end_op):
-        return await book.adopt(caller, spec, lease, files, also=(end_op,))
+        return await book.adopt(caller, spec, lease, files, also=(end_op,), coordinator=peer or "")
 
     r = await ctx.hostjobs.hand_over(spec, peer, adopt)
+    if spec.restartable and not r.done and ctx.gang is not None:
+        ctx.gang.follow_rank(r)
     return rank_state(r)
 
 
@@ -139,6 +153,7 @@ class Gang:
         self.cancelled_by: dict[str, int] = {}
         self.records: dict[str, JobRecord] = {}
         self.unheard: dict[str, float] = {}  # hosts not in the membership that did not answer: since
+        self.followers: dict[str, asyncio.Task] = {}  # this host's restartable ranks: their leases held
 
     @property
     def me(self) -> str:
@@ -165,6 +180,7 @@ class Gang:
             name=r.name,
             tasks_per_node=s.get("tasks_per_node", 0),
             account=s.get("account", ""),
+            restartable=s.get("restartable", False),
         )
 
     def _run(self, r: JobRecord, caller: Caller):
@@ -219,6 +235,8 @@ class Gang:
                 "after": [],
                 "ranks": [],
                 "account": account,
+                "restartable": request.restartable,
+                "restarts": 0,
             },
         )
         run = self._run(r, caller)
@@ -242,14 +260,63 @@ class Gang:
         for r in jobdb.unfinished(self.ledger):
             if r.kind == jobdb.MULTI_HOST and r.spec.get("detached"):
                 self._start(r, Caller(uid=r.uid, gid=r.gid))
+            elif r.spec.get("rank_restartable") and self.ctx.jobs is not None:
+                live = self.ctx.jobs.get(r.id)
+                if live is not None and not live.done:
+                    self.follow_rank(live)  # held again: a failing card still stops it
 
     async def stop(self) -> None:
-        tasks = list(self.tasks.values())
+        tasks = [*self.tasks.values(), *self.followers.values()]
         for t in tasks:
             t.cancel()
         for t in tasks:
             with contextlib.suppress(BaseException):
                 await t
+
+    # ------------------------------------------------------------------------ a restartable rank here
+    def follow_rank(self, r: JobRecord) -> None:
+        """Hold the lease of ``r`` (this host's rank of a --restartable job): a card under it that fails
+        stops the rank, its record saying why (``rank_state``: ``restart: ...``)."""
+        engine = self.ctx.engine
+        if r.id in self.followers or r.lease_id not in engine.leases:
+            return
+        q = engine.hold_opened(r.lease_id)
+        task = asyncio.ensure_future(self._follow_rank(r, r.lease_id, q))
+        self.followers[r.id] = task
+        task.add_done_callback(lambda _t, job=r.id: self.followers.pop(job, None))
+
+    def _failed_card(self, lease_id: str) -> str:
+        engine = self.ctx.engine
+        lease = engine.leases.get(lease_id)
+        for i in lease.cards if lease is not None else ():
+            c = engine.resolve_card(str(i))
+            if c.health_state is HealthState.UNHEALTHY:
+                return f"card {i} on host {self.me} is unhealthy ({c.health_reason or 'failed its checks'})"
+        return ""
+
+    async def _follow_rank(self, r: JobRecord, lease_id: str, q: asyncio.Queue) -> None:
+        try:
+            while not r.done:
+                ev = await q.get()
+                if ev.kind == "released":
+                    return
+                if ev.kind not in ("move", "mark"):
+                    continue
+                why = self._failed_card(lease_id) or (ev.message if ev.kind == "move" else "")
+                if not why or r.done:
+                    continue
+                r.spec["restart"] = why[:400]  # on record first: the coordinator reads why it ended
+                await self.ledger.write(jobdb.save_job_op(r))
+                await self.ctx.jobs.cancel(r, OPERATOR)
+                what = f"job {r.spec.get('cluster_job')} rank {r.spec.get('rank')}"
+                self.ctx.engine.event("job", f"{what} stopped: {why}; it restarts")
+                return
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # one job's trouble never stops the daemon
+            log.exception("job %s: following its lease", r.id)
+        finally:
+            self.ctx.engine.hold_closed(lease_id, q)
 
     # ------------------------------------------------------------------------ the life of a job
     async def _save(self, r: JobRecord) -> None:
@@ -272,7 +339,7 @@ class Gang:
                     return
                 if not await self._place_and_start(r, caller):
                     return
-            await self._watch(r)
+            await self._watch(r, caller)
         except asyncio.CancelledError:
             by = self.cancelled_by.pop(r.id, None)
             if by is not None and r.state == jobdb.QUEUED:
@@ -309,12 +376,13 @@ class Gang:
             await self._end(r, jobdb.CANCELLED, f"gave up waiting for cards: {e}")
             return False
         names = [(x.host, x.addr or "127.0.0.1") for x in run.ranks]
+        restarts = int(r.spec.get("restarts", 0))
         rank0 = run.commits[run.ranks[0].host]
         envs = launch.rank_envs(
             r.id,
             names,
             rank0.free_port,
-            {h: {**c.env, "XPU_RESTART_COUNT": "0"} for h, c in run.commits.items()},
+            {h: {**c.env, "XPU_RESTART_COUNT": str(restarts)} for h, c in run.commits.items()},
             dict(r.env),
             procs_per_node=run.per_host,
             tasks_per_node=r.spec.get("tasks_per_node", 0),
@@ -323,9 +391,11 @@ class Gang:
         s["ranks"] = [
             {"rank": x.rank, "host": x.host, "addr": x.addr, "state": jobdb.RUNNING} for x in run.ranks
         ]
-        r.state, r.started, r.reason = jobdb.RUNNING, self.ctx.engine.clock(), ""
+        r.state, r.started = jobdb.RUNNING, self.ctx.engine.clock()
+        r.reason = str(r.spec.get("restarted", "")) if restarts else ""  # why it runs again
         r.hosts = [x.host for x in run.ranks]
-        env, r.env = r.env, {}
+        if not s.get("restartable"):
+            r.env = {}  # a restartable job's environment is kept: its ranks start with it again
         await self._save(r)  # durable before any rank starts: a restart watches them
         specs = [
             pb.LaunchSpec(
@@ -343,10 +413,11 @@ class Gang:
                 error=s.get("error", ""),
                 time_limit_s=s.get("time_limit_s", 0.0),
                 kill_grace_s=s.get("kill_grace_s", 0.0),
+                restartable=s.get("restartable", False),
+                restarts=restarts,
             )
             for x, e in zip(run.ranks, envs, strict=True)
         ]
-        del env
         starts = [self._start_rank(x.host, x.addr, sp) for x, sp in zip(run.ranks, specs, strict=True)]
         results = await asyncio.gather(*starts, return_exceptions=True)
         failed = None
@@ -417,9 +488,8 @@ class Gang:
                         changed = True
                 continue
             self.unheard.pop(host, None)
-            by_rank = {m.rank: m for m in reply.ranks}
             for x in mine:
-                m = by_rank.get(x["rank"])
+                m = _current(reply.ranks, x)
                 if m is None:
                     x.update(state=jobdb.LOST, reason=f"host {host} has no record of it")
                     x["ended"] = self.ctx.engine.clock()
@@ -448,12 +518,54 @@ class Gang:
             await asyncio.sleep(POLL_S)
             await self._refresh(r)
 
-    async def _watch(self, r: JobRecord) -> None:
+    def _restart_why(self, r: JobRecord) -> str:
+        """Why ``r`` restarts now: a rank stopped because a card under it failed ("": none was, or the
+        job is not --restartable, or has restarted ``MAX_RESTARTS`` times)."""
+        if not r.spec.get("restartable") or int(r.spec.get("restarts", 0)) >= MAX_RESTARTS:
+            return ""
+        for x in r.spec["ranks"]:
+            if x.get("reason", "").startswith(RESTART) and x["state"] in jobdb.ENDED:
+                return f"rank {x['rank']} on host {x['host']}: {x['reason'].removeprefix(RESTART)}"
+        return ""
+
+    async def _restart(self, r: JobRecord, caller: Caller, why: str) -> bool:
+        """Stop every rank, record ``r`` queued again (its restart counted), place and start it again."""
+        await self._stop_ranks(r, "stopped: the job restarts")
+        await self._wait_ranks(r)
+        n = int(r.spec.get("restarts", 0)) + 1
+        r.spec["restarts"], r.spec["ranks"], r.hosts = n, [], []
+        r.state, r.started, r.reason = jobdb.QUEUED, None, f"restart {n}: {why}"[:500]
+        r.spec["restarted"] = r.reason
+        await self._save(r)  # a coordinator restarted from here on places it again
+        self.ctx.engine.event("job", f"job {r.id} restarts ({n}): {why}")
+        return await self._place_and_start(r, caller)
+
+    async def _cancelled_elsewhere(self, r: JobRecord) -> bool:
+        """A rank cancelled by its owner from another host while this coordinator did not answer
+        (``service.headless``): the job is cancelled, its ranks still running stopped. True then."""
+        if r.reason.startswith("cancelled by"):
+            return False
+        for x in r.spec["ranks"]:
+            if x["state"] == jobdb.CANCELLED and x.get("reason", "").startswith("cancelled by uid "):
+                r.reason = x["reason"][:500]
+                await self._save(r)
+                await self._stop_ranks(r, r.reason)
+                return True
+        return False
+
+    async def _watch(self, r: JobRecord, caller: Caller) -> None:
         stopping = False
         while True:
             await self._refresh(r)
+            if await self._cancelled_elsewhere(r):
+                stopping = True
+            why = "" if stopping or r.reason.startswith("cancelled by") else self._restart_why(r)
+            if why:
+                if not await self._restart(r, caller, why):
+                    return
+                continue
             ranks = r.spec["ranks"]
-            bad = [x for x in ranks if x["state"] in BAD]
+            bad = [x for x in ranks if _bad(x)]
             if bad and r.spec.get("kill_on_bad_exit", True) and not stopping:
                 stopping = True
                 first = min(bad, key=lambda x: x.get("ended") or math.inf)
@@ -465,7 +577,7 @@ class Gang:
 
     async def _finish(self, r: JobRecord) -> None:
         ranks = r.spec["ranks"]
-        bad = [x for x in ranks if x["state"] in BAD]
+        bad = [x for x in ranks if _bad(x)]
         if r.reason.startswith("cancelled by"):
             await self._end(r, jobdb.CANCELLED, r.reason)
         elif bad:
@@ -474,7 +586,9 @@ class Gang:
             what = f"signal {sig}" if sig is not None else f"exit {code}" if code is not None else x["state"]
             why = f"rank {x['rank']} on host {x['host']}: {what}"
             why += f" ({x['reason']})" if x.get("reason") else ""
-            await self._end(r, x["state"], why, code, sig)
+            if r.spec.get("restarts"):
+                why += f" (after {r.spec['restarts']} restart(s))"
+            await self._end(r, x["state"] if x["state"] in BAD else jobdb.FAILED, why, code, sig)
         elif all(x["state"] == jobdb.COMPLETED for x in ranks):
             await self._end(r, jobdb.COMPLETED, "all ranks exited 0", 0)
         else:
@@ -515,3 +629,19 @@ class Gang:
         if rank >= len(ranks):
             raise NotFound(f"job {r.id} is {r.state}: its ranks have not started")
         return ranks[rank]
+
+
+def _bad(x: dict) -> bool:
+    """A rank that failed the job: it failed, timed out, was lost, or was stopped by a failing card when
+    the job may not restart (any more)."""
+    return x["state"] in BAD or (x["state"] in jobdb.ENDED and x.get("reason", "").startswith(RESTART))
+
+
+def _current(found, x: dict):
+    """Among a host's records of the job, the one of rank ``x`` (its own record once started; a job
+    restarted leaves the earlier ranks' records there too): None when there is none."""
+    mine = [m for m in found if m.rank == x["rank"]]
+    if x.get("job"):
+        return next((m for m in mine if m.job == x["job"]), None)
+    live = [m for m in mine if m.state not in jobdb.ENDED]
+    return (live or mine or [None])[-1]

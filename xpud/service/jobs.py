@@ -19,7 +19,7 @@ from xpud.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from xpud.ledger import jobs as jobdb
 from xpud.ledger.jobs import JobRecord
 from xpud.model import Caller, Mode, Request
-from xpud.service import node
+from xpud.service import headless, node
 from xpud.service.accounts import charge
 from xpud.service.context import REPLY_BUDGET
 from xpud.service.context import fit as _fit
@@ -290,7 +290,10 @@ class JobsHandlers:
                     r.hosts = [self.ctx.federation.name if self.ctx.federation else host]
                     found.append(r)
         found.sort(key=lambda r: r.submitted, reverse=True)
-        return [convert.job_pb(r, caller.admin or caller.uid == r.uid) for r in found[:limit]]
+        msgs = [convert.job_pb(r, caller.admin or caller.uid == r.uid) for r in found[:limit]]
+        if self.ctx.federation is not None:  # multi-host jobs whose coordinator is down, from their ranks
+            msgs += headless.here(self.ctx, caller, request)
+        return msgs
 
     async def _cancel_here(self, caller: Caller, selectors) -> list[pb.JobRecord]:
         targets = [self._job(sel, caller) for sel in selectors]  # all found first: a bad one cancels none
@@ -488,6 +491,7 @@ class JobsHandlers:
             ):
                 if not isinstance(reply, grpc.RpcError):
                     msgs.extend(reply.jobs)
+            msgs = headless.merge(msgs)  # a job whose coordinator is down: once, from all its ranks
             msgs.sort(key=lambda j: j.submitted, reverse=True)
         limit = min(request.limit or MAX_JOBS, MAX_JOBS)  # the cluster's newest, as on one host
         kept, _ = _fit(msgs[:limit], REPLY_BUDGET)
@@ -502,13 +506,26 @@ class JobsHandlers:
         for sel in request.jobs:
             try:
                 out += await self._cancel_here(caller, [sel])
-            except NotFound:
+            except NotFound as e:
+                missing = e
+            else:
+                continue
+            try:
                 if not self._peers():
-                    raise
+                    raise missing
                 reply = await self._on_a_peer(
                     "PeerCancelJobs", pb.PeerJobsRequest(uid=caller.uid, jobs=[sel]), sel
                 )
                 out += reply.jobs
+            except NotFound:  # a multi-host job whose coordinator is down: its ranks here and there
+                msg = (
+                    await headless.cancel(self.ctx, self._peers(), caller, sel)
+                    if self.ctx.federation
+                    else None
+                )
+                if msg is None:
+                    raise
+                out.append(msg)
         return pb.CancelJobsReply(jobs=out)
 
     @streaming

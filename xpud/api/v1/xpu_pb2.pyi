@@ -1207,7 +1207,7 @@ class AbortReply(_message.Message):
     def __init__(self, dropped: _Optional[bool] = ...) -> None: ...
 
 class LaunchSpec(_message.Message):
-    __slots__ = ("job", "rank", "argv", "env", "cwd", "uid", "gid", "user", "tasks_per_node", "keep_going", "label", "output", "error", "time_limit_s", "kill_grace_s")
+    __slots__ = ("job", "rank", "argv", "env", "cwd", "uid", "gid", "user", "tasks_per_node", "keep_going", "label", "output", "error", "time_limit_s", "kill_grace_s", "restartable", "restarts")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1230,6 +1230,8 @@ class LaunchSpec(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     KILL_GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    RESTARTABLE_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     argv: _containers.RepeatedScalarFieldContainer[str]
@@ -1245,7 +1247,9 @@ class LaunchSpec(_message.Message):
     error: str
     time_limit_s: float
     kill_grace_s: float
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., user: _Optional[str] = ..., tasks_per_node: _Optional[int] = ..., keep_going: _Optional[bool] = ..., label: _Optional[bool] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., kill_grace_s: _Optional[float] = ...) -> None: ...
+    restartable: bool
+    restarts: int
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., user: _Optional[str] = ..., tasks_per_node: _Optional[int] = ..., keep_going: _Optional[bool] = ..., label: _Optional[bool] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., kill_grace_s: _Optional[float] = ..., restartable: _Optional[bool] = ..., restarts: _Optional[int] = ...) -> None: ...
 
 class LaunchInput(_message.Message):
     __slots__ = ("start", "stdin", "stdin_eof", "signal")
