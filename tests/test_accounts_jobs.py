@@ -87,6 +87,7 @@ def test_an_account_within_its_quota_gets_a_card_back_from_restartable_submitted
     (taken,) = [j for j in mine if j != kept]
     shown = _job(d, taken)
     assert (shown["state"], shown["restarts"], shown["account"]) == ("queued", 1, "vision")
+    assert shown["reason"] == "Fairshare: vision over its share"  # why it waits, as the queue has it now
     with d.client() as c:
         events = [e.message for e in c.events() if e.kind == "fairshare"]
         assert len(events) == 1 and "of account vision" in events[0] and "for account nlp" in events[0]

@@ -268,7 +268,7 @@ class JobsHandlers:
     def _here(self, caller: Caller, request) -> list[pb.JobRecord]:
         """This host's jobs that ``request`` (a ListJobsRequest) asks for, as messages."""
         if request.job:
-            return [convert.job_pb(self._job(request.job, caller), True)]
+            return self._waiting_why([convert.job_pb(self._job(request.job, caller), True)])
         uid = request.uid if request.HasField("uid") else None
         limit = min(request.limit or MAX_JOBS, MAX_JOBS)
         found = jobdb.jobs(self.ctx.engine.ledger, request.all, uid, request.state, request.since, limit)
@@ -290,9 +290,20 @@ class JobsHandlers:
                     r.hosts = [self.ctx.federation.name if self.ctx.federation else host]
                     found.append(r)
         found.sort(key=lambda r: r.submitted, reverse=True)
-        msgs = [convert.job_pb(r, caller.admin or caller.uid == r.uid) for r in found[:limit]]
+        msgs = self._waiting_why(
+            [convert.job_pb(r, caller.admin or caller.uid == r.uid) for r in found[:limit]]
+        )
         if self.ctx.federation is not None:  # multi-host jobs whose coordinator is down, from their ranks
             msgs += headless.here(self.ctx, caller, request)
+        return msgs
+
+    def _waiting_why(self, msgs: list[pb.JobRecord]) -> list[pb.JobRecord]:
+        """A detached job waiting for cards shows why as the queue has it now (``Fairshare: nlp over its
+        share``, ``AccountLimit: ...``), not the record's ``Resources``."""
+        why = {w.request.anchor: w.reason for w in self.ctx.engine.waitlist if w.request.anchor}
+        for m in msgs:
+            if m.state == jobdb.QUEUED and why.get(f"job:{m.id}"):
+                m.reason = why[f"job:{m.id}"][:500]
         return msgs
 
     async def _cancel_here(self, caller: Caller, selectors) -> list[pb.JobRecord]:
