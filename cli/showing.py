@@ -115,7 +115,7 @@ def _lease(c, le, as_json: bool) -> None:
     rows += [
         ("uid", le.owner_uid),
         ("holder pid", le.holder_pid or "-"),
-        ("held", "yes" if le.held else "no"),
+        ("held", "yes" if le.held else f"by {le.anchor}" if le.anchor else "no"),
         ("priority", le.priority),
         ("restartable", "yes" if le.restartable else "no"),
         ("restarts", le.restart_count),

@@ -131,11 +131,12 @@ def signal_name(n: int) -> str:
 
 
 def status(le) -> str:
-    """A lease's state in one word or two: running / unheld while active (held by its wrapper or not);
+    """A lease's state in one word or two: running / unheld while active (held by its wrapper, or kept by
+    its anchor: a Slurm job, a pod, a detached job; or neither);
     once ended, how the command ended when its wrapper said (done, exit N, signal NAME), else the lease's
     own end (released, reclaimed, evicted)."""
     if le.state == "active":
-        return "running" if le.held else "unheld"
+        return "running" if le.held or le.anchor else "unheld"
     if le.HasField("exit_signal"):
         return f"signal {signal_name(le.exit_signal)}"
     if le.HasField("exit_code"):

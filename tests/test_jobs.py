@@ -124,6 +124,9 @@ def test_a_detached_job_outlives_its_shell_and_a_sigkill_of_the_daemon(daemon, w
     wait_until(lambda: state(daemon, job_id) == "running", 20)
     out = workdir / f"xpu-{job_id}.out"
     wait_until(lambda: out.exists() and out.read_text() == "started\n", 20)
+    r = daemon.xpu("leases")  # its lease is kept by the job (anchor job:<id>): running, not "unheld"
+    (line,) = [ln for ln in r.stdout.splitlines() if "sh -c" in ln]
+    assert " running " in line and "unheld" not in line, r.stdout
     pid = wait_until(lambda: status_file(daemon, job_id).get("pid"))
     daemon.kill(signal.SIGKILL)
     time.sleep(0.5)
