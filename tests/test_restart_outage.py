@@ -129,9 +129,11 @@ def test_sixteen_short_outages_lose_no_lease(daemon_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_long_outages_up_to_90_s_lose_no_lease(daemon_factory):
-    """4 kills, outages of 35-90 s (side by side): gRPC's default backoff alone misses the grace here."""
-    _run_lanes(daemon_factory, [[35], [50], [70], [90]])
+def test_long_outages_up_to_60_s_lose_no_lease(daemon_factory):
+    """2 kills, outages of 35 and 60 s (side by side): gRPC's default backoff alone misses the grace here
+    (the wrappers' own wait between attempts stays at 1 s at most however long the outage, so the 70 and
+    90 s lanes this test had proved nothing more and cost CI ~40 s)."""
+    _run_lanes(daemon_factory, [[35], [60]])
 
 
 def test_a_long_lived_client_acquires_again_after_a_restart(daemon_factory):
