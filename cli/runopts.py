@@ -9,6 +9,17 @@ import re
 
 # run's options: long and short names -> (parameter, kind). Kinds: "str", "int", "int>=1", "float>=0",
 # "duration", a flag's value (True/False). tests/test_run_entry.py checks this against the Typer command.
+# a job across hosts: run's and submit's alike (xpu_cli.jobrun, xpu_cli.submitting)
+ACROSS_HOSTS: dict[str, tuple[str, object]] = {
+    "--nodes": ("nodes", "int>=1"),
+    "-N": ("nodes", "int>=1"),
+    "--gpus-per-node": ("gpus_per_node", "int>=1"),
+    "--tasks-per-node": ("tasks_per_node", "int>=1"),
+    "--replicas": ("replicas", "int>=1"),
+    "--spread": ("spread", True),
+    "--kill-on-bad-exit": ("kill_on_bad_exit", True),
+    "--no-kill-on-bad-exit": ("kill_on_bad_exit", False),
+}
 RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--mode": ("mode", "str"),
     "-m": ("mode", "str"),
@@ -30,17 +41,9 @@ RUN_OPTIONS: dict[str, tuple[str, object]] = {
     "--runtime-dir": ("runtime_dir", "str"),  # a global option, accepted after the command too
     "--quiet": ("quiet", True),
     "-q": ("quiet", True),
-    # jobs across hosts (xpu_cli.jobrun)
-    "--nodes": ("nodes", "int>=1"),
-    "-N": ("nodes", "int>=1"),
-    "--gpus-per-node": ("gpus_per_node", "int>=1"),
-    "--tasks-per-node": ("tasks_per_node", "int>=1"),
-    "--replicas": ("replicas", "int>=1"),
-    "--spread": ("spread", True),
+    **ACROSS_HOSTS,
     "--label": ("label", True),
     "-l": ("label", True),
-    "--kill-on-bad-exit": ("kill_on_bad_exit", True),
-    "--no-kill-on-bad-exit": ("kill_on_bad_exit", False),
     "--json": ("as_json", True),
     "--class": ("job_class", "str"),
 }

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 import os
 
+from xpu_cli.runopts import ACROSS_HOSTS
+
 from xpud.errors import BadRequest
 
 # submit's options: names -> (parameter, kind); kinds as entry.RUN_OPTIONS'. "list": repeatable.
@@ -33,14 +35,7 @@ SUBMIT_OPTIONS: dict[str, tuple[str, object]] = {
     "--account": ("account", "str"),
     "-A": ("account", "str"),
     "--runtime-dir": ("runtime_dir", "str"),
-    "--nodes": ("nodes", "int>=1"),
-    "-N": ("nodes", "int>=1"),
-    "--gpus-per-node": ("gpus_per_node", "int>=1"),
-    "--tasks-per-node": ("tasks_per_node", "int>=1"),
-    "--replicas": ("replicas", "int>=1"),
-    "--spread": ("spread", True),
-    "--kill-on-bad-exit": ("kill_on_bad_exit", True),
-    "--no-kill-on-bad-exit": ("kill_on_bad_exit", False),
+    **ACROSS_HOSTS,
 }
 SUBMIT_DEFAULTS = {
     "mode": "xpu",
