@@ -58,15 +58,20 @@ def queued_run(w) -> JobRecord:
         kind=jobdb.ATTACHED,
         name=q.name,
         argv=[q.command] if q.command else [],
-        spec={
-            "mode": str(q.mode),
-            "gpus": q.gpus,
-            "priority": q.priority,
-            "wait_s": q.wait_s,
-            "account": q.account,
-        },
+        spec=_spec(q),
         reason=w.reason,
     )
+
+
+def _spec(q) -> dict:
+    """A queued request's part of a job record (``xpud.model.Request``)."""
+    return {
+        "mode": str(q.mode),
+        "gpus": q.gpus,
+        "priority": q.priority,
+        "wait_s": q.wait_s,
+        "account": q.account,
+    }
 
 
 def record_unserved(engine, w, caller: Caller) -> None:
@@ -88,13 +93,7 @@ def record_unserved(engine, w, caller: Caller) -> None:
         kind=jobdb.ATTACHED,
         name=q.name,
         argv=[q.command] if q.command else [],
-        spec={
-            "mode": str(q.mode),
-            "gpus": q.gpus,
-            "priority": q.priority,
-            "wait_s": q.wait_s,
-            "account": q.account,
-        },
+        spec=_spec(q),
         ended=engine.clock(),
         reason=why[:500],
     )
