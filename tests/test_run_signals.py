@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -85,6 +86,13 @@ class Terminal:
 
     def __init__(self, argv: list[str], env: dict[str, str]):
         self.master, slave = os.openpty()
+        # NOFLSH: on Ctrl-C the line discipline signals the foreground group and then, without NOFLSH,
+        # discards the output not yet read (linux drivers/tty/n_tty.c, isig()). Under load the command's
+        # handler can write "got-int" before that flush runs, and the test lost it (seen in CI); the
+        # terminal's signals, which are what is tested here, are the same with the flag.
+        attrs = termios.tcgetattr(slave)
+        attrs[3] |= termios.NOFLSH
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
         # The new session takes the terminal in a tiny exec'd helper, not in a preexec_fn: a fork that runs
         # Python code in the child of this multi-threaded test process (gRPC) was seen to hang.
         self.proc = subprocess.Popen(
@@ -109,7 +117,10 @@ class Terminal:
                 try:
                     self.seen += os.read(self.master, 4096)
                 except OSError:  # the other side closed
-                    raise AssertionError(f"{text!r} not seen; got {self.seen!r}") from None
+                    code = self.proc.poll()
+                    raise AssertionError(
+                        f"{text!r} not seen (terminal closed, exit {code}); got {self.seen!r}"
+                    ) from None
         return self.seen
 
     def send(self, data: bytes) -> None:
