@@ -10,6 +10,8 @@ never be refused while the slices asked for so far fit on the card in some layou
 from __future__ import annotations
 
 import itertools
+import random
+import time
 from collections import Counter
 from functools import cache
 
@@ -105,8 +107,13 @@ def test_chooser_serves_every_servable_request_on_every_reachable_layout(machine
     layouts = reachable_layouts(geom, {p for ids in sizes.values() for p in ids})
     assert len(layouts) > 30  # the geometry really has choices
     checked = served = 0
+    # With the eighth (~20x the layouts, 150x the time: 27 s of CI), a seeded third of the cases, new
+    # ones each day: every case is still reached over a few days' runs.
+    sample = random.Random(time.strftime("%Y-%m-%d"))
     for layout in layouts:
         for instances in with_flags(layout):
+            if extra and sample.random() > 1 / 3:
+                continue
             busy = [(i.profile, i.start) for i in instances if i.busy]
             for wanted in sizes.values():
                 plan = choose(geom, instances, wanted, list(sizes.values()))
@@ -126,7 +133,7 @@ def test_chooser_serves_every_servable_request_on_every_reachable_layout(machine
                     or any(not i.busy and (i.profile, i.start) == (p, s) for i in instances)
                 )
                 assert plan.room == best
-    assert checked > 500 and served > checked // 4
+    assert checked > 500 and served > checked // 4, (checked, served)
 
 
 @pytest.mark.parametrize("machine", MACHINES)
