@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import BIN, DaemonProc, InProcDaemon, xpu_env
+from tests.daemons import BIN, DaemonProc, InProcDaemon, stop_all, xpu_env
 
 __all__ = ["BIN", "ROOT", "alive", "poll", "wait_until", "xpu_env"]  # BIN, xpu_env: from tests.daemons
 
@@ -103,8 +103,7 @@ def daemon_factory(short_tmp):
         return d.start() if start else d
 
     yield make
-    for d in made:
-        d.kill(signal.SIGTERM)
+    stop_all(made)
     stop_job_supervisors(short_tmp)  # detached jobs outlive their daemon
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import BIN, wait_until, xpu_env
-from tests.test_federation_daemons import converged, make_host, site  # noqa: F401 (site: a fixture)
+from tests.test_federation_daemons import converged, make_host, site, start_together  # noqa: F401 (site: a fixture)
 
 ACCOUNTS = """
 [accounts]
@@ -45,8 +45,9 @@ def test_an_accounts_share_is_the_clusters_and_a_differing_config_is_reported_by
     hosts, procs = [], []
     try:
         hosts.append(make_host(site, 1, [], extra=ACCOUNTS))
-        hosts.append(make_host(site, 2, [hosts[0].addr], extra=ACCOUNTS))
-        hosts.append(make_host(site, 3, [hosts[0].addr], extra=OTHER))
+        hosts.append(make_host(site, 2, [hosts[0].addr], extra=ACCOUNTS, start=False))
+        hosts.append(make_host(site, 3, [hosts[0].addr], extra=OTHER, start=False))
+        start_together(hosts)
         h1, h2, h3 = hosts
         wait_until(lambda: converged(hosts), timeout=60, step=0.3)
         # a multi-host job's reservations are charged on each host to the submitter's first account
@@ -111,9 +112,10 @@ def test_a_jobs_account_across_hosts_is_checked_by_the_coordinator_and_charged_o
     assert NLP_NOT_ROOTS != WITH_OPS
     hosts = []
     try:
-        hosts.append(make_host(site, 1, [], extra=WITH_OPS))
-        hosts.append(make_host(site, 2, [hosts[0].addr], extra=WITH_OPS))
-        hosts.append(make_host(site, 3, [hosts[0].addr], extra=NLP_NOT_ROOTS))
+        hosts.append(make_host(site, 1, [], extra=WITH_OPS, start=False))
+        hosts.append(make_host(site, 2, [hosts[0].addr], extra=WITH_OPS, start=False))
+        hosts.append(make_host(site, 3, [hosts[0].addr], extra=NLP_NOT_ROOTS, start=False))
+        start_together(hosts)
         h1, h2, h3 = hosts
         wait_until(lambda: converged(hosts), timeout=60, step=0.3)
         # the coordinator refuses an account the submitter is not a member of, in one line, before any host

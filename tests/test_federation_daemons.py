@@ -20,7 +20,7 @@ import pytest
 from xpu_cli.output import to_dict
 
 from tests.conftest import BIN, wait_until, xpu_env
-from tests.daemons import DaemonProc
+from tests.daemons import DaemonProc, stop_all
 from xpud import config
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
@@ -118,14 +118,23 @@ def make_host(
 def three(site):
     hosts: list[Host] = []
     try:
-        first = make_host(site, 1, [])
+        first = make_host(site, 1, [], start=False)
         hosts.append(first)
         for i in (2, 3):
-            hosts.append(make_host(site, i, [first.addr]))
+            hosts.append(make_host(site, i, [first.addr], start=False))
+        start_together(hosts)
         yield hosts
     finally:
-        for h in hosts:
-            h.daemon.kill(signal.SIGTERM)
+        stop_all([h.daemon for h in hosts])
+
+
+def start_together(hosts: list[Host]) -> None:
+    """Start the first host, then all the others at once (they join through the first, which serves)."""
+    hosts[0].daemon.start()
+    for h in hosts[1:]:
+        h.daemon.start(wait=False)
+    for h in hosts[1:]:
+        h.daemon.wait_ready()
 
 
 def converged(hosts: list[Host]) -> bool:
@@ -360,7 +369,8 @@ def test_a_partitioned_host_is_dead_on_both_sides_and_rejoins_when_the_link_heal
     try:
         for i in range(3):
             seeds = [f"{netns.ip(0)}:7443"] if i else []
-            hosts.append(make_host(site, i + 1, seeds, ip=netns.ip(i), prefix=netns.exec(i)))
+            hosts.append(make_host(site, i + 1, seeds, ip=netns.ip(i), prefix=netns.exec(i), start=False))
+        start_together(hosts)
         wait_until(lambda: converged(hosts), timeout=30, step=0.3)
         netns.cut(2)  # h3's link goes down: a partition {h1, h2} | {h3}
         wait_until(

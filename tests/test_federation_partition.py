@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from tests.conftest import wait_until
-from tests.test_federation_daemons import Host, make_host, site  # noqa: F401 (fixture)
+from tests.test_federation_daemons import Host, make_host, site, start_together  # noqa: F401 (fixture)
 from xpud.api.v1 import xpu_pb2 as pb
 from xpud.api.v1 import xpu_pb2_grpc as pbg
 from xpud.errors import NoCapacity
@@ -37,7 +37,8 @@ def netted(site):  # noqa: F811
         try:
             for i in range(3):
                 seeds = [f"{net.ip(0)}:7443"] if i else []
-                hosts.append(make_host(site, i + 1, seeds, ip=net.ip(i), prefix=net.exec(i)))
+                hosts.append(make_host(site, i + 1, seeds, ip=net.ip(i), prefix=net.exec(i), start=False))
+            start_together(hosts)
             wait_until(lambda: all_alive(hosts), timeout=40, step=0.3)
             yield net, hosts
         finally:

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from tests.conftest import alive, wait_until
-from tests.test_federation_daemons import Host, converged, make_host, site  # noqa: F401 (fixtures)
+from tests.test_federation_daemons import Host, converged, make_host, site, start_together  # noqa: F401 (fixtures)
 from tests.test_federation_jobs_daemons import job, leases, live_reservations, start_job
 
 pytestmark = pytest.mark.timeout(180)
@@ -28,9 +28,10 @@ move_ack_timeout_s = 10.0
 def healthy_three(site):  # noqa: F811
     hosts: list[Host] = []
     try:
-        hosts.append(make_host(site, 1, [], extra=HEALTH))
+        hosts.append(make_host(site, 1, [], extra=HEALTH, start=False))
         for i in (2, 3):
-            hosts.append(make_host(site, i, [hosts[0].addr], extra=HEALTH))
+            hosts.append(make_host(site, i, [hosts[0].addr], extra=HEALTH, start=False))
+        start_together(hosts)
         wait_until(lambda: converged(hosts), timeout=40, step=0.3)
         yield hosts
     finally:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, stop_job_supervisors, wait_until, xpu_env
-from tests.test_federation_daemons import converged, make_host, site  # noqa: F401 (fixtures)
+from tests.test_federation_daemons import converged, make_host, site, start_together  # noqa: F401 (fixtures)
 from tests.test_jobs_multihost import listed, submit, work, xpu  # noqa: F401 (fixtures)
 
 HEALTH = """[health]
@@ -33,10 +33,11 @@ move_ack_timeout_s = 3.0
 def cluster(site):  # noqa: F811
     hosts = []
     try:
-        first = make_host(site, 1, [], extra=HEALTH)
+        first = make_host(site, 1, [], extra=HEALTH, start=False)
         hosts.append(first)
         for i in (2, 3):
-            hosts.append(make_host(site, i, [first.addr], extra=HEALTH))
+            hosts.append(make_host(site, i, [first.addr], extra=HEALTH, start=False))
+        start_together(hosts)
         wait_until(lambda: converged(hosts), timeout=40, step=0.3)
         yield hosts
     finally:
