@@ -111,7 +111,7 @@ class Terminal:
         while text not in self.seen:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"{text!r} not seen; got {self.seen!r}")
+                raise AssertionError(f"{text!r} not seen; got {self.seen!r}; {self.session()}")
             r, _, _ = select.select([self.master], [], [], left)
             if r:
                 try:
@@ -122,6 +122,24 @@ class Terminal:
                         f"{text!r} not seen (terminal closed, exit {code}); got {self.seen!r}"
                     ) from None
         return self.seen
+
+    def session(self) -> str:
+        """The processes of the terminal's session: pid, name, state, group and the terminal's
+        foreground group, as /proc shows them (what a failure needs to be understood)."""
+        rows = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()  # state ppid pgrp session tty_nr tpgid ...
+            if int(fields[3]) == self.proc.pid:
+                rows.append(f"{entry} {name} {fields[0]} pgrp={fields[2]} tpgid={fields[5]}")
+        return "session: " + ", ".join(rows)
 
     def send(self, data: bytes) -> None:
         os.write(self.master, data)
