@@ -3,6 +3,7 @@ the group after the end, and on a terminal: Ctrl-C, reading, Ctrl-Z and `fg`, th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -138,7 +139,14 @@ class Terminal:
             name = stat[stat.index("(") + 1 : stat.rindex(")")]
             fields = stat[stat.rindex(")") + 2 :].split()  # state ppid pgrp session tty_nr tpgid ...
             if int(fields[3]) == self.proc.pid:
-                rows.append(f"{entry} {name} {fields[0]} pgrp={fields[2]} tpgid={fields[5]}")
+                masks = ""
+                with contextlib.suppress(OSError), open(f"/proc/{entry}/status") as f:
+                    masks = " ".join(
+                        line.split()[0] + line.split()[1].lstrip("0")
+                        for line in f
+                        if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
+                    )
+                rows.append(f"{entry} {name} {fields[0]} pgrp={fields[2]} tpgid={fields[5]} {masks}")
         return "session: " + ", ".join(rows)
 
     def send(self, data: bytes) -> None:
