@@ -7,9 +7,10 @@ windows start and what they mean for the cards: ``xpud.planning.windows``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from apscheduler.triggers.cron import CronTrigger
+if TYPE_CHECKING:  # imported when a trigger is made: every `xpu` command reads the config (~70 ms)
+    from apscheduler.triggers.cron import CronTrigger
 
 MAX_WINDOWS = 64
 
@@ -27,6 +28,8 @@ class WindowSpec:
         """The APScheduler trigger, with crontab's day-of-week numbers (0 or 7 Sunday, 1 Monday).
         APScheduler 3's own ``from_crontab`` reads them as 0 = Monday, which shifts "1-5" to Tuesday to
         Saturday; the field is translated to day names first."""
+        from apscheduler.triggers.cron import CronTrigger
+
         fields = self.cron.split()
         if len(fields) != 5:
             raise ValueError(f"Wrong number of fields; got {len(fields)}, expected 5")
