@@ -172,9 +172,15 @@ def test_xid_79_drains_the_card_moves_a_restartable_job_and_the_card_recovers(
     assert health(d, src).clear_needed_s == 2 * CLEAR_S
     cleared = clear(d, src)
     assert_recovers_with_hysteresis(d, src, cleared, needed=2 * CLEAR_S)
-    # the text and JSON views show every signal with its threshold and the history
-    out = json.loads(d.xpu("health", str(src), "--json").stdout)[0]
-    names = {s["name"] for s in out["signals"] if s["status"] != "absent"}
+
+    # the text and JSON views show every signal with its threshold and the history; the card's events
+    # are registered again just after it is back (off the loop, behind the event thread's wait: under load
+    # a read at once still saw its xid signal absent)
+    def shown():
+        out = json.loads(d.xpu("health", str(src), "--json").stdout)[0]
+        return out, {s["name"] for s in out["signals"] if s["status"] != "absent"}
+
+    out, names = wait_until(lambda: (got := shown())[1] >= {"xid"} and got, timeout=10, step=0.2)
     assert len(names) >= 12 and {"temperature", "power", "ecc_dbe_volatile", "nvlink_crc", "xid"} <= names
     assert [x["to_state"] for x in out["history"]] == ["unhealthy", "healthy"] * 2
     text = d.xpu("health", str(src)).stdout
