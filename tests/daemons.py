@@ -85,6 +85,7 @@ class DaemonProc(_TestDaemon):
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait: bool = True) -> DaemonProc:
+        assert not self.alive(), f"{self.base}: its xpud runs already (a second start would leak the first)"
         cmd = [
             *self.prefix,
             str(BIN / "xpud"),

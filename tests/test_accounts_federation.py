@@ -44,7 +44,7 @@ def _hold(h, account: str, gpus: int, *flags: str):
 def test_an_accounts_share_is_the_clusters_and_a_differing_config_is_reported_by_doctor(site):  # noqa: F811
     hosts, procs = [], []
     try:
-        hosts.append(make_host(site, 1, [], extra=ACCOUNTS))
+        hosts.append(make_host(site, 1, [], extra=ACCOUNTS, start=False))
         hosts.append(make_host(site, 2, [hosts[0].addr], extra=ACCOUNTS, start=False))
         hosts.append(make_host(site, 3, [hosts[0].addr], extra=OTHER, start=False))
         start_together(hosts)
