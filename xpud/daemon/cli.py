@@ -7,12 +7,9 @@ serving. ``xpud check-hardware`` reads the real driver and changes nothing.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import os
 import signal
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -20,24 +17,11 @@ import typer
 from typer.core import TyperGroup
 
 from xpud import __version__, config
-from xpud.daemon.app import StartupError, loop_factory, open_hardware, run_daemon
+from xpud.daemon import serve
+from xpud.daemon.serve import setup_logging
 from xpud.errors import XpudError
-from xpud.ledger.ledger import LedgerDamaged
 
 log = logging.getLogger("xpud")
-
-LEDGER_DAMAGED_EXIT = 3  # systemd/xpud.service: RestartPreventExitStatus=3
-
-
-def _setup_logging(level: str) -> None:
-    fmt = (
-        "%(levelname)s %(name)s: %(message)s"
-        if os.environ.get("JOURNAL_STREAM")
-        else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr)
-    if level != "debug":  # APScheduler's INFO lines ("Added job ...") are its own chatter
-        logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
 _METAVARS = {
@@ -118,51 +102,13 @@ def main_command(
         typer.echo(__version__)
         raise typer.Exit()
 
-    def overrides(cfg: config.Config) -> config.Config:
-        """The command line's values over the file's (at start, and again at each reload)."""
-        if simulate:
-            cfg = config.checked(cfg, "devices", "machine", simulate, "--simulate")
-            cfg = cfg.replace("devices", backend="simulated")
-        if seed is not None:
-            cfg = config.checked(cfg, "devices", "seed", seed, "--seed")
-        if sim_state:
-            cfg = config.checked(cfg, "devices", "sim_state", str(Path(sim_state).absolute()), "--sim-state")
-        if runtime_dir:
-            cfg = config.checked(
-                cfg, "daemon", "runtime_dir", str(Path(runtime_dir).absolute()), "--runtime-dir"
-            )
-        if state_dir:
-            cfg = config.checked(cfg, "daemon", "state_dir", str(Path(state_dir).absolute()), "--state-dir")
-        if log_level:
-            cfg = config.checked(cfg, "daemon", "log_level", log_level, "--log-level")
-        if kubelet:
-            cfg = cfg.replace("kubelet", enabled=True)
-        return cfg
-
-    try:
-        cfg = overrides(config.load(config_path))
-    except XpudError as e:
-        _fail(str(e), 2)
+    cfg, overrides = serve.load(
+        config_path, simulate, runtime_dir, state_dir, seed, sim_state, log_level, kubelet
+    )
     ctx.obj = cfg
     if ctx.invoked_subcommand:
         return
-    _setup_logging(cfg.daemon.log_level)
-    try:
-        factory = loop_factory(cfg.daemon.event_loop)
-        hw, fake = open_hardware(cfg)
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(run_daemon(cfg, hw, fake, overrides))
-    except StartupError as e:
-        _fail(str(e))
-    except LedgerDamaged as e:  # not restarted by systemd (RestartPreventExitStatus): an operator decides
-        _fail(str(e), LEDGER_DAMAGED_EXIT)
-    except XpudError as e:
-        _fail(str(e))
-    except PermissionError as e:
-        _fail(
-            f"{e.filename}: permission denied; run as root, or give --runtime-dir and --state-dir "
-            "directories you own"
-        )
+    serve.run(cfg, overrides)
 
 
 @app.command("check-hardware")
@@ -221,7 +167,7 @@ def extender_command(
         if not name or not runtime:
             _fail(f"--node {item!r}: use NAME=RUNTIME_DIR, e.g. gpu-1=/run/xpud", 2)
         nodes[name] = runtime
-    _setup_logging("info")
+    setup_logging("info")
     source = ClusterOffers(cluster) if cluster else SocketOffers(nodes)
     try:
         ext = Extender(source, host.strip("[]"), int(port), domain)
@@ -254,7 +200,7 @@ def mps_keeper_command(
     if not where.is_absolute():
         _fail(f"--dir {dir!r}: give an absolute path, xpud's <runtime_dir>/mps (e.g. /run/xpud/mps)", 2)
     where.mkdir(parents=True, exist_ok=True)
-    _setup_logging("info")
+    setup_logging("info")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # the control daemons stay: they are not our children
         signal.signal(sig, lambda *_: stop.set())
