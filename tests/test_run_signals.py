@@ -184,10 +184,15 @@ PY_INT = (
     "signal.signal(signal.SIGINT, bye)\n"
     "print('ready', flush=True)\n"
 )
+# The command waits in short sleeps, never one long one: CPython runs a Python signal handler between
+# bytecodes, and time.sleep() does not look for one before it starts to sleep. A Ctrl-C that landed after
+# the last look and before the sleep began waited out the whole sleep. That is what the failures in CI and
+# here under load looked like: every process asleep, the terminal's foreground group the command's.
+WAIT = "while True:\n    time.sleep(0.05)\n"
 
 
 def test_ctrl_c_and_reading_the_terminal_reach_the_command_directly(daemon, terminal):
-    code = PY_INT.replace("EXIT", "5") + "print('read:' + input(), flush=True)\ntime.sleep(300)\n"
+    code = PY_INT.replace("EXIT", "5") + "print('read:' + input(), flush=True)\n" + WAIT
     argv = [XPU, "run", "-m", "vxpu-quarter", "--", sys.executable, "-c", code]
     t = terminal(argv, xpu_env(daemon.runtime_dir))
     t.expect(b"ready")
@@ -199,7 +204,7 @@ def test_ctrl_c_and_reading_the_terminal_reach_the_command_directly(daemon, term
 
 
 def test_ctrl_z_stops_wrapper_and_command_and_continue_resumes_both(daemon, terminal):
-    code = PY_INT.replace("EXIT", "6") + "time.sleep(300)\n"
+    code = PY_INT.replace("EXIT", "6") + WAIT
     argv = [XPU, "run", "-m", "vxpu-quarter", "--", sys.executable, "-c", code]
     t = terminal(argv, xpu_env(daemon.runtime_dir))
     t.expect(b"ready")
