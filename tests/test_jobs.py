@@ -27,6 +27,7 @@ AS_USER = """
 import json, os, sys
 import grpc, grpc._channel, grpc._interceptor, grpc._utilities
 import xpu_cli.main, xpu_cli.jobs, xpu_cli.entry, xpu_cli.leases, xpu_cli.showing, xpu_cli.output
+import xpu_cli.submitting, xpu_cli.runopts, xpu_cli.joblist, xpu_cli.session, xpu_cli.events, xpu_cli.usage
 from xpud.api.client import Client
 from xpud.errors import XpudError
 args = json.loads(sys.argv[2])
