@@ -61,9 +61,7 @@ app = typer.Typer(
 )
 
 
-def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"xpud: {message}", err=True)
-    raise typer.Exit(code)
+_fail = serve.fail  # one line on stderr, then exit with the code
 
 
 @app.callback(invoke_without_command=True)
